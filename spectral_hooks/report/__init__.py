@@ -1,0 +1,24 @@
+"""Reports: tidy tables + metadata, saved as Parquet/CSV + JSON, plotted, rendered as HTML.
+
+    from spectral_hooks.report import Report
+    report.power                      # a DataFrame, one row per layer
+    report.save("out/"); Report.load("out/")
+    after.compare(before)             # after minus before, section by section
+    report.to_html("out/report.html") # one self-contained file
+"""
+
+from .core import KEY_COLUMNS, SCHEMA_VERSION, SECTION_NAMES, Report
+
+__all__ = ["Report", "SECTION_NAMES", "KEY_COLUMNS", "SCHEMA_VERSION", "figures", "render_html", "write_html"]
+
+
+def __getattr__(name):  # matplotlib is imported only when figures are asked for
+    if name in ("figures", "figure", "FIGURES"):
+        from . import plots
+
+        return getattr(plots, name)
+    if name in ("render_html", "write_html"):
+        from . import html
+
+        return getattr(html, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
