@@ -1,0 +1,385 @@
+"""Power-method view of a layer (METRICS.md section 1): spectrum of F, alignment, rho, consensus.
+
+Pure functions of tensors: ``F`` is the stack of layer matrices [L, d, d] (column convention,
+x -> F x) and the residual states are token matrices [N, d] with padding already removed.
+All numerics run in float64 (complex128 for eigenpairs) whatever the input dtype.
+
+>>> F = torch.diag(torch.tensor([3.0, 1.0, 0.5]))
+>>> s = spectrum(F)
+>>> s.lambda1, s.gap_ratio
+((3+0j), 0.3333333333333333)
+>>> table = power_table(F[None], [torch.eye(3)], [torch.eye(3)])
+>>> list(table.columns[:4])
+['layer', 'iterate', 'lambda1_real', 'lambda1_imag']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+from jaxtyping import Complex, Float
+from torch import Tensor
+
+from spectral_hooks.metrics.nulls import gamma_null, rho_test
+
+try:  # the project's Roy-Vetterli effective rank (linalg/ranks.py)
+    from spectral_hooks.linalg.ranks import effective_rank as _linalg_effective_rank
+except ImportError:  # pragma: no cover - linalg not there yet
+    _linalg_effective_rank = None
+
+__all__ = [
+    "LayerSpectrum",
+    "Consensus",
+    "spectrum",
+    "alignment",
+    "consensus",
+    "power_table",
+    "spectra_table",
+    "POWER_COLUMNS",
+]
+
+ITERATES = ("F", "I+F")
+
+POWER_COLUMNS = (
+    "layer", "iterate", "lambda1_real", "lambda1_imag", "abs_lambda1", "abs_lambda2", "abs_mu1", "abs_mu2",
+    "gap_ratio", "lambda1_is_complex", "subspace_dim", "gamma_in", "gamma", "gamma_null", "lift",
+    "gamma2_dim", "gamma2_in", "gamma2", "gamma2_null", "rho", "rho_pvalue", "n_tokens",
+    "mean_cos", "collapse_residual", "erank",
+)  # fmt: skip
+
+
+# --------------------------------------------------------------------------- spectrum
+
+
+@dataclass(frozen=True)
+class LayerSpectrum:
+    """Eigen-structure of one layer matrix F, ordered for the chosen power iteration.
+
+    eigenvalues: complex128 [d], eigenvalues of F sorted by descending |q| where the ordering
+        quantity q is lambda (``iterate="F"``) or mu = 1 + lambda (``iterate="I+F"``);
+        conjugate pairs are adjacent, positive imaginary part first.
+    eigenvectors: complex128 [d, d], unit columns matching ``eigenvalues`` (real columns for real
+        eigenvalues).
+    lambda1, lambda2: eigenvalues of F (not of I+F) at the leading position and at the first
+        position that is not the conjugate partner of lambda1 (NaN when there is none).
+    mu1, mu2: the ordering quantities of lambda1, lambda2 (equal to them for ``iterate="F"``).
+    gap_ratio: |mu2| / |mu1| (NaN when mu1 = 0 or there is no lambda2).
+    B: float64 [d, 1] (real lambda1) or [d, 2] (complex: orthonormalised Re v1, Im v1).
+    B2: float64 [d, 2..4], orthonormal basis of the real plane of lambda1 plus that of lambda2.
+    """
+
+    eigenvalues: Complex[Tensor, " d"]
+    eigenvectors: Complex[Tensor, "d d"]
+    iterate: str
+    lambda1: complex
+    lambda2: complex
+    mu1: complex
+    mu2: complex
+    gap_ratio: float
+    lambda1_is_complex: bool
+    lambda2_is_complex: bool
+    B: Float[Tensor, "d r"]
+    B2: Float[Tensor, "d r2"]
+
+
+def _check_square(F: Tensor) -> Tensor:
+    if not isinstance(F, Tensor):
+        raise ValueError(f"F must be a torch.Tensor, got {type(F).__name__}")
+    if F.ndim not in (2, 3) or F.shape[-1] != F.shape[-2] or F.shape[-1] == 0:
+        raise ValueError(f"F must be [d, d] or [L, d, d] with d >= 1, got shape {tuple(F.shape)}")
+    if F.is_complex():
+        raise ValueError("F must be real")
+    F = F.detach().to("cpu", torch.float64)
+    if not torch.isfinite(F).all():
+        raise ValueError("F contains NaN or Inf")
+    return F
+
+
+def _check_iterate(iterate: str) -> None:
+    if iterate not in ITERATES:
+        raise ValueError(f"iterate must be one of {ITERATES}, got {iterate!r}")
+
+
+def _realify(vecs: Tensor) -> Tensor:
+    """Rotate each complex column by a phase so it is real (for real eigenvalues), unit norm."""
+    if vecs.shape[1] == 0:
+        return vecs
+    idx = vecs.abs().argmax(dim=0)
+    pivot = vecs.gather(0, idx[None])
+    real = (vecs * (pivot.conj() / pivot.abs())).real
+    return (real / real.norm(dim=0, keepdim=True)).to(torch.complex128)
+
+
+def _eig_sorted(F: Tensor, iterate: str, real_tol: float) -> tuple[Tensor, Tensor, Tensor]:
+    """Eigenpairs with near-real values snapped to real, exact conjugate pairs, sorted (see LayerSpectrum)."""
+    vals, vecs = torch.linalg.eig(F)
+    is_real = vals.imag.abs() <= real_tol * vals.abs()
+    vals = torch.where(is_real, vals.real.to(torch.complex128), vals)
+    vecs = vecs.clone()
+    vecs[:, is_real] = _realify(vecs[:, is_real])
+    pos, neg = (~is_real) & (vals.imag > 0), (~is_real) & (vals.imag < 0)
+    if int(pos.sum()) == int(neg.sum()):  # always so for a real matrix; make the pairs exact
+        vals = torch.cat([vals[is_real], vals[pos], vals[pos].conj()])
+        vecs = torch.cat([vecs[:, is_real], vecs[:, pos], vecs[:, pos].conj()], dim=1)
+        is_real = torch.cat([torch.ones(int(is_real.sum()), dtype=torch.bool), torch.zeros(2 * int(pos.sum()), dtype=torch.bool)])
+    q = vals + 1 if iterate == "I+F" else vals
+    order = np.lexsort((-vals.imag.numpy(), -vals.real.numpy(), -q.abs().numpy()))
+    order = torch.from_numpy(order)
+    return vals[order], vecs[:, order], is_real[order]
+
+
+def _plane(v: Tensor, is_complex: bool) -> Tensor:
+    """Orthonormal float64 basis of the real invariant plane of eigenvector v: [d, 1] or [d, 2]."""
+    if not is_complex:
+        re = v.real
+        return (re / re.norm())[:, None]
+    q, _ = torch.linalg.qr(torch.stack([v.real, v.imag], dim=1))
+    return q
+
+
+def _spectrum_one(F: Tensor, iterate: str, real_tol: float) -> LayerSpectrum:
+    vals, vecs, is_real = _eig_sorted(F, iterate, real_tol)
+    shift = 1.0 if iterate == "I+F" else 0.0
+    c1 = not bool(is_real[0])
+    i2 = 2 if c1 else 1
+    B = _plane(vecs[:, 0], c1)
+    lam1 = complex(vals[0])
+    if i2 < vals.numel():
+        lam2, c2 = complex(vals[i2]), not bool(is_real[i2])
+        B2, _ = torch.linalg.qr(torch.cat([B, _plane(vecs[:, i2], c2)], dim=1))
+    else:
+        lam2, c2, B2 = complex(float("nan"), float("nan")), False, B
+    mu1, mu2 = lam1 + shift, lam2 + shift
+    gap = abs(mu2) / abs(mu1) if abs(mu1) > 0 else float("nan")
+    return LayerSpectrum(vals, vecs, iterate, lam1, lam2, mu1, mu2, gap, c1, c2, B, B2)
+
+
+def spectrum(
+    F: Float[Tensor, "*L d d"], *, iterate: str = "F", real_tol: float = 1e-9
+) -> LayerSpectrum | list[LayerSpectrum]:
+    """Full eigen-decomposition of a layer matrix (dense, float64), ordered for the power iteration.
+
+    >>> s = spectrum(torch.tensor([[0.0, -2.0], [2.0, 0.0]]))   # rotation-scaling: lambda = +-2i
+    >>> round(s.lambda1.imag, 12), s.lambda1_is_complex, tuple(s.B.shape)
+    (2.0, True, (2, 2))
+
+    F: [d, d] -> one :class:`LayerSpectrum`; [L, d, d] -> a list of L of them (their bases can
+    have different widths, so they are not stacked).
+    iterate: "F" orders by |lambda|; "I+F" by |1 + lambda| (the matrix a normalised residual
+    update iterates); it changes lambda1/lambda2, gap_ratio, B and B2, never the eigenvalues.
+    real_tol: an eigenvalue counts as real when |Im lambda| <= real_tol * |lambda|; such values
+    are snapped to the real axis (their eigenvectors made real).
+    Eigenvectors of defective / repeated eigenvalues are whatever LAPACK returns.
+    """
+    _check_iterate(iterate)
+    F = _check_square(F)
+    if F.ndim == 3:
+        return [_spectrum_one(f, iterate, real_tol) for f in F]
+    return _spectrum_one(F, iterate, real_tol)
+
+
+# --------------------------------------------------------------------------- alignment
+
+
+def alignment(X: Float[Tensor, "*batch d"], B: Float[Tensor, "d r"]) -> Float[Tensor, " *batch"]:
+    """a(x; B) = ||B^T x|| / ||x|| in [0, 1], per token, in float64.
+
+    >>> alignment(torch.tensor([[3.0, 4.0], [0.0, 0.0]]), torch.tensor([[1.0], [0.0]]))
+    tensor([0.6000, 0.0000], dtype=torch.float64)
+
+    B must have orthonormal columns (a [d] vector is taken as [d, 1] and must be unit).
+    Rule for zero tokens: a token with ||x|| = 0 has alignment 0 (no direction, no alignment),
+    so the result never contains NaN for finite input.
+    """
+    X = torch.as_tensor(X).detach().to("cpu", torch.float64)
+    B = torch.as_tensor(B).detach().to("cpu", torch.float64)
+    if B.ndim == 1:
+        B = B[:, None]
+    if B.ndim != 2 or X.ndim < 1 or X.shape[-1] != B.shape[0]:
+        raise ValueError(f"need X [..., d] and B [d, r]; got X {tuple(X.shape)}, B {tuple(B.shape)}")
+    gram = B.T @ B
+    if not torch.allclose(gram, torch.eye(B.shape[1], dtype=torch.float64), atol=1e-6):
+        raise ValueError("B must have orthonormal columns")
+    num = (X @ B).norm(dim=-1)
+    den = X.norm(dim=-1)
+    a = torch.where(den > 0, num / torch.where(den > 0, den, 1.0), 0.0)
+    return a.clamp(0.0, 1.0)
+
+
+# --------------------------------------------------------------------------- consensus
+
+
+@dataclass(frozen=True)
+class Consensus:
+    """How far a token matrix has collapsed. See :func:`consensus`."""
+
+    mean_cos: float
+    collapse_residual: float
+    erank: float
+
+
+def _effective_rank(s: Tensor) -> float:
+    """Roy-Vetterli effective rank of singular values s (NaN if all are zero)."""
+    if float(s.sum()) <= 0:
+        return float("nan")
+    if _linalg_effective_rank is not None:
+        return float(_linalg_effective_rank(s))
+    p = s / s.sum()
+    p = p[p > 0]
+    return float(torch.exp(-(p * p.log()).sum()))
+
+
+def consensus(X: Float[Tensor, "n d"]) -> Consensus:
+    """Mean pairwise cosine (i != j), rank-collapse residual and effective rank of tokens X.
+
+    >>> c = consensus(torch.tensor([[1.0, 0.0], [2.0, 0.0], [3.0, 0.0]]))
+    >>> c.mean_cos, c.erank
+    (1.0, 1.0)
+
+    mean_cos = (||sum_i u_i||^2 - sum_i ||u_i||^2) / (n (n - 1)), u_i = x_i / ||x_i|| (zero
+    tokens have u_i = 0, i.e. cosine 0 with everything); O(n d), no n x n matrix. NaN if n < 2.
+    collapse_residual = ||X - 1 xbar^T||_F / ||X||_F (NaN if X = 0).
+    erank = Roy-Vetterli effective rank of X's singular values (NaN if X = 0).
+    """
+    X = torch.as_tensor(X).detach().to("cpu", torch.float64)
+    if X.ndim != 2:
+        raise ValueError(f"X must be [n, d], got shape {tuple(X.shape)}")
+    if not torch.isfinite(X).all():
+        raise ValueError("X contains NaN or Inf")
+    n = X.shape[0]
+    norms = X.norm(dim=1, keepdim=True)
+    U = torch.where(norms > 0, X / torch.where(norms > 0, norms, 1.0), 0.0)
+    if n >= 2:
+        mean_cos = float((U.sum(0).square().sum() - U.square().sum()) / (n * (n - 1)))
+    else:
+        mean_cos = float("nan")
+    total = float(X.norm())
+    resid = float((X - X.mean(0, keepdim=True)).norm()) / total if total > 0 else float("nan")
+    erank = _effective_rank(torch.linalg.svdvals(X)) if X.numel() else float("nan")
+    return Consensus(mean_cos, resid, erank)
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def _layer_indices(L: int, layers: Sequence[int] | None) -> list[int]:
+    if layers is None:
+        return list(range(L))
+    out = []
+    for t in layers:
+        t = int(t)
+        if not -L <= t < L:
+            raise ValueError(f"layer {t} out of range for {L} layers")
+        out.append(t % L)
+    return out
+
+
+def _tokens(states: Sequence[Tensor | None] | None, t: int, L: int, d: int, name: str) -> Tensor | None:
+    if states is None:
+        return None
+    if len(states) != L:
+        raise ValueError(f"{name} must have one entry per layer ({L}), got {len(states)}")
+    X = states[t]
+    if X is None:
+        return None
+    X = torch.as_tensor(X).detach().to("cpu", torch.float64)
+    if X.ndim != 2 or X.shape[1] != d:
+        raise ValueError(f"{name}[{t}] must be [N, {d}] (padding removed), got {tuple(X.shape)}")
+    return X
+
+
+def _mean(a: Tensor | None) -> float:
+    return float(a.mean()) if a is not None and a.numel() else float("nan")
+
+
+def _alignment_columns(s: LayerSpectrum, pre: Tensor | None, post: Tensor | None, d: int) -> dict:
+    if pre is not None and post is not None and pre.shape[0] != post.shape[0]:
+        raise ValueError(f"resid_pre and resid_post hold different token counts: {pre.shape[0]} vs {post.shape[0]}")
+    r1, r2 = s.B.shape[1], s.B2.shape[1]
+    a_in = alignment(pre, s.B) if pre is not None else None
+    a_out = alignment(post, s.B) if post is not None else None
+    g_null, g2_null = gamma_null(d, r1), gamma_null(d, r2)
+    rho, p = rho_test(a_in, a_out) if a_in is not None and a_out is not None else (float("nan"),) * 2
+    gamma = _mean(a_out)
+    cons = consensus(post) if post is not None else Consensus(*(float("nan"),) * 3)
+    n_tok = post.shape[0] if post is not None else (pre.shape[0] if pre is not None else 0)
+    return {
+        "subspace_dim": r1, "gamma_in": _mean(a_in), "gamma": gamma, "gamma_null": g_null,
+        "lift": gamma / g_null, "gamma2_dim": r2,
+        "gamma2_in": _mean(alignment(pre, s.B2)) if pre is not None else float("nan"),
+        "gamma2": _mean(alignment(post, s.B2)) if post is not None else float("nan"),
+        "gamma2_null": g2_null, "rho": rho, "rho_pvalue": p, "n_tokens": n_tok,
+        "mean_cos": cons.mean_cos, "collapse_residual": cons.collapse_residual, "erank": cons.erank,
+    }  # fmt: skip
+
+
+def power_table(
+    F: Float[Tensor, "L d d"],
+    resid_pre: Sequence[Float[Tensor, "N d"] | None] | None = None,
+    resid_post: Sequence[Float[Tensor, "N d"] | None] | None = None,
+    *,
+    iterate: str = "F",
+    layers: Sequence[int] | None = None,
+    real_tol: float = 1e-9,
+) -> pd.DataFrame:
+    """One row per layer t: spectrum of F_t and how layer t's tokens align with its principal subspace.
+
+    >>> F = torch.diag(torch.tensor([2.0, 0.5]))[None]
+    >>> power_table(F).loc[0, ["abs_lambda1", "gap_ratio", "gamma_null"]].round(4).tolist()
+    [2.0, 0.25, 0.6366]
+
+    resid_pre[t], resid_post[t]: [N_t, d] tokens entering / leaving layer t (the same N_t tokens,
+    flattened, padding removed); either list, or any entry, may be None: the columns that need it
+    are NaN, so the table also works from weights alone. ``layers`` picks a subset (negative ok).
+    Columns (``POWER_COLUMNS``), per METRICS.md section 1:
+      layer, iterate, lambda1_real, lambda1_imag, abs_lambda1, abs_lambda2 (eigenvalues of F),
+      abs_mu1, abs_mu2 (of the ordering quantity; = abs_lambda* for "F"), gap_ratio = abs_mu2 /
+      abs_mu1, lambda1_is_complex, subspace_dim (1 or 2), gamma_in / gamma (mean alignment of the
+      input / output tokens with B_t), gamma_null, lift = gamma / gamma_null, gamma2_dim (2..4),
+      gamma2_in, gamma2, gamma2_null (same with B2_t), rho, rho_pvalue (tokens whose alignment
+      grew; exact binomial), n_tokens, and mean_cos, collapse_residual, erank of the output tokens.
+    """
+    _check_iterate(iterate)
+    F = _check_square(F)
+    if F.ndim != 3:
+        raise ValueError(f"F must be [L, d, d], got shape {tuple(F.shape)}")
+    L, d = F.shape[0], F.shape[-1]
+    rows = []
+    for t in _layer_indices(L, layers):
+        s = _spectrum_one(F[t], iterate, real_tol)
+        pre = _tokens(resid_pre, t, L, d, "resid_pre")
+        post = _tokens(resid_post, t, L, d, "resid_post")
+        rows.append({
+            "layer": t, "iterate": iterate, "lambda1_real": s.lambda1.real, "lambda1_imag": s.lambda1.imag,
+            "abs_lambda1": abs(s.lambda1), "abs_lambda2": abs(s.lambda2), "abs_mu1": abs(s.mu1),
+            "abs_mu2": abs(s.mu2), "gap_ratio": s.gap_ratio, "lambda1_is_complex": s.lambda1_is_complex,
+            **_alignment_columns(s, pre, post, d),
+        })  # fmt: skip
+    return pd.DataFrame(rows, columns=list(POWER_COLUMNS))
+
+
+def spectra_table(F: Float[Tensor, "*L d d"], *, iterate: str = "F", real_tol: float = 1e-9) -> pd.DataFrame:
+    """Every eigenvalue of every layer matrix, long format, for plotting in the complex plane.
+
+    >>> spectra_table(torch.eye(2)[None]).columns.tolist()
+    ['source', 'layer', 'position', 'index', 'real', 'imag', 'abs']
+
+    One row per (layer, eigenvalue): source = "F", position = -1 (not a token position),
+    index = rank in the ``iterate`` ordering (0 = lambda1), real / imag / abs of lambda (of F).
+    """
+    _check_iterate(iterate)
+    F = _check_square(F)
+    if F.ndim == 2:
+        F = F[None]
+    frames = []
+    for t, f in enumerate(F):
+        vals = _eig_sorted(f, iterate, real_tol)[0]
+        frames.append(pd.DataFrame({
+            "source": "F", "layer": t, "position": -1, "index": np.arange(vals.numel()),
+            "real": vals.real.numpy(), "imag": vals.imag.numpy(), "abs": vals.abs().numpy(),
+        }))  # fmt: skip
+    return pd.concat(frames, ignore_index=True)
