@@ -1,0 +1,153 @@
+"""Rank-1 steering edit of an attention output projection (METRICS.md section 1), pure math.
+
+Weights in, weight delta out; applying / reverting it on a model is ``spectral_hooks.steering``.
+
+>>> _ = torch.manual_seed(0);  H, dh, d = 2, 2, 4
+>>> W_V, W_O = torch.randn(H, dh, d), torch.randn(H, d, dh)
+>>> e = rank1_output_edit(W_V, W_O, torch.tensor([1.0, 0.0, 0.0, 0.0]), gap=0.1)
+>>> e.gap_after <= 0.1, e.lambda1_after.real > 0, e.reachable_fraction
+(True, True, 1.0)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from spectral_hooks.metrics.power import _spectrum_one
+
+__all__ = ["Rank1Edit", "rank1_output_edit", "stack_value_output"]
+
+
+@dataclass(frozen=True)
+class Rank1Edit:
+    """Result of :func:`rank1_output_edit` (float64 tensors; cast before adding to model weights).
+
+    delta_W_O: [H, d, d_head], add to W_O (per-head output projections, column convention).
+    alpha: edit strength. w: [H * d_head], the stacked row vector with W_V_stack^T w = u_r.
+    u: [d] the unit direction; u_reachable: [d] its projection on the row space of W_V_stack.
+    reachable_fraction = ||u_r|| / ||u||; F' = F + alpha u u_r^T.
+    lambda1_*, gap_* (= |lambda2| / |lambda1|, "F" ordering), eigvec_cos_* = |cos(v1, u)|
+    (v1 the leading eigenvector; for a complex lambda1, the alignment of u with its real plane).
+    """
+
+    delta_W_O: Float[Tensor, "H d d_head"]
+    alpha: float
+    w: Float[Tensor, " Hd_head"]
+    u: Float[Tensor, " d"]
+    u_reachable: Float[Tensor, " d"]
+    reachable_fraction: float
+    lambda1_before: complex
+    lambda1_after: complex
+    gap_before: float
+    gap_after: float
+    eigvec_cos_before: float
+    eigvec_cos_after: float
+
+
+def stack_value_output(
+    W_V: Float[Tensor, "H d_head d"], W_O: Float[Tensor, "H d d_head"]
+) -> tuple[Float[Tensor, "Hd_head d"], Float[Tensor, "d Hd_head"]]:
+    """Stack per-head maps into V [(H d_head), d] and O [d, (H d_head)] (float64), F = O V.
+
+    >>> V, O = stack_value_output(torch.ones(2, 3, 5), torch.ones(2, 5, 3))
+    >>> tuple(V.shape), tuple(O.shape)
+    ((6, 5), (5, 6))
+    """
+    if W_V.ndim != 3 or W_O.ndim != 3:
+        raise ValueError(f"W_V must be [H, d_head, d] and W_O [H, d, d_head], got {tuple(W_V.shape)}, {tuple(W_O.shape)}")
+    H, dh, d = W_V.shape
+    if tuple(W_O.shape) != (H, d, dh):
+        raise ValueError(f"W_O must be [H, d, d_head] = {(H, d, dh)}, got {tuple(W_O.shape)}")
+    V = W_V.detach().to("cpu", torch.float64).reshape(H * dh, d)
+    O = W_O.detach().to("cpu", torch.float64).permute(1, 0, 2).reshape(d, H * dh)
+    if not (torch.isfinite(V).all() and torch.isfinite(O).all()):
+        raise ValueError("W_V / W_O contain NaN or Inf")
+    return V, O
+
+
+def _leading(F: Tensor, u: Tensor) -> tuple[complex, float, float]:
+    """lambda1, |lambda2|/|lambda1| and |cos(v1, u)| of F ("F" ordering, conjugate-aware)."""
+    s = _spectrum_one(F, "F", 1e-9)
+    return s.lambda1, s.gap_ratio, float((s.B.T @ u).norm())
+
+
+def _ok(F: Tensor, u: Tensor, gap: float, min_cos: float) -> bool:
+    lam1, g, c = _leading(F, u)
+    return lam1.imag == 0 and lam1.real > 0 and g <= gap and c >= min_cos
+
+
+def _search_alpha(F: Tensor, u: Tensor, u_r: Tensor, gap: float, min_cos: float, rtol: float) -> float:
+    """Smallest alpha >= 0 (to rtol) with F + alpha u u_r^T meeting the target; see rank1_output_edit."""
+    edit = torch.outer(u, u_r)
+    ok = lambda a: _ok(F + a * edit, u, gap, min_cos)  # noqa: E731
+    if ok(0.0):
+        return 0.0
+    lo, hi = 0.0, max(float(torch.linalg.matrix_norm(F, 2)), 1e-12) / float(u_r @ u_r)
+    for _ in range(200):
+        if ok(hi):
+            break
+        lo, hi = hi, 2 * hi
+    else:  # pragma: no cover - the target always holds for large alpha when u_r != 0
+        raise RuntimeError("no alpha up to 2^200 |F| reaches the target")
+    while hi - lo > rtol * hi:
+        mid = 0.5 * (lo + hi)
+        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+    return hi
+
+
+def rank1_output_edit(
+    W_V: Float[Tensor, "H d_head d"],
+    W_O: Float[Tensor, "H d d_head"],
+    u: Float[Tensor, " d"],
+    *,
+    alpha: float | None = None,
+    gap: float = 0.1,
+    min_cos: float = 0.9,
+    rtol: float = 1e-3,
+) -> Rank1Edit:
+    """Edit W_O' = W_O + alpha u w^T so that F' = F + alpha u u_r^T pulls tokens toward u.
+
+    W_V: per-head value maps [H, d_head, d] (for GQA, expanded: head h carries its kv group's
+    block); W_O: per-head output maps [H, d, d_head]; F = sum_h W_O[h] W_V[h]. u is normalised.
+    Stacking V [(H d_head), d], O [d, (H d_head)], w is the minimum-norm least-squares solution of
+    V^T w = u; V^T w = u_r is the projection of u on V's row space (all of u for a full-rank
+    multi-head layer; only part of it under GQA, see ``reachable_fraction``), and then
+    F' = (O + alpha u w^T) V = F + alpha u u_r^T.
+
+    alpha=None picks the smallest alpha >= 0 for which lambda1(F') is real and positive,
+    |lambda2(F')| / |lambda1(F')| <= gap and |cos(v1(F'), u)| >= min_cos: an upper bound is found
+    by doubling from ||F||_2 / ||u_r||^2 (the target always holds for large alpha: one eigenvalue
+    grows like alpha ||u_r||^2 with eigenvector -> u, the rest stay bounded), then bisection to
+    relative width rtol on the assumption that the target is monotone in alpha; the returned
+    alpha is the upper end, so it always meets the target. Each step is one dense float64 eig.
+    Raises ValueError for a zero / non-finite / wrong-length u, bad shapes, gap <= 0, or a u with
+    no reachable part.
+    """
+    V, O = stack_value_output(W_V, W_O)
+    H, dh, d = W_V.shape
+    u = torch.as_tensor(u).detach().to("cpu", torch.float64)
+    if u.shape != (d,):
+        raise ValueError(f"direction must have shape ({d},), got {tuple(u.shape)}")
+    if not torch.isfinite(u).all() or float(u.norm()) == 0:
+        raise ValueError("direction must be finite and non-zero")
+    if not gap > 0 or not 0 <= min_cos <= 1:
+        raise ValueError(f"need gap > 0 and 0 <= min_cos <= 1, got gap={gap}, min_cos={min_cos}")
+    u = u / u.norm()
+    w = torch.linalg.pinv(V.T) @ u
+    u_r = V.T @ w
+    frac = min(1.0, float(u_r.norm()))
+    if frac <= 1e-12:
+        raise ValueError("direction is orthogonal to the value row space: no rank-1 output edit can reach it")
+    F = O @ V
+    if alpha is None:
+        alpha = _search_alpha(F, u, u_r, gap, min_cos, rtol)
+    elif not torch.isfinite(torch.tensor(float(alpha))):
+        raise ValueError(f"alpha must be finite, got {alpha}")
+    alpha = float(alpha)
+    delta = alpha * torch.einsum("i,hj->hij", u, w.reshape(H, dh))
+    before, after = _leading(F, u), _leading(F + alpha * torch.outer(u, u_r), u)
+    return Rank1Edit(delta, alpha, w, u, u_r, frac, before[0], after[0], before[1], after[1], before[2], after[2])
