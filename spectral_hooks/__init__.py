@@ -1,3 +1,15 @@
-"""spectral_hooks: spectral metrics of transformer layers, recorded with forward hooks."""
+"""spectral_hooks: spectral metrics of transformer layers, recorded with forward hooks.
+
+    >>> import spectral_hooks as sh
+    >>> probe = sh.instrument(model)            # doctest: +SKIP
+    >>> model(**batch); report = probe.analyze()  # doctest: +SKIP
+"""
+
+from .anatomy import Anatomy, LayerParts, anatomy_of, register_anatomy
+from .probe import Probe, instrument
+from .recording import Recording
 
 __version__ = "0.1.0"
+
+__all__ = ["Anatomy", "LayerParts", "Probe", "Recording", "anatomy_of", "instrument",
+           "register_anatomy", "__version__"]

@@ -1,0 +1,7 @@
+"""Architecture knowledge lives here and nowhere else: see base.py and one file per family."""
+
+from .base import (Anatomy, HeadWeights, LayerParts, MissingWeightsError, anatomy_of,
+                   register_anatomy, registered_families)
+
+__all__ = ["Anatomy", "HeadWeights", "LayerParts", "MissingWeightsError", "anatomy_of",
+           "register_anatomy", "registered_families"]

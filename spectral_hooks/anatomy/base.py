@@ -1,0 +1,276 @@
+"""Anatomy: where the blocks, attention and its weights live in a model.
+
+Everything downstream sees a frozen :class:`Anatomy`; only this package knows architectures.
+
+    >>> from transformers import GPT2Config, GPT2Model
+    >>> from spectral_hooks import anatomy_of
+    >>> anat = anatomy_of(GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)))
+    >>> anat.family, anat.n_layers, anat.d_model
+    ('gpt2', 2, 32)
+    >>> anat.layers[0].value_weights().shape     # [H, d_head, d_model]
+    torch.Size([4, 8, 32])
+
+Convention: column vectors. ``value_weights()[h]`` maps a residual vector x (d_model) to head h's
+value (d_head); ``output_weights()[h]`` maps it back, so F = sum_h W_O[h] @ W_V[h].
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import torch
+from torch import Tensor, nn
+
+NORM_PLACEMENTS = ("pre", "post", "sandwich", "sublayer_post", "unknown")
+
+
+class MissingWeightsError(ValueError):
+    """The anatomy cannot find a value or output projection for this model's attention."""
+
+
+@dataclass(frozen=True)
+class HeadWeights:
+    """How to read one projection as per-head matrices and write it back.
+
+    ``read()`` returns the column-convention tensor ([H, d_head, d_model] for values,
+    [H, d_model, d_head] for outputs); ``to_param(w)`` turns such a tensor back into the
+    layout of ``param`` (used by steering).
+    """
+
+    param: nn.Parameter
+    read: Callable[[], Tensor]
+    to_param: Optional[Callable[[Tensor], Tensor]] = None
+    bias: Optional[Callable[[], Optional[Tensor]]] = None
+
+
+@dataclass(frozen=True)
+class LayerParts:
+    """One application of a transformer block.
+
+    ``block`` is called with the residual stream as its first argument (or ``hidden_states=``)
+    and returns the new residual stream (or a tuple starting with it). ``attn_out_module``'s
+    output (first element if a tuple) is the attention sublayer's contribution to the residual
+    stream (after any post-attention norm). TransformerLens models also name the HookPoints
+    whose outputs are the residual stream before and after the block (``resid_*_hook``).
+    """
+
+    index: int
+    block: nn.Module
+    attention: nn.Module
+    attn_out_module: nn.Module
+    value: Optional[HeadWeights] = None
+    output: Optional[HeadWeights] = None
+    attn_norm: Optional[nn.Module] = None
+    norm_weight_offset: float = 0.0
+    resid_pre_hook: Optional[nn.Module] = None
+    resid_post_hook: Optional[nn.Module] = None
+
+    def _require(self, part: Optional[HeadWeights], what: str) -> HeadWeights:
+        if part is None:
+            raise MissingWeightsError(
+                f"layer {self.index}: no attention {what} projection found in "
+                f"{type(self.attention).__name__}; register an anatomy for this model "
+                "(spectral_hooks.register_anatomy) to use weight-based metrics"
+            )
+        return part
+
+    def value_weights(self) -> Tensor:
+        """W_V per head, [H, d_head, d_model] (GQA groups expanded to H heads)."""
+        return self._require(self.value, "value").read()
+
+    def output_weights(self) -> Tensor:
+        """W_O per head, [H, d_model, d_head]."""
+        return self._require(self.output, "output").read()
+
+    def value_bias(self) -> Optional[Tensor]:
+        """b_V per head, [H, d_head], or None."""
+        part = self._require(self.value, "value")
+        return part.bias() if part.bias is not None else None
+
+    def output_bias(self) -> Optional[Tensor]:
+        """b_O, [d_model], or None."""
+        part = self._require(self.output, "output")
+        return part.bias() if part.bias is not None else None
+
+    def attn_norm_weight(self) -> Optional[Tensor]:
+        """The effective elementwise gain of the norm that feeds attention (Gemma: 1 + weight)."""
+        weight = getattr(self.attn_norm, "weight", None) if self.attn_norm is not None else None
+        if weight is None:
+            return None
+        return weight.detach() + self.norm_weight_offset
+
+
+@dataclass(frozen=True)
+class Anatomy:
+    """Frozen description of a transformer: its blocks in application order and their parts."""
+
+    family: str
+    model: nn.Module
+    layers: tuple[LayerParts, ...]
+    d_model: int
+    n_heads: int
+    n_kv_heads: int
+    d_head: int
+    causal: bool
+    norm_placement: str
+    call_root: nn.Module
+    final_norm: Optional[nn.Module] = None
+    shared_groups: tuple[tuple[int, ...], ...] = ()
+    config: Any = None
+    hook_prefix: str = "blocks"
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layers)
+
+    def layer_index(self, layer: int) -> int:
+        """Normalise a (possibly negative) layer index, with a clear error when out of range."""
+        if not isinstance(layer, int) or isinstance(layer, bool):
+            raise TypeError(f"layer must be an int, got {type(layer).__name__}")
+        if not -self.n_layers <= layer < self.n_layers:
+            raise ValueError(f"layer {layer} is out of range: this {self.family} model has "
+                             f"{self.n_layers} layers (valid: 0..{self.n_layers - 1} or negative)")
+        return layer % self.n_layers
+
+    def replace(self, **changes: Any) -> "Anatomy":
+        return dataclasses.replace(self, **changes)
+
+
+# ----------------------------------------------------------------------------------------------
+# Reading projections as heads (column convention). Conv1D (GPT-2) is transposed here only.
+
+
+def is_conv1d(module: nn.Module) -> bool:
+    return type(module).__name__ == "Conv1D" and hasattr(module, "nf")
+
+
+def column_weight(module: nn.Module) -> Tensor:
+    """The weight as an (out, in) matrix, whatever the module stores."""
+    weight = module.weight.detach()
+    return weight.t() if is_conv1d(module) else weight
+
+
+def _expand_kv(w: Tensor, n_heads: int) -> Tensor:
+    groups = w.shape[0]
+    if groups == n_heads:
+        return w
+    if n_heads % groups:
+        raise ValueError(f"{n_heads} heads cannot share {groups} key/value groups evenly")
+    return w.repeat_interleave(n_heads // groups, dim=0)
+
+
+def value_heads(module: nn.Module, n_heads: int, d_head: int, *, rows: slice = slice(None),
+                fused_neox: bool = False) -> HeadWeights:
+    """Value projection (nn.Linear or Conv1D), optionally a slice of a fused QKV projection."""
+
+    def read() -> Tensor:
+        w = column_weight(module)
+        if fused_neox:
+            w = w.reshape(n_heads, 3, d_head, w.shape[-1])[:, 2]
+        else:
+            w = w[rows]
+            w = w.reshape(-1, d_head, w.shape[-1])
+        return _expand_kv(w, n_heads)
+
+    def bias() -> Optional[Tensor]:
+        b = getattr(module, "bias", None)
+        if b is None:
+            return None
+        b = b.detach()
+        b = b.reshape(n_heads, 3, d_head)[:, 2] if fused_neox else b[rows].reshape(-1, d_head)
+        return _expand_kv(b, n_heads)
+
+    return HeadWeights(param=module.weight, read=read, bias=bias)
+
+
+def output_heads(module: nn.Module, n_heads: int, d_head: int) -> HeadWeights:
+    """Output projection (nn.Linear or Conv1D): [H, d_model, d_head] and back."""
+    conv = is_conv1d(module)
+
+    def read() -> Tensor:
+        w = column_weight(module)  # [d_model, H * d_head]
+        return w.reshape(w.shape[0], n_heads, d_head).permute(1, 0, 2)
+
+    def to_param(w: Tensor) -> Tensor:
+        mat = w.permute(1, 0, 2).reshape(w.shape[1], n_heads * d_head)
+        return mat.t() if conv else mat
+
+    def bias() -> Optional[Tensor]:
+        b = getattr(module, "bias", None)
+        return None if b is None else b.detach()
+
+    return HeadWeights(param=module.weight, read=read, to_param=to_param, bias=bias)
+
+
+def get_path(root: nn.Module, path: Optional[str]) -> Optional[nn.Module]:
+    """Follow a dotted attribute path; None when any step is missing."""
+    if path is None:
+        return None
+    node: Any = root
+    for part in path.split("."):
+        node = getattr(node, part, None)
+        if node is None:
+            return None
+    return node
+
+
+def config_int(config: Any, *names: str) -> Optional[int]:
+    for name in names:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+# ----------------------------------------------------------------------------------------------
+# Registry
+
+Builder = Callable[[nn.Module], Optional[Anatomy]]
+_REGISTRY: list[tuple[str, Builder]] = []
+
+
+def register_anatomy(name: str, builder: Builder, *, first: bool = True) -> None:
+    """Teach spectral_hooks a new architecture.
+
+    ``builder(model)`` returns an :class:`Anatomy` when it recognises ``model`` and None
+    otherwise. User builders are tried before the built-in families (``first=True``).
+
+        >>> def my_builder(model):
+        ...     return None            # inspect `model`, return Anatomy(...) when it is yours
+        >>> register_anatomy("mine", my_builder)
+    """
+    if not callable(builder):
+        raise TypeError("builder must be callable: model -> Anatomy | None")
+    entry = (name, builder)
+    _REGISTRY.insert(0, entry) if first else _REGISTRY.append(entry)
+
+
+def registered_families() -> list[str]:
+    return [name for name, _ in _REGISTRY]
+
+
+def anatomy_of(model: nn.Module) -> Anatomy:
+    """Describe ``model`` (HF transformers, TransformerLens 3 or 4) as an :class:`Anatomy`.
+
+    Raises TypeError for a non-module and ValueError naming the supported families when
+    nothing recognises the model.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"expected a torch.nn.Module, got {type(model).__name__}")
+    from . import families  # noqa: F401  (registers the built-in families)
+    from .generic import generic_anatomy
+
+    for _, builder in _REGISTRY:
+        anatomy = builder(model)
+        if anatomy is not None:
+            return anatomy
+    anatomy = generic_anatomy(model)
+    if anatomy is not None:
+        return anatomy
+    raise ValueError(
+        f"{type(model).__name__} does not look like a transformer: no family recognises it "
+        f"(known: {', '.join(registered_families())}) and no list of repeated blocks was found. "
+        "Describe it with spectral_hooks.register_anatomy(name, builder)."
+    )

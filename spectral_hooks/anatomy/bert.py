@@ -1,0 +1,30 @@
+"""BERT and ALBERT: post-norm, bidirectional. ALBERT applies one shared layer N times."""
+
+from torch import nn
+
+from .hf import HFFamily, register
+
+BERT = register(HFFamily(
+    name="bert", model_types=("bert", "roberta", "xlm-roberta", "electra"),
+    blocks="encoder.layer", attention="attention", value="attention.self.value",
+    output="attention.output.dense", attn_out="attention.output.dropout", attn_norm=None,
+    norm_placement="post", causal=False,
+))
+
+
+def albert_application_order(base: nn.Module) -> list[nn.Module]:
+    """The AlbertLayer modules in the order the encoder applies them (shared ones repeated)."""
+    config, groups = base.config, base.encoder.albert_layer_groups
+    order = []
+    for i in range(config.num_hidden_layers):
+        group = groups[int(i / (config.num_hidden_layers / config.num_hidden_groups))]
+        order.extend(group.albert_layers)
+    return order
+
+
+ALBERT = register(HFFamily(
+    name="albert", model_types=("albert",), blocks="encoder.albert_layer_groups",
+    attention="attention", value="attention.value", output="attention.dense",
+    attn_out="attention.output_dropout", attn_norm=None, norm_placement="post", causal=False,
+    block_order=albert_application_order,
+))

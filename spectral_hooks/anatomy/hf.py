@@ -1,0 +1,119 @@
+"""Declarative anatomy of Hugging Face `transformers` models.
+
+A family file states where things are (dotted paths relative to the base model and to a block);
+:func:`build` turns that into an :class:`Anatomy`. Wrappers (``*ForCausalLM``, ``*ForMaskedLM``)
+are unwrapped with ``model.base_model``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from torch import nn
+
+from .base import (Anatomy, LayerParts, config_int, get_path, output_heads, register_anatomy,
+                   value_heads)
+
+
+@dataclass(frozen=True)
+class HFFamily:
+    """Where a Hugging Face family keeps its parts.
+
+    ``value`` is a path from the block to the value projection; with ``qkv="gpt2"`` it is the
+    fused c_attn (values are its last third), with ``qkv="neox"`` the per-head interleaved fused
+    projection. ``attn_out`` names the module whose output is the attention contribution.
+    """
+
+    name: str
+    model_types: tuple[str, ...]
+    blocks: str
+    attention: str
+    value: str
+    output: str
+    attn_out: str
+    attn_norm: Optional[str]
+    norm_placement: str
+    final_norm: Optional[str] = None
+    causal: bool = True
+    qkv: str = "separate"
+    norm_weight_offset: float = 0.0
+    block_order: Optional[Callable[[nn.Module], list[nn.Module]]] = None
+
+
+def base_model_of(model: nn.Module) -> nn.Module:
+    base = getattr(model, "base_model", None)
+    return base if isinstance(base, nn.Module) else model
+
+
+def model_type_of(model: nn.Module) -> Optional[str]:
+    config = getattr(model, "config", None)
+    return getattr(config, "model_type", None)
+
+
+def _dims(config, d_model_fallback: int) -> tuple[int, int, int, int]:
+    d_model = config_int(config, "hidden_size", "n_embd", "d_model") or d_model_fallback
+    n_heads = config_int(config, "num_attention_heads", "n_head", "num_heads")
+    if n_heads is None:
+        raise ValueError(f"cannot read the number of attention heads from {type(config).__name__}")
+    n_kv = config_int(config, "num_key_value_heads") or n_heads
+    d_head = config_int(config, "head_dim") or d_model // n_heads
+    return d_model, n_heads, n_kv, d_head
+
+
+def _projections(family: HFFamily, block: nn.Module, n_heads: int, n_kv: int, d_head: int,
+                 d_model: int):
+    v_mod, o_mod = get_path(block, family.value), get_path(block, family.output)
+    if v_mod is None or o_mod is None:
+        return None, None
+    if family.qkv == "gpt2":
+        rows = slice(2 * n_heads * d_head, 3 * n_heads * d_head)
+        value = value_heads(v_mod, n_heads, d_head, rows=rows)
+    elif family.qkv == "neox":
+        value = value_heads(v_mod, n_heads, d_head, fused_neox=True)
+    else:
+        value = value_heads(v_mod, n_heads, d_head)
+    return value, output_heads(o_mod, n_heads, d_head)
+
+
+def build(model: nn.Module, family: HFFamily) -> Anatomy:
+    base = base_model_of(model)
+    config = model.config
+    container = get_path(base, family.blocks)
+    if container is None:
+        raise ValueError(f"{type(model).__name__}: expected blocks at '{family.blocks}' "
+                         f"for the {family.name} family")
+    blocks = family.block_order(base) if family.block_order else list(container)
+    d_model, n_heads, n_kv, d_head = _dims(config, 0)
+    layers, seen = [], {}
+    for index, block in enumerate(blocks):
+        attention = get_path(block, family.attention)
+        value, output = _projections(family, block, n_heads, n_kv, d_head, d_model)
+        layers.append(LayerParts(
+            index=index, block=block, attention=attention,
+            attn_out_module=get_path(block, family.attn_out),
+            value=value, output=output,
+            attn_norm=get_path(block, family.attn_norm),
+            norm_weight_offset=family.norm_weight_offset,
+        ))
+        seen.setdefault(id(block), []).append(index)
+    shared = tuple(tuple(ix) for ix in seen.values() if len(ix) > 1)
+    causal = family.causal or bool(getattr(config, "is_decoder", False))
+    return Anatomy(
+        family=family.name, model=model, layers=tuple(layers), d_model=d_model,
+        n_heads=n_heads, n_kv_heads=n_kv, d_head=d_head, causal=causal,
+        norm_placement=family.norm_placement, call_root=base,
+        final_norm=get_path(base, family.final_norm), shared_groups=shared, config=config,
+    )
+
+
+def register(family: HFFamily) -> HFFamily:
+    """Register an HF family so :func:`anatomy_of` recognises its ``model_types``."""
+
+    def builder(model: nn.Module) -> Optional[Anatomy]:
+        if model_type_of(model) in family.model_types and hasattr(model, "config"):
+            return build(model, family)
+        return None
+
+    register_anatomy(family.name, builder, first=False)
+    return family

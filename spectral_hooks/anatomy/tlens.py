@@ -1,0 +1,90 @@
+"""TransformerLens: TL 4 ``TransformerBridge`` (wrapping an HF model) and TL 3
+``HookedTransformer``. Both name their hook points the TL way; TL stores W_V as
+[H, d_model, d_head] and W_O as [H, d_head, d_model] (row convention), transposed here.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+from .base import (Anatomy, HeadWeights, LayerParts, _expand_kv, get_path, output_heads,
+                   register_anatomy)
+
+
+def _tl_value(attn: nn.Module, n_heads: int) -> HeadWeights:
+    def read() -> Tensor:
+        return _expand_kv(attn.W_V.detach().transpose(-1, -2), n_heads)
+
+    def bias() -> Optional[Tensor]:
+        b = getattr(attn, "b_V", None)
+        return None if b is None else _expand_kv(b.detach(), n_heads)
+
+    param = getattr(attn, "_W_V", None)
+    if not isinstance(param, nn.Parameter):
+        param = attn.W_V
+    return HeadWeights(param=param, read=read, bias=bias)
+
+
+def _tl3_output(attn: nn.Module) -> HeadWeights:
+    def bias() -> Optional[Tensor]:
+        b = getattr(attn, "b_O", None)
+        return None if b is None else b.detach()
+
+    return HeadWeights(param=attn.W_O, read=lambda: attn.W_O.detach().transpose(-1, -2),
+                       to_param=lambda w: w.transpose(-1, -2), bias=bias)
+
+
+def _hooked_transformer(model: nn.Module) -> Optional[Anatomy]:
+    if type(model).__name__ != "HookedTransformer" or not hasattr(model, "cfg"):
+        return None
+    cfg = model.cfg
+    n_kv = getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
+    layers = tuple(
+        LayerParts(index=i, block=block, attention=block.attn,
+                   attn_out_module=block.hook_attn_out,
+                   value=_tl_value(block.attn, cfg.n_heads), output=_tl3_output(block.attn),
+                   attn_norm=getattr(block, "ln1", None),
+                   resid_pre_hook=block.hook_resid_pre, resid_post_hook=block.hook_resid_post)
+        for i, block in enumerate(model.blocks))
+    return Anatomy(
+        family="tlens3", model=model, layers=layers, d_model=cfg.d_model, n_heads=cfg.n_heads,
+        n_kv_heads=n_kv, d_head=cfg.d_head, causal=cfg.attention_dir == "causal",
+        norm_placement="pre", call_root=model, final_norm=getattr(model, "ln_final", None),
+        config=cfg,
+    )
+
+
+def _bridge_attn_out(block: nn.Module) -> nn.Module:
+    aliases = getattr(block, "hook_aliases", {}) or {}
+    target = get_path(block, aliases.get("hook_attn_out", "attn.hook_out"))
+    return target if target is not None else block.attn
+
+
+def _transformer_bridge(model: nn.Module) -> Optional[Anatomy]:
+    if type(model).__name__ != "TransformerBridge":
+        return None
+    from .base import anatomy_of
+
+    inner = anatomy_of(model.original_model)  # norms, causality and sizes of the wrapped model
+    layers = []
+    for i, block in enumerate(model.blocks):
+        attn = block.attn
+        o_module = get_path(attn, "o._original_component")
+        layers.append(LayerParts(
+            index=i, block=block, attention=attn, attn_out_module=_bridge_attn_out(block),
+            value=_tl_value(attn, inner.n_heads),
+            output=output_heads(o_module, inner.n_heads, inner.d_head) if o_module is not None
+            else None,
+            attn_norm=inner.layers[i].attn_norm if i < inner.n_layers else None,
+            norm_weight_offset=inner.layers[i].norm_weight_offset if i < inner.n_layers else 0.0,
+            resid_pre_hook=block.hook_in, resid_post_hook=block.hook_out,
+        ))
+    return inner.replace(family=f"tlens_bridge/{inner.family}", model=model, layers=tuple(layers),
+                         call_root=model, shared_groups=())
+
+
+register_anatomy("transformer_lens.TransformerBridge", _transformer_bridge, first=False)
+register_anatomy("transformer_lens.HookedTransformer", _hooked_transformer, first=False)

@@ -1,0 +1,271 @@
+"""Probe: forward hooks that record a transformer's residual stream, and nothing else.
+
+    >>> with instrument(model) as probe:           # doctest: +SKIP
+    ...     model(**batch)
+    >>> probe.recording.resid_post[2].shape        # doctest: +SKIP
+    torch.Size([4, 12, 768])
+
+Guarantees: the probe removes exactly the handles it registered (also when the forward raises,
+when used as a context manager), never changes a model output, records detached copies, counts
+applications of shared blocks (ALBERT), appends generate() decode steps, and ignores block calls
+outside a forward of the model (gradient-checkpointing recomputation during backward).
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Any, Iterable, Optional, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from .anatomy import Anatomy, anatomy_of
+from .recording import CAPTURES, STORES, BlockCall, Recording, map_tensors
+
+log = logging.getLogger(__name__)
+
+_CACHE_KWARGS = ("cache", "past_key_values", "past_key_value", "layer_past",
+                 "past_kv_cache_entry", "past_kv_cache")
+
+
+def _first(output: Any) -> Tensor:
+    return output[0] if isinstance(output, (tuple, list)) else output
+
+
+def _is_cache(value: Any) -> bool:
+    return value is not None and hasattr(value, "get_seq_length")
+
+
+def _cache_length(kwargs: dict) -> int:
+    for name in _CACHE_KWARGS:
+        value = kwargs.get(name)
+        if _is_cache(value):
+            return int(value.get_seq_length())
+        if value is not None and not isinstance(value, (Tensor, bool)) and name == "past_kv_cache":
+            return int(getattr(value, "entries", [None])[0] is not None)
+    return 0
+
+
+def _replayable_call(args: tuple, kwargs: dict, to_store) -> BlockCall:
+    hidden_in_args = len(args) > 0
+    kwargs = {k: v for k, v in kwargs.items() if k not in _CACHE_KWARGS and not _is_cache(v)}
+    if "use_cache" in kwargs:
+        kwargs["use_cache"] = False
+    args = tuple(None if _is_cache(a) else a for a in args)
+    store = lambda t: to_store(t, copy=False)  # noqa: E731
+    if hidden_in_args:
+        args = (to_store(args[0]),) + map_tensors(args[1:], store)
+        return BlockCall(args, map_tensors(kwargs, store), True)
+    kwargs = map_tensors(kwargs, store)
+    kwargs["hidden_states"] = to_store(kwargs["hidden_states"])
+    return BlockCall(args, kwargs, False)
+
+
+class _Call:
+    """State of one forward of the model while it runs."""
+
+    def __init__(self, mask: Optional[Tensor], continues: bool) -> None:
+        self.mask, self.continues = mask, continues
+        self.counts: dict = {}
+        self.captured: dict = {}
+        self.block_calls: dict = {}
+
+    def next_layer(self, key: tuple, order: list[int]) -> Optional[int]:
+        count = self.counts.get(key, 0)
+        self.counts[key] = count + 1
+        return order[count] if count < len(order) else None
+
+
+class Probe:
+    """Hooks on one model; see :func:`instrument`."""
+
+    def __init__(self, model: nn.Module, *, layers: Optional[Iterable[int]] = None,
+                 capture: Sequence[str] = CAPTURES, store: str = "device",
+                 dtype: Optional[torch.dtype] = None, anatomy: Optional[Anatomy] = None) -> None:
+        self.anatomy = anatomy if anatomy is not None else anatomy_of(model)
+        self.model = model
+        capture = (capture,) if isinstance(capture, str) else tuple(capture)
+        unknown = [c for c in capture if c not in CAPTURES]
+        if unknown or not capture:
+            raise ValueError(f"unknown capture name(s) {unknown or capture}: choose from {CAPTURES}")
+        if store not in STORES:
+            raise ValueError(f"store={store!r}: choose from {STORES}")
+        if dtype is not None and not isinstance(dtype, torch.dtype):
+            raise TypeError(f"dtype must be a torch.dtype or None, got {dtype!r}")
+        self.layers = self._normalise_layers(layers)
+        self.recording = Recording(n_layers=self.anatomy.n_layers, layers=self.layers,
+                                   capture=capture, store=store, dtype=dtype)
+        self._handles: list = []
+        self._call: Optional[_Call] = None
+        self._attach()
+
+    def _normalise_layers(self, layers: Optional[Iterable[int]]) -> tuple[int, ...]:
+        if layers is None:
+            return tuple(range(self.anatomy.n_layers))
+        if isinstance(layers, int):
+            layers = [layers]
+        normalised = sorted({self.anatomy.layer_index(layer) for layer in layers})
+        if not normalised:
+            raise ValueError("layers is empty: pass None to record every layer")
+        return tuple(normalised)
+
+    # ---------------------------------------------------------------- attaching
+    def _register(self, module: nn.Module, hook, *, pre: bool = False) -> None:
+        if pre:
+            handle = module.register_forward_pre_hook(hook, with_kwargs=True)
+        else:
+            handle = module.register_forward_hook(hook, with_kwargs=True)
+        self._handles.append(handle)
+
+    def _orders(self, attr: str) -> dict:
+        """module id -> (module, [layer indices in application order]) for recorded layers."""
+        orders: dict = {}
+        for part in self.anatomy.layers:
+            module = getattr(part, attr)
+            if module is None:
+                continue
+            entry = orders.setdefault(id(module), (module, []))
+            entry[1].append(part.index)
+        return orders
+
+    def _attach(self) -> None:
+        root = self.anatomy.call_root
+        self._root_signature = inspect.signature(root.forward)
+        self._register(root, self._begin_call, pre=True)
+        self._register(root, self._end_call)
+        capture = self.recording.capture
+        for module, order in self._orders("block").values():
+            self._register(module, self._block_pre_hook(order), pre=True)
+            if "resid_post" in capture and self.anatomy.layers[order[0]].resid_post_hook is None:
+                self._register(module, self._output_hook("resid_post", ("block", id(module)),
+                                                         order))
+        for attr, name in (("resid_pre_hook", "resid_pre"), ("resid_post_hook", "resid_post"),
+                           ("attn_out_module", "attn_out")):
+            if name not in capture:
+                continue
+            for module, order in self._orders(attr).values():
+                self._register(module, self._output_hook(name, (attr, id(module)), order))
+
+    # ---------------------------------------------------------------- hooks
+    def _begin_call(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        try:
+            bound = self._root_signature.bind_partial(*args, **kwargs).arguments
+        except TypeError:
+            bound = dict(kwargs)
+        extra = bound.pop("kwargs", None)
+        if isinstance(extra, dict):
+            bound.update(extra)
+        inputs = next((bound[k] for k in ("input_ids", "inputs_embeds", "input", "tokens")
+                       if isinstance(bound.get(k), Tensor)), None)
+        if inputs is not None and (inputs.shape[0] == 0 or (inputs.ndim > 1 and
+                                                            inputs.shape[1] == 0)):
+            raise ValueError(f"empty batch: the model was called with inputs of shape "
+                             f"{tuple(inputs.shape)}")
+        mask = bound.get("attention_mask")
+        mask = mask if isinstance(mask, Tensor) and mask.ndim == 2 else None
+        self._call = _Call(mask, continues=_cache_length(bound) > 0)
+
+    def _end_call(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+        call, self._call = self._call, None
+        if call is None or not call.captured:
+            return
+        sample = next(iter(call.captured.values()))
+        batch, n_new = sample.shape[0], sample.shape[1]
+        if call.mask is not None and call.mask.shape[0] == batch and call.mask.shape[1] >= n_new:
+            mask = call.mask[:, -n_new:]
+        else:
+            mask = torch.ones(batch, n_new, dtype=torch.long)
+        self.recording.commit(call.captured, mask, continues=call.continues,
+                              block_calls=call.block_calls)
+
+    def _block_pre_hook(self, order: list[int]):
+        recorded = set(self.layers)
+        wants_pre = "resid_pre" in self.recording.capture
+
+        def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            call = self._call
+            if call is None:
+                return  # outside a model forward: e.g. checkpoint recomputation in backward
+            layer = call.next_layer(("block_pre", id(module)), order)
+            if layer is None or layer not in recorded:
+                return
+            hidden = args[0] if args else kwargs.get("hidden_states")
+            if not isinstance(hidden, Tensor):
+                return
+            block_call = None
+            if not call.continues:
+                block_call = _replayable_call(args, kwargs, self.recording.to_store)
+                call.block_calls[layer] = block_call
+            if wants_pre and self.anatomy.layers[layer].resid_pre_hook is None:
+                call.captured[("resid_pre", layer)] = (
+                    block_call.hidden if block_call is not None
+                    else self.recording.to_store(hidden))
+
+        return hook
+
+    def _output_hook(self, name: str, key: tuple, order: list[int]):
+        recorded = set(self.layers)
+
+        def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
+            call = self._call
+            if call is None:
+                return
+            layer = call.next_layer(key, order)
+            if layer is not None and layer in recorded:
+                call.captured[(name, layer)] = self.recording.to_store(_first(output))
+
+        return hook
+
+    # ---------------------------------------------------------------- lifecycle
+    @property
+    def attached(self) -> bool:
+        return bool(self._handles)
+
+    @property
+    def n_handles(self) -> int:
+        return len(self._handles)
+
+    def remove(self) -> None:
+        """Remove exactly the hooks this probe registered. Safe to call twice."""
+        while self._handles:
+            self._handles.pop().remove()
+        self._call = None
+
+    def clear(self) -> None:
+        """Forget the recording, keep the hooks."""
+        self.recording.clear()
+
+    def __enter__(self) -> "Probe":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.remove()
+
+    def __repr__(self) -> str:
+        state = "attached" if self.attached else "removed"
+        return (f"Probe({self.anatomy.family}, layers={list(self.layers)}, {state}, "
+                f"{self.recording!r})")
+
+
+def instrument(model: nn.Module, *, layers: Optional[Iterable[int]] = None,
+               capture: Sequence[str] = CAPTURES, store: str = "device",
+               dtype: Optional[torch.dtype] = None) -> Probe:
+    """Attach recording hooks to ``model`` and return the :class:`Probe`.
+
+        >>> from transformers import GPT2Config, GPT2Model
+        >>> import torch
+        >>> model = GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)).eval()
+        >>> with instrument(model) as probe:
+        ...     _ = model(torch.tensor([[1, 2, 3]]))
+        >>> probe.recording.resid_post[1].shape
+        torch.Size([1, 3, 32])
+
+    Args:
+        layers: indices to record (negative allowed); None records every layer.
+        capture: any of "resid_pre", "resid_post", "attn_out".
+        store: "device" (keep where computed), "cpu" (offload) or "stats" (running mean and
+            covariance only: constant memory for arbitrarily long runs).
+        dtype: cast recorded tensors (e.g. torch.float32 for a bf16 model).
+    """
+    return Probe(model, layers=layers, capture=capture, store=store, dtype=dtype)

@@ -1,0 +1,318 @@
+"""Recording: what a :class:`~spectral_hooks.probe.Probe` saw. Data only, no analysis.
+
+Every independent forward call adds its sequences as new rows (a "run"); a call that continues
+a KV cache (a ``generate()`` decode step) appends positions to the run it continues. Rows of
+different lengths are right-padded with zeros and ``mask == 0``; padding never counts downstream.
+
+    recording.resid_pre[3]          # Tensor[batch, pos, d_model]
+    recording["blocks.3.hook_resid_post"]   # TransformerLens names work too
+    recording.mask                  # Tensor[batch, pos], 1 for real tokens
+    recording.position_step         # Tensor[batch, pos]: 0 = prefill, k = k-th decode step
+    recording.tokens("resid_post", 3)       # Tensor[n_real_tokens, d_model]
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Optional
+
+import torch
+from torch import Tensor
+
+CAPTURES = ("resid_pre", "resid_post", "attn_out")
+STORES = ("device", "cpu", "stats")
+_TL_NAME = re.compile(r"^blocks\.(\d+)\.hook_(resid_pre|resid_post|attn_out)$")
+
+
+def map_tensors(obj: Any, fn: Callable[[Tensor], Any]) -> Any:
+    """Apply ``fn`` to every tensor inside nested tuples, lists and dicts."""
+    if isinstance(obj, Tensor):
+        return fn(obj)
+    if isinstance(obj, tuple):
+        return tuple(map_tensors(o, fn) for o in obj)
+    if isinstance(obj, list):
+        return [map_tensors(o, fn) for o in obj]
+    if isinstance(obj, dict):
+        return {k: map_tensors(v, fn) for k, v in obj.items()}
+    return obj
+
+
+@dataclass(frozen=True)
+class RunningStats:
+    """Token statistics of one capture at one layer (padding excluded)."""
+
+    count: int
+    mean: Tensor  # [d] float64
+    cov: Tensor  # [d, d] float64, unbiased (divides by count - 1)
+
+
+class _Accumulator:
+    def __init__(self) -> None:
+        self.count, self.total, self.outer = 0, None, None
+
+    def update(self, x: Tensor, mask: Tensor) -> None:
+        tokens = x[mask.bool()].to(torch.float64)
+        if self.total is None:
+            d = x.shape[-1]
+            self.total = torch.zeros(d, dtype=torch.float64, device=x.device)
+            self.outer = torch.zeros(d, d, dtype=torch.float64, device=x.device)
+        self.count += tokens.shape[0]
+        self.total += tokens.sum(0)
+        self.outer += tokens.T @ tokens
+
+    def result(self) -> RunningStats:
+        if not self.count:
+            raise ValueError("no tokens recorded yet")
+        mean = self.total / self.count
+        denom = max(self.count - 1, 1)
+        cov = (self.outer - self.count * torch.outer(mean, mean)) / denom
+        return RunningStats(self.count, mean, cov)
+
+
+@dataclass(frozen=True)
+class BlockCall:
+    """A block's call arguments, with the residual input stored in them, caches removed."""
+
+    args: tuple
+    kwargs: dict
+    hidden_in_args: bool
+
+    @property
+    def hidden(self) -> Tensor:
+        return self.args[0] if self.hidden_in_args else self.kwargs["hidden_states"]
+
+    def with_hidden(self, hidden: Tensor) -> tuple[tuple, dict]:
+        """The call's (args, kwargs) with the residual input replaced by ``hidden``."""
+        if self.hidden_in_args:
+            return (hidden,) + tuple(self.args[1:]), dict(self.kwargs)
+        return tuple(self.args), {**self.kwargs, "hidden_states": hidden}
+
+    def select(self, row: int) -> "BlockCall":
+        """The same call for one batch row (tensors with a batch dimension are sliced)."""
+        batch = self.hidden.shape[0]
+
+        def pick(t: Tensor) -> Tensor:
+            if batch > 1 and t.ndim >= 2 and t.shape[0] == batch:
+                return t[row:row + 1]
+            return t
+
+        return BlockCall(map_tensors(self.args, pick), map_tensors(self.kwargs, pick),
+                         self.hidden_in_args)
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """One forward call seen by the probe."""
+
+    index: int
+    run: int
+    step: int  # 0 = a new sequence batch (prefill), k = the k-th continuation of that run
+    n_positions: int
+    replayable: bool
+
+
+@dataclass
+class _Run:
+    batch: int
+    chunks: dict = field(default_factory=dict)  # (capture, layer) -> list[Tensor]
+    masks: list = field(default_factory=list)
+    steps: list = field(default_factory=list)
+    block_calls: dict = field(default_factory=dict)  # layer -> BlockCall (prefill only)
+
+    @property
+    def n_positions(self) -> int:
+        return sum(m.shape[1] for m in self.masks)
+
+
+class _LayerView:
+    """``recording.resid_post[l]``: indexing by layer, negative indices allowed."""
+
+    def __init__(self, recording: "Recording", capture: str) -> None:
+        self._recording, self._capture = recording, capture
+
+    def __getitem__(self, layer: int) -> Tensor:
+        return self._recording.tensor(self._capture, layer)
+
+    def __len__(self) -> int:
+        return len(self._recording.layers)
+
+    def __iter__(self) -> Iterator[Tensor]:
+        return (self[layer] for layer in self._recording.layers)
+
+    def keys(self) -> tuple[int, ...]:
+        return self._recording.layers
+
+
+class Recording:
+    """Residual-stream states and attention outputs recorded per layer."""
+
+    def __init__(self, *, n_layers: int, layers: tuple[int, ...], capture: tuple[str, ...],
+                 store: str = "device", dtype: Optional[torch.dtype] = None) -> None:
+        self.n_layers, self.layers, self.capture = n_layers, tuple(layers), tuple(capture)
+        self.store, self.dtype = store, dtype
+        self.clear()
+
+    # ---------------------------------------------------------------- writing (used by Probe)
+    def clear(self) -> None:
+        """Forget everything recorded so far (handles stay attached)."""
+        self._runs: list[_Run] = []
+        self._calls: list[StepInfo] = []
+        self._stats: dict = {}
+        self._cache: dict = {}
+
+    def to_store(self, t: Tensor, *, copy: bool = True) -> Tensor:
+        device = "cpu" if self.store == "cpu" else t.device
+        return t.detach().to(device=device, dtype=self.dtype or t.dtype, copy=copy)
+
+    def commit(self, captured: dict, mask: Tensor, *, continues: bool,
+               block_calls: dict) -> None:
+        """Add one forward call: ``captured[(capture, layer)] = Tensor[batch, pos, d]``."""
+        self._cache.clear()
+        mask = mask.detach().to("cpu", torch.long)
+        if self.store == "stats":
+            for key, tensor in captured.items():
+                self._stats.setdefault(key, _Accumulator()).update(tensor, mask.to(tensor.device))
+            captured = {}
+        if continues and self._runs and self._runs[-1].batch == mask.shape[0]:
+            run, step = self._runs[-1], len(self._runs[-1].steps)
+        else:
+            if self.store == "stats" and self._runs:
+                self._runs = []  # stats keep only the latest run's block inputs
+            run, step = _Run(batch=mask.shape[0]), 0
+            run.block_calls = dict(block_calls)
+            self._runs.append(run)
+        for key, tensor in captured.items():
+            run.chunks.setdefault(key, []).append(tensor)
+        run.masks.append(mask)
+        run.steps.append(step)
+        self._calls.append(StepInfo(len(self._calls), len(self._runs) - 1, step,
+                                    mask.shape[1], step == 0))
+
+    # ---------------------------------------------------------------- reading
+    @property
+    def resid_pre(self) -> _LayerView:
+        return _LayerView(self, "resid_pre")
+
+    @property
+    def resid_post(self) -> _LayerView:
+        return _LayerView(self, "resid_post")
+
+    @property
+    def attn_out(self) -> _LayerView:
+        return _LayerView(self, "attn_out")
+
+    @property
+    def steps(self) -> tuple[StepInfo, ...]:
+        """Every forward call recorded, in order (generate(): prefill then each decode step)."""
+        return tuple(self._calls)
+
+    @property
+    def n_samples(self) -> int:
+        return sum(run.batch for run in self._runs)
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    def _layer(self, layer: int) -> int:
+        if not isinstance(layer, int) or isinstance(layer, bool):
+            raise TypeError(f"layer must be an int, got {type(layer).__name__}")
+        if not -self.n_layers <= layer < self.n_layers:
+            raise IndexError(f"layer {layer} is out of range for a {self.n_layers}-layer model")
+        layer %= self.n_layers
+        if layer not in self.layers:
+            raise KeyError(f"layer {layer} was not recorded (recorded: {list(self.layers)}); "
+                           "pass layers=None to instrument() to record all")
+        return layer
+
+    def _require_data(self, capture: str) -> None:
+        if capture not in self.capture:
+            raise KeyError(f"'{capture}' was not captured (captured: {list(self.capture)})")
+        if self.store == "stats":
+            raise ValueError("store='stats' keeps only running statistics: use "
+                             "recording.stats(capture, layer), or instrument with store='device'")
+        if not self._runs:
+            raise ValueError("nothing recorded yet: run the model inside the probe first")
+
+    def _padded(self, pieces: list[Tensor], width: int, fill: float = 0) -> Tensor:
+        rows = []
+        for piece in pieces:
+            pad = width - piece.shape[1]
+            if pad:
+                shape = (piece.shape[0], pad) + tuple(piece.shape[2:])
+                piece = torch.cat([piece, piece.new_full(shape, fill)], dim=1)
+            rows.append(piece)
+        return torch.cat(rows, dim=0)
+
+    def tensor(self, capture: str, layer: int) -> Tensor:
+        """Tensor[batch, pos, d_model] of one capture at one layer, all runs, zero-padded."""
+        layer = self._layer(layer)
+        self._require_data(capture)
+        key = (capture, layer)
+        if key not in self._cache:
+            width = max(run.n_positions for run in self._runs)
+            pieces = [torch.cat(run.chunks[key], dim=1) for run in self._runs]
+            self._cache[key] = self._padded(pieces, width)
+        return self._cache[key]
+
+    @property
+    def mask(self) -> Tensor:
+        """Tensor[batch, pos] (long): 1 for real tokens, 0 for padding."""
+        if not self._runs:
+            raise ValueError("nothing recorded yet: run the model inside the probe first")
+        width = max(run.n_positions for run in self._runs)
+        return self._padded([torch.cat(run.masks, dim=1) for run in self._runs], width)
+
+    @property
+    def position_step(self) -> Tensor:
+        """Tensor[batch, pos]: which step wrote each position (0 = prefill), -1 for padding."""
+        width = max(run.n_positions for run in self._runs)
+        pieces = [torch.cat([torch.full_like(m, s) for m, s in zip(run.masks, run.steps)], dim=1)
+                  for run in self._runs]
+        steps = self._padded(pieces, width, fill=-1)
+        return steps.masked_fill(self.mask == 0, -1)
+
+    def tokens(self, capture: str, layer: int) -> Tensor:
+        """Tensor[n_tokens, d_model]: the real (non-padding) tokens of all rows."""
+        x = self.tensor(capture, layer)
+        return x[self.mask.to(x.device).bool()]
+
+    def stats(self, capture: str, layer: int) -> RunningStats:
+        """Running mean / covariance / count (store='stats'; computed from tensors otherwise)."""
+        layer = self._layer(layer)
+        if self.store == "stats":
+            if (capture, layer) not in self._stats:
+                raise ValueError(f"no statistics for {capture} at layer {layer} yet")
+            return self._stats[(capture, layer)].result()
+        acc = _Accumulator()
+        acc.update(self.tensor(capture, layer), self.mask.to(self.tensor(capture, layer).device))
+        return acc.result()
+
+    def block_input(self, layer: int, sample: int = 0) -> BlockCall:
+        """The recorded call of block ``layer`` for batch row ``sample`` (for replay)."""
+        layer = self._layer(layer)
+        if not self._runs:
+            raise ValueError("nothing recorded yet: run the model inside the probe first")
+        if not 0 <= sample < self.n_samples:
+            raise IndexError(f"sample {sample} out of range: {self.n_samples} recorded")
+        for run in self._runs:
+            if sample < run.batch:
+                if layer not in run.block_calls:
+                    raise ValueError(f"no replayable input for layer {layer} (store='stats' keeps"
+                                     " only the latest run's block inputs)")
+                return run.block_calls[layer].select(sample)
+            sample -= run.batch
+        raise IndexError(sample)  # unreachable
+
+    def __getitem__(self, name: str) -> Tensor:
+        if name == "mask":
+            return self.mask
+        match = _TL_NAME.match(name) if isinstance(name, str) else None
+        if match is None:
+            raise KeyError(f"unknown name {name!r}: use 'blocks.<l>.hook_resid_pre', "
+                           "'blocks.<l>.hook_resid_post', 'blocks.<l>.hook_attn_out' or 'mask'")
+        return self.tensor(match.group(2), int(match.group(1)))
+
+    def __repr__(self) -> str:
+        return (f"Recording(layers={list(self.layers)}, capture={list(self.capture)}, "
+                f"store={self.store!r}, samples={self.n_samples}, calls={len(self._calls)})")
