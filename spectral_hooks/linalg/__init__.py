@@ -1,0 +1,26 @@
+"""Model-agnostic numerical linear algebra over matrix-free operators (pure torch).
+
+Example::
+
+    >>> import torch
+    >>> from spectral_hooks.linalg import DenseOperator, eigs, svds, hutchinson_trace
+    >>> A = torch.randn(300, 300, dtype=torch.float64)
+    >>> eigs(DenseOperator(A), 8).values.shape[-1] >= 8
+    True
+"""
+
+from .estimators import (column_norms_sq, diagonal, frobenius_sq, hutchinson_trace,
+                         hutchpp_trace, trace_of_square)
+from .krylov import eigs
+from .operators import DenseOperator, IdentityOperator, LinearOperator, aslinearoperator
+from .ranks import effective_rank, participation_ratio, stable_rank, surviving
+from .results import EigResult, Estimate, SvdResult
+from .svd import svds
+
+__all__ = [
+    "LinearOperator", "DenseOperator", "IdentityOperator", "aslinearoperator",
+    "eigs", "svds", "EigResult", "SvdResult", "Estimate",
+    "hutchinson_trace", "hutchpp_trace", "frobenius_sq", "trace_of_square", "diagonal",
+    "column_norms_sq",
+    "effective_rank", "participation_ratio", "stable_rank", "surviving",
+]

@@ -1,0 +1,116 @@
+"""A batch of operators applied in lockstep (dense [..., m, n] tensors or LinearOperators).
+
+Internal helper shared by :mod:`krylov` and :mod:`svd`: it converts inputs to a working
+precision (float64 / complex128), counts applications per member, and turns NaN/Inf in an
+operator's output into a FloatingPointError that names the operator.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from .operators import LinearOperator
+
+
+class OpBatch:
+    """B operators of one shape (m, n), applied to [B, n, c] blocks in working precision."""
+
+    def __init__(self, op, *, what: str) -> None:
+        self.dense: Optional[Tensor] = None
+        self.ops: Optional[List[LinearOperator]] = None
+        if isinstance(op, Tensor):
+            if op.ndim < 2:
+                raise ValueError(f"{what}: a dense operator needs shape [..., m, n], "
+                                 f"got {tuple(op.shape)}")
+            if not (op.is_floating_point() or op.is_complex()):
+                raise TypeError(f"{what}: dense operator must be floating or complex, "
+                                f"got {op.dtype}")
+            self.batch_shape = tuple(op.shape[:-2])
+            self.shape = tuple(op.shape[-2:])
+            self.is_complex = op.is_complex()
+            self.device = op.device
+            self.wdtype = torch.complex128 if self.is_complex else torch.float64
+            self.dense = op.reshape(-1, *self.shape).to(self.wdtype)
+            self.B = self.dense.shape[0]
+            self.names = [f"dense matrix #{b}" for b in range(self.B)]
+        elif isinstance(op, LinearOperator) or (
+            isinstance(op, Sequence) and len(op) > 0
+            and all(isinstance(o, LinearOperator) for o in op)
+        ):
+            single = isinstance(op, LinearOperator)
+            self.ops = [op] if single else list(op)
+            self.batch_shape = () if single else (len(self.ops),)
+            shapes = {o.shape for o in self.ops}
+            if len(shapes) != 1:
+                raise ValueError(f"{what}: operators in a list must share one shape, got "
+                                 f"{sorted(shapes)}")
+            devices = {o.device for o in self.ops}
+            if len(devices) != 1:
+                raise ValueError(f"{what}: operators in a list must share one device, got "
+                                 f"{sorted(str(d) for d in devices)}")
+            self.shape = self.ops[0].shape
+            self.device = self.ops[0].device
+            self.is_complex = any(o.dtype.is_complex for o in self.ops)
+            self.wdtype = torch.complex128 if self.is_complex else torch.float64
+            self.B = len(self.ops)
+            self.names = [repr(o) for o in self.ops]
+        else:
+            raise TypeError(
+                f"{what}: expected a LinearOperator, a list of LinearOperators or a dense "
+                f"tensor [..., m, n], got {type(op).__name__}"
+            )
+        if self.B == 0:
+            raise ValueError(f"{what}: empty batch")
+        self.counts = [0] * self.B
+        self.what = what
+
+    def _check(self, Y: Tensor, mask: Sequence[bool]) -> None:
+        ok = torch.isfinite(Y.reshape(Y.shape[0], -1)).all(dim=1).tolist()
+        for b, (m, good) in enumerate(zip(mask, ok)):
+            if m and not good:
+                raise FloatingPointError(
+                    f"{self.what}: operator {self.names[b]} returned NaN or Inf"
+                )
+
+    def apply(self, X: Tensor, mask: Sequence[bool], *, adjoint: bool = False) -> Tensor:
+        """A_b X_b (or A_b^H X_b) for members with mask[b]; other rows are zero."""
+        c = X.shape[-1]
+        if self.dense is not None:
+            M = self.dense.mH if adjoint else self.dense
+            Y = torch.matmul(M, X)
+            if not all(mask):
+                keep = torch.tensor(mask, device=X.device).view(-1, 1, 1)
+                Y = torch.where(keep, Y, torch.zeros((), dtype=Y.dtype, device=Y.device))
+        else:
+            rows = self.shape[1] if adjoint else self.shape[0]
+            Y = torch.zeros(self.B, rows, c, dtype=self.wdtype, device=X.device)
+            for b, o in enumerate(self.ops):
+                if not mask[b]:
+                    continue
+                Xb = X[b]
+                if Xb.is_complex() and not o.dtype.is_complex:
+                    Yb = torch.complex(self._one(o, Xb.real, adjoint),
+                                       self._one(o, Xb.imag, adjoint))
+                    self.counts[b] += c  # real and imaginary parts: two applications
+                else:
+                    Yb = self._one(o, Xb.to(o.dtype), adjoint)
+                Y[b] = Yb.to(self.wdtype)
+        for b in range(self.B):
+            if mask[b]:
+                self.counts[b] += c
+        self._check(Y, mask)
+        return Y
+
+    @staticmethod
+    def _one(o: LinearOperator, X: Tensor, adjoint: bool) -> Tensor:
+        X = X.to(o.dtype)
+        return (o.rmatmat(X) if adjoint else o.matmat(X)).to(torch.promote_types(
+            X.dtype, torch.float64))
+
+    def need_adjoint(self) -> None:
+        if self.ops is not None:
+            for o in self.ops:
+                o._need_adjoint()

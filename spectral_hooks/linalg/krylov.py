@@ -1,0 +1,323 @@
+"""Top-k eigenpairs of non-symmetric operators: restarted Arnoldi with Krylov-Schur restarts.
+
+Example::
+
+    >>> import torch
+    >>> from spectral_hooks.linalg import eigs
+    >>> A = torch.randn(200, 200, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    >>> res = eigs(A, 6)
+    >>> bool(res.converged), res.values.shape[-1] in (6, 7)
+    (True, True)
+
+Method (Stewart 2001). The Krylov decomposition A V_m = V_m H_m + v_{m+1} h^T is extended by
+Arnoldi steps with full re-orthogonalisation (two passes of classical Gram-Schmidt) in
+float64/complex128. At a restart the wanted Ritz values are kept: for a real operator an
+orthonormal *real* basis W of the invariant subspace of H_m spanned by the kept Ritz vectors
+(conjugate pairs never split) replaces the Schur vectors, V <- V W, H <- W^T H W,
+h <- W^T h. Converged wanted Ritz pairs are always kept (soft locking; the kept count grows with
+the number converged, as in SLEPc). The iteration stops for an operator when
+
+* every wanted Ritz pair has estimated residual |h^T y| <= tol |theta|, and
+* the next Ritz value is separated from the k-th: it cannot, within its residual, belong to
+  the top-k (or it has converged itself), and
+* a final explicit check with fresh matvecs gives ||A x - theta x|| / |theta| <= tol for every
+  returned pair (if not, the internal tolerance is tightened and the iteration continues).
+
+Otherwise, after ``max_restarts``, ``converged`` is False and a warning says why; eigs never
+raises on non-convergence. ``k`` must satisfy 1 <= k <= n - 2 (as in ARPACK); for the full
+spectrum of a small matrix use ``torch.linalg.eig``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import List, Optional
+
+import torch
+from torch import Tensor
+
+from ._batch import OpBatch
+from .results import EigResult
+
+__all__ = ["eigs"]
+
+logger = logging.getLogger(__name__)
+_EPS = torch.finfo(torch.float64).eps
+_WHICH = ("LM", "LR", "SM")
+
+
+def _order(theta: Tensor, which: str) -> Tensor:
+    """Permutation sorting Ritz values by ``which``, conjugate pairs adjacent, +imag first."""
+    mod, re, im = theta.abs(), theta.real, theta.imag
+    primary = {"LM": -mod, "LR": -re, "SM": mod}[which]
+    idx = torch.arange(theta.shape[0], device=theta.device)
+    for key in (-im, -re, -im.abs(), primary):  # least significant first, stable sorts
+        idx = idx[torch.sort(key[idx], stable=True).indices]
+    return idx
+
+
+def _key(theta: Tensor, which: str) -> Tensor:
+    return {"LM": theta.abs(), "LR": theta.real, "SM": -theta.abs()}[which]
+
+
+def _real_basis(Y: Tensor, theta: Tensor) -> Tensor:
+    """Real columns spanning the (conjugation-closed) span of complex eigenvectors Y."""
+    cols = []
+    for j in range(Y.shape[1]):
+        if theta[j].imag == 0:
+            cols.append(Y[:, j].real)
+        elif theta[j].imag > 0:
+            cols += [Y[:, j].real, Y[:, j].imag]
+    return torch.stack(cols, dim=1)
+
+
+def _validate(batch: OpBatch, k: int, which: str, tol: float, ncv: Optional[int],
+              max_restarts: int) -> int:
+    m, n = batch.shape
+    if m != n:
+        raise ValueError(f"eigs needs a square operator, got shape {batch.shape}")
+    if isinstance(k, bool) or not isinstance(k, int):
+        raise TypeError(f"eigs: k must be an int, got {type(k).__name__}")
+    if k < 1:
+        raise ValueError(f"eigs: k must be >= 1, got {k}")
+    if k > n - 2:
+        raise ValueError(
+            f"eigs: k={k} is too large for n={n} (need k <= n - 2); for the full spectrum "
+            f"use dense torch.linalg.eig"
+        )
+    if which not in _WHICH:
+        raise ValueError(f"eigs: which must be one of {_WHICH}, got {which!r}")
+    if not (tol > 0):
+        raise ValueError(f"eigs: tol must be > 0, got {tol}")
+    if max_restarts < 0:
+        raise ValueError(f"eigs: max_restarts must be >= 0, got {max_restarts}")
+    if ncv is None:
+        ncv = min(n, max(3 * k, 20))
+    if not (k + 2 <= ncv <= n):
+        raise ValueError(f"eigs: ncv must satisfy k + 2 <= ncv <= n, got ncv={ncv}, k={k}, "
+                         f"n={n}")
+    return ncv
+
+
+def eigs(op, k: int, *, which: str = "LM", tol: float = 1e-10, max_restarts: int = 1000,
+         ncv: Optional[int] = None, v0: Optional[Tensor] = None, seed: int = 0,
+         return_vectors: bool = True) -> EigResult:
+    """Top-k eigenpairs of a square operator (or a batch of them, in lockstep).
+
+    Example::
+
+        >>> res = eigs(torch.randn(4, 100, 100, dtype=torch.float64), 5)  # a batch of 4
+        >>> res.values.shape[0], res.converged.shape
+        (4, torch.Size([4]))
+
+    ``op``: a LinearOperator, a list of LinearOperators of one shape, or a dense tensor
+    [..., n, n]. ``which``: "LM" (largest modulus), "LR" (largest real part) or "SM"
+    (smallest modulus; slow without shift-invert). ``ncv``: Krylov subspace size (default
+    max(3k, 20), at most n; ARPACK's default is max(2k + 1, 20)). ``v0``: start vector [n] or [..., n]; random (``seed``)
+    otherwise. Returns an :class:`EigResult`; see the module docstring for the guarantees.
+    """
+    batch = OpBatch(op, what="eigs")
+    m = _validate(batch, k, which, tol, ncv, max_restarts)
+    B, n, dev, dt = batch.B, batch.shape[0], batch.device, batch.wdtype
+    real = not batch.is_complex
+    gen = torch.Generator().manual_seed(int(seed))
+
+    def randn(*shape: int) -> Tensor:
+        return torch.randn(*shape, generator=gen, dtype=torch.float64).to(dev, dt)
+
+    V = torch.zeros(B, n, m + 1, dtype=dt, device=dev)
+    Hb = torch.zeros(B, m + 1, m, dtype=dt, device=dev)
+    if v0 is None:
+        start = randn(B, n)
+    else:
+        if not isinstance(v0, Tensor) or v0.shape[-1] != n:
+            raise ValueError(f"eigs: v0 must be a tensor [..., {n}], got "
+                             f"{getattr(v0, 'shape', type(v0).__name__)}")
+        start = v0.to(dev, dt).expand(*batch.batch_shape, n).reshape(B, n).clone()
+    norms = torch.linalg.vector_norm(start, dim=1, keepdim=True)
+    if not bool((norms > 0).all()):
+        raise ValueError("eigs: v0 must be non-zero")
+    V[:, :, 0] = start / norms
+
+    p = [0] * B
+    done = [False] * B
+    restarts = [0] * B
+    tol_int = [float(tol)] * B
+    out: List[Optional[dict]] = [None] * B
+
+    while not all(done):
+        _extend(batch, V, Hb, p, done, m, randn)
+        H, hrow = Hb[:, :m, :m], Hb[:, m, :m]
+        theta_all, Y_all = torch.linalg.eig(H)
+        est_all = (hrow.to(Y_all.dtype).unsqueeze(1) @ Y_all).squeeze(1).abs()
+        hnorm = torch.linalg.matrix_norm(H).tolist()
+        checks = []
+        for b in range(B):
+            if done[b]:
+                continue
+            idx = _order(theta_all[b], which)
+            theta, Y, est = theta_all[b][idx], Y_all[b][:, idx], est_all[b][idx]
+            kw = k + 1 if (real and theta[k - 1].imag > 0) else k
+            denom = torch.clamp(theta.abs(), min=_EPS ** (2 / 3) * hnorm[b])
+            conv = (est <= tol_int[b] * denom).tolist()
+            nconv = sum(conv[:kw])
+            key = _key(theta, which)
+            gap_ok = bool(conv[kw] or key[kw] + est[kw] < key[kw - 1])
+            st = dict(theta=theta, Y=Y, est=est, kw=kw, gap_ok=gap_ok, nconv=nconv)
+            if (nconv == kw and gap_ok) or restarts[b] >= max_restarts:
+                checks.append(b)
+                out[b] = st
+            else:
+                _restart(b, st, V, Hb, p, m, real)
+                restarts[b] += 1
+        if checks:
+            _final_check(batch, V, checks, out, m, real)
+            for b in checks:
+                st = out[b]
+                ok = bool((st["resid"] <= tol).all()) and st["nconv"] == st["kw"] and st["gap_ok"]
+                if ok or restarts[b] >= max_restarts:
+                    done[b] = True
+                    st["converged"] = ok
+                    if not ok:
+                        _warn(batch.names[b], st, tol, max_restarts)
+                else:  # estimates said converged, fresh matvecs disagree: tighten and go on
+                    tol_int[b] /= 10.0
+                    logger.debug("eigs: %s explicit residual %.2e > tol; tightening to %.1e",
+                                 batch.names[b], float(st["resid"].max()), tol_int[b])
+                    _restart(b, st, V, Hb, p, m, real)
+                    restarts[b] += 1
+    return _assemble(batch, out, return_vectors)
+
+
+def _extend(batch: OpBatch, V: Tensor, Hb: Tensor, p: List[int], done: List[bool], m: int,
+            randn) -> None:
+    """Arnoldi steps j = p_b .. m-1 for every member still running (masked lockstep)."""
+    active = [not d for d in done]
+    j0 = min(pb for pb, a in zip(p, active) if a)
+    for j in range(j0, m):
+        mask = [a and j >= pb for a, pb in zip(active, p)]
+        if not any(mask):
+            continue
+        w = batch.apply(V[:, :, j:j + 1], mask)[:, :, 0]
+        Vj = V[:, :, :j + 1]
+        w0 = torch.linalg.vector_norm(w, dim=1)
+        c = (Vj.mH @ w.unsqueeze(2)).squeeze(2)
+        w = w - (Vj @ c.unsqueeze(2)).squeeze(2)
+        c2 = (Vj.mH @ w.unsqueeze(2)).squeeze(2)
+        w = w - (Vj @ c2.unsqueeze(2)).squeeze(2)
+        c = c + c2
+        beta = torch.linalg.vector_norm(w, dim=1)
+        broke = beta <= 1e-13 * w0.clamp(min=1e-300)
+        if bool(broke.any()):  # invariant subspace: continue with a random orthogonal vector
+            r = randn(*w.shape)
+            for _ in range(2):
+                r = r - (Vj @ (Vj.mH @ r.unsqueeze(2))).squeeze(2)
+            r = r / torch.linalg.vector_norm(r, dim=1, keepdim=True)
+            w = torch.where(broke.unsqueeze(1), r, w / beta.clamp(min=1e-300).unsqueeze(1))
+            beta = torch.where(broke, torch.zeros_like(beta), beta)
+        else:
+            w = w / beta.unsqueeze(1)
+        keep = torch.tensor(mask, device=V.device)
+        Hb[:, :j + 1, j] = torch.where(keep.unsqueeze(1), c, Hb[:, :j + 1, j])
+        Hb[:, j + 1, j] = torch.where(keep, beta.to(Hb.dtype), Hb[:, j + 1, j])
+        V[:, :, j + 1] = torch.where(keep.unsqueeze(1), w, V[:, :, j + 1])
+
+
+def _restart(b: int, st: dict, V: Tensor, Hb: Tensor, p: List[int], m: int, real: bool) -> None:
+    """Krylov-Schur restart of member b onto the invariant subspace of the kept Ritz values."""
+    theta, Y, nconv, kw = st["theta"], st["Y"], st["nconv"], st["kw"]
+    keep = max(kw, nconv + max(1, (m - nconv) // 2))
+    keep = min(keep, m - 1)
+    if real and theta[keep - 1].imag > 0:  # never split a conjugate pair
+        keep = keep + 1 if keep + 1 <= m - 1 else keep - 1
+    X = _real_basis(Y[:, :keep], theta[:keep]) if real else Y[:, :keep]
+    W = torch.linalg.qr(X.to(V.dtype)).Q
+    H, hrow = Hb[b, :m, :m].clone(), Hb[b, m, :m].clone()
+    S = W.mH @ H @ W
+    if logger.isEnabledFor(logging.DEBUG):
+        err = torch.linalg.matrix_norm(H @ W - W @ S) / torch.linalg.matrix_norm(H)
+        logger.debug("eigs restart: keep %d of %d, invariance error %.1e", keep, m, float(err))
+    V[b, :, :keep] = V[b, :, :m] @ W
+    V[b, :, keep] = V[b, :, m]
+    V[b, :, keep + 1:] = 0
+    Hb[b] = 0
+    Hb[b, :keep, :keep] = S
+    Hb[b, keep, :keep] = hrow @ W
+    p[b] = keep
+
+
+def _final_check(batch: OpBatch, V: Tensor, members: List[int], out: List[dict], m: int,
+                 real: bool) -> None:
+    """Residuals ||A x - theta x|| / |theta| of the wanted Ritz pairs, with fresh matvecs."""
+    B, n = batch.B, batch.shape[0]
+    cols = {}
+    for b in members:
+        st = out[b]
+        theta, Y = st["theta"][:st["kw"]], st["Y"][:, :st["kw"]]
+        x = V[b, :, :m].to(Y.dtype) @ Y
+        x = x / torch.linalg.vector_norm(x, dim=0, keepdim=True)
+        st["x"] = x
+        if real:  # conjugate pairs share a matvec pair: A Re x, A Im x
+            cols[b] = _real_basis(x, theta)
+        else:
+            cols[b] = x
+    c = max(X.shape[1] for X in cols.values())
+    X = torch.zeros(B, n, c, dtype=V.dtype, device=V.device)
+    for b, Xb in cols.items():
+        X[b, :, :Xb.shape[1]] = Xb
+    AX = batch.apply(X, [b in cols for b in range(B)])
+    for b in members:
+        st = out[b]
+        theta, x = st["theta"][:st["kw"]], st["x"]
+        if real:
+            Ax, j = [], 0
+            for t in theta.tolist():
+                if t.imag == 0:
+                    Ax.append(AX[b, :, j].to(x.dtype))
+                    j += 1
+                elif t.imag > 0:
+                    z = torch.complex(AX[b, :, j], AX[b, :, j + 1])
+                    Ax += [z, z.conj()]
+                    j += 2
+            Ax = torch.stack(Ax, dim=1)
+        else:
+            Ax = AX[b, :, :x.shape[1]]
+        r = torch.linalg.vector_norm(Ax - x * theta, dim=0)
+        st["resid"] = r / theta.abs().clamp(min=1e-300)
+
+
+def _warn(name: str, st: dict, tol: float, max_restarts: int) -> None:
+    why = []
+    if st["nconv"] < st["kw"]:
+        why.append(f"only {st['nconv']} of {st['kw']} Ritz pairs reached tol={tol:g}")
+    if not bool((st["resid"] <= tol).all()):
+        why.append(f"max explicit residual {float(st['resid'].max()):.2e} > tol={tol:g}")
+    if not st["gap_ok"]:
+        why.append("the k-th Ritz value is not separated from the next one")
+    logger.warning("eigs did not converge for %s after max_restarts=%d: %s", name,
+                   max_restarts, "; ".join(why) or "restart budget exhausted")
+
+
+def _assemble(batch: OpBatch, out: List[dict], return_vectors: bool) -> EigResult:
+    B, n, dev = batch.B, batch.shape[0], batch.device
+    K = max(st["kw"] for st in out)
+    nan = float("nan")
+    vals = torch.full((B, K), complex(nan, nan), dtype=torch.complex128, device=dev)
+    res = torch.full((B, K), nan, dtype=torch.float64, device=dev)
+    vecs = torch.full((B, n, K), complex(nan, nan), dtype=torch.complex128, device=dev) \
+        if return_vectors else None
+    for b, st in enumerate(out):
+        kw = st["kw"]
+        vals[b, :kw] = st["theta"][:kw]
+        res[b, :kw] = st["resid"]
+        if vecs is not None:
+            vecs[b, :, :kw] = st["x"]
+    conv = torch.tensor([st["converged"] for st in out], device=dev)
+    bs = batch.batch_shape
+    return EigResult(
+        values=vals.reshape(*bs, K),
+        vectors=None if vecs is None else vecs.reshape(*bs, n, K),
+        residuals=res.reshape(*bs, K),
+        converged=conv.reshape(bs),
+        n_matvecs=max(batch.counts),
+    )

@@ -1,0 +1,308 @@
+"""Matrix-free linear operators.
+
+Example::
+
+    >>> import torch
+    >>> from spectral_hooks.linalg import LinearOperator, DenseOperator
+    >>> M = torch.randn(5, 3, dtype=torch.float64)
+    >>> A = LinearOperator((5, 3), matvec=lambda x: M @ x, rmatvec=lambda y: M.T @ y,
+    ...                    dtype=torch.float64, device="cpu", name="M")
+    >>> torch.allclose((A.T @ A).to_dense(), M.T @ M)
+    True
+    >>> A.n_matvecs  # to_dense applied A.T @ A to 3 columns: 3 matvecs + 3 rmatvecs
+    6
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional, Sequence, Union
+
+import torch
+from torch import Tensor
+
+__all__ = ["LinearOperator", "DenseOperator", "IdentityOperator", "aslinearoperator"]
+
+_Fn = Optional[Callable[[Tensor], Tensor]]
+
+
+class LinearOperator:
+    """A linear map from C^n (or R^n) to C^m given by functions.
+
+    ``matvec(x[n]) -> [m]`` is required; ``rmatvec(y[m]) -> [n]`` applies the adjoint A^H.
+    ``matmat`` / ``rmatmat`` (``[n, k] -> [m, k]``) are optional: without them the operator
+    applies the vector function column by column, or with ``torch.vmap`` when
+    ``vectorized=True``. ``n_matvecs`` counts applications of A or A^H (a matmat of k
+    columns counts k); composite operators count their own applications.
+    """
+
+    def __init__(
+        self,
+        shape: Sequence[int],
+        *,
+        matvec: Callable[[Tensor], Tensor],
+        rmatvec: _Fn = None,
+        matmat: _Fn = None,
+        rmatmat: _Fn = None,
+        dtype: torch.dtype,
+        device: Union[str, torch.device],
+        vectorized: bool = False,
+        name: Optional[str] = None,
+    ) -> None:
+        shape = tuple(int(s) for s in shape)
+        if len(shape) != 2 or min(shape) < 1:
+            raise ValueError(f"LinearOperator shape must be (m, n) with m, n >= 1, got {shape}")
+        if not callable(matvec):
+            raise TypeError("LinearOperator needs a callable matvec")
+        if not isinstance(dtype, torch.dtype):
+            raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
+        self.shape = shape
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.name = name or "LinearOperator"
+        self.n_matvecs = 0
+        self._matvec, self._rmatvec = matvec, rmatvec
+        self._matmat, self._rmatmat = matmat, rmatmat
+        self._vectorized = vectorized
+
+    def __repr__(self) -> str:
+        return f"<{self.name} shape={self.shape} dtype={self.dtype} device={self.device}>"
+
+    # -- checks -------------------------------------------------------------------------
+    def _check_in(self, x: Tensor, n: int, what: str, ndim: int) -> Tensor:
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{self!r}.{what} expects a torch.Tensor, got {type(x).__name__}")
+        if x.ndim != ndim or x.shape[0] != n:
+            want = f"[{n}]" if ndim == 1 else f"[{n}, k]"
+            raise ValueError(
+                f"{self!r}.{what}: operand shape {tuple(x.shape)} does not match operator "
+                f"shape {self.shape} (expected {want})"
+            )
+        return x
+
+    def _check_out(self, y: Tensor, shape: tuple, what: str) -> Tensor:
+        if tuple(y.shape) != shape:
+            raise ValueError(
+                f"{self!r}.{what} returned shape {tuple(y.shape)}, expected {shape}"
+            )
+        return y
+
+    def _need_adjoint(self) -> None:
+        if self._rmatvec is None and self._rmatmat is None:
+            raise NotImplementedError(
+                f"{self!r} has no rmatvec/rmatmat, but the adjoint A^H is needed here"
+            )
+
+    # -- application --------------------------------------------------------------------
+    def matvec(self, x: Tensor) -> Tensor:
+        m, n = self.shape
+        self._check_in(x, n, "matvec", 1)
+        self.n_matvecs += 1
+        return self._check_out(self._matvec(x), (m,), "matvec")
+
+    def rmatvec(self, y: Tensor) -> Tensor:
+        m, n = self.shape
+        self._check_in(y, m, "rmatvec", 1)
+        self._need_adjoint()
+        self.n_matvecs += 1
+        if self._rmatvec is None:
+            return self._check_out(self._rmatmat(y[:, None])[:, 0], (n,), "rmatvec")
+        return self._check_out(self._rmatvec(y), (n,), "rmatvec")
+
+    def _columns(self, fn: Callable[[Tensor], Tensor], X: Tensor) -> Tensor:
+        if self._vectorized:
+            return torch.vmap(fn, in_dims=1, out_dims=1)(X)
+        return torch.stack([fn(X[:, j]) for j in range(X.shape[1])], dim=1)
+
+    def matmat(self, X: Tensor) -> Tensor:
+        m, n = self.shape
+        self._check_in(X, n, "matmat", 2)
+        k = X.shape[1]
+        self.n_matvecs += k
+        if self._matmat is not None:
+            return self._check_out(self._matmat(X), (m, k), "matmat")
+        return self._check_out(self._columns(self._matvec, X), (m, k), "matmat")
+
+    def rmatmat(self, Y: Tensor) -> Tensor:
+        m, n = self.shape
+        self._check_in(Y, m, "rmatmat", 2)
+        self._need_adjoint()
+        k = Y.shape[1]
+        self.n_matvecs += k
+        if self._rmatmat is not None:
+            return self._check_out(self._rmatmat(Y), (n, k), "rmatmat")
+        return self._check_out(self._columns(self._rmatvec, Y), (n, k), "rmatmat")
+
+    def to_dense(self) -> Tensor:
+        """The m x n matrix, by ``matmat`` on the identity (n matvecs)."""
+        eye = torch.eye(self.shape[1], dtype=self.dtype, device=self.device)
+        return self.matmat(eye)
+
+    # -- algebra ------------------------------------------------------------------------
+    @property
+    def T(self) -> "LinearOperator":
+        """The adjoint A^H (for real operators the transpose)."""
+        return _Adjoint(self)
+
+    @property
+    def H(self) -> "LinearOperator":
+        return self.T
+
+    def __matmul__(self, other):
+        if isinstance(other, LinearOperator):
+            return _Product(self, other)
+        if isinstance(other, Tensor):
+            return self.matvec(other) if other.ndim == 1 else self.matmat(other)
+        return NotImplemented
+
+    def __add__(self, other):
+        if isinstance(other, LinearOperator):
+            return _Sum(self, other, 1.0)
+        return NotImplemented
+
+    def __sub__(self, other):
+        if isinstance(other, LinearOperator):
+            return _Sum(self, other, -1.0)
+        return NotImplemented
+
+    def __mul__(self, alpha):
+        if isinstance(alpha, (int, float, complex)) or (
+            isinstance(alpha, Tensor) and alpha.ndim == 0
+        ):
+            return _Scaled(self, alpha)
+        return NotImplemented
+
+    __rmul__ = __mul__
+
+    def __neg__(self):
+        return _Scaled(self, -1.0)
+
+
+def _result_dtype(a: LinearOperator, b: LinearOperator) -> torch.dtype:
+    return torch.promote_types(a.dtype, b.dtype)
+
+
+def _check_device(a: LinearOperator, b: LinearOperator, what: str) -> None:
+    if a.device != b.device:
+        raise ValueError(f"cannot {what} {a!r} and {b!r}: they live on different devices")
+
+
+class _Adjoint(LinearOperator):
+    def __init__(self, A: LinearOperator) -> None:
+        A._need_adjoint()
+        m, n = A.shape
+        super().__init__(
+            (n, m), matvec=A.rmatvec, rmatvec=A.matvec, matmat=A.rmatmat, rmatmat=A.matmat,
+            dtype=A.dtype, device=A.device, name=f"({A.name})^H",
+        )
+        self.base = A
+
+    @property
+    def T(self) -> LinearOperator:
+        return self.base
+
+
+class _Product(LinearOperator):
+    def __init__(self, A: LinearOperator, B: LinearOperator) -> None:
+        if A.shape[1] != B.shape[0]:
+            raise ValueError(
+                f"cannot compose {A!r} @ {B!r}: inner dimensions differ "
+                f"(shapes {A.shape} and {B.shape})"
+            )
+        _check_device(A, B, "compose")
+        has_adj = (A._rmatvec or A._rmatmat) and (B._rmatvec or B._rmatmat)
+        super().__init__(
+            (A.shape[0], B.shape[1]),
+            matvec=lambda x: A.matvec(B.matvec(x)),
+            matmat=lambda X: A.matmat(B.matmat(X)),
+            rmatvec=(lambda y: B.rmatvec(A.rmatvec(y))) if has_adj else None,
+            rmatmat=(lambda Y: B.rmatmat(A.rmatmat(Y))) if has_adj else None,
+            dtype=_result_dtype(A, B), device=A.device, name=f"({A.name} @ {B.name})",
+        )
+
+
+class _Sum(LinearOperator):
+    def __init__(self, A: LinearOperator, B: LinearOperator, sign: float) -> None:
+        if A.shape != B.shape:
+            raise ValueError(f"cannot add {A!r} and {B!r}: shapes {A.shape} and {B.shape} differ")
+        _check_device(A, B, "add")
+        has_adj = (A._rmatvec or A._rmatmat) and (B._rmatvec or B._rmatmat)
+        op = "+" if sign > 0 else "-"
+        super().__init__(
+            A.shape,
+            matvec=lambda x: A.matvec(x) + sign * B.matvec(x),
+            matmat=lambda X: A.matmat(X) + sign * B.matmat(X),
+            rmatvec=(lambda y: A.rmatvec(y) + sign * B.rmatvec(y)) if has_adj else None,
+            rmatmat=(lambda Y: A.rmatmat(Y) + sign * B.rmatmat(Y)) if has_adj else None,
+            dtype=_result_dtype(A, B), device=A.device, name=f"({A.name} {op} {B.name})",
+        )
+
+
+class _Scaled(LinearOperator):
+    def __init__(self, A: LinearOperator, alpha) -> None:
+        has_adj = A._rmatvec or A._rmatmat
+        calpha = alpha.conj() if isinstance(alpha, (complex, Tensor)) else alpha
+        dtype = A.dtype
+        if isinstance(alpha, complex) or (isinstance(alpha, Tensor) and alpha.is_complex()):
+            dtype = torch.promote_types(dtype, torch.complex64)
+        super().__init__(
+            A.shape,
+            matvec=lambda x: alpha * A.matvec(x),
+            matmat=lambda X: alpha * A.matmat(X),
+            rmatvec=(lambda y: calpha * A.rmatvec(y)) if has_adj else None,
+            rmatmat=(lambda Y: calpha * A.rmatmat(Y)) if has_adj else None,
+            dtype=dtype, device=A.device, name=f"({alpha} * {A.name})",
+        )
+
+
+class DenseOperator(LinearOperator):
+    """A LinearOperator backed by an explicit [m, n] matrix.
+
+    Example::
+
+        >>> A = DenseOperator(torch.eye(3))
+        >>> A @ torch.ones(3)
+        tensor([1., 1., 1.])
+    """
+
+    def __init__(self, matrix: Tensor, *, name: Optional[str] = None) -> None:
+        if not isinstance(matrix, Tensor):
+            raise TypeError(f"DenseOperator expects a torch.Tensor, got {type(matrix).__name__}")
+        if matrix.ndim != 2:
+            raise ValueError(
+                f"DenseOperator expects a 2-D matrix, got shape {tuple(matrix.shape)}"
+            )
+        self.matrix = matrix
+        Mh = matrix.mH
+        super().__init__(
+            tuple(matrix.shape),
+            matvec=lambda x: matrix @ x, rmatvec=lambda y: Mh @ y,
+            matmat=lambda X: matrix @ X, rmatmat=lambda Y: Mh @ Y,
+            dtype=matrix.dtype, device=matrix.device, name=name or "DenseOperator",
+        )
+
+    def to_dense(self) -> Tensor:
+        self.n_matvecs += self.shape[1]
+        return self.matrix.clone()
+
+
+class IdentityOperator(LinearOperator):
+    """The n x n identity."""
+
+    def __init__(self, n: int, dtype: torch.dtype = torch.float64,
+                 device: Union[str, torch.device] = "cpu") -> None:
+        ident = lambda x: x.clone()  # noqa: E731
+        super().__init__(
+            (n, n), matvec=ident, rmatvec=ident, matmat=ident, rmatmat=ident,
+            dtype=dtype, device=device, name="Identity",
+        )
+
+
+def aslinearoperator(obj) -> LinearOperator:
+    """Return ``obj`` if it is a LinearOperator, wrap a 2-D tensor in a DenseOperator."""
+    if isinstance(obj, LinearOperator):
+        return obj
+    if isinstance(obj, Tensor):
+        return DenseOperator(obj)
+    raise TypeError(
+        f"expected a LinearOperator or a 2-D torch.Tensor, got {type(obj).__name__}"
+    )
