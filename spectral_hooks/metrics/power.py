@@ -24,12 +24,9 @@ import torch
 from jaxtyping import Complex, Float
 from torch import Tensor
 
+from spectral_hooks.linalg.ranks import effective_rank
 from spectral_hooks.metrics.nulls import gamma_null, rho_test
 
-try:  # the project's Roy-Vetterli effective rank (linalg/ranks.py)
-    from spectral_hooks.linalg.ranks import effective_rank as _linalg_effective_rank
-except ImportError:  # pragma: no cover - linalg not there yet
-    _linalg_effective_rank = None
 
 __all__ = [
     "LayerSpectrum",
@@ -69,7 +66,8 @@ class LayerSpectrum:
     mu1, mu2: the ordering quantities of lambda1, lambda2 (equal to them for ``iterate="F"``).
     gap_ratio: |mu2| / |mu1| (NaN when mu1 = 0 or there is no lambda2).
     B: float64 [d, 1] (real lambda1) or [d, 2] (complex: orthonormalised Re v1, Im v1).
-    B2: float64 [d, 2..4], orthonormal basis of the real plane of lambda1 plus that of lambda2.
+    B2: float64 [d, 2..4], orthonormal basis of the real plane of lambda1 plus that of lambda2
+        (just B when there is no lambda2, e.g. d = 1 or d = 2 with a complex pair).
     """
 
     eigenvalues: Complex[Tensor, " d"]
@@ -223,14 +221,8 @@ class Consensus:
 
 
 def _effective_rank(s: Tensor) -> float:
-    """Roy-Vetterli effective rank of singular values s (NaN if all are zero)."""
-    if float(s.sum()) <= 0:
-        return float("nan")
-    if _linalg_effective_rank is not None:
-        return float(_linalg_effective_rank(s))
-    p = s / s.sum()
-    p = p[p > 0]
-    return float(torch.exp(-(p * p.log()).sum()))
+    """Roy-Vetterli effective rank (linalg.ranks) of singular values s; NaN (not 0) if all are zero."""
+    return float(effective_rank(s)) if float(s.sum()) > 0 else float("nan")
 
 
 def consensus(X: Float[Tensor, "n d"]) -> Consensus:

@@ -116,6 +116,8 @@ def test_spectrum_known_values():
     assert s.lambda2 == pytest.approx(2.0, abs=1e-10) and not s.lambda2_is_complex
     assert s.gap_ratio == pytest.approx(2 / 3, rel=1e-10)
     assert s.B2.shape[1] == 3
+    lone = spectrum(torch.tensor([[0.0, -2.0], [2.0, 0.0]]))  # only a conjugate pair: no lambda2
+    assert lone.lambda1_is_complex and math.isnan(lone.gap_ratio) and lone.B2.shape == (2, 2)
 
 
 def test_ordering_conjugates_adjacent():
@@ -237,6 +239,8 @@ def test_consensus_vs_numpy():
     assert collapsed.mean_cos == pytest.approx(1.0) and collapsed.collapse_residual < 0.5
     assert collapsed.erank == pytest.approx(1.0, abs=1e-6)
     assert math.isnan(consensus(t64(X[:1])).mean_cos)
+    zero = consensus(torch.zeros(3, 4))
+    assert zero.mean_cos == 0 and math.isnan(zero.collapse_residual) and math.isnan(zero.erank)
     with pytest.raises(ValueError):
         consensus(t64(X[0]))
 
