@@ -109,11 +109,11 @@ def make_report(seed: int = 0, n_layers: int = 6, **meta) -> Report:
 
 # Fixtures hand out the factories themselves, so tests never import this conftest by name
 # (which would break under pytest's importlib import mode or with other conftest.py files).
-@pytest.fixture(name="make_report")
+@pytest.fixture(name="make_report", scope="session")
 def make_report_fixture():
     return make_report
 
 
-@pytest.fixture(name="make_sections")
+@pytest.fixture(name="make_sections", scope="session")
 def make_sections_fixture():
     return make_sections
