@@ -79,7 +79,8 @@ def rho_test(a_in: Tensor, a_out: Tensor) -> tuple[float, float]:
     a_in = torch.as_tensor(a_in, dtype=torch.float64)
     a_out = torch.as_tensor(a_out, dtype=torch.float64)
     if a_in.ndim != 1 or a_in.shape != a_out.shape:
-        raise ValueError(f"a_in and a_out must be 1-D of the same length, got {tuple(a_in.shape)}, {tuple(a_out.shape)}")
+        shapes = f"{tuple(a_in.shape)}, {tuple(a_out.shape)}"
+        raise ValueError(f"a_in and a_out must be 1-D of the same length, got {shapes}")
     if torch.isnan(a_in).any() or torch.isnan(a_out).any():
         raise ValueError("a_in / a_out contain NaN")
     n = a_in.numel()

@@ -17,16 +17,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 import torch
-from jaxtyping import Complex, Float
 from torch import Tensor
 
 from spectral_hooks.linalg.ranks import effective_rank
 from spectral_hooks.metrics.nulls import gamma_null, rho_test
 
+if TYPE_CHECKING:  # shape annotations only (jaxtyping is not a runtime dependency)
+    from jaxtyping import Complex, Float
 
 __all__ = [
     "LayerSpectrum",
@@ -123,7 +125,8 @@ def _eig_sorted(F: Tensor, iterate: str, real_tol: float) -> tuple[Tensor, Tenso
     if int(pos.sum()) == int(neg.sum()):  # always so for a real matrix; make the pairs exact
         vals = torch.cat([vals[is_real], vals[pos], vals[pos].conj()])
         vecs = torch.cat([vecs[:, is_real], vecs[:, pos], vecs[:, pos].conj()], dim=1)
-        is_real = torch.cat([torch.ones(int(is_real.sum()), dtype=torch.bool), torch.zeros(2 * int(pos.sum()), dtype=torch.bool)])
+        n_real, n_pairs = int(is_real.sum()), int(pos.sum())
+        is_real = torch.arange(n_real + 2 * n_pairs) < n_real
     q = vals + 1 if iterate == "I+F" else vals
     order = np.lexsort((-vals.imag.numpy(), -vals.real.numpy(), -q.abs().numpy()))
     order = torch.from_numpy(order)

@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import pandas as pd
 import torch
-from jaxtyping import Float
 from torch import Tensor
 
 from spectral_hooks.metrics.power import _check_square, _spectrum_one
+
+if TYPE_CHECKING:  # shape annotations only (jaxtyping is not a runtime dependency)
+    from jaxtyping import Float
 
 __all__ = ["shared_weight_table", "line_angle_deg", "subspace_angle_deg", "SHARED_WEIGHT_COLUMNS"]
 

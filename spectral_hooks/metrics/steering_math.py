@@ -12,12 +12,15 @@ Weights in, weight delta out; applying / reverting it on a model is ``spectral_h
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
-from jaxtyping import Float
 from torch import Tensor
 
 from spectral_hooks.metrics.power import _spectrum_one
+
+if TYPE_CHECKING:  # shape annotations only (jaxtyping is not a runtime dependency)
+    from jaxtyping import Float
 
 __all__ = ["Rank1Edit", "rank1_output_edit", "stack_value_output"]
 
@@ -58,7 +61,8 @@ def stack_value_output(
     ((6, 5), (5, 6))
     """
     if W_V.ndim != 3 or W_O.ndim != 3:
-        raise ValueError(f"W_V must be [H, d_head, d] and W_O [H, d, d_head], got {tuple(W_V.shape)}, {tuple(W_O.shape)}")
+        shapes = f"{tuple(W_V.shape)}, {tuple(W_O.shape)}"
+        raise ValueError(f"W_V must be [H, d_head, d] and W_O [H, d, d_head], got {shapes}")
     H, dh, d = W_V.shape
     if tuple(W_O.shape) != (H, d, dh):
         raise ValueError(f"W_O must be [H, d, d_head] = {(H, d, dh)}, got {tuple(W_O.shape)}")

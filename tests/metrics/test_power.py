@@ -55,12 +55,16 @@ def oracle(F: np.ndarray, shift: float = 0.0):
     vals, vecs = np.linalg.eig(F)
     q = np.abs(vals + shift)
     i1 = max(range(len(vals)), key=lambda i: (round(q[i], 12), vals[i].imag))
-    partner = [i for i in range(len(vals)) if i != i1 and abs(vals[i] - np.conj(vals[i1])) < 1e-9 and abs(vals[i1].imag) > 1e-9]
+    is_cplx = abs(vals[i1].imag) > 1e-9
+    partner = [i for i in range(len(vals)) if i != i1 and is_cplx and abs(vals[i] - np.conj(vals[i1])) < 1e-9]
     rest = [i for i in range(len(vals)) if i != i1 and i not in partner]
     i2 = max(rest, key=lambda i: q[i])
 
     def plane(v, lam):
-        cols = np.stack([v.real, v.imag], 1) if abs(lam.imag) > 1e-9 else np.real(v * np.conj(v[np.argmax(abs(v))]))[:, None]
+        if abs(lam.imag) > 1e-9:
+            cols = np.stack([v.real, v.imag], 1)
+        else:  # rotate the phase away, keep the real vector
+            cols = np.real(v * np.conj(v[np.argmax(abs(v))]))[:, None]
         U, s, _ = np.linalg.svd(cols, full_matrices=False)
         return U[:, s > 1e-10 * s[0]]
 
@@ -198,7 +202,8 @@ def test_gamma_null_limits_and_bad_input():
 @pytest.mark.parametrize("n, k", [(1, 0), (1, 1), (10, 7), (37, 30), (200, 100), (5000, 2700), (5000, 1000)])
 def test_rho_pvalue_vs_scipy(n, k):
     a_in = torch.zeros(n, dtype=torch.float64)
-    a_out = torch.cat([torch.ones(k), -torch.ones(n - k)])[torch.randperm(n, generator=torch.Generator().manual_seed(n))]
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(n))
+    a_out = torch.cat([torch.ones(k), -torch.ones(n - k)])[perm]
     rho, p = rho_test(a_in, a_out)
     ref = binomtest(k, n, 0.5, alternative="greater").pvalue
     assert rho == k / n

@@ -114,7 +114,8 @@ def test_tokens_converge_to_v1_at_predicted_rate(normal):
 def test_complex_pair_plane_with_rotation():
     d, theta = 8, 0.6
     D = torch.diag(torch.tensor([0, 0, 1.2, -1.0, 0.8, 0.5, 0.3, 0.1], dtype=torch.float64))
-    D[:2, :2] = 3.0 * torch.tensor([[math.cos(theta), -math.sin(theta)], [math.sin(theta), math.cos(theta)]], dtype=torch.float64)
+    c, s = math.cos(theta), math.sin(theta)
+    D[:2, :2] = 3.0 * torch.tensor([[c, -s], [s, c]], dtype=torch.float64)
     F = F_from_mu(D, orthogonal(d, 3))
     mu, vecs = np_mu(F)
     assert abs(mu[0].imag) > 0.1 and abs(abs(mu[2]) / abs(mu[0]) - 0.4) < 1e-9
