@@ -117,3 +117,16 @@ def make_report_fixture():
 @pytest.fixture(name="make_sections", scope="session")
 def make_sections_fixture():
     return make_sections
+
+
+EVIL = '<script>alert("x")</script>&'
+
+
+@pytest.fixture(name="rendered_page", scope="session")
+def rendered_page_fixture() -> str:
+    """The full HTML report of a synthetic report with hostile strings, rendered once per session."""
+    from spectral_hooks.report.html import render_html
+
+    rep = make_report(model=EVIL, notes={"k": EVIL})
+    rep.power["layer_label"] = EVIL  # a string cell
+    return render_html(rep)
