@@ -36,7 +36,7 @@ SECTION_INFO: dict[str, tuple[str, str]] = {
               "directions (the null), and ρ is the share of tokens whose alignment increased."),
     "spectra": ("Eigenvalues",
                 "All (or the top-k) eigenvalues of the layer matrices F_t and of the token Jacobians, "
-                "in long format, one row per eigenvalue; plotted in the complex plane above."),
+                "in long format, one row per eigenvalue; plotted in the complex plane in the power-method and Jacobian sections."),
     "shared_weights": ("Shared weights",
                        "For models that apply one layer repeatedly (ALBERT): the direction and rate "
                        "that the FFN-free power iteration x ← (I+F)x/‖(I+F)x‖ predicts, against the "
