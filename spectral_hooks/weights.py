@@ -1,0 +1,63 @@
+"""Layer matrices F_t = sum_h W_O^h W_V^h read from any model through its anatomy.
+
+    >>> from transformers import GPT2Config, GPT2Model
+    >>> F = layer_matrices(GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)))
+    >>> F.shape, F.dtype
+    (torch.Size([2, 32, 32]), torch.float64)
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import torch
+from torch import Tensor, nn
+
+from .anatomy import Anatomy, anatomy_of
+
+
+def _anatomy(model_or_anatomy: Union[nn.Module, Anatomy]) -> Anatomy:
+    if isinstance(model_or_anatomy, Anatomy):
+        return model_or_anatomy
+    return anatomy_of(model_or_anatomy)
+
+
+def layer_matrices(model: Union[nn.Module, Anatomy], *, fold_norm: bool = False,
+                   dtype: torch.dtype = torch.float64) -> Tensor:
+    """Tensor[L, d, d]: F_t for every layer (shared blocks computed once), on the CPU.
+
+    ``fold_norm=True`` multiplies F on the right by diag(gain) of the norm feeding attention
+    (Gemma: 1 + weight); layers without such a norm (post-norm models) are left as they are.
+    """
+    anatomy = _anatomy(model)
+    cache: dict = {}
+    out = []
+    for part in anatomy.layers:
+        key = id(part.block)
+        if key not in cache:
+            W_O = part.output_weights().to("cpu", dtype)
+            W_V = part.value_weights().to("cpu", dtype)
+            F = torch.einsum("hdk,hkm->dm", W_O, W_V)
+            gain = part.attn_norm_weight() if fold_norm else None
+            if gain is not None:
+                F = F * gain.to("cpu", dtype)[None, :]
+            cache[key] = F
+        out.append(cache[key])
+    return torch.stack(out)
+
+
+def layer_biases(model: Union[nn.Module, Anatomy], *, dtype: torch.dtype = torch.float64
+                 ) -> Tensor:
+    """Tensor[L, d]: c_t = W_O b_V + b_O, the constant part of each attention layer's output."""
+    anatomy = _anatomy(model)
+    out = []
+    for part in anatomy.layers:
+        W_O = part.output_weights().to("cpu", dtype)
+        c = torch.zeros(W_O.shape[1], dtype=dtype)
+        b_V, b_O = part.value_bias(), part.output_bias()
+        if b_V is not None:
+            c = c + torch.einsum("hdk,hk->d", W_O, b_V.to("cpu", dtype))
+        if b_O is not None:
+            c = c + b_O.to("cpu", dtype)
+        out.append(c)
+    return torch.stack(out)
