@@ -1,0 +1,133 @@
+import logging
+import math
+
+import numpy as np
+import pytest
+import scipy.sparse.linalg as sla
+import torch
+
+from spectral_hooks.linalg import DenseOperator, LinearOperator, eigs
+
+from ._spectra import make_matrix, set_distance, top_by_modulus
+
+
+def _check(res, vals, k, tol=1e-8):
+    K = res.values.shape[-1]
+    assert K in (k, k + 1)
+    assert set_distance(res.values, top_by_modulus(vals, K)) < tol
+    assert bool(res.converged)
+    assert float(res.residuals.max()) <= 1e-10
+    if res.vectors is not None:
+        torch.testing.assert_close(torch.linalg.vector_norm(res.vectors, dim=-2),
+                                   torch.ones(K, dtype=torch.float64))
+
+
+def _clustered_top(n_top, spread, seed, phi=0.3):
+    g = torch.Generator().manual_seed(100 + seed)
+    top = []
+    for _ in range(n_top):
+        r = 1 - spread * torch.rand(1, generator=g).item()
+        a = phi * torch.rand(1, generator=g).item()
+        top.append(complex(r * math.cos(a), r * math.sin(a)))
+    return top
+
+
+@pytest.mark.parametrize("n", [50, 300])
+def test_random_nonsymmetric_vs_dense(n):
+    g = torch.Generator().manual_seed(n)
+    A = torch.eye(n, dtype=torch.float64) + 0.3 * torch.randn(n, n, generator=g,
+                                                              dtype=torch.float64) / n ** 0.5
+    _check(eigs(A, 6), torch.linalg.eigvals(A), 6)
+
+
+def test_complex_and_nearly_defective():
+    top = [2.0, 1.8 + 0.5j, 1.6, 1.6 + 1e-6, -1.5j + 0.3]
+    A, vals = make_matrix(200, top, bulk_radius=0.8, nonnormal=0.3, seed=1)
+    _check(eigs(A, 6), vals, 6, tol=1e-6)  # a 1e-6-split pair: eigenvalues are ill-conditioned
+
+
+def test_complex_operator():
+    g = torch.Generator().manual_seed(3)
+    A = torch.randn(120, 120, generator=g, dtype=torch.complex128) / 120 ** 0.5
+    A = A + torch.diag(torch.linspace(2, 1, 120, dtype=torch.complex128))
+    _check(eigs(A, 5), torch.linalg.eigvals(A), 5)
+
+
+def test_conjugate_pair_at_boundary_returns_k_plus_1():
+    A, vals = make_matrix(100, [3.0, 2.5, 2.0 + 1.0j], seed=2)
+    res = eigs(A, 3)
+    assert res.values.shape == (4,)
+    assert res.values[2].imag > 0 and torch.isclose(res.values[3], res.values[2].conj())
+    _check(res, vals, 3)
+
+
+def test_batched_dense_and_list_match_separate_calls():
+    mats = [make_matrix(80, [2.0 + i, 1.5 + 0.5j], seed=i)[0] for i in range(3)]
+    batch = eigs(torch.stack(mats), 4)
+    ops = [DenseOperator(M) for M in mats]
+    lst = eigs(ops, 4)
+    assert batch.converged.shape == (3,) and bool(batch.converged.all())
+    for i, M in enumerate(mats):
+        single = eigs(M, 4)
+        K = single.values.shape[-1]
+        assert set_distance(batch.values[i, :K], single.values) < 1e-10
+        assert set_distance(lst.values[i, :K], single.values) < 1e-10
+        assert torch.isnan(batch.values[i, K:]).all()
+
+
+def test_n2000_once():
+    # NOTE: with 20 pairs clustered within 1e-2 at n=2000, k=8 our eigs returned a wrong
+    # top-8 (error 3e-2) while its checks passed: a known open limitation, see the report.
+    A, vals = make_matrix(2000, [3.0, 2.8 + 0.4j, 2.6, 2.5 - 1j, 2.4], bulk_radius=1.5, seed=5)
+    _check(eigs(A, 8), vals, 8)
+
+
+def test_agrees_with_arpack_easy_case():
+    A, vals = make_matrix(300, [3.0, 2.5 + 1j, 2.2, -2.1], bulk_radius=1.0, seed=7)
+    w = sla.eigs(A.numpy(), k=5, tol=1e-12, v0=np.ones(300))[0]
+    res = eigs(A, 5)
+    assert set_distance(res.values, torch.tensor(w)[:res.values.shape[-1]]) < 1e-8
+
+
+def test_clustered_case_where_arpack_default_is_wrong():
+    # top 30 eigenvalues (15 pairs) within 1e-3 relative of modulus 1, bulk in |z| < 0.9.
+    # Seeded: ARPACK (default ncv = 33, tol=1e-10) returns a wrong top-16 without complaint.
+    A, vals = make_matrix(400, _clustered_top(15, 1e-3, 0), bulk_radius=0.9, seed=0)
+    ref = top_by_modulus(vals, 17)
+    w = sla.eigs(A.numpy(), k=16, tol=1e-10, v0=np.ones(400))[0]
+    assert set_distance(torch.tensor(w), ref[:16]) > 1e-3
+    res = eigs(A, 16)
+    assert set_distance(res.values, ref[:res.values.shape[-1]]) < 1e-8
+    assert bool(res.converged)
+
+
+def test_non_convergence_warns_and_returns(caplog):
+    A, vals = make_matrix(400, _clustered_top(15, 1e-3, 0), bulk_radius=0.9, seed=0)
+    with caplog.at_level(logging.WARNING):
+        res = eigs(A, 16, max_restarts=1)
+    assert not bool(res.converged)
+    assert torch.isfinite(res.residuals[:16]).all()
+    assert "did not converge" in caplog.text
+
+
+def test_bad_input():
+    A = torch.randn(10, 10, dtype=torch.float64)
+    with pytest.raises(ValueError, match="torch.linalg.eig"):
+        eigs(A, 9)
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        eigs(A, 0)
+    with pytest.raises(ValueError, match="square"):
+        eigs(torch.randn(10, 8), 2)
+    with pytest.raises(ValueError, match="which"):
+        eigs(A, 2, which="XX")
+    bad = LinearOperator((10, 10), matvec=lambda x: x * float("nan"), dtype=torch.float64,
+                         device="cpu", name="nan_op")
+    with pytest.raises(FloatingPointError, match="nan_op"):
+        eigs(bad, 2)
+
+
+def test_which_lr_and_float32_input():
+    A, vals = make_matrix(100, [-3.0, 2.0, 1.5 + 0.2j], bulk_radius=1.0, seed=9)
+    res = eigs(A.float(), 2, which="LR", tol=1e-6)
+    assert res.values.dtype == torch.complex128
+    assert abs(res.values[0] - 2.0) < 1e-5
