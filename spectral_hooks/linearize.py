@@ -97,15 +97,11 @@ def _resolve_sample(recording, layer: int, sample: int):
     try:
         return recording.block_input(layer, sample)
     except ValueError as err:
-        steps = recording.position_step
-        if 0 <= sample < steps.shape[0]:
-            real = steps[sample][steps[sample] >= 0]
-            if real.numel() and bool((real > 0).all()):
-                raise ValueError(
-                    f"sample {sample} has only generate() decode steps recorded (the probe was "
-                    "attached after the prefill): block inputs are kept for prefill calls only; "
-                    "record the prompt's forward to linearise") from err
-        raise
+        raise ValueError(
+            f"no replayable input for layer {layer}, sample {sample}: block inputs are captured "
+            "for prefill calls only, so a recording of decode steps alone (a call continuing a "
+            "KV cache made before the probe was attached) cannot be linearised, and "
+            f"store='stats' keeps only the latest run's inputs ({err})") from err
 
 
 def _resolve_positions(recording, layer: int, sample: int, position: Optional[int], kind: str,
@@ -232,12 +228,25 @@ class _Engine:
     # -------------------------------------------------------------- reverse (rmatvec)
     def vjp(self, U: Tensor) -> Tensor:
         if self._vjp is None:
-            with _math_sdpa():
-                _, vjp_fn = torch.func.vjp(self.fn, self.x0)
-            self._vjp = lambda u: vjp_fn(u)[0]
+            self._build_vjp()
         if U.ndim == 2:
             return self._vjp(U)
         return self._batched("vjp", self._vjp, U)
+
+    def _build_vjp(self) -> None:
+        try:
+            with _math_sdpa():
+                _, vjp_fn = torch.func.vjp(self.fn, self.x0)
+            self._vjp = lambda u: vjp_fn(u)[0]
+            return
+        except Exception as err:  # noqa: BLE001 - e.g. an autograd.Function without setup_context
+            log.info("torch.func.vjp failed for layer %d (%s): using torch.autograd", self.fn.layer,
+                     err)
+        x = self.x0.clone().requires_grad_(True)
+        with torch.enable_grad(), _math_sdpa():
+            y = self.fn(x)
+        self._vmap_ok["vjp"] = False
+        self._vjp = lambda u: torch.autograd.grad(y, x, u, retain_graph=True)[0]
 
     def _batched(self, which: str, f: Callable, V: Tensor) -> Tensor:
         if self._vmap_ok[which]:
@@ -342,7 +351,9 @@ def dense_block_jacobian(anatomy, recording, layer: int, *, sample: int = 0, pos
         with _math_sdpa():
             J = torch.func.jacfwd(fn)(fn.x0)
     except Exception as err:  # noqa: BLE001
-        log.info("jacfwd failed for layer %d (%s): using jacrev", fn.layer, err)
-        with _math_sdpa():
-            J = torch.func.jacrev(fn)(fn.x0)
+        log.info("jacfwd failed for layer %d (%s): using reverse mode", fn.layer, err)
+        engine = _Engine(fn, "auto")
+        J = engine.vjp(torch.eye(m * d, dtype=fn.x0.dtype, device=fn.x0.device)
+                       .reshape(m * d, m, d))
+        return J.reshape(m * d, m * d)  # row i = e_i^T J
     return J.reshape(m * d, m * d)

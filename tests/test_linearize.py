@@ -1,0 +1,326 @@
+"""block_jacobian / jacobian_product / dense_block_jacobian vs independent dense jacfwd oracles."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from tiny_models import make_bridge, make_model  # noqa: E402
+
+import spectral_hooks as sh  # noqa: E402
+from spectral_hooks.linalg import eigs  # noqa: E402
+from spectral_hooks.linearize import (block_jacobian, dense_block_jacobian,  # noqa: E402
+                                      jacobian_product)
+
+TOL = 1e-6
+IDS = torch.tensor([[5, 17, 3, 42, 8, 61, 2]])
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    # tiny float64 kernels: OpenMP spin-up on a loaded 2-core box costs 100x the work
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+_CACHE: dict = {}
+
+
+def recorded(family: str):
+    if family not in _CACHE:
+        model = make_bridge("gpt2") if family == "bridge" else make_model(family)
+        with sh.instrument(model) as probe:
+            with torch.no_grad():
+                model(IDS)
+        _CACHE[family] = probe
+    return _CACHE[family]
+
+
+# ------------------------------------------------------------------ independent oracle
+_ORACLES: dict = {}
+
+
+def oracle_full(probe, layer: int, sample: int = 0) -> torch.Tensor:
+    """d block(H)[i, :] / d H[j, :] as [L, d, L, d], calling the block module directly."""
+    key = (id(probe), layer, sample)
+    if key not in _ORACLES:
+        _ORACLES[key] = _oracle_full(probe, layer, sample)
+    return _ORACLES[key]
+
+
+def _oracle_full(probe, layer: int, sample: int = 0) -> torch.Tensor:
+    call = probe.recording.block_input(layer, sample)
+    block = probe.anatomy.layers[layer].block
+    H0 = call.hidden[0]
+
+    def f(H):
+        args, kwargs = call.with_hidden(H[None])
+        out = block(*args, **kwargs)
+        return (out[0] if isinstance(out, tuple) else out)[0]
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    with sdpa_kernel(SDPBackend.MATH), torch.no_grad():
+        return torch.func.jacfwd(f)(H0)
+
+
+def oracle(probe, layer, kind, p=None, sample=0, rows=None):
+    J = oracle_full(probe, layer, sample)
+    L, d = J.shape[:2]
+    if kind == "token":
+        p = L - 1 if p is None else p
+        return J[p, :, p, :]
+    rows = torch.arange(L) if rows is None else rows
+    return J[rows][:, :, rows].reshape(len(rows) * d, len(rows) * d)
+
+
+def rel(a, b):
+    return float((a - b).norm() / b.norm())
+
+
+def check_op(op, D, n_vec=2):
+    g = torch.Generator().manual_seed(1)
+    for _ in range(n_vec):
+        x = torch.randn(D.shape[1], generator=g, dtype=torch.float64)
+        assert rel(op.matvec(x), D @ x) < TOL
+        assert rel(op.rmatvec(x), D.T @ x) < TOL
+    X = torch.randn(D.shape[1], 3, generator=g, dtype=torch.float64)
+    assert rel(op.matmat(X), D @ X) < TOL
+    assert rel(op.rmatmat(X), D.T @ X) < TOL
+
+
+FAMILIES = ["gpt2", "bert", "albert", "gpt_neo", "llama", "gemma3", "olmo2", "bridge"]
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_token_and_sequence_operators_match_jacfwd(family):
+    probe = recorded(family)
+    layer = probe.anatomy.n_layers - 1
+    J_tok = block_jacobian(probe.anatomy, probe.recording, layer)
+    assert J_tok.shape == (32, 32) and int(J_tok.positions[0]) == IDS.shape[1] - 1
+    check_op(J_tok, oracle(probe, layer, "token"))
+    if family in ("gpt2", "bert", "llama"):
+        J_mid = block_jacobian(probe.anatomy, probe.recording, layer, position=2)
+        check_op(J_mid, oracle(probe, layer, "token", p=2), n_vec=1)
+    J_seq = block_jacobian(probe.anatomy, probe.recording, layer, kind="sequence")
+    assert J_seq.shape == (32 * IDS.shape[1],) * 2
+    check_op(J_seq, oracle(probe, layer, "sequence"), n_vec=1)
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_product_matches_composed_blocks(family):
+    probe = recorded(family)
+    P = jacobian_product(probe.anatomy, probe.recording, 0, 1)
+    D = oracle(probe, 1, "token") @ oracle(probe, 0, "token")
+    check_op(P, D, n_vec=1)
+    # causal: the product is the end-to-end Jacobian of blocks 0..1 at the last token
+    b0, b1 = probe.anatomy.layers[0].block, probe.anatomy.layers[1].block
+    c0, c1 = probe.recording.block_input(0), probe.recording.block_input(1)
+    H0 = c0.hidden[0]
+
+    def two_blocks(x):
+        H = torch.cat([H0[:-1], x[None]])
+        a0, k0 = c0.with_hidden(H[None])
+        h1 = b0(*a0, **k0)
+        a1, k1 = c1.with_hidden((h1[0] if isinstance(h1, tuple) else h1))
+        h2 = b1(*a1, **k1)
+        return (h2[0] if isinstance(h2, tuple) else h2)[0, -1]
+
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    with sdpa_kernel(SDPBackend.MATH), torch.no_grad():
+        E = torch.func.jacfwd(two_blocks)(H0[-1])
+    assert rel(P.to_dense(), E) < TOL
+
+
+def _match(a, b):
+    from scipy.optimize import linear_sum_assignment
+    cost = (a[:, None] - b[None, :]).abs().numpy()
+    r, c = linear_sum_assignment(cost)
+    return float(cost[r, c].max())
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_top_eigenvalues_match_dense_eig(family):
+    probe = recorded(family)
+    J = block_jacobian(probe.anatomy, probe.recording, 1)
+    # tol 1e-7: HF's Llama RMSNorm computes in float32 even in a float64 model, so matvecs of
+    # Llama-family blocks carry ~1e-8 relative rounding
+    res = eigs(J, 6, tol=1e-7)
+    assert bool(res.converged)
+    dense = torch.linalg.eigvals(oracle(probe, 1, "token"))
+    dense = dense[torch.argsort(-dense.abs())]
+    k = res.values.shape[-1]
+    got = res.values.flatten()[:k]
+    # conjugate-invariant: compare the top-k moduli, then match values as sets
+    assert torch.allclose(got.abs(), dense.abs()[:k], atol=TOL, rtol=TOL)
+    assert _match(got, dense[:k]) < TOL * max(1.0, float(dense.abs()[0]))
+
+
+def test_union_of_token_spectra_is_causal_sequence_spectrum():
+    probe = recorded("gpt2")
+    rec, anat = probe.recording, probe.anatomy
+    # method="jvp": the property is about the operators, not the engine (no trace per position)
+    seq = torch.linalg.eigvals(block_jacobian(anat, rec, 0, kind="sequence",
+                                              method="jvp").to_dense())
+    parts = [torch.linalg.eigvals(block_jacobian(anat, rec, 0, position=p,
+                                                 method="jvp").to_dense())
+             for p in range(IDS.shape[1])]
+    union = torch.cat(parts)
+    assert seq.shape == union.shape
+    assert _match(seq, union) < 1e-6
+    D = dense_block_jacobian(anat, rec, 0, kind="sequence").reshape(7, 32, 7, 32)
+    upper = torch.stack([D[i, :, j].norm() for i in range(7) for j in range(i + 1, 7)])
+    assert float(upper.max()) == 0.0  # block lower-triangular
+
+
+def test_default_sdpa_needs_no_user_action():
+    model = make_model("llama")
+    assert model.config._attn_implementation == "sdpa"
+    probe = recorded("llama")
+    J = block_jacobian(probe.anatomy, probe.recording, 0)
+    J.matvec(torch.ones(32, dtype=torch.float64))
+    assert J.engine.method_used == "linearize"
+
+
+def test_float32_model_is_not_mutated_and_float64_is_default():
+    model = make_model("gpt2", dtype=torch.float32)
+    with sh.instrument(model) as probe:
+        with torch.no_grad():
+            before = model(IDS).last_hidden_state
+    J = block_jacobian(probe.anatomy, probe.recording, 1)
+    assert J.dtype == torch.float64
+    J.matvec(torch.randn(32, dtype=torch.float64))
+    J.rmatvec(torch.randn(32, dtype=torch.float64))
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    with torch.no_grad():
+        assert torch.equal(model(IDS).last_hidden_state, before)
+    J32 = block_jacobian(probe.anatomy, probe.recording, 1, dtype=torch.float32)
+    assert J32.matvec(torch.ones(32)).dtype == torch.float32
+
+
+def test_left_padded_batch_gives_the_unpadded_operator():
+    model = make_model("gpt2")
+    short = torch.tensor([[7, 3, 9, 4]])
+    ids = torch.tensor([[5, 17, 3, 42, 8, 61], [0, 0, 7, 3, 9, 4]])
+    mask = torch.tensor([[1] * 6, [0, 0, 1, 1, 1, 1]])
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    with sh.instrument(model) as probe:
+        with torch.no_grad():
+            model(ids, attention_mask=mask, position_ids=pos)
+            model(short)
+    anat, rec = probe.anatomy, probe.recording
+    for kind in ("token", "sequence"):
+        a = block_jacobian(anat, rec, 1, sample=1, kind=kind)
+        b = block_jacobian(anat, rec, 1, sample=2, kind=kind)
+        assert a.shape == b.shape
+        assert rel(a.to_dense(), b.to_dense()) < 1e-10
+    assert block_jacobian(anat, rec, 1, sample=1).positions.tolist() == [5]
+    with pytest.raises(ValueError, match="padding"):
+        block_jacobian(anat, rec, 1, sample=1, position=0)
+    with pytest.raises(ValueError, match="padding"):  # sample 2 is shorter: recording pads it
+        block_jacobian(anat, rec, 1, sample=2, position=5)
+
+
+def test_bad_inputs_raise_clear_errors():
+    probe = recorded("gpt2")
+    anat, rec = probe.anatomy, probe.recording
+    with pytest.raises(ValueError, match="out of range"):
+        block_jacobian(anat, rec, 5)
+    with pytest.raises(ValueError, match="out of range"):
+        block_jacobian(anat, rec, 0, position=99)
+    with pytest.raises(ValueError, match="out of range"):
+        block_jacobian(anat, rec, 0, position=-99)
+    with pytest.raises(ValueError, match="kind"):
+        block_jacobian(anat, rec, 0, kind="full")
+    with pytest.raises(ValueError, match="first"):
+        jacobian_product(anat, rec, 1, 0)
+    model = make_model("gpt2")
+    with sh.instrument(model, layers=[1]) as partial:
+        with torch.no_grad():
+            model(IDS)
+    with pytest.raises(ValueError, match="not recorded"):
+        block_jacobian(partial.anatomy, partial.recording, 0)
+    with pytest.raises(ValueError, match="not recorded"):
+        jacobian_product(partial.anatomy, partial.recording, 0, 1)
+    # NaN in the recorded input
+    with sh.instrument(model) as bad:
+        with torch.no_grad():
+            model(IDS)
+    bad.recording.block_input(1).hidden[0, -1, 3] = float("nan")
+    with pytest.raises(ValueError, match="layer 1, sample 0.*NaN"):
+        block_jacobian(bad.anatomy, bad.recording, 1)
+    block_jacobian(bad.anatomy, bad.recording, 1, position=0)  # other positions are fine
+
+
+def test_dense_refuses_large_unless_forced():
+    model = make_model("gpt2")
+    ids = torch.arange(1, 41)[None] % 100  # 40 tokens x 32 = 1280 (fine); fake the limit
+    with sh.instrument(model) as probe:
+        with torch.no_grad():
+            model(ids)
+    import spectral_hooks.linearize as lin
+    old, lin.DENSE_LIMIT = lin.DENSE_LIMIT, 1000
+    try:
+        with pytest.raises(ValueError, match="force=True"):
+            dense_block_jacobian(probe.anatomy, probe.recording, 0, kind="sequence")
+    finally:
+        lin.DENSE_LIMIT = old
+
+
+def test_decode_step_only_recording_is_refused():
+    model = make_model("gpt2")
+    with torch.no_grad():
+        out = model(IDS, use_cache=True)
+        with sh.instrument(model) as probe:
+            model(torch.tensor([[11]]), past_key_values=out.past_key_values)
+    with pytest.raises(ValueError, match="prefill"):
+        block_jacobian(probe.anatomy, probe.recording, 0)
+
+
+class _NoForwardAD(torch.autograd.Function):
+    """A kernel with a backward but no forward-mode derivative (old-style: no setup_context,
+    so torch.func transforms refuse it and even VJPs must go through torch.autograd)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return torch.tanh(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return g * (1 - torch.tanh(x) ** 2)
+
+
+def test_finite_difference_fallback(caplog):
+    probe = recorded("gpt2")
+    anat, rec = probe.anatomy, probe.recording
+    D = oracle(probe, 1, "token")
+    J = block_jacobian(anat, rec, 1, method="finite_difference")
+    x = torch.randn(32, dtype=torch.float64)
+    assert rel(J.matvec(x), D @ x) < 1e-7
+    # a kernel without forward AD: "auto" warns and falls back
+    model = make_model("gpt2")
+    act = model.h[0].mlp.act
+    model.h[0].mlp.act = type("Act", (torch.nn.Module,), {
+        "forward": lambda self, x: _NoForwardAD.apply(x)})()
+    try:
+        with sh.instrument(model) as p2:
+            with torch.no_grad():
+                model(IDS)
+        J2 = block_jacobian(p2.anatomy, p2.recording, 0)
+        with caplog.at_level(logging.WARNING, logger="spectral_hooks.linearize"):
+            y = J2.matvec(x)
+        assert J2.engine.method_used == "finite_difference"
+        assert any("finite-difference" in r.message for r in caplog.records)
+        Dr = dense_block_jacobian(p2.anatomy, p2.recording, 0)  # jacfwd fails -> jacrev
+        assert rel(y, Dr @ x) < 1e-7
+        assert rel(J2.rmatvec(x), Dr.T @ x) < TOL
+    finally:
+        model.h[0].mlp.act = act
