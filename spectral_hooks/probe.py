@@ -13,9 +13,11 @@ outside a forward of the model (gradient-checkpointing recomputation during back
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import logging
-from typing import Any, Iterable, Optional, Sequence
+import threading
+from typing import Any, Iterable, Iterator, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -38,13 +40,41 @@ def _is_cache(value: Any) -> bool:
 
 
 def _cache_length(kwargs: dict) -> int:
+    """Positions already in a KV cache passed to the model or to a block (0: a fresh call)."""
     for name in _CACHE_KWARGS:
         value = kwargs.get(name)
-        if _is_cache(value):
+        if value is None or isinstance(value, (Tensor, bool)):
+            continue
+        if _is_cache(value):  # HF Cache objects
             return int(value.get_seq_length())
-        if value is not None and not isinstance(value, (Tensor, bool)) and name == "past_kv_cache":
-            return int(getattr(value, "entries", [None])[0] is not None)
+        past_keys = getattr(value, "past_keys", None)  # TL3 per-block cache entry
+        if isinstance(past_keys, Tensor):
+            return int(past_keys.shape[1])
+        mask = getattr(value, "previous_attention_mask", None)  # TL3 whole-model cache
+        if isinstance(mask, Tensor):
+            return int(mask.shape[-1])
     return 0
+
+
+def _in_backward() -> bool:
+    return torch._C._current_graph_task_id() != -1
+
+
+_suspended = threading.local()
+
+
+@contextlib.contextmanager
+def suspended() -> Iterator[None]:
+    """Block calls inside this context are not recorded by any probe (used for replays)."""
+    _suspended.depth = getattr(_suspended, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _suspended.depth -= 1
+
+
+def _is_suspended() -> bool:
+    return getattr(_suspended, "depth", 0) > 0
 
 
 def _replayable_call(args: tuple, kwargs: dict, to_store) -> BlockCall:
@@ -63,10 +93,11 @@ def _replayable_call(args: tuple, kwargs: dict, to_store) -> BlockCall:
 
 
 class _Call:
-    """State of one forward of the model while it runs."""
+    """State of one forward of the model while it runs. ``implicit``: the blocks were called
+    without the model's own forward (TL3's generate() calls ``forward`` directly)."""
 
-    def __init__(self, mask: Optional[Tensor], continues: bool) -> None:
-        self.mask, self.continues = mask, continues
+    def __init__(self, mask: Optional[Tensor], continues: bool, implicit: bool = False) -> None:
+        self.mask, self.continues, self.implicit = mask, continues, implicit
         self.counts: dict = {}
         self.captured: dict = {}
         self.block_calls: dict = {}
@@ -136,6 +167,10 @@ class Probe:
         self._register(root, self._begin_call, pre=True)
         self._register(root, self._end_call)
         capture = self.recording.capture
+        last_block = self.anatomy.layers[-1].block
+        self._first_block = self.anatomy.layers[0].block
+        self._last_block_uses = sum(p.block is last_block for p in self.anatomy.layers)
+        self._register(last_block, self._end_implicit_call)
         for module, order in self._orders("block").values():
             self._register(module, self._block_pre_hook(order), pre=True)
             if "resid_post" in capture and self.anatomy.layers[order[0]].resid_post_hook is None:
@@ -180,11 +215,27 @@ class Probe:
         self.recording.commit(call.captured, mask, continues=call.continues,
                               block_calls=call.block_calls)
 
+    def _end_implicit_call(self, module: nn.Module, args: tuple, kwargs: dict,
+                           output: Any) -> None:
+        call = self._call
+        if call is None or not call.implicit or _is_suspended():
+            return
+        if call.next_layer(("implicit_end", id(module)), [0] * self._last_block_uses) is None:
+            return
+        if call.counts[("implicit_end", id(module))] == self._last_block_uses:
+            self._end_call(module, args, kwargs, output)
+
     def _block_pre_hook(self, order: list[int]):
         recorded = set(self.layers)
         wants_pre = "resid_pre" in self.recording.capture
 
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            if _is_suspended():
+                return
+            if self._call is None and module is self._first_block and not _in_backward():
+                mask = kwargs.get("attention_mask")  # the model's forward was bypassed
+                mask = mask if isinstance(mask, Tensor) and mask.ndim == 2 else None
+                self._call = _Call(mask, continues=_cache_length(kwargs) > 0, implicit=True)
             call = self._call
             if call is None:
                 return  # outside a model forward: e.g. checkpoint recomputation in backward
@@ -210,7 +261,7 @@ class Probe:
 
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
             call = self._call
-            if call is None:
+            if call is None or _is_suspended():
                 return
             layer = call.next_layer(key, order)
             if layer is not None and layer in recorded:

@@ -96,8 +96,12 @@ class LayerParts:
 
     def attn_norm_weight(self) -> Optional[Tensor]:
         """The effective elementwise gain of the norm that feeds attention (Gemma: 1 + weight)."""
-        weight = getattr(self.attn_norm, "weight", None) if self.attn_norm is not None else None
+        if self.attn_norm is None:
+            return None
+        weight = getattr(self.attn_norm, "weight", None)
         if weight is None:
+            weight = getattr(self.attn_norm, "w", None)  # TransformerLens 3 norms
+        if not isinstance(weight, torch.Tensor):
             return None
         return weight.detach() + self.norm_weight_offset
 
