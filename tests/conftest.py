@@ -1,7 +1,10 @@
+import os
+
 import pytest
 import torch
 
-torch.set_num_threads(2)
+# two xdist workers share two cores: one thread each avoids oversubscription (BLAS/OpenMP)
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
 
 
 @pytest.fixture(scope="session")
