@@ -18,6 +18,7 @@ import platform
 import time
 from typing import Any, Callable, Optional
 
+import pandas as pd
 import torch
 
 from .metrics.power import power_table, spectra_table
@@ -140,7 +141,12 @@ class Analyzer:
 
         sections.update(jacobian_sections(self, jacobian=jacobian, bottleneck=bottleneck,
                                           reinit=reinit, **extra))
+        jacobian_spectra = sections.pop("jacobian_spectra", None)
+        if jacobian_spectra is not None and "spectra" in sections:
+            power_spectra = sections["spectra"]
+            sections["spectra"] = lambda: pd.concat([power_spectra(), jacobian_spectra()],
+                                                    ignore_index=True)
         options = {"power": power, "iterate": iterate, "fold_norm": fold_norm,
                    "jacobian": json.loads(json.dumps(jacobian, default=str)),
-                   "bottleneck": bottleneck, "reinit": reinit}
+                   "bottleneck": bottleneck, "reinit": reinit, **extra}
         return Report(sections, self.metadata(options))

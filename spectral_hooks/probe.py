@@ -101,6 +101,7 @@ class _Call:
         self.counts: dict = {}
         self.captured: dict = {}
         self.block_calls: dict = {}
+        self.inputs: Optional[tuple] = None
 
     def next_layer(self, key: tuple, order: list[int]) -> Optional[int]:
         count = self.counts.get(key, 0)
@@ -201,6 +202,11 @@ class Probe:
         mask = bound.get("attention_mask")
         mask = mask if isinstance(mask, Tensor) and mask.ndim == 2 else None
         self._call = _Call(mask, continues=_cache_length(bound) > 0)
+        if not self._call.continues:
+            keep = lambda t: self.recording.to_store(t, copy=False)  # noqa: E731
+            clean = {k: v for k, v in kwargs.items()
+                     if k not in _CACHE_KWARGS and not _is_cache(v)}
+            self._call.inputs = (map_tensors(tuple(args), keep), map_tensors(clean, keep))
 
     def _end_call(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         call, self._call = self._call, None
@@ -213,7 +219,7 @@ class Probe:
         else:
             mask = torch.ones(batch, n_new, dtype=torch.long)
         self.recording.commit(call.captured, mask, continues=call.continues,
-                              block_calls=call.block_calls)
+                              block_calls=call.block_calls, inputs=call.inputs)
 
     def _end_implicit_call(self, module: nn.Module, args: tuple, kwargs: dict,
                            output: Any) -> None:
@@ -287,6 +293,31 @@ class Probe:
     def clear(self) -> None:
         """Forget the recording, keep the hooks."""
         self.recording.clear()
+
+    def jacobian(self, layer: int, *, position: int = -1, sample: int = 0,
+                 kind: str = "token", dtype: torch.dtype = torch.float64):
+        """Block ``layer``'s Jacobian at its recorded input as a matrix-free LinearOperator
+        (matvec = JVP, rmatvec = VJP). ``position=-1``: the last real token of ``sample``."""
+        from .linearize import block_jacobian
+
+        return block_jacobian(self.anatomy, self.recording, layer, sample=sample,
+                              position=position, kind=kind, dtype=dtype)
+
+    def jacobian_product(self, first: int, last: int, *, position: int = -1, sample: int = 0,
+                         dtype: torch.dtype = torch.float64):
+        """P = J_last ... J_first at one token position (exact for causal models)."""
+        from .linearize import jacobian_product
+
+        return jacobian_product(self.anatomy, self.recording, first, last, sample=sample,
+                                position=position, dtype=dtype)
+
+    def dense_jacobian(self, layer: int, *, position: int = -1, sample: int = 0,
+                       kind: str = "token", dtype: torch.dtype = torch.float64):
+        """The dense Jacobian by forward-mode AD (small models; a float64 Tensor)."""
+        from .linearize import dense_block_jacobian
+
+        return dense_block_jacobian(self.anatomy, self.recording, layer, sample=sample,
+                                    position=position, kind=kind, dtype=dtype)
 
     def analyze(self, **options: Any):
         """A lazily computed :class:`~spectral_hooks.report.Report` (see Analyzer.analyze)."""

@@ -119,6 +119,7 @@ class _Run:
     masks: list = field(default_factory=list)
     steps: list = field(default_factory=list)
     block_calls: dict = field(default_factory=dict)  # layer -> BlockCall (prefill only)
+    inputs: Optional[tuple] = None  # the model call's (args, kwargs), caches removed
 
     @property
     def n_positions(self) -> int:
@@ -166,7 +167,7 @@ class Recording:
         return t.detach().to(device=device, dtype=self.dtype or t.dtype, copy=copy)
 
     def commit(self, captured: dict, mask: Tensor, *, continues: bool,
-               block_calls: dict) -> None:
+               block_calls: dict, inputs: Optional[tuple] = None) -> None:
         """Add one forward call: ``captured[(capture, layer)] = Tensor[batch, pos, d]``."""
         self._cache.clear()
         mask = mask.detach().to("cpu", torch.long)
@@ -181,6 +182,7 @@ class Recording:
                 self._runs = []  # stats keep only the latest run's block inputs
             run, step = _Run(batch=mask.shape[0]), 0
             run.block_calls = dict(block_calls)
+            run.inputs = inputs
             self._runs.append(run)
         for key, tensor in captured.items():
             run.chunks.setdefault(key, []).append(tensor)
@@ -303,6 +305,12 @@ class Recording:
                 return run.block_calls[layer].select(sample)
             sample -= run.batch
         raise IndexError(sample)  # unreachable
+
+    @property
+    def model_inputs(self) -> list[Optional[tuple]]:
+        """Per run, the (args, kwargs) the model was called with (None when unknown), so the
+        same inputs can be replayed through another model (e.g. a re-initialised copy)."""
+        return [run.inputs for run in self._runs]
 
     def __getitem__(self, name: str) -> Tensor:
         if name == "mask":

@@ -228,6 +228,26 @@ def config_int(config: Any, *names: str) -> Optional[int]:
     return None
 
 
+def fresh_model(model: nn.Module, *, seed: int = 0) -> nn.Module:
+    """A freshly initialised model of the same architecture and config (fixed ``seed``),
+    with the same dtype, device and train/eval mode. The global RNG state is left untouched."""
+    config = getattr(model, "config", None)
+    params = list(model.parameters())
+    dtype = params[0].dtype if params else torch.float32
+    device = params[0].device if params else torch.device("cpu")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if config is not None and hasattr(type(model), "_from_config"):  # HF transformers
+            fresh = type(model)._from_config(config)
+        elif type(model).__name__ == "HookedTransformer" and hasattr(model, "cfg"):
+            fresh = type(model)(model.cfg)
+        else:
+            raise ValueError(f"cannot build a freshly initialised {type(model).__name__}: "
+                             "supported for HF transformers models and TransformerLens 3 "
+                             "HookedTransformer")
+    return fresh.to(device=device, dtype=dtype).train(model.training)
+
+
 # ----------------------------------------------------------------------------------------------
 # Registry
 
