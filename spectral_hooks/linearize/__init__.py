@@ -1,0 +1,131 @@
+"""Block replay -> LinearOperator: the Jacobian of one transformer block at its recorded input.
+
+    >>> J = block_jacobian(probe.anatomy, probe.recording, 3)      # doctest: +SKIP
+    >>> eigs(J, 16).values                                          # doctest: +SKIP
+
+f_l is the whole block (norms, attention, MLP, residual adds) as a function of its residual
+input, with every other recorded input (attention mask, position ids, rotary cos/sin) held
+fixed and no KV cache (the recording drops it). The block runs with ``torch.func``
+(``functional_call``) on ``dtype`` copies of its own parameters and buffers: the user's model is
+never mutated and only one block is copied.
+
+* ``kind="token"``: J^(p) = d f(H)[p] / d H[p] (d x d), all other rows of H held fixed;
+  ``position=-1`` is the last non-padding token of the sample.
+* ``kind="sequence"``: the (n d x n d) Jacobian over the sample's n real (non-padding) positions,
+  flattened row-major (position-major: index i*d + j is position i, feature j).
+
+matvec = JVP, rmatvec = VJP. The linearisation is reused: ``torch.func.linearize`` is traced once
+(a JVP then costs about one block forward) and one ``torch.func.vjp`` closure serves every
+rmatvec; both are built lazily on first use; matmat/rmatmat vmap over them (a column loop if vmap
+fails). Forward-mode AD does not exist for fused SDPA kernels, so everything runs under
+``sdpa_kernel(SDPBackend.MATH)``; if forward AD still fails (a custom kernel), matvecs fall back
+to a central finite difference with step h = eps^(1/3) * max(1, ||x0||_inf) / ||v||_inf (eps of
+``dtype``; error O(h^2), ~1e-10 relative in float64) and a warning is logged; VJPs fall back to
+``torch.autograd`` where ``torch.func`` refuses a kernel.
+
+Speed lever (token kind, causal models): with the other rows fixed, the output at p depends on
+H[p] only through row p's query, key and value, so :mod:`.single_query` runs the block on the
+single row p, with the earlier positions' keys/values computed once and fed through a duck-typed
+HF ``cache``; a JVP then costs ~1/L of a full-sequence one. It is used only after a forward check
+against the full-sequence block (else the full sequence runs): GPT-2, GPT-Neo, GPT-NeoX, the
+Llama family, Gemma 2/3 and OLMo2 blocks qualify; BERT/ALBERT (bidirectional) and TL bridges run
+the full sequence.
+
+Note: HF's Llama-family RMSNorm computes in float32 even in a float64 model, so float64 Jacobians
+of those blocks carry ~1e-8 relative rounding.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import Tensor
+
+from ..linalg import LinearOperator
+from .engine import METHODS, _Engine, _make_operator
+from .function import KINDS, BlockFunction, _math_sdpa, block_function
+from .single_query import SingleQueryFunction, _single_query
+
+__all__ = ["block_jacobian", "jacobian_product", "dense_block_jacobian", "block_function",
+           "BlockFunction", "SingleQueryFunction", "METHODS", "KINDS"]
+
+log = logging.getLogger(__name__)
+DENSE_LIMIT = 4096
+
+
+def block_jacobian(anatomy, recording, layer: int, *, sample: int = 0, position: int = -1,
+                   kind: str = "token", dtype: torch.dtype = torch.float64,
+                   method: str = "auto", single_query: bool = True) -> LinearOperator:
+    """Block ``layer``'s Jacobian at its recorded input for batch row ``sample``.
+
+    ``kind="token"``: d x d, J^(p) = d f(H)[p] / d H[p]; ``position``: a row index of the
+    recording (must be a real, prefill token), or negative to count real tokens from the end
+    (-1, the default: the last non-padding token). ``kind="sequence"``: (n d x n d) over the n
+    real positions. ``method``: "auto" (linearize, else plain jvp, else finite differences with
+    a warning), or force one of "linearize", "jvp", "finite_difference".
+    ``single_query`` (token kind, causal models): recompute only row p, with the earlier
+    positions' keys/values computed once and held fixed (blocks that take an HF ``cache``);
+    used only after a check against the full-sequence block, else the full sequence is run.
+    The operator carries ``.layer``, ``.sample`` and ``.positions`` (the recording rows used).
+    """
+    fn = block_function(anatomy, recording, layer, sample=sample, position=position, kind=kind,
+                        dtype=dtype)
+    where = f"p={int(fn.positions[0])}" if kind == "token" else f"n={fn.positions.numel()}"
+    engine_fn = fn
+    if single_query and kind == "token" and anatomy.causal:
+        engine_fn = _single_query(fn) or fn
+    op = _make_operator(_Engine(engine_fn, method), f"J[layer {fn.layer}, {kind} {where}]")
+    op.single_query = engine_fn is not fn
+    return op
+
+
+def jacobian_product(anatomy, recording, first: int, last: int, *, sample: int = 0,
+                     position: int = -1, dtype: torch.dtype = torch.float64,
+                     method: str = "auto", single_query: bool = True) -> LinearOperator:
+    """P = J_last ... J_first: token Jacobians at one position, each at its own recorded input.
+
+    Exact as the end-to-end Jacobian of layers first..last at that position for causal models
+    (for bidirectional ones it is the product of per-layer token Jacobians, other tokens fixed).
+    """
+    first, last = anatomy.layer_index(first), anatomy.layer_index(last)
+    if first > last:
+        raise ValueError(f"first={first} > last={last}: the product runs first..last upwards")
+    missing = [l for l in range(first, last + 1) if l not in recording.layers]
+    if missing:
+        raise ValueError(f"layers {missing} were not recorded (recorded: "
+                         f"{list(recording.layers)}); the product needs every layer "
+                         f"{first}..{last}")
+    P = None
+    for layer in range(first, last + 1):
+        J = block_jacobian(anatomy, recording, layer, sample=sample, position=position,
+                           kind="token", dtype=dtype, method=method,
+                           single_query=single_query)
+        P = J if P is None else J @ P
+    P.name = f"P[layers {first}..{last}]"
+    return P
+
+
+def dense_block_jacobian(anatomy, recording, layer: int, *, sample: int = 0, position: int = -1,
+                         kind: str = "token", dtype: torch.dtype = torch.float64,
+                         force: bool = False) -> Tensor:
+    """The dense Jacobian (m d x m d) by ``torch.func.jacfwd`` (jacrev if forward AD fails).
+
+    Refuses m d > 4096 unless ``force=True``.
+    """
+    fn = block_function(anatomy, recording, layer, sample=sample, position=position, kind=kind,
+                        dtype=dtype)
+    m, d = fn.x0.shape
+    if m * d > DENSE_LIMIT and not force:
+        raise ValueError(f"the dense Jacobian would be {m * d} x {m * d} (> {DENSE_LIMIT}); pass "
+                         "force=True, or use block_jacobian (matrix-free)")
+    try:
+        with _math_sdpa():
+            J = torch.func.jacfwd(fn)(fn.x0)
+    except Exception as err:  # noqa: BLE001
+        log.info("jacfwd failed for layer %d (%s): using reverse mode", fn.layer, err)
+        engine = _Engine(fn, "auto")
+        J = engine.vjp(torch.eye(m * d, dtype=fn.x0.dtype, device=fn.x0.device)
+                       .reshape(m * d, m, d))
+        return J.reshape(m * d, m * d)  # row i = e_i^T J
+    return J.reshape(m * d, m * d)

@@ -1,0 +1,132 @@
+"""The block as a function of its residual input at the recorded call (see the package doc)."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable, Optional
+
+import torch
+from torch import Tensor
+
+from ..recording import map_tensors
+
+KINDS = ("token", "sequence")
+
+
+def _math_sdpa():
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        return sdpa_kernel(SDPBackend.MATH)
+    except Exception:  # pragma: no cover - very old torch
+        return contextlib.nullcontext()
+
+
+def _first(out):
+    return out[0] if isinstance(out, (tuple, list)) else out
+
+
+class BlockFunction:
+    """f(X): block ``layer`` with rows ``positions`` of its recorded input replaced by X [m, d].
+
+    Returns the block's output at the same rows, [m, d]. Built by :func:`block_function`.
+    """
+
+    def __init__(self, block, call, hidden: Tensor, positions: Tensor, params: dict,
+                 layer: int, sample: int) -> None:
+        self.block, self.call, self.params = block, call, params
+        self.layer, self.sample = layer, sample
+        self.hidden = hidden  # [1, L, d] in the working dtype
+        self.positions = positions  # LongTensor [m]
+        L = hidden.shape[1]
+        keep = torch.ones(L, 1, dtype=hidden.dtype, device=hidden.device)
+        keep[positions] = 0
+        self._base = hidden[0] * keep  # recorded rows, replaced rows zeroed
+        self._scatter = torch.eye(L, dtype=hidden.dtype, device=hidden.device)[:, positions]
+        self.x0 = hidden[0, positions].clone()  # [m, d]
+
+    def full(self, H: Tensor) -> Tensor:
+        """The block on a full [L, d] input (no batch dimension); returns [L, d]."""
+        args, kwargs = self.call.with_hidden(H[None])
+        with _math_sdpa():
+            out = torch.func.functional_call(self.block, self.params, args, kwargs)
+        return _first(out)[0]
+
+    def __call__(self, X: Tensor) -> Tensor:
+        H = self._base + self._scatter @ X
+        return self.full(H).index_select(0, self.positions)
+
+
+def _working_dtype(dtype: torch.dtype, like: Tensor) -> Callable[[Tensor], Tensor]:
+    def cast(t: Tensor) -> Tensor:
+        return t.detach().to(dtype) if t.is_floating_point() else t.detach()
+    return cast
+
+
+def _resolve_sample(recording, layer: int, sample: int):
+    try:
+        return recording.block_input(layer, sample)
+    except ValueError as err:
+        raise ValueError(
+            f"no replayable input for layer {layer}, sample {sample}: block inputs are captured "
+            "for prefill calls only, so a recording of decode steps alone (a call continuing a "
+            "KV cache made before the probe was attached) cannot be linearised, and "
+            f"store='stats' keeps only the latest run's inputs ({err})") from err
+
+
+def _resolve_positions(recording, layer: int, sample: int, position: Optional[int], kind: str,
+                       L: int) -> Tensor:
+    mask = recording.mask[sample]
+    steps = recording.position_step[sample]
+    real = torch.nonzero(mask[:L] != 0).flatten()
+    if kind == "sequence":
+        if position not in (None, -1):
+            raise ValueError("kind='sequence' covers every real position: leave position=-1")
+        if real.numel() == 0:
+            raise ValueError(f"sample {sample} has no real (non-padding) token at layer {layer}")
+        return real
+    if not isinstance(position, int) or isinstance(position, bool):
+        raise TypeError(f"position must be an int, got {type(position).__name__}")
+    width = mask.shape[0]
+    if position < 0:
+        if -position > real.numel():
+            raise ValueError(f"position {position} is out of range: sample {sample} has "
+                             f"{real.numel()} real tokens")
+        return real[position:position + 1 if position != -1 else None].clone()
+    if position >= width:
+        raise ValueError(f"position {position} is out of range: the recording has {width} "
+                         f"positions (sample {sample})")
+    if mask[position] == 0:
+        raise ValueError(f"position {position} of sample {sample} is padding")
+    if position >= L or int(steps[position]) > 0:
+        raise ValueError(f"position {position} of sample {sample} was written by a generate() "
+                         "decode step: block inputs are kept for the prefill only")
+    return torch.tensor([position])
+
+
+def block_function(anatomy, recording, layer: int, *, sample: int = 0, position: int = -1,
+                   kind: str = "token", dtype: torch.dtype = torch.float64) -> BlockFunction:
+    """The block map at the recorded input, restricted to the chosen rows (see module doc)."""
+    if kind not in KINDS:
+        raise ValueError(f"kind={kind!r}: choose from {KINDS}")
+    layer = anatomy.layer_index(layer)
+    if layer not in recording.layers:
+        raise ValueError(f"layer {layer} was not recorded (recorded: {list(recording.layers)}); "
+                         "instrument with layers=None to record every layer")
+    call = _resolve_sample(recording, layer, sample)
+    block = anatomy.layers[layer].block
+    device = call.hidden.device
+    cast = _working_dtype(dtype, call.hidden)
+    args, kwargs = map_tensors(call.args, cast), map_tensors(call.kwargs, cast)
+    call = type(call)(args, kwargs, call.hidden_in_args)
+    hidden = call.hidden
+    positions = _resolve_positions(recording, layer, sample, position, kind,
+                                   hidden.shape[1]).to(device)
+    if not bool(torch.isfinite(hidden[0, positions]).all()):
+        raise ValueError(f"the recorded input of layer {layer}, sample {sample} contains NaN/Inf "
+                         "at the requested positions")
+    params = {}
+    for name, t in block.named_parameters():
+        params[name] = t.detach().to(device, dtype)
+    for name, t in block.named_buffers():
+        params[name] = cast(t).to(device)
+    return BlockFunction(block, call, hidden, positions, params, layer, sample)
