@@ -1,0 +1,207 @@
+"""End-to-end bottleneck and perturbation propagation through chained block Jacobians.
+
+Example::
+
+    >>> import torch
+    >>> g = torch.Generator().manual_seed(0)
+    >>> Js = [torch.eye(32, dtype=torch.float64) + torch.randn(32, 32, generator=g,
+    ...                                                      dtype=torch.float64) / 6
+    ...       for _ in range(3)]
+    >>> table = bottleneck_table(Js, k=8)                  # matrix-free, top-8 of each P_l
+    >>> list(table["depth"]), bool(table["truncated"].all())
+    ([1, 2, 3], True)
+    >>> exact = bottleneck_table(Js, dense=True)           # all 32 singular values
+    >>> int(exact["n_singular"].iloc[0])
+    32
+    >>> list(propagation_table(Js, k=4).columns[:4])
+    ['layer', 'norm', 'growth', 'alignment_top']
+
+METRICS.md section 2: P_l = J_l ... J_1 (operators[0] is J_1, applied first); for every depth
+l the ranks of section 4 (``linalg.ranks``) of its singular values. Matrix-free: the top-k by
+Lanczos bidiagonalisation of the composed operator (each matvec of P_l costs l block
+matvecs) and the ranks are those of the truncated spectrum (``truncated=True`` unless k = d);
+dense: the exact singular values of the matrix product.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Union
+
+import pandas as pd
+import torch
+from torch import Tensor
+
+from spectral_hooks.linalg import (DenseOperator, LinearOperator, effective_rank,
+                                   participation_ratio, stable_rank, surviving, svds)
+from spectral_hooks.metrics.jacobian import SCHUR_MAX_D, schur_diagonal, symmetric_part
+from spectral_hooks.metrics.nulls import gamma_null
+
+__all__ = ["bottleneck_table", "propagation_table", "VARIANTS", "BOTTLENECK_COLUMNS",
+           "PROPAGATION_COLUMNS"]
+
+VARIANTS = ("trained", "init", "symmetric", "schur")
+BOTTLENECK_COLUMNS = ("variant", "depth", "erank", "participation_ratio", "stable_rank",
+                      "surviving", "sigma_max", "n_singular", "truncated", "n_matvecs")
+PROPAGATION_COLUMNS = ("layer", "norm", "growth", "alignment_top", "alignment_in",
+                       "alignment_null", "k")
+
+_Op = Union[LinearOperator, Tensor]
+
+
+def _dims(operators: Sequence[_Op], what: str) -> int:
+    if isinstance(operators, (Tensor, LinearOperator)) or not isinstance(operators, Sequence):
+        raise TypeError(f"{what}: operators must be a sequence of LinearOperators or [d, d] "
+                        f"tensors (one per layer), got {type(operators).__name__}")
+    if len(operators) == 0:
+        raise ValueError(f"{what}: need at least one operator")
+    shapes = set()
+    for i, o in enumerate(operators):
+        if isinstance(o, Tensor):
+            if o.ndim != 2 or o.is_complex() or not o.is_floating_point():
+                raise ValueError(f"{what}: operators[{i}] must be a real [d, d] tensor, got "
+                                 f"{o.dtype} {tuple(o.shape)}")
+            shapes.add(tuple(o.shape))
+        elif isinstance(o, LinearOperator):
+            shapes.add(o.shape)
+        else:
+            raise TypeError(f"{what}: operators[{i}] is a {type(o).__name__}, expected a "
+                            f"LinearOperator or a tensor")
+    if len(shapes) != 1 or len({s for sh in shapes for s in sh}) != 1:
+        raise ValueError(f"{what}: operators must all be square of one size, got shapes "
+                         f"{sorted(shapes)}")
+    return next(iter(shapes))[0]
+
+
+def _as_op(o: _Op) -> LinearOperator:
+    return o if isinstance(o, LinearOperator) else DenseOperator(o.to(torch.float64))
+
+
+def _as_dense(o: _Op) -> Tensor:
+    return (o if isinstance(o, Tensor) else o.to_dense()).to(torch.float64)
+
+
+def _count(ops: Sequence[_Op]) -> int:
+    return sum(o.n_matvecs for o in ops if isinstance(o, LinearOperator))
+
+
+def _rank_row(variant: str, depth: int, s: Tensor, tau: float, truncated: bool,
+              n_matvecs: int) -> dict:
+    return dict(variant=variant, depth=depth, erank=float(effective_rank(s)),
+                participation_ratio=float(participation_ratio(s)),
+                stable_rank=float(stable_rank(s)), surviving=int(surviving(s, tau)),
+                sigma_max=float(s.max()), n_singular=int(s.shape[0]), truncated=bool(truncated),
+                n_matvecs=int(n_matvecs))
+
+
+def bottleneck_table(operators: Sequence[_Op], *, k: int = 32, variant: str = "trained",
+                     dense: bool = False, seed: int = 0, tau: float = 1e-2,
+                     method: str = "lanczos", tol: float = 1e-8) -> pd.DataFrame:
+    """Ranks of the cumulative products P_l = J_l ... J_1, one row per depth l = 1..L.
+
+    >>> A = torch.zeros(6, 6, dtype=torch.float64); A[0, 0], A[1, 1] = 1.0, 0.5
+    >>> row = bottleneck_table([A, A], dense=True).iloc[1]  # P_2 = diag(1, 0.25, 0, ...)
+    >>> int(row["surviving"]), round(float(row["stable_rank"]), 4)
+    (2, 1.0625)
+
+    ``variant``: ``"trained"`` and ``"init"`` use the operators as given (the label says
+    which model they came from); ``"symmetric"`` replaces each J_l by (J_l + J_l^T)/2
+    (matrix-free, :func:`symmetric_part`); ``"schur"`` replaces each J_l = Q T Q^* by its
+    normal part Q diag(T) Q^* (:func:`schur_diagonal`, real variant), which needs dense
+    [d, d] tensors with d <= SCHUR_MAX_D and always runs in dense mode. Matrix-free needs
+    1 <= k <= d (``method``/``tol``/``seed`` go to ``linalg.svds``); dense ignores k.
+    Columns: ``variant, depth, erank, participation_ratio, stable_rank, surviving``
+    (#{sigma_i >= tau sigma_1}), ``sigma_max, n_singular`` (singular values used),
+    ``truncated`` (ranks from a truncated spectrum), ``n_matvecs`` (block matvecs so far).
+    """
+    what = "bottleneck_table"
+    d = _dims(operators, what)
+    if variant not in VARIANTS:
+        raise ValueError(f"{what}: variant must be one of {VARIANTS}, got {variant!r}")
+    if variant == "schur":
+        if not all(isinstance(o, Tensor) for o in operators):
+            raise ValueError(f"{what}: the schur ablation needs dense [d, d] tensors (dense "
+                             f"mode, d <= SCHUR_MAX_D = {SCHUR_MAX_D}); got LinearOperators "
+                             f"- pass op.to_dense() for small d")
+        if d > SCHUR_MAX_D:
+            raise ValueError(f"{what}: the schur ablation is dense-mode only and d = {d} "
+                             f"exceeds the size limit SCHUR_MAX_D = {SCHUR_MAX_D}")
+        operators = [schur_diagonal(o.to(torch.float64)) for o in operators]
+        dense = True
+    start = _count(operators)
+    rows = []
+    if dense:
+        mats = [_as_dense(o) for o in operators]
+        if variant == "symmetric":
+            mats = [0.5 * (M + M.T) for M in mats]
+        P = torch.eye(d, dtype=torch.float64)
+        for depth, M in enumerate(mats, start=1):
+            P = M @ P
+            rows.append(_rank_row(variant, depth, torch.linalg.svdvals(P), tau, False,
+                                  _count(operators) - start))
+        return pd.DataFrame(rows, columns=list(BOTTLENECK_COLUMNS))
+    if isinstance(k, bool) or not isinstance(k, int) or not (1 <= k <= d):
+        raise ValueError(f"{what}: k must be an int with 1 <= k <= d = {d}, got {k!r}")
+    ops = [_as_op(o) for o in operators]
+    if variant == "symmetric":
+        ops = [symmetric_part(o) for o in ops]
+    P: Optional[LinearOperator] = None
+    for depth, o in enumerate(ops, start=1):
+        P = o if P is None else o @ P
+        res = svds(P, k, method=method, tol=tol, seed=seed + depth, return_vectors=False)
+        rows.append(_rank_row(variant, depth, res.S, tau, k < d, _count(operators) - start))
+    return pd.DataFrame(rows, columns=list(BOTTLENECK_COLUMNS))
+
+
+def propagation_table(operators: Sequence[_Op], *, start_layer: int = 0,
+                      vector: Optional[Tensor] = None, seed: int = 0, k: int = 8,
+                      tol: float = 1e-8) -> pd.DataFrame:
+    """Push a perturbation x through the chained JVPs x <- J_l x from ``start_layer`` on.
+
+    >>> D = torch.diag(torch.tensor([2.0, 1.0, 1.0, 1.0], dtype=torch.float64))
+    >>> t = propagation_table([D, D], vector=torch.tensor([1.0, 0, 0, 0]), k=1)
+    >>> t["norm"].tolist(), t["growth"].tolist(), t["alignment_top"].tolist()
+    ([2.0, 4.0], [2.0, 2.0], [1.0, 1.0])
+
+    One row per layer l >= start_layer (x_l enters layer l, x_{l+1} = J_l x_l leaves it):
+    ``norm`` = ||x_{l+1}||, ``growth`` = ||x_{l+1}|| / ||x_l||, ``alignment_top`` =
+    ||U_k^T x_{l+1}|| / ||x_{l+1}|| with U_k the top-k left singular vectors of J_l
+    (``linalg.svds``), ``alignment_in`` = ||V_k^T x_l|| / ||x_l|| with the right ones, and
+    ``alignment_null`` = E ||U_k^T u|| for u uniform on the sphere (``nulls.gamma_null``).
+    ``vector`` defaults to a random unit vector (``seed``); a given one is used as is.
+    """
+    what = "propagation_table"
+    d = _dims(operators, what)
+    L = len(operators)
+    if isinstance(start_layer, bool) or not isinstance(start_layer, int) \
+            or not (0 <= start_layer < L):
+        raise ValueError(f"{what}: start_layer must be an int in [0, {L}), got {start_layer!r}")
+    if isinstance(k, bool) or not isinstance(k, int) or not (1 <= k <= d):
+        raise ValueError(f"{what}: k must be an int with 1 <= k <= d = {d}, got {k!r}")
+    if vector is None:
+        g = torch.Generator().manual_seed(int(seed))
+        x = torch.randn(d, generator=g, dtype=torch.float64)
+        x = x / torch.linalg.vector_norm(x)
+    else:
+        if not isinstance(vector, Tensor) or tuple(vector.shape) != (d,):
+            raise ValueError(f"{what}: vector must be a tensor [{d}], got "
+                             f"{tuple(vector.shape) if isinstance(vector, Tensor) else vector!r}")
+        x = vector.to(torch.float64)
+    if float(torch.linalg.vector_norm(x)) == 0 or not bool(torch.isfinite(x).all()):
+        raise ValueError(f"{what}: the perturbation must be finite and non-zero")
+    null = gamma_null(d, k)
+    rows = []
+    for layer in range(start_layer, L):
+        op = _as_op(operators[layer])
+        res = svds(op, k, tol=tol, seed=seed + 1 + layer)
+        y = op.matvec(x.to(op.dtype)).to(torch.float64)
+        nx, ny = float(torch.linalg.vector_norm(x)), float(torch.linalg.vector_norm(y))
+        U, V = res.U.to(torch.float64), res.Vh.mH.to(torch.float64)
+        rows.append(dict(
+            layer=layer, norm=ny, growth=ny / nx if nx > 0 else float("nan"),
+            alignment_top=float(torch.linalg.vector_norm(U.T @ y)) / ny if ny > 0
+            else float("nan"),
+            alignment_in=float(torch.linalg.vector_norm(V.T @ x)) / nx if nx > 0
+            else float("nan"),
+            alignment_null=null, k=k))
+        x = y
+    return pd.DataFrame(rows, columns=list(PROPAGATION_COLUMNS))
