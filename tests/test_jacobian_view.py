@@ -1,0 +1,128 @@
+"""probe.analyze(jacobian=..., bottleneck=..., reinit=...) against dense float64 oracles
+written here: block Jacobians by torch.func.jacfwd on the block module, metrics by numpy."""
+
+import numpy as np
+import pytest
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import spectral_hooks as sh
+from tests.tiny_models import make_model
+
+K = 6
+
+
+def _token_jacobian(probe, layer, sample=0):
+    """d f(H)[p] / d H[p] at the last real token p, by jacfwd on the block itself."""
+    call = probe.recording.block_input(layer, sample)
+    mask = probe.recording.mask[sample]
+    p = int(mask.nonzero().max())
+    block = probe.anatomy.layers[layer].block
+    H0 = call.hidden.double()
+
+    def f(x):
+        H = H0.clone()
+        H[0, p] = x
+        args, kwargs = call.with_hidden(H)
+        out = block(*args, **kwargs)
+        return (out[0] if isinstance(out, tuple) else out)[0, p]
+
+    with sdpa_kernel(SDPBackend.MATH):
+        return torch.func.jacfwd(f)(H0[0, p]).detach().numpy(), p
+
+
+def _oracle(J):
+    d = J.shape[0]
+    delta = J - np.eye(d)
+    lam = np.linalg.eigvals(J)
+    mu = lam - 1
+    S = (delta + delta.T) / 2
+    U, s, Vt = np.linalg.svd(delta)
+    return {
+        "frac_complex": np.mean(np.abs(mu.imag) > 1e-6 * np.abs(mu)),
+        "mean_abs_angle": np.sum(np.abs(mu) * np.abs(np.angle(mu))) / np.sum(np.abs(mu)),
+        "sym_energy": np.sum(S ** 2) / np.sum(delta ** 2),
+        "departure": np.sqrt(max(np.sum(J ** 2) - np.sum(np.abs(lam) ** 2), 0))
+        / np.sqrt(np.sum(J ** 2)),
+        "self_alignment": np.sum((U[:, :K].T @ Vt[:K].T) ** 2) / K,
+        "top_eig_abs": np.abs(lam).max(),
+        "lam": lam,
+    }
+
+
+@pytest.fixture(scope="module", params=["gpt2", "bert"])
+def recorded(request):
+    model = make_model(request.param)
+    with sh.instrument(model) as probe, torch.no_grad():
+        model(torch.randint(0, 100, (1, 6)))
+    return probe
+
+
+def test_dense_mode_is_exact(recorded):
+    report = recorded.analyze(jacobian={"k": K, "dense": True, "progress": False})
+    table = report.jacobian
+    for layer in range(recorded.anatomy.n_layers):
+        J, p = _token_jacobian(recorded, layer)
+        want = _oracle(J)
+        row = table[(table.layer == layer) & (table.variant == "trained")].iloc[0]
+        assert row.position == p and not row.departure_is_bound
+        for name in ("frac_complex", "mean_abs_angle", "sym_energy", "self_alignment",
+                     "top_eig_abs"):
+            assert row[name] == pytest.approx(want[name], rel=1e-8, abs=1e-10), name
+        assert row.departure == pytest.approx(want["departure"], abs=1e-6)
+        spectra = report.spectra
+        got = spectra[(spectra.source == "jacobian") & (spectra.layer == layer)]
+        np.testing.assert_allclose(np.sort(got["abs"].to_numpy()),
+                                   np.sort(np.abs(want["lam"])), rtol=1e-9, atol=1e-12)
+
+
+def test_matrix_free_matches_dense_within_tolerance(recorded):
+    report = recorded.analyze(jacobian={"k": K, "n_samples": 256, "progress": False})
+    table = report.jacobian
+    for layer in range(recorded.anatomy.n_layers):
+        J, _ = _token_jacobian(recorded, layer)
+        want = _oracle(J)
+        row = table[table.layer == layer].iloc[0]
+        assert row.converged and row.departure_is_bound
+        assert row.top_eig_abs == pytest.approx(want["top_eig_abs"], rel=1e-8)
+        assert row.sym_energy == pytest.approx(want["sym_energy"], abs=0.05)
+        assert row.self_alignment == pytest.approx(want["self_alignment"], abs=1e-6)
+        top = np.sort(np.abs(want["lam"]))[::-1]
+        assert row.departure >= want["departure"] - 0.05  # an upper bound (estimated norms)
+
+
+@pytest.fixture(scope="module")
+def gpt2_recorded():
+    model = make_model("gpt2")
+    with sh.instrument(model) as probe, torch.no_grad():
+        model(torch.randint(0, 100, (1, 6)))
+    return probe
+
+
+def test_bottleneck_and_reinit_match_dense_products(gpt2_recorded):
+    recorded = gpt2_recorded
+    report = recorded.analyze(jacobian={"k": K, "bottleneck_k": 8, "progress": False},
+                              bottleneck=True, reinit=True)
+    table = report.bottleneck
+    assert set(table.variant) == {"trained", "symmetric", "schur", "init"}
+    Js = [_token_jacobian(recorded, layer)[0] for layer in range(recorded.anatomy.n_layers)]
+    P = np.eye(Js[0].shape[0])
+    for depth, J in enumerate(Js, start=1):
+        P = J @ P
+        s = np.linalg.svd(P, compute_uv=False)
+        row = table[(table.variant == "trained") & (table.depth == depth)].iloc[0]
+        top = s[: int(row.n_singular)]
+        p = top / top.sum()
+        assert row.erank == pytest.approx(np.exp(-np.sum(p * np.log(p))), rel=1e-6)
+        assert row.stable_rank == pytest.approx(np.sum(top ** 2) / top[0] ** 2, rel=1e-6)
+    init = report.jacobian[report.jacobian.variant == "init"]
+    trained = report.jacobian[report.jacobian.variant == "trained"]
+    assert len(init) == len(trained) and not np.allclose(init.top_eig_abs, trained.top_eig_abs)
+    assert report.propagation is not None and len(report.propagation) == len(Js)
+
+
+def test_jacobian_option_errors(recorded):
+    with pytest.raises(ValueError, match="smaller than d_model"):
+        recorded.analyze(jacobian={"k": 40}).jacobian
+    with pytest.raises(TypeError, match="unknown jacobian option"):
+        recorded.analyze(jacobian={"kk": 3})
