@@ -21,7 +21,34 @@ the number converged, as in SLEPc). The iteration stops for an operator when
 * the next Ritz value is separated from the k-th: it cannot, within its residual, belong to
   the top-k (or it has converged itself), and
 * a final explicit check with fresh matvecs gives ||A x - theta x|| / |theta| <= tol for every
-  returned pair (if not, the internal tolerance is tightened and the iteration continues).
+  returned pair (if not, the internal tolerance is tightened and the iteration continues),
+* a verification probe (below) finds no Ritz value beyond the k-th.
+
+Verification probe (against a silently wrong top-k). The checks above only concern Ritz
+values the Krylov space has *seen*: on a clustered spectrum (e.g. 20 conjugate pairs within
+1e-2 of the top modulus, k=8, ncv=24) restarted Arnoldi can converge to k true eigenvalues
+that are not the top k, with the missed one never appearing as a Ritz value, and every test
+passes. So a result that passed them is not final until a probe has passed: the basis is
+restarted onto Q, the Schur basis of the checked wanted set only, the residual vector is
+replaced by a random unit vector orthogonal to Q, and the coupling row (of norm <= the
+converged residuals, ~tol |theta|) is dropped; one cycle of ncv - k Arnoldi steps,
+re-orthogonalised against Q, then is a Krylov space of the deflated operator
+(I - QQ^H) A (I - QQ^H), whose spectrum is the rest of A's. If no Ritz value of the combined
+decomposition beats the k-th value (every wanted Ritz vector lies in Q), the checked result
+is returned. Otherwise the probe found a rival: the iteration continues with the probe's
+vectors in the basis and ncv enlarged (by max(ncv/2, k), up to n), and a new probe is needed
+later. ncv is also enlarged after every 40 restarts without convergence (stagnation).
+Cost: ncv - k matvecs per probe (one probe when nothing is found), counted in n_matvecs.
+Which test is safe: the probe's Ritz values are unconverged after one cycle, so a
+residual-widened test (|theta'| + residual >= |lambda_k|) fires on almost every clustered
+spectrum and would double the cost; the probe uses "a Ritz value beats |lambda_k|"
+instead. For a normal operator that proves a missed eigenvalue (Ritz values lie in the convex
+hull of the deflated spectrum), so it never fires falsely; for a non-normal one it may fire
+without cause (costing matvecs, never correctness). What it cannot do: prove that nothing
+was missed. An eigenvalue whose eigenvector is nearly orthogonal to both the original start
+and the probe's random start, or that a single probe cycle approximates only from below
+|lambda_k|, can still be missed; the probe makes a silent miss require two independent
+random Krylov spaces to fail, and it catches the exactly-blind start (tested).
 
 Otherwise, after ``max_restarts``, ``converged`` is False and a warning says why; eigs never
 raises on non-convergence. ``k`` must satisfy 1 <= k <= n - 2 (as in ARPACK); for the full
@@ -44,6 +71,7 @@ __all__ = ["eigs"]
 logger = logging.getLogger(__name__)
 _EPS = torch.finfo(torch.float64).eps
 _WHICH = ("LM", "LR", "SM")
+_STALL = 40  # restarts without convergence before the Krylov space is enlarged
 
 
 def _order(theta: Tensor, which: str) -> Tensor:
@@ -144,6 +172,8 @@ def eigs(op, k: int, *, which: str = "LM", tol: float = 1e-10, max_restarts: int
     restarts = [0] * B
     tol_int = [float(tol)] * B
     out: List[Optional[dict]] = [None] * B
+    probing = [False] * B   # the current cycle is a verification probe (see module doc)
+    kw_prev = [0] * B       # size of the checked wanted set the probe is testing
 
     while not all(done):
         _extend(batch, V, Hb, p, done, m, randn)
@@ -152,6 +182,7 @@ def eigs(op, k: int, *, which: str = "LM", tol: float = 1e-10, max_restarts: int
         est_all = (hrow.to(Y_all.dtype).unsqueeze(1) @ Y_all).squeeze(1).abs()
         hnorm = torch.linalg.matrix_norm(H).tolist()
         checks = []
+        grow = False
         for b in range(B):
             if done[b]:
                 continue
@@ -164,7 +195,23 @@ def eigs(op, k: int, *, which: str = "LM", tol: float = 1e-10, max_restarts: int
             key = _key(theta, which)
             gap_ok = bool(conv[kw] or key[kw] + est[kw] < key[kw - 1])
             st = dict(theta=theta, Y=Y, est=est, kw=kw, gap_ok=gap_ok, nconv=nconv)
-            if (nconv == kw and gap_ok) or restarts[b] >= max_restarts:
+            passed = nconv == kw and gap_ok
+            if probing[b]:
+                probing[b] = False
+                # The probe's own Ritz values are unconverged after one short cycle, so their
+                # residual bounds say little; what counts is whether one of them beats the
+                # k-th value outright: then a wanted Ritz vector has a component in the probe
+                # block (for a normal operator this proves a missed eigenvalue, as Ritz values
+                # lie in the convex hull of the deflated operator's spectrum).
+                if float(Y[kw_prev[b]:, :kw].abs().max()) <= 1e-8 and kw == kw_prev[b]:
+                    done[b] = True  # the checked result from before the probe stands
+                    continue
+                grow = True  # the probe saw a rival of the k-th value: widen the space
+                logger.debug("eigs: %s probe found a Ritz value beyond the k-th",
+                             batch.names[b])
+            elif not passed and restarts[b] % _STALL == _STALL - 1:  # stagnation: widen too
+                grow = True
+            if passed or restarts[b] >= max_restarts:
                 checks.append(b)
                 out[b] = st
             else:
@@ -175,17 +222,35 @@ def eigs(op, k: int, *, which: str = "LM", tol: float = 1e-10, max_restarts: int
             for b in checks:
                 st = out[b]
                 ok = bool((st["resid"] <= tol).all()) and st["nconv"] == st["kw"] and st["gap_ok"]
-                if ok or restarts[b] >= max_restarts:
+                st["verified"] = ok and restarts[b] < max_restarts
+                st["converged"] = st["verified"]
+                if ok and restarts[b] < max_restarts:
+                    # probe: keep only the checked wanted set (Q), restart from a fresh random
+                    # vector orthogonal to it; the result stands unless the probe beats it
+                    _restart(b, st, V, Hb, p, m, real, keep=st["kw"])
+                    _inject(b, V, Hb, st["kw"], randn)
+                    probing[b], kw_prev[b] = True, st["kw"]
+                    restarts[b] += 1
+                elif restarts[b] >= max_restarts:
                     done[b] = True
-                    st["converged"] = ok
-                    if not ok:
-                        _warn(batch.names[b], st, tol, max_restarts)
+                    _warn(batch.names[b], st, tol, max_restarts)
                 else:  # estimates said converged, fresh matvecs disagree: tighten and go on
                     tol_int[b] /= 10.0
                     logger.debug("eigs: %s explicit residual %.2e > tol; tightening to %.1e",
                                  batch.names[b], float(st["resid"].max()), tol_int[b])
                     _restart(b, st, V, Hb, p, m, real)
                     restarts[b] += 1
+        if grow and m < n and not all(done):
+            # A failed probe means the Krylov space was too small to see the whole top of a
+            # clustered spectrum (the case where restarted Arnoldi converges to a wrong set):
+            # enlarge it, keeping every member's current decomposition.
+            m2 = min(n, m + max(m // 2, k))
+            logger.debug("eigs: Krylov space enlarged, ncv %d -> %d", m, m2)
+            V2 = torch.zeros(B, n, m2 + 1, dtype=dt, device=dev)
+            H2 = torch.zeros(B, m2 + 1, m2, dtype=dt, device=dev)
+            V2[:, :, :m + 1] = V
+            H2[:, :m, :m] = Hb[:, :m, :m]
+            V, Hb, m = V2, H2, m2
     return _assemble(batch, out, return_vectors)
 
 
@@ -223,11 +288,13 @@ def _extend(batch: OpBatch, V: Tensor, Hb: Tensor, p: List[int], done: List[bool
         V[:, :, j + 1] = torch.where(keep.unsqueeze(1), w, V[:, :, j + 1])
 
 
-def _restart(b: int, st: dict, V: Tensor, Hb: Tensor, p: List[int], m: int, real: bool) -> None:
+def _restart(b: int, st: dict, V: Tensor, Hb: Tensor, p: List[int], m: int, real: bool,
+             keep: Optional[int] = None) -> None:
     """Krylov-Schur restart of member b onto the invariant subspace of the kept Ritz values."""
     theta, Y, nconv, kw = st["theta"], st["Y"], st["nconv"], st["kw"]
-    keep = max(kw, nconv + max(1, (m - nconv) // 2))
-    keep = min(keep, m - 1)
+    if keep is None:
+        keep = max(kw, nconv + max(1, (m - nconv) // 2))
+        keep = min(keep, m - 1)
     if real and theta[keep - 1].imag > 0:  # never split a conjugate pair
         keep = keep + 1 if keep + 1 <= m - 1 else keep - 1
     X = _real_basis(Y[:, :keep], theta[:keep]) if real else Y[:, :keep]
@@ -244,6 +311,19 @@ def _restart(b: int, st: dict, V: Tensor, Hb: Tensor, p: List[int], m: int, real
     Hb[b, :keep, :keep] = S
     Hb[b, keep, :keep] = hrow @ W
     p[b] = keep
+
+
+def _inject(b: int, V: Tensor, Hb: Tensor, kw: int, randn) -> None:
+    """Replace the residual vector of member b's kept Krylov-Schur basis by a random unit
+    vector orthogonal to it, and drop the coupling row (its norm is the converged Ritz pairs'
+    residual, <= tol |theta|). The next Arnoldi steps then build a Krylov space of the deflated
+    operator (I - QQ^H) A (I - QQ^H) from a fresh start, re-orthogonalised against Q."""
+    Q = V[b, :, :kw]
+    r = randn(V.shape[1])
+    for _ in range(2):
+        r = r - Q @ (Q.mH @ r)
+    V[b, :, kw] = r / torch.linalg.vector_norm(r)
+    Hb[b, kw, :kw] = 0
 
 
 def _final_check(batch: OpBatch, V: Tensor, members: List[int], out: List[dict], m: int,
@@ -294,6 +374,8 @@ def _warn(name: str, st: dict, tol: float, max_restarts: int) -> None:
         why.append(f"max explicit residual {float(st['resid'].max()):.2e} > tol={tol:g}")
     if not st["gap_ok"]:
         why.append("the k-th Ritz value is not separated from the next one")
+    if not st.get("verified", True):
+        why.append("no verification probe (fresh random start, deflated) has passed")
     logger.warning("eigs did not converge for %s after max_restarts=%d: %s", name,
                    max_restarts, "; ".join(why) or "restart budget exhausted")
 
