@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/spectral-hooks analyze --out spectral_report
+	$(BIN)/spectral-hooks analyze --jacobian --bottleneck --topology --out spectral_report
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile

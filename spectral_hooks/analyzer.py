@@ -67,6 +67,14 @@ class Analyzer:
             self.timings[name] = round(time.perf_counter() - start, 4)
         return self._cache[key]
 
+    def _timed(self, name: str, compute: Callable[[], Any]) -> Callable[[], Any]:
+        def run():
+            start = time.perf_counter()
+            result = compute()
+            self.timings[f"section:{name}"] = round(time.perf_counter() - start, 4)
+            return result
+        return run
+
     # ------------------------------------------------------------------ pieces
     def layer_matrices(self, *, fold_norm: bool = False) -> torch.Tensor:
         return self._cached("F", (fold_norm,),
@@ -146,6 +154,7 @@ class Analyzer:
             power_spectra = sections["spectra"]
             sections["spectra"] = lambda: pd.concat([power_spectra(), jacobian_spectra()],
                                                     ignore_index=True)
+        sections = {name: self._timed(name, fn) for name, fn in sections.items()}
         options = {"power": power, "iterate": iterate, "fold_norm": fold_norm,
                    "jacobian": json.loads(json.dumps(jacobian, default=str)),
                    "bottleneck": bottleneck, "reinit": reinit, **extra}

@@ -45,6 +45,7 @@ class JacobianOptions:
     init_seed: int = 1  # the re-initialised model's seed (reinit=True)
     tol: float = 1e-8
     bottleneck_k: int = 32
+    bottleneck_dense: Optional[bool] = None  # None: dense products when d_model <= SCHUR_MAX_D
     ablations: tuple = ("symmetric", "schur")
     progress: Optional[bool] = None  # None: a progress bar when stderr is a terminal
 
@@ -138,24 +139,31 @@ class JacobianView:
             raise ValueError(f"the bottleneck needs consecutive recorded layers, got {layers}")
         return [self.operator(layer, -1) for layer in layers]
 
+    @property
+    def dense_products(self) -> bool:
+        """Exact (all d singular values) bottleneck products: the default up to SCHUR_MAX_D,
+        so that every variant, schur included, is ranked from the same full spectrum."""
+        choice = self.options.bottleneck_dense
+        return self.probe.anatomy.d_model <= SCHUR_MAX_D if choice is None else choice
+
     def bottleneck(self, variant: str) -> pd.DataFrame:
-        o = self.options
-        if variant == "schur":
-            d = self.probe.anatomy.d_model
-            if d > SCHUR_MAX_D:
-                raise ValueError(f"the schur ablation needs dense Jacobians: d_model={d} is "
-                                 f"above the dense-mode limit SCHUR_MAX_D={SCHUR_MAX_D}")
+        o, d = self.options, self.probe.anatomy.d_model
+        if variant == "schur" and d > SCHUR_MAX_D:
+            raise ValueError(f"the schur ablation needs dense Jacobians: d_model={d} is "
+                             f"above the dense-mode limit SCHUR_MAX_D={SCHUR_MAX_D}")
+        dense = variant == "schur" or self.dense_products
+        if dense:
             ops = [self.dense(layer, -1) for layer in self._bar(self.layers, "dense Jacobians")]
         else:
             ops = self.chain()
-        return bottleneck_table(ops, k=min(o.bottleneck_k, self.probe.anatomy.d_model - 2),
-                                variant=variant, dense=variant == "schur", seed=o.seed)
+        return bottleneck_table(ops, k=min(o.bottleneck_k, d - 2), variant=variant,
+                                dense=dense, seed=o.seed)
 
     def amplification(self, layer: int) -> torch.Tensor:
         from .metrics.topology import amplification
 
         o = self.options
-        if o.dense:
+        if o.dense or self.dense_products:
             J = self.dense(layer, -1)
             return amplification(J - torch.eye(J.shape[0], dtype=J.dtype), dense=True)[0]
         J = self.operator(layer, -1)

@@ -295,21 +295,22 @@ class Probe:
         self.recording.clear()
 
     def jacobian(self, layer: int, *, position: int = -1, sample: int = 0,
-                 kind: str = "token", dtype: torch.dtype = torch.float64):
+                 kind: str = "token", dtype: torch.dtype = torch.float64, **options: Any):
         """Block ``layer``'s Jacobian at its recorded input as a matrix-free LinearOperator
-        (matvec = JVP, rmatvec = VJP). ``position=-1``: the last real token of ``sample``."""
+        (matvec = JVP, rmatvec = VJP). ``position=-1``: the last real token of ``sample``.
+        ``options``: ``method``, ``single_query`` (see linearize.block_jacobian)."""
         from .linearize import block_jacobian
 
         return block_jacobian(self.anatomy, self.recording, layer, sample=sample,
-                              position=position, kind=kind, dtype=dtype)
+                              position=position, kind=kind, dtype=dtype, **options)
 
     def jacobian_product(self, first: int, last: int, *, position: int = -1, sample: int = 0,
-                         dtype: torch.dtype = torch.float64):
+                         dtype: torch.dtype = torch.float64, **options: Any):
         """P = J_last ... J_first at one token position (exact for causal models)."""
         from .linearize import jacobian_product
 
         return jacobian_product(self.anatomy, self.recording, first, last, sample=sample,
-                                position=position, dtype=dtype)
+                                position=position, dtype=dtype, **options)
 
     def dense_jacobian(self, layer: int, *, position: int = -1, sample: int = 0,
                        kind: str = "token", dtype: torch.dtype = torch.float64):

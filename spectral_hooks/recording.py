@@ -180,7 +180,9 @@ class Recording:
         else:
             if self.store == "stats" and self._runs:
                 self._runs = []  # stats keep only the latest run's block inputs
-            run, step = _Run(batch=mask.shape[0]), 0
+            # a continuation with nothing to continue (decode steps of a cache filled before
+            # the probe was attached) is marked step 1: it cannot be replayed
+            run, step = _Run(batch=mask.shape[0]), int(continues)
             run.block_calls = dict(block_calls)
             run.inputs = inputs
             self._runs.append(run)
@@ -189,7 +191,7 @@ class Recording:
         run.masks.append(mask)
         run.steps.append(step)
         self._calls.append(StepInfo(len(self._calls), len(self._runs) - 1, step,
-                                    mask.shape[1], step == 0))
+                                    mask.shape[1], not continues))
 
     # ---------------------------------------------------------------- reading
     @property

@@ -13,12 +13,22 @@ from ..recording import map_tensors
 KINDS = ("token", "sequence")
 
 
-def _math_sdpa():
+def _sdpa_math_kernel():
     try:
         from torch.nn.attention import SDPBackend, sdpa_kernel
         return sdpa_kernel(SDPBackend.MATH)
     except Exception:  # pragma: no cover - very old torch
         return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _math_sdpa():
+    """Every block replay runs here: under the math SDPA kernel (fused kernels have no forward
+    AD) and with probes suspended, so replays are never recorded as model calls."""
+    from ..probe import suspended
+
+    with suspended(), _sdpa_math_kernel():
+        yield
 
 
 def _first(out):
