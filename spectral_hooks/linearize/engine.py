@@ -101,6 +101,8 @@ class _Engine:
         self._vjp = lambda u: torch.autograd.grad(y, x, u, retain_graph=True)[0]
 
     def _batched(self, which: str, f: Callable, V: Tensor) -> Tensor:
+        if V.shape[0] == 1:  # a Krylov step: vmap's overhead would double the cost
+            return f(V[0])[None]
         if self._vmap_ok[which]:
             try:
                 with _math_sdpa():
