@@ -14,6 +14,7 @@ from pandas.testing import assert_frame_equal
 
 import spectral_hooks
 import spectral_hooks.report.core as core
+import spectral_hooks.report.storage as storage
 from spectral_hooks.report import Report
 
 
@@ -58,7 +59,7 @@ def test_round_trip_exact(tmp_path, fmt, make_sections):
 
 
 def test_csv_used_when_pyarrow_absent(tmp_path, monkeypatch, make_report):
-    monkeypatch.setattr(core, "_HAVE_PYARROW", False)
+    monkeypatch.setattr(storage, "_HAVE_PYARROW", False)
     rep = make_report()
     rep.save(tmp_path)
     assert (tmp_path / "power.csv").is_file() and not list(tmp_path.glob("*.parquet"))
@@ -71,7 +72,7 @@ def test_csv_used_when_pyarrow_absent(tmp_path, monkeypatch, make_report):
 
 def test_parquet_report_needs_pyarrow_to_load(tmp_path, monkeypatch, make_report):
     make_report().save(tmp_path, format="parquet")
-    monkeypatch.setattr(core, "_HAVE_PYARROW", False)
+    monkeypatch.setattr(storage, "_HAVE_PYARROW", False)
     with pytest.raises(ImportError, match="pyarrow"):
         Report.load(tmp_path)
 
