@@ -174,14 +174,13 @@ class JacobianView:
 def _replay_on_fresh_model(probe, seed: int):
     """Instrument a freshly initialised copy and run it on the recorded model inputs."""
     from .anatomy.base import fresh_model
-    from .probe import Probe
 
     inputs = probe.recording.model_inputs
     if not inputs or any(i is None for i in inputs):
         raise ValueError("reinit needs the model inputs of every recorded run; they are "
                          "missing (the model's forward was bypassed, e.g. TL3 generate())")
     model = fresh_model(probe.model, seed=seed)
-    fresh = Probe(model, layers=probe.layers, capture=probe.recording.capture)
+    fresh = probe.clone_on(model)
     with torch.no_grad():
         for args, kwargs in inputs:
             model(*args, **kwargs)

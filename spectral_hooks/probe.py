@@ -13,17 +13,16 @@ outside a forward of the model (gradient-checkpointing recomputation during back
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 import logging
-import threading
-from typing import Any, Iterable, Iterator, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
 
 from .anatomy import Anatomy, anatomy_of
 from .recording import CAPTURES, STORES, BlockCall, Recording, map_tensors
+from .suspend import is_suspended, suspended  # noqa: F401  (suspended: public re-export)
 
 log = logging.getLogger(__name__)
 
@@ -59,22 +58,6 @@ def _cache_length(kwargs: dict) -> int:
 def _in_backward() -> bool:
     return torch._C._current_graph_task_id() != -1
 
-
-_suspended = threading.local()
-
-
-@contextlib.contextmanager
-def suspended() -> Iterator[None]:
-    """Block calls inside this context are not recorded by any probe (used for replays)."""
-    _suspended.depth = getattr(_suspended, "depth", 0) + 1
-    try:
-        yield
-    finally:
-        _suspended.depth -= 1
-
-
-def _is_suspended() -> bool:
-    return getattr(_suspended, "depth", 0) > 0
 
 
 def _replayable_call(args: tuple, kwargs: dict, to_store) -> BlockCall:
@@ -224,7 +207,7 @@ class Probe:
     def _end_implicit_call(self, module: nn.Module, args: tuple, kwargs: dict,
                            output: Any) -> None:
         call = self._call
-        if call is None or not call.implicit or _is_suspended():
+        if call is None or not call.implicit or is_suspended():
             return
         if call.next_layer(("implicit_end", id(module)), [0] * self._last_block_uses) is None:
             return
@@ -236,7 +219,7 @@ class Probe:
         wants_pre = "resid_pre" in self.recording.capture
 
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            if _is_suspended():
+            if is_suspended():
                 return
             if self._call is None and module is self._first_block and not _in_backward():
                 mask = kwargs.get("attention_mask")  # the model's forward was bypassed
@@ -267,7 +250,7 @@ class Probe:
 
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
             call = self._call
-            if call is None or _is_suspended():
+            if call is None or is_suspended():
                 return
             layer = call.next_layer(key, order)
             if layer is not None and layer in recorded:
@@ -289,6 +272,13 @@ class Probe:
         while self._handles:
             self._handles.pop().remove()
         self._call = None
+
+    def clone_on(self, model: nn.Module) -> "Probe":
+        """A new probe with the same layers, captures and store on another model (e.g. a
+        re-initialised copy of this one)."""
+        rec = self.recording
+        return Probe(model, layers=self.layers, capture=rec.capture, store=rec.store,
+                     dtype=rec.dtype)
 
     def clear(self) -> None:
         """Forget the recording, keep the hooks."""

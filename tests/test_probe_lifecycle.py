@@ -247,3 +247,29 @@ def test_register_anatomy_for_an_unknown_model():
     torch.testing.assert_close(probe.recording.resid_post[1], y.detach())
     with pytest.raises(ValueError, match="no attention value projection"):
         probe.anatomy.layers[0].value_weights()
+
+
+def test_jacobian_replays_are_not_recorded_while_attached():
+    model = make_model("gpt2")
+    with sh.instrument(model) as probe:
+        with torch.no_grad():
+            model(torch.randint(0, 100, (1, 5)))
+        before = probe.recording.resid_post[1].clone()
+        J = probe.jacobian(1)
+        J.matvec(torch.randn(32, dtype=torch.float64))
+        J.rmatvec(torch.randn(32, dtype=torch.float64))
+        probe.dense_jacobian(0)
+        assert len(probe.recording.steps) == 1
+        assert torch.equal(probe.recording.resid_post[1], before)
+
+
+def test_blocks_called_without_the_model_forward_are_recorded_implicitly():
+    """TL3's generate() calls forward() directly; the same path covers any caller that runs
+    the blocks in order without the model's own forward hooks firing."""
+    model = make_model("gpt2")
+    with sh.instrument(model) as probe, torch.no_grad():
+        h = torch.randn(1, 4, 32, dtype=torch.float64)
+        for block in model.h:
+            h = block(h)
+    assert len(probe.recording.steps) == 1
+    torch.testing.assert_close(probe.recording.resid_post[1], h)

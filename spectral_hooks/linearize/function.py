@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from ..recording import map_tensors
+from ..suspend import suspended
 
 KINDS = ("token", "sequence")
 
@@ -25,8 +26,6 @@ def _sdpa_math_kernel():
 def _math_sdpa():
     """Every block replay runs here: under the math SDPA kernel (fused kernels have no forward
     AD) and with probes suspended, so replays are never recorded as model calls."""
-    from ..probe import suspended
-
     with suspended(), _sdpa_math_kernel():
         yield
 

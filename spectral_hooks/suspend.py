@@ -1,0 +1,27 @@
+"""A switch that turns every probe off while a block is replayed (Jacobians, dense oracles).
+
+    >>> with suspended():
+    ...     pass            # block calls made here are never recorded
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Iterator
+
+_state = threading.local()
+
+
+@contextlib.contextmanager
+def suspended() -> Iterator[None]:
+    """Block calls inside this context are not recorded by any probe (thread-local)."""
+    _state.depth = getattr(_state, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _state.depth -= 1
+
+
+def is_suspended() -> bool:
+    return getattr(_state, "depth", 0) > 0
