@@ -154,7 +154,6 @@ class Probe:
         last_block = self.anatomy.layers[-1].block
         self._first_block = self.anatomy.layers[0].block
         self._last_block_uses = sum(p.block is last_block for p in self.anatomy.layers)
-        self._register(last_block, self._end_implicit_call)
         for module, order in self._orders("block").values():
             self._register(module, self._block_pre_hook(order), pre=True)
             if "resid_post" in capture and self.anatomy.layers[order[0]].resid_post_hook is None:
@@ -166,6 +165,8 @@ class Probe:
                 continue
             for module, order in self._orders(attr).values():
                 self._register(module, self._output_hook(name, (attr, id(module)), order))
+        # last, so that an implicit call commits after every other hook of the last block ran
+        self._register(last_block, self._end_implicit_call)
 
     # ---------------------------------------------------------------- hooks
     def _begin_call(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
