@@ -261,6 +261,7 @@ def test_power_table_vs_oracle():
     post = [x + 0.5 * x @ F.T for x, F in zip(pre, Fs)]
     table = power_table(t64(np.stack(Fs)), [t64(x) for x in pre], [t64(x) for x in post])
     assert set(REQUIRED) <= set(table.columns) and len(table) == 3
+    assert not table["truncated"].any() and table["converged"].all() and (table["n_computed"] == d).all()
     for t, F in enumerate(Fs):
         row = table.iloc[t]
         lam1, lam2, gap, P1, P2 = oracle(F)
@@ -303,8 +304,10 @@ def test_power_table_weights_only_and_subsets():
 def test_spectra_table_vs_numpy():
     Fs = np.stack([build(REAL_CASE, seed=1), build(COMPLEX_CASE, seed=2)])
     df = spectra_table(t64(Fs))
-    assert df.columns.tolist() == ["source", "layer", "position", "index", "real", "imag", "abs"]
+    cols = ["source", "layer", "position", "index", "real", "imag", "abs", "truncated", "converged"]
+    assert df.columns.tolist() == cols
     assert len(df) == 14 and (df["source"] == "F").all() and (df["position"] == -1).all()
+    assert not df["truncated"].any() and df["converged"].all()
     for t in range(2):
         sub = df[df["layer"] == t]
         got = np.sort_complex(sub["real"].to_numpy() + 1j * sub["imag"].to_numpy())
