@@ -5,7 +5,9 @@
     >>> model(**batch); report = probe.analyze()  # doctest: +SKIP
 """
 
+from . import linalg
 from .anatomy import Anatomy, LayerParts, anatomy_of, register_anatomy
+from .linalg import eigs, svds
 from .probe import Probe, instrument
 from .recording import Recording
 from .report import Report
@@ -15,5 +17,5 @@ from .weights import layer_biases, layer_matrices
 __version__ = "0.1.0"
 
 __all__ = ["Anatomy", "LayerParts", "Probe", "Recording", "Report", "Steering", "anatomy_of",
-           "instrument", "layer_biases", "layer_matrices", "register_anatomy", "steer",
-           "__version__"]
+           "eigs", "instrument", "layer_biases", "layer_matrices", "linalg", "register_anatomy",
+           "steer", "svds", "__version__"]
