@@ -1,76 +1,126 @@
 """Top-16 eigenvalues of every layer's last-token block Jacobian: spectral_hooks vs what a user
 would write. GPT-2-small-sized random-init config (12 layers, d=768, 12 heads), 128 tokens,
-float32 model, torch.set_num_threads(2).
+float32 model, CPU, one torch/BLAS thread by default (``--threads``).
 
-    python benchmarks/jacobian_spectra.py            # all 12 layers (~10 min on 2 loaded cores)
-    python benchmarks/jacobian_spectra.py --quick    # layers 0 and 11, fewer rounds
+    python benchmarks/jacobian_spectra.py                 # ~5 min on 2 cores, peak RSS ~14 GB
+    python benchmarks/jacobian_spectra.py --quick         # ours on layers 0 and 11 only
 
-Contenders
-* ours: ``eigs(block_jacobian(..., dtype=float32), 16, tol=1e-5)`` per layer, end to end
-  (operator build, single-query linearisation, Krylov-Schur, final residual check).
-* user ARPACK: ``scipy.sparse.linalg.eigs(k=16)`` over a LinearOperator whose matvec is a
-  full-sequence ``torch.func.jvp`` of the block (float32), at default ncv and at ncv=96 (large
-  enough to be right). Its cost = (matvecs ARPACK needs) x (measured cost of that matvec); the
-  matvec counts come from running ARPACK on our operator (the same linear map) - a full
-  user-level ARPACK run costs minutes per layer here, so it is extrapolated and marked so.
+Contenders (each timed end to end, in one process, interleaved per layer where possible)
+* ours, as a user calls it: ``probe = spectral_hooks.instrument(model)``; one forward;
+  then per layer ``spectral_hooks.linalg.eigs(probe.jacobian(l), 16, tol=TOL)`` (float64
+  operator, the default; single-query linearised JVP). Measured on all 12 layers; the total
+  includes the recording forward.
+* user ARPACK: ``scipy.sparse.linalg.eigs(op, k=16, tol=1e-6)`` over a ``LinearOperator`` whose
+  matvec is a full-sequence ``torch.func.jvp`` of the float32 block (under the MATH SDPA
+  backend), last row read off; at ARPACK's default ncv and at ncv=96 (needed to be right on this
+  clustered spectrum). Timed in full on ``--peer-layers`` (interleaved with ours on the same
+  layer), extrapolated to 12 layers (marked so).
 * jacrev + eig: ``torch.func.jacrev`` of the block's last-token output w.r.t. its input row,
-  then ``torch.linalg.eigvals``; timed on ``--jacrev-layers`` layers and extrapolated to all.
-Accuracy: top-16 moduli vs float64 dense eig (computed after every timed section).
+  then ``torch.linalg.eigvals``; timed on ``--jacrev-layers`` and extrapolated.
+* ARPACK over OUR operator (float64, same tol): matvec counts for the solver-vs-solver ratio.
+Accuracy: each method's values vs the float64 dense eig of the block Jacobian (our float64
+operator applied to the identity; the operator itself is checked against jacfwd in the tests, and
+the user-level peers here use independent code paths, so their agreement cross-checks it),
+computed after every timed section. Error = conjugate-invariant: for each of the dense top-16
+(plus the conjugate partner of #16 when |lambda_16| = |lambda_17|), the distance to the nearest
+returned value or its conjugate, max over them, relative to |lambda_1|.
+Forward-equivalents: time / one plain forward of the whole model, measured in the same run.
 """
 
 from __future__ import annotations
 
 import argparse
-import resource
-import statistics
-import time
-from pathlib import Path
+import os
+import sys
 
-import numpy as np
-import torch
+_THREADS = 1
+for _i, _a in enumerate(sys.argv):
+    if _a == "--threads" and _i + 1 < len(sys.argv):
+        _THREADS = int(sys.argv[_i + 1])
+for _v in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ[_v] = str(_THREADS)  # before numpy/torch load their BLAS
+
+import datetime  # noqa: E402
+import platform  # noqa: E402
+import resource  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "jacobian_spectra.md"
+K = 16
 
 
 def rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def top_err(values: np.ndarray, dense: np.ndarray, k: int = 16) -> float:
-    """Conjugate-invariant error of the top-k: max relative error of sorted moduli."""
-    a = np.sort(np.abs(values))[::-1][:k]
+def top_err(values: np.ndarray, dense: np.ndarray, k: int = K) -> float:
+    """Conjugate-invariant error of the top-k values (see module doc)."""
+    values = np.asarray(values).ravel()
+    order = np.argsort(-np.abs(dense), kind="stable")
+    d = dense[order]
+    want = list(d[:k])
+    if abs(d[k - 1].imag) > 0 and abs(abs(d[k]) - abs(d[k - 1])) <= 1e-10 * abs(d[0]):
+        want.append(d[k])
+    cand = np.concatenate([values, np.conj(values)])
+    return float(max(np.min(np.abs(cand - w)) for w in want) / abs(d[0]))
+
+
+def mod_err(values: np.ndarray, dense: np.ndarray, k: int = K) -> float:
+    """Max relative error of the sorted top-k moduli."""
+    a = np.sort(np.abs(np.asarray(values).ravel()))[::-1][:k]
     b = np.sort(np.abs(dense))[::-1][:k]
-    return float(np.max(np.abs(a - b) / b[0]))
+    return float(np.max(np.abs(a - b)) / b[0])
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--layers", type=int, nargs="*", default=None)
+    ap.add_argument("--layers", type=int, nargs="*", default=None, help="ours (default: all 12)")
+    ap.add_argument("--peer-layers", type=int, nargs="*", default=None,
+                    help="user ARPACK timed in full (default: 11)")
+    ap.add_argument("--peer-default-layers", type=int, nargs="*", default=None,
+                    help="of the peer layers, those also timed at ARPACK's default ncv "
+                         "(default: the last)")
+    ap.add_argument("--arpack-default-layers", type=int, nargs="*", default=None,
+                    help="ARPACK at default ncv over our operator (default: 0 11; ncv=big on all)")
+    ap.add_argument("--jacrev-layers", type=int, nargs="*", default=None,
+                    help="jacrev + eig timed (default: 11)")
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--jacrev-layers", type=int, default=1)
+    ap.add_argument("--tol", type=float, default=1e-6, help="ours (relative residual)")
+    ap.add_argument("--arpack-tol", type=float, default=1e-6)
+    ap.add_argument("--arpack-ncv", type=int, default=96)
+    ap.add_argument("--rounds", type=int, default=5, help="per-matvec interleaved rounds")
     ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=RESULTS)
     opt = ap.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(opt.threads)
+    from scipy.sparse.linalg import ArpackNoConvergence
     from scipy.sparse.linalg import LinearOperator as SciOp
     from scipy.sparse.linalg import eigs as arpack
-    from scipy.sparse.linalg import ArpackNoConvergence
+    from torch.nn.attention import SDPBackend, sdpa_kernel
     from transformers import GPT2Config, GPT2Model
 
-    import spectral_hooks as sh
-    from spectral_hooks.linalg import eigs
-    from spectral_hooks.linearize import block_function, block_jacobian
+    import spectral_hooks
 
     layers = opt.layers if opt.layers is not None else ([0, 11] if opt.quick else list(range(12)))
-    rounds = 3 if opt.quick else opt.rounds
+    peer_layers = opt.peer_layers if opt.peer_layers is not None else [11]
+    peer_default = opt.peer_default_layers if opt.peer_default_layers is not None else (
+        peer_layers[-1:])
+    arp_def = [l for l in (opt.arpack_default_layers if opt.arpack_default_layers is not None
+                           else [0, 11]) if l in layers]
+    jr_layers = opt.jacrev_layers if opt.jacrev_layers is not None else [11]
+    assert set(peer_layers) <= set(layers), "peer layers must be among ours (interleaved)"
+    ncv_big = opt.arpack_ncv
+    t_run0 = time.perf_counter()
     torch.manual_seed(0)
     model = GPT2Model(GPT2Config(n_layer=12, n_embd=768, n_head=12)).eval()
     ids = torch.randint(0, 50257, (1, opt.tokens), generator=torch.Generator().manual_seed(1))
-    with sh.instrument(model) as probe, torch.no_grad():
-        model(ids)
-    anat, rec = probe.anatomy, probe.recording
-    d = anat.d_model
+    rss_setup = rss_mb()
 
     def forward_time() -> float:
         t = time.perf_counter()
@@ -79,86 +129,132 @@ def main() -> None:
         return time.perf_counter() - t
 
     forward_time()
+    forward_time()
 
-    # ---------------------------------------------------------------- per-matvec costs, interleaved
+    # ---------------------------------------------------------------- ours: record (timed)
+    t = time.perf_counter()
+    probe = spectral_hooks.instrument(model)
+    with torch.no_grad():
+        model(ids)
+    t_record = time.perf_counter() - t
+    d = probe.anatomy.d_model
+    rec, anat = probe.recording, probe.anatomy
+
+    # ---------------------------------------------------------------- user-level ARPACK pieces
     def user_matvec(layer: int):
-        """What a user writes: a full-sequence jvp of the block, last row read off."""
+        """What a user writes: a full-sequence jvp of the (float32) block, last row read off."""
         call = rec.block_input(layer)
         block = anat.layers[layer].block
-        H0 = call.hidden
+        H0 = call.hidden.detach()
 
         def f1(H):
             args, kwargs = call.with_hidden(H)
             out = block(*args, **kwargs)
             return out[0] if isinstance(out, tuple) else out
 
-        def mv(v):
-            t = torch.zeros_like(H0)
-            t[0, -1] = torch.as_tensor(v, dtype=H0.dtype)
-            from torch.nn.attention import SDPBackend, sdpa_kernel
-            with sdpa_kernel(SDPBackend.MATH), torch.no_grad():
-                return torch.func.jvp(f1, (H0,), (t,))[1][0, -1].double().numpy()
-        return mv
+        count = [0]
 
-    probe_layer = layers[len(layers) // 2]
-    J_probe = block_jacobian(anat, rec, probe_layer, dtype=torch.float32)
-    umv = user_matvec(probe_layer)
-    x = torch.randn(d)
-    J_probe.matvec(x), umv(x.numpy())
+        def mv(v):
+            count[0] += 1
+            tang = torch.zeros_like(H0)
+            tang[0, -1] = torch.as_tensor(np.real(v), dtype=H0.dtype)
+            with sdpa_kernel(SDPBackend.MATH), torch.no_grad():
+                return torch.func.jvp(f1, (H0,), (tang,))[1][0, -1].double().numpy()
+        return mv, count
+
+    def user_arpack(layer: int, ncv):
+        mv, count = user_matvec(layer)
+        t = time.perf_counter()
+        try:
+            vals = arpack(SciOp((d, d), matvec=mv, dtype=np.float64), k=K, which="LM", ncv=ncv,
+                          tol=opt.arpack_tol, return_eigenvectors=False)
+            ok = True
+        except ArpackNoConvergence as err:
+            vals, ok = err.eigenvalues, False
+        return dict(wall=time.perf_counter() - t, n=count[0], values=np.asarray(vals), ok=ok)
+
+    # ---------------------------------------------------------------- per-matvec cost, interleaved
+    mv_layer = layers[-1]
+    J_mv = probe.jacobian(mv_layer)
+    umv, _ = user_matvec(mv_layer)
+    x = torch.randn(d, dtype=torch.float64)
+    J_mv.matvec(x), umv(x.numpy())
     t_fwd, t_ours_mv, t_user_mv = [], [], []
-    for _ in range(rounds):
+    for _ in range(opt.rounds):
         t_fwd.append(forward_time())
         t = time.perf_counter()
-        for _ in range(5):
-            J_probe.matvec(x)
-        t_ours_mv.append((time.perf_counter() - t) / 5)
+        for _ in range(10):
+            J_mv.matvec(x)
+        t_ours_mv.append((time.perf_counter() - t) / 10)
         t = time.perf_counter()
         umv(x.numpy())
         t_user_mv.append(time.perf_counter() - t)
-    fwd = statistics.median(t_fwd)
+    del J_mv
     mv_ratio = [u / o for u, o in zip(t_user_mv, t_ours_mv)]
 
-    # ---------------------------------------------------------------- ours, end to end, every layer
-    ours = {}
-    rss_before = rss_mb()
+    # ---------------------------------------------------------------- ours on every layer,
+    # interleaved with user ARPACK (default ncv, then ncv_big) on the peer layers
+    ours, user = {}, {}
+    rss_ours_first = None
     for layer in layers:
-        fwd_l = forward_time()
+        t_fwd.append(forward_time())
         t = time.perf_counter()
-        J = block_jacobian(anat, rec, layer, dtype=torch.float32)
-        res = eigs(J, 16, tol=1e-5, seed=0, max_restarts=200)
+        J = probe.jacobian(layer)
+        t_build = time.perf_counter() - t
+        res = spectral_hooks.linalg.eigs(J, K, tol=opt.tol)
         wall = time.perf_counter() - t
-        ours[layer] = dict(wall=wall, fwd=fwd_l, n=res.n_matvecs, conv=bool(res.converged),
-                           values=res.values.flatten().numpy(),
-                           single_query=J.single_query)
-        print(f"ours layer {layer}: {wall:.1f}s {res.n_matvecs} matvecs conv={res.converged}",
+        ours[layer] = dict(wall=wall, build=t_build, n=int(res.n_matvecs),
+                           conv=bool(res.converged), values=res.values.flatten().numpy(),
+                           single_query=bool(getattr(J, "single_query", False)),
+                           resid=float(res.residuals.abs().max()))
+        del J, res
+        if rss_ours_first is None:
+            rss_ours_first = rss_mb()
+        print(f"[{time.perf_counter() - t_run0:6.0f}s] ours L{layer}: {wall:.2f}s "
+              f"(build {t_build:.2f}s) {ours[layer]['n']} mv conv={ours[layer]['conv']}",
               flush=True)
-    rss_ours = rss_mb()
+        if layer in peer_layers:
+            for label, ncv in (("default", None), (f"ncv={ncv_big}", ncv_big)):
+                if label == "default" and layer not in peer_default:
+                    continue
+                t_fwd.append(forward_time())
+                user[(layer, label)] = r = user_arpack(layer, ncv)
+                print(f"[{time.perf_counter() - t_run0:6.0f}s] user ARPACK {label} L{layer}: "
+                      f"{r['wall']:.1f}s {r['n']} mv", flush=True)
+    rss_loop = rss_mb()
+    fwd = statistics.median(t_fwd)
 
-    # ---------------------------------------------------------------- ARPACK matvec counts
+    # ---------------------------------------------------------------- ARPACK over OUR operator
     arp = {}
     for layer in layers:
-        J = block_jacobian(anat, rec, layer, dtype=torch.float32)
-        for label, ncv in (("default", None), ("ncv=96", 96)):
+        J = probe.jacobian(layer)
+        J.matvec(x)
+        for label, ncv in (("default", None), (f"ncv={ncv_big}", ncv_big)):
+            if label == "default" and layer not in arp_def:
+                continue
             count = [0]
 
             def mv(v, J=J, count=count):
                 count[0] += 1
-                return J.matvec(torch.as_tensor(np.real(v), dtype=torch.float32)).double().numpy()
+                return J.matvec(torch.as_tensor(np.real(v), dtype=torch.float64)).numpy()
 
-            op = SciOp((d, d), matvec=mv, dtype=np.float64)
             t = time.perf_counter()
             try:
-                vals = arpack(op, k=16, which="LM", ncv=ncv, tol=1e-5,
-                              return_eigenvectors=False, v0=np.ones(d) / np.sqrt(d))
+                vals = arpack(SciOp((d, d), matvec=mv, dtype=np.float64), k=K, which="LM",
+                              ncv=ncv, tol=opt.arpack_tol, return_eigenvectors=False)
             except ArpackNoConvergence as err:
                 vals = err.eigenvalues
-            arp[(layer, label)] = dict(n=count[0], values=vals, wall_on_ours=time.perf_counter() - t)
+            arp[(layer, label)] = dict(n=count[0], values=np.asarray(vals),
+                                       wall=time.perf_counter() - t)
+        del J
+    print(f"[{time.perf_counter() - t_run0:6.0f}s] ARPACK on our operator done", flush=True)
+
     # ---------------------------------------------------------------- jacrev + eig (timed, last)
     jr = {}
-    for layer in layers[: opt.jacrev_layers]:
+    for layer in jr_layers:
         call = rec.block_input(layer)
         block = anat.layers[layer].block
-        H0 = call.hidden[0]
+        H0 = call.hidden[0].detach()
 
         def g(xp, call=call, block=block, H0=H0):
             H = torch.cat([H0[:-1], xp[None]])[None]
@@ -166,93 +262,192 @@ def main() -> None:
             out = block(*args, **kwargs)
             return (out[0] if isinstance(out, tuple) else out)[0, -1]
 
+        t_fwd_jr = forward_time()
         t = time.perf_counter()
-        from torch.nn.attention import SDPBackend, sdpa_kernel
         with sdpa_kernel(SDPBackend.MATH):
             Jd = torch.func.jacrev(g)(H0[-1]).detach()
         vals = torch.linalg.eigvals(Jd)
-        jr[layer] = dict(wall=time.perf_counter() - t, values=vals.numpy())
-        print(f"jacrev+eig layer {layer}: {jr[layer]['wall']:.1f}s", flush=True)
+        jr[layer] = dict(wall=time.perf_counter() - t, values=vals.numpy(), fwd=t_fwd_jr)
+        del Jd
+        print(f"[{time.perf_counter() - t_run0:6.0f}s] jacrev+eig L{layer}: "
+              f"{jr[layer]['wall']:.1f}s", flush=True)
     rss_jacrev = rss_mb()
 
     # ---------------------------------------------------------------- dense oracle (after timing)
     dense = {}
-    for layer in layers:
-        J64 = block_jacobian(anat, rec, layer, dtype=torch.float64)
-        D = J64.matmat(torch.eye(d, dtype=torch.float64))
-        dense[layer] = torch.linalg.eigvals(D).numpy()
+    for layer in sorted(set(layers) | set(jr_layers)):
+        J = probe.jacobian(layer)
+        D = J.matmat(torch.eye(d, dtype=torch.float64)).numpy()  # columns J e_i
+        dense[layer] = np.linalg.eigvals(D)
+        del J, D
+    print(f"[{time.perf_counter() - t_run0:6.0f}s] dense oracle done", flush=True)
+    t_total = time.perf_counter() - t_run0
 
+    import pickle  # raw numbers, in case the table needs redoing
+
+    with open("/tmp/jacobian_spectra.raw.pkl", "wb") as fh:
+        pickle.dump(dict(ours=ours, user=user, arp=arp, jr=jr, dense=dense, t_fwd=t_fwd,
+                         t_ours_mv=t_ours_mv, t_user_mv=t_user_mv, t_record=t_record), fh)
     # ---------------------------------------------------------------- table
-    L = len(layers)
-    ours_total = sum(o["wall"] for o in ours.values())
+    L, L_all = len(layers), 12
+    ours_total = t_record + sum(o["wall"] for o in ours.values())
     ours_n = sum(o["n"] for o in ours.values())
+    e_ours = {l: top_err(o["values"], dense[l]) for l, o in ours.items()}
+    conv = all(o["conv"] for o in ours.values())
     user_mv = statistics.median(t_user_mv)
+    ours_mv = statistics.median(t_ours_mv)
+    big = f"ncv={ncv_big}"
+    date = datetime.date.today().isoformat()
+    cpu = platform.processor() or platform.machine()
     lines = [
         "# Jacobian spectra benchmark (top-16 eigenvalues, last-token block Jacobian)",
         "",
-        f"GPT-2-small-sized random init (12 layers, d=768, 12 heads), {opt.tokens} tokens, float32 "
-        f"model, torch threads = {torch.get_num_threads()}, CPU (2 cores, shared machine). "
-        f"Layers measured: {layers}. Command: `python benchmarks/jacobian_spectra.py"
-        f"{' --quick' if opt.quick else ''}`.",
+        f"{date}. GPT-2-small-sized random init (12 layers, d=768, 12 heads), {opt.tokens} tokens, "
+        f"float32 model, CPU ({os.cpu_count()} cores, shared machine, {cpu}), torch threads = "
+        f"{torch.get_num_threads()}, OMP/MKL/OPENBLAS threads = {_THREADS}; torch "
+        f"{torch.__version__}. Command: `python benchmarks/jacobian_spectra.py"
+        f"{' --quick' if opt.quick else ''}` (whole run {t_total:.0f} s). Ours on layers "
+        f"{layers}; user ARPACK timed on {peer_layers} (ncv={ncv_big}) and "
+        f"{peer_default} (default ncv); jacrev + eig on {jr_layers}.",
         "",
-        f"One plain forward of the whole model (median of {rounds}): {fwd * 1e3:.0f} ms.",
+        f"Ours: `eigs(probe.jacobian(l), 16, tol={opt.tol:g})` (float64 operator, the default). "
+        f"ARPACK: `tol={opt.arpack_tol:g}` (its stopping test is also relative to |lambda|). "
+        f"Errors: conjugate-invariant max distance of the dense top-16 to the returned values, "
+        f"relative to |lambda_1|, vs float64 dense `eig` computed after all timed sections.",
         "",
-        "## Per matvec (interleaved, layer %d, %d rounds)" % (probe_layer, rounds),
+        f"One plain forward of the whole model: {fwd * 1e3:.0f} ms (median of {len(t_fwd)}, "
+        f"taken between the timed sections; min {min(t_fwd) * 1e3:.0f}, max "
+        f"{max(t_fwd) * 1e3:.0f}).",
+        "",
+        f"## Per matvec (interleaved, layer {mv_layer}, {opt.rounds} rounds)",
         "",
         "| matvec | median ms | forward-equivalents |",
         "|---|---|---|",
-        f"| ours (single-query, linearized, float32) | {statistics.median(t_ours_mv) * 1e3:.1f} | "
-        f"{statistics.median(t_ours_mv) / fwd:.3f} |",
-        f"| user: full-sequence torch.func.jvp | {user_mv * 1e3:.1f} | {user_mv / fwd:.3f} |",
+        f"| ours: probe.jacobian(l).matvec (single-query, linearised, float64) | "
+        f"{ours_mv * 1e3:.1f} | {ours_mv / fwd:.3f} |",
+        f"| user: full-sequence torch.func.jvp (float32) | {user_mv * 1e3:.1f} | "
+        f"{user_mv / fwd:.3f} |",
         "",
         f"Ratio user/ours per round: median {statistics.median(mv_ratio):.1f}x "
         f"(min {min(mv_ratio):.1f}, max {max(mv_ratio):.1f}).",
         "",
-        f"## End to end over {L} layer(s)",
+        "## Interleaved, per peer layer (same layer, back to back)",
         "",
-        "| method | wall s | matvecs | forward-equivalents | top-16 error vs dense (max) | how |",
+        "| layer | method | wall s | matvecs | top-16 error | ours faster by |",
         "|---|---|---|---|---|---|",
     ]
-    err_ours = max(top_err(o["values"], dense[l]) for l, o in ours.items())
-    conv = all(o["conv"] for o in ours.values())
-    lines.append(f"| ours: eigs(block_jacobian) | {ours_total:.1f} | {ours_n} | "
-                 f"{ours_total / fwd:.0f} | {err_ours:.1e} (converged: {conv}) | measured |")
-    for label in ("default", "ncv=96"):
-        n = sum(arp[(l, label)]["n"] for l in layers)
-        err = max(top_err(arp[(l, label)]["values"], dense[l]) for l in layers)
-        wall = n * user_mv
-        lines.append(f"| user ARPACK eigs(k=16, {label}) over full-seq jvp | {wall:.0f} | {n} | "
-                     f"{wall / fwd:.0f} | {err:.1e} | matvecs measured x measured user matvec |")
-    for label in ("default", "ncv=96"):
-        n = sum(arp[(l, label)]["n"] for l in layers)
-        w = sum(arp[(l, label)]["wall_on_ours"] for l in layers)
-        lines.append(f"| ARPACK ({label}) over OUR operator | {w:.1f} | {n} | {w / fwd:.0f} | "
-                     f"(as above) | measured |")
-    if jr:
-        per = statistics.mean(j["wall"] for j in jr.values())
-        err = max(top_err(j["values"], dense[l]) for l, j in jr.items())
-        lines.append(f"| jacrev + eigvals | {per * L:.0f} | {d} VJPs/layer | {per * L / fwd:.0f} | "
-                     f"{err:.1e} | {len(jr)} layer(s) timed ({per:.1f} s each), x{L} |")
+    for l in peer_layers:
+        o = ours[l]
+        lines.append(f"| {l} | ours (build + eigs) | {o['wall']:.2f} | {o['n']} | {e_ours[l]:.1e} "
+                     f"| 1 |")
+        for label in ("default", big):
+            if (l, label) not in user:
+                continue
+            u = user[(l, label)]
+            lines.append(f"| {l} | user ARPACK {label} | {u['wall']:.1f} | {u['n']} | "
+                         f"{top_err(u['values'], dense[l]):.1e}"
+                         f"{'' if u['ok'] else ' (no convergence)'} | "
+                         f"{u['wall'] / o['wall']:.1f}x |")
+    for l in jr_layers:
+        if l in ours:
+            lines.append(f"| {l} | jacrev + eigvals | {jr[l]['wall']:.1f} | {d} VJPs (vmapped) | "
+                         f"{top_err(jr[l]['values'], dense[l]):.1e} | "
+                         f"{jr[l]['wall'] / ours[l]['wall']:.1f}x |")
+
+    # 12-layer totals: ours measured on `layers` (extrapolated if fewer than 12), peers per layer
+    # mean x 12, each + one forward to obtain the block inputs (ours: the recording forward).
+    scale = L_all / L
+    ours_12 = t_record + sum(o["wall"] for o in ours.values()) * scale
     lines += [
         "",
-        f"Speed-up of ours end to end: {sum(arp[(l, 'ncv=96')]['n'] for l in layers) * user_mv / ours_total:.1f}x "
-        f"vs user ARPACK at ncv=96, "
-        f"{sum(arp[(l, 'default')]['n'] for l in layers) * user_mv / ours_total:.1f}x vs user ARPACK "
-        f"defaults" + (f", {statistics.mean(j['wall'] for j in jr.values()) * L / ours_total:.1f}x vs "
-                       "jacrev + eig" if jr else "") + ".",
-        f"Matvecs ours / ARPACK(ncv=96) on the same operator: "
-        f"{ours_n / max(1, sum(arp[(l, 'ncv=96')]['n'] for l in layers)):.2f}.",
+        "## End to end over all 12 layers",
         "",
-        f"Peak RSS (process, monotonic): {rss_before:.0f} MB before ours, {rss_ours:.0f} MB after "
-        f"ours, {rss_jacrev:.0f} MB after jacrev + eig.",
+        "| method | wall s (12 layers) | matvecs | forward-equivalents | top-16 error (max) | how |",
+        "|---|---|---|---|---|---|",
+        f"| ours: instrument + forward + 12 x eigs(probe.jacobian(l)) | {ours_12:.1f} | "
+        f"{round(ours_n * scale)} | {ours_12 / fwd:.0f} | {max(e_ours.values()):.1e} "
+        f"(all converged: {conv}) | "
+        + ("measured, all 12 layers" if L == L_all else f"measured on {L} layers, x{scale:g}")
+        + f"; recording forward {t_record:.2f} s |",
+    ]
+    peer_12 = {}
+    for label in ("default", big):
+        pl = [l for l in peer_layers if (l, label) in user]
+        per = statistics.mean(user[(l, label)]["wall"] for l in pl)
+        n = statistics.mean(user[(l, label)]["n"] for l in pl)
+        err = max(top_err(user[(l, label)]["values"], dense[l]) for l in pl)
+        peer_12[label] = per * L_all + fwd
+        lines.append(f"| user ARPACK eigs(k=16, {label}) over full-seq jvp | {peer_12[label]:.0f} | "
+                     f"{n * L_all:.0f} | {peer_12[label] / fwd:.0f} | {err:.1e} | "
+                     f"EXTRAPOLATED: mean of timed layer(s) {pl} ({per:.1f} s) x12 "
+                     f"+ 1 forward |")
+    per_jr = statistics.mean(j["wall"] for j in jr.values())
+    err_jr = max(top_err(j["values"], dense[l]) for l, j in jr.items())
+    peer_12["jacrev"] = per_jr * L_all + fwd
+    n_big = sum(arp[(l, big)]["n"] for l in layers)
+    lines.append(f"| jacrev + eigvals | {peer_12['jacrev']:.0f} | {d} VJPs/layer | "
+                 f"{peer_12['jacrev'] / fwd:.0f} | {err_jr:.1e} | EXTRAPOLATED: {len(jr)} layer(s) "
+                 f"timed ({per_jr:.1f} s each) x12 + 1 forward |")
+
+    n_def = sum(arp[(l, "default")]["n"] for l in arp_def)
+    ours_n_def = sum(ours[l]["n"] for l in arp_def)
+    e_big = max(top_err(arp[(l, big)]["values"], dense[l]) for l in layers)
+    e_def = max(top_err(arp[(l, "default")]["values"], dense[l]) for l in arp_def)
+    w_big = sum(arp[(l, big)]["wall"] for l in layers)
+    w_def = sum(arp[(l, "default")]["wall"] for l in arp_def)
+    per_peer = {l: user[(l, big)]["wall"] / ours[l]["wall"] for l in peer_layers}
+    # second extrapolation for user ARPACK: its per-matvec wall on the timed layer(s) x the
+    # matvecs ARPACK(big) needed on each of the 12 layers (counted on our operator)
+    upm = statistics.mean(user[(l, big)]["wall"] / user[(l, big)]["n"] for l in peer_layers)
+    alt_big = upm * n_big * (L_all / L) + fwd
+    lines.append(f"| user ARPACK {big}, alt. extrapolation | {alt_big:.0f} | "
+                 f"{n_big * L_all / L:.0f} | {alt_big / fwd:.0f} | - | EXTRAPOLATED: "
+                 f"{upm * 1e3:.0f} ms per user ARPACK step (timed) x the matvecs ARPACK {big} "
+                 f"needed on each layer (counted on our operator) + 1 forward |")
+    per_jr_ratio = {l: jr[l]["wall"] / ours[l]["wall"] for l in jr_layers if l in ours}
+    lines += [
         "",
-        "Per layer (ours): " + ", ".join(
-            f"L{l}: {o['wall']:.1f}s/{o['n']}mv" for l, o in ours.items()),
+        "## Our solver vs ARPACK on OUR operator (same linear map, float64)",
         "",
-        "Per layer top-16 error (ours / ARPACK default / ARPACK ncv=96): " + ", ".join(
-            f"L{l}: {top_err(ours[l]['values'], dense[l]):.0e}/"
-            f"{top_err(arp[(l, 'default')]['values'], dense[l]):.0e}/"
-            f"{top_err(arp[(l, 'ncv=96')]['values'], dense[l]):.0e}" for l in layers),
+        "| solver | matvecs (sum over layers) | wall s | top-16 error (max) |",
+        "|---|---|---|---|",
+        f"| ours eigs tol={opt.tol:g} (incl. verification probe + final check) | {ours_n} | "
+        f"{sum(o['wall'] - o['build'] for o in ours.values()):.1f} | {max(e_ours.values()):.1e} |",
+        f"| ARPACK default ncv, tol={opt.arpack_tol:g} (layers {arp_def} only) | {n_def} | {w_def:.1f} | {e_def:.1e} |",
+        f"| ARPACK {big}, tol={opt.arpack_tol:g} | {n_big} | {w_big:.1f} | {e_big:.1e} |",
+        "",
+        f"Matvecs ours / ARPACK({big}): {ours_n / max(1, n_big):.2f}; ours / ARPACK(default): "
+        f"{ours_n_def / max(1, n_def):.2f} (layers {arp_def}). Per layer (ours/default/{big}): " + ", ".join(
+            f"L{l}: {ours[l]['n']}/{arp.get((l, 'default'), {}).get('n', '-')}/{arp[(l, big)]['n']}"
+            for l in layers) + ".",
+        "",
+        "Per-layer top-16 error (ours / ARPACK-on-ours default / " + big + "): " + ", ".join(
+            f"L{l}: {e_ours[l]:.0e}/"
+            f"{(format(top_err(arp[(l, 'default')]['values'], dense[l]), '.0e') if (l, 'default') in arp else '-')}/"
+            f"{top_err(arp[(l, big)]['values'], dense[l]):.0e}" for l in layers) + ".",
+        "",
+        "Per-layer ours (wall s / build s / matvecs / modulus error): " + ", ".join(
+            f"L{l}: {o['wall']:.2f}/{o['build']:.2f}/{o['n']}/"
+            f"{mod_err(o['values'], dense[l]):.0e}" for l, o in ours.items()) + ".",
+        "",
+        "## Goals (issue 4)",
+        "",
+        f"- >= 10x faster than user ARPACK (the one that is right, {big}) over 12 layers: "
+        f"{peer_12[big] / ours_12:.1f}x (extrapolated peer; per timed layer, interleaved: "
+        + ", ".join(f"L{l} {r:.1f}x" for l, r in per_peer.items())
+        + f"). vs ARPACK defaults (wrong top-16 where the error column says so): "
+        f"{peer_12['default'] / ours_12:.1f}x. "
+        f"**{'met' if peer_12[big] / ours_12 >= 10 else 'NOT met'}**.",
+        f"- >= 20x faster than jacrev + eig over 12 layers: {peer_12['jacrev'] / ours_12:.1f}x "
+        f"(per timed layer: " + ", ".join(f"L{l} {r:.1f}x" for l, r in per_jr_ratio.items())
+        + f"). **{'met' if peer_12['jacrev'] / ours_12 >= 20 else 'NOT met'}**.",
+        f"- Our matvecs <= 1.2x ARPACK's ({big}, right) on the same operator: "
+        f"{ours_n / max(1, n_big):.2f}x. **{'met' if ours_n <= 1.2 * n_big else 'NOT met'}**.",
+        "",
+        f"Peak RSS (process, monotonic ru_maxrss): {rss_setup:.0f} MB after model setup, "
+        f"{rss_ours_first:.0f} MB after ours on the first layer (before any peer), "
+        f"{rss_loop:.0f} MB after all of ours + user ARPACK, {rss_jacrev:.0f} MB after "
+        f"jacrev + eig.",
     ]
     opt.out.parent.mkdir(parents=True, exist_ok=True)
     opt.out.write_text("\n".join(lines) + "\n")
