@@ -1,0 +1,172 @@
+"""Spectral metrics while training with the Hugging Face ``Trainer``.
+
+    >>> from spectral_hooks.integrations import SpectralCallback, JSONLLogger
+    >>> callback = SpectralCallback(every=50, loggers=[JSONLLogger("out/spectral.jsonl")])
+    >>> trainer = Trainer(model, args, train_dataset=data, callbacks=[callback])  # doctest: +SKIP
+    >>> trainer.train()                                                           # doctest: +SKIP
+
+What happens: ``on_train_begin`` instruments the trainer's model; every ``every`` optimizer steps
+the power metrics of what was recorded are computed, flattened with
+:func:`~spectral_hooks.integrations.loggers.flatten_power`, sent to ``loggers`` and appended to
+``state.log_history`` (in the format ``Trainer.log`` uses); ``on_train_end`` removes the hooks.
+
+The metrics are computed before the optimizer step (``on_pre_optimizer_step``), so the weights
+analysed are the ones that produced the recorded activations, and logged at ``on_step_end``
+under the new ``state.global_step``. The analysis runs under ``torch.no_grad()`` and a forked
+RNG state: training (dropout masks included) is bit-identical with and without the callback.
+
+``window="step"`` (default) keeps only the forwards of the current optimizer step (all its
+gradient-accumulation micro-batches): the recording is cleared when each step begins and after
+each evaluation batch, so memory stays flat. ``window="interval"`` keeps everything recorded
+since the last logged step (evaluation forwards inside the interval included): memory grows
+with ``every``, use it with ``store="cpu"`` on large models.
+
+If training raises, the Trainer does not call ``on_train_end``: call ``callback.remove()``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterable, Optional, Sequence
+
+import torch
+
+from .loggers import POWER_COLUMNS, MetricsLogger, flatten_power
+
+try:
+    from transformers import TrainerCallback
+except ImportError as err:  # pragma: no cover - transformers is a core dependency
+    raise ImportError("SpectralCallback needs the 'transformers' package: "
+                      "pip install transformers") from err
+
+log = logging.getLogger(__name__)
+
+WINDOWS = ("step", "interval")
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    # DistributedDataParallel / DataParallel / accelerate wrappers keep the model in .module
+    while isinstance(getattr(model, "module", None), torch.nn.Module):
+        model = model.module
+    return model
+
+
+class SpectralCallback(TrainerCallback):
+    """Log per-layer power metrics every ``every`` optimizer steps (see the module docstring).
+
+    Args:
+        every: log at global steps ``every, 2 * every, ...``.
+        layers, capture, store: passed to :func:`spectral_hooks.instrument`.
+        columns: power-table columns to log (see docs/metrics.md).
+        loggers: :class:`MetricsLogger` objects (closed by ``on_train_end`` only if
+            ``close_loggers=True``). Written on the main process only.
+        report_to_trainer: also append the metrics to ``state.log_history``.
+        window: "step" or "interval" (what the metrics are computed from).
+        prefix: metric-name prefix (``spectral/layer_03/gap_ratio``).
+        analyze_options: extra keywords for ``probe.analyze(power=True, ...)``
+            (e.g. ``{"iterate": "I+F"}``).
+    """
+
+    def __init__(self, *, every: int = 50, layers: Optional[Iterable[int]] = None,
+                 columns: Sequence[str] = POWER_COLUMNS,
+                 loggers: Optional[Sequence[MetricsLogger]] = None,
+                 report_to_trainer: bool = True,
+                 capture: Sequence[str] = ("resid_pre", "resid_post"), store: str = "device",
+                 window: str = "step", prefix: str = "spectral",
+                 analyze_options: Optional[dict] = None, close_loggers: bool = False) -> None:
+        if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+            raise ValueError(f"every must be a positive int, got {every!r}")
+        if window not in WINDOWS:
+            raise ValueError(f"window={window!r}: choose from {WINDOWS}")
+        if store == "stats":
+            raise ValueError("store='stats' keeps no token states: the power metrics need them "
+                             "(use 'device' or 'cpu')")
+        for logger in loggers or ():
+            if not isinstance(logger, MetricsLogger):
+                raise TypeError(f"{logger!r} has no log(metrics, step) / close()")
+        self.every, self.layers, self.columns = every, layers, tuple(columns)
+        self.loggers = list(loggers or ())
+        self.report_to_trainer, self.capture, self.store = report_to_trainer, capture, store
+        self.window, self.prefix = window, prefix
+        self.analyze_options = dict(analyze_options or {})
+        self.close_loggers = close_loggers
+        self.probe = None
+        self.history: list[tuple[int, dict]] = []  # (step, metrics) logged by this callback
+        self._pending: Optional[dict] = None
+
+    # ---------------------------------------------------------------- helpers
+    def remove(self) -> None:
+        """Remove the probe's hooks (safe to call twice)."""
+        if self.probe is not None:
+            self.probe.remove()
+            self.probe = None
+        self._pending = None
+
+    def _due(self, step: int) -> bool:
+        return step > 0 and step % self.every == 0
+
+    def _metrics(self) -> Optional[dict]:
+        if self.probe is None or len(self.probe.recording) == 0:
+            return None
+        devices = sorted({p.device.index or 0 for p in self.probe.model.parameters()
+                          if p.device.type == "cuda"})
+        # a fresh Analyzer each time: its cache is keyed on Parameter._version, which fused
+        # optimizers (transformers' default adamw_torch_fused) do not bump, and on the
+        # recording's size, which is the same every step: probe.analyze() would return the
+        # first table again
+        from ..analyzer import Analyzer
+
+        with torch.random.fork_rng(devices=devices), torch.no_grad():
+            report = Analyzer(self.probe).analyze(power=True, **self.analyze_options)
+            return flatten_power(report.power, columns=self.columns, prefix=self.prefix)
+
+    # ---------------------------------------------------------------- Trainer events
+    def on_train_begin(self, args, state, control, model=None, **kwargs: Any):
+        from .. import instrument
+
+        self.remove()
+        if model is None:
+            raise ValueError("SpectralCallback: the Trainer passed no model to on_train_begin")
+        self.probe = instrument(_unwrap(model), layers=self.layers, capture=self.capture,
+                                store=self.store)
+
+    def on_step_begin(self, args, state, control, **kwargs: Any):
+        if self.probe is not None and self.window == "step":
+            self.probe.clear()
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs: Any):
+        # the weights that produced this step's activations: analyse before they change
+        if self.probe is not None and self._due(state.global_step + 1) \
+                and state.is_world_process_zero:
+            self._pending = self._metrics()
+
+    def on_step_end(self, args, state, control, **kwargs: Any):
+        if self.probe is None or not self._due(state.global_step):
+            return
+        metrics, self._pending = self._pending, None
+        if metrics is None and state.is_world_process_zero:
+            metrics = self._metrics()  # no on_pre_optimizer_step event (older transformers)
+        self.probe.clear()
+        if not metrics:
+            return
+        step = int(state.global_step)
+        self.history.append((step, metrics))
+        for logger in self.loggers:
+            logger.log(metrics, step)
+        if self.report_to_trainer:
+            # the entry Trainer.log() would write: the values, the epoch, then the step
+            entry = dict(metrics)
+            if state.epoch is not None:
+                entry["epoch"] = state.epoch
+            entry["step"] = step
+            state.log_history.append(entry)
+
+    def on_prediction_step(self, args, state, control, **kwargs: Any):
+        if self.probe is not None and self.window == "step":
+            self.probe.clear()  # evaluation forwards are not training steps: keep memory flat
+
+    def on_train_end(self, args, state, control, **kwargs: Any):
+        self.remove()
+        if self.close_loggers:
+            for logger in self.loggers:
+                logger.close()
