@@ -53,11 +53,15 @@ class Analyzer:
 
     # ------------------------------------------------------------------ cache keys
     def _weights_version(self) -> tuple:
-        return tuple(p._version for p in self.probe.model.parameters())
+        """Changes when any weight changes. ``_version`` alone misses in-place updates that
+        bypass autograd's counter (fused optimizers), so a strided checksum is added: an
+        optimizer step moves every element, and 1 in 1009 of them costs little to sum."""
+        with torch.no_grad():
+            return tuple((p._version, float(p.detach().reshape(-1)[::1009].double().sum()))
+                         for p in self.probe.model.parameters())
 
     def _recording_version(self) -> tuple:
-        rec = self.probe.recording
-        return (len(rec.steps), rec.n_samples)
+        return (id(self.probe.recording), self.probe.recording.generation)
 
     def _cached(self, name: str, options: tuple, compute: Callable[[], Any]) -> Any:
         key = (name, options, self._weights_version(), self._recording_version())

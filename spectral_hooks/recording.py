@@ -161,6 +161,7 @@ class Recording:
         self._calls: list[StepInfo] = []
         self._stats: dict = {}
         self._cache: dict = {}
+        self.generation = getattr(self, "generation", 0) + 1  # changes whenever the data do
 
     def to_store(self, t: Tensor, *, copy: bool = True) -> Tensor:
         device = "cpu" if self.store == "cpu" else t.device
@@ -170,6 +171,7 @@ class Recording:
                block_calls: dict, inputs: Optional[tuple] = None) -> None:
         """Add one forward call: ``captured[(capture, layer)] = Tensor[batch, pos, d]``."""
         self._cache.clear()
+        self.generation += 1
         mask = mask.detach().to("cpu", torch.long)
         if self.store == "stats":
             for key, tensor in captured.items():

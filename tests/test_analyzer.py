@@ -67,3 +67,19 @@ def test_analyze_errors():
     with pytest.raises(TypeError, match="unknown analyze"):
         probe.analyze(colour="red")
     probe.remove()
+
+
+def test_cache_sees_fused_optimizer_steps_and_new_batches():
+    model = make_model("gpt2", dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, fused=True)
+    ids = torch.randint(0, 100, (2, 6))
+    with sh.instrument(model) as probe:
+        model(ids)
+        first = probe.analyze().power
+        model(ids).last_hidden_state.sum().backward()
+        optimizer.step()  # fused: parameters' _version does not move
+        probe.clear()
+        with torch.no_grad():
+            model(ids)  # same shapes as before
+        second = probe.analyze().power
+    assert not np.allclose(first.abs_lambda1, second.abs_lambda1)
