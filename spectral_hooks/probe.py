@@ -21,13 +21,11 @@ import torch
 from torch import Tensor, nn
 
 from .anatomy import Anatomy, anatomy_of
+from .anatomy.base import CACHE_KWARGS
 from .recording import CAPTURES, STORES, BlockCall, Recording, map_tensors
 from .suspend import is_suspended, suspended  # noqa: F401  (suspended: public re-export)
 
 log = logging.getLogger(__name__)
-
-_CACHE_KWARGS = ("cache", "past_key_values", "past_key_value", "layer_past",
-                 "past_kv_cache_entry", "past_kv_cache")
 
 
 def _first(output: Any) -> Tensor:
@@ -40,7 +38,7 @@ def _is_cache(value: Any) -> bool:
 
 def _cache_length(kwargs: dict) -> int:
     """Positions already in a KV cache passed to the model or to a block (0: a fresh call)."""
-    for name in _CACHE_KWARGS:
+    for name in CACHE_KWARGS:
         value = kwargs.get(name)
         if value is None or isinstance(value, (Tensor, bool)):
             continue
@@ -62,7 +60,7 @@ def _in_backward() -> bool:
 
 def _replayable_call(args: tuple, kwargs: dict, to_store) -> BlockCall:
     hidden_in_args = len(args) > 0
-    kwargs = {k: v for k, v in kwargs.items() if k not in _CACHE_KWARGS and not _is_cache(v)}
+    kwargs = {k: v for k, v in kwargs.items() if k not in CACHE_KWARGS and not _is_cache(v)}
     if "use_cache" in kwargs:
         kwargs["use_cache"] = False
     args = tuple(None if _is_cache(a) else a for a in args)
@@ -189,7 +187,7 @@ class Probe:
         if not self._call.continues:
             keep = lambda t: self.recording.to_store(t, copy=False)  # noqa: E731
             clean = {k: v for k, v in kwargs.items()
-                     if k not in _CACHE_KWARGS and not _is_cache(v)}
+                     if k not in CACHE_KWARGS and not _is_cache(v)}
             self._call.inputs = (map_tensors(tuple(args), keep), map_tensors(clean, keep))
 
     def _end_call(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:

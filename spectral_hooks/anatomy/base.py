@@ -25,6 +25,14 @@ from torch import Tensor, nn
 
 NORM_PLACEMENTS = ("pre", "post", "sandwich", "sublayer_post", "unknown")
 
+#: Keyword names under which models and blocks receive a KV cache: HF (``cache`` since
+#: transformers 5, ``past_key_values``/``past_key_value``/``layer_past`` before and in some
+#: families), TransformerLens 3 (``past_kv_cache`` for the model, ``past_kv_cache_entry`` per
+#: block). The first four are the HF block-level names, in order of preference.
+CACHE_KWARGS = ("cache", "past_key_values", "past_key_value", "layer_past",
+                "past_kv_cache_entry", "past_kv_cache")
+HF_BLOCK_CACHE_KWARGS = CACHE_KWARGS[:4]
+
 
 class MissingWeightsError(ValueError):
     """The anatomy cannot find a value or output projection for this model's attention."""

@@ -9,6 +9,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ..anatomy.base import HF_BLOCK_CACHE_KWARGS
 from ..recording import map_tensors
 from .function import BlockFunction, _first, _math_sdpa
 
@@ -52,7 +53,6 @@ def _slice_call(call, L: int, rows: slice, cols: slice, hidden: Tensor, cache,
     return tuple(args), kwargs
 
 
-_CACHE_NAMES = ("cache", "past_key_values", "past_key_value", "layer_past")
 
 
 def _cache_slot(block) -> tuple:
@@ -61,7 +61,7 @@ def _cache_slot(block) -> tuple:
         params = list(inspect.signature(block.forward).parameters)
     except (TypeError, ValueError):
         params = []
-    for name in _CACHE_NAMES:
+    for name in HF_BLOCK_CACHE_KWARGS:
         if name in params:
             return name, params.index(name)
     raise RuntimeError(f"{type(block).__name__}.forward takes no KV cache argument")
