@@ -4,6 +4,10 @@ Pure functions of tensors: ``F`` is the stack of layer matrices [L, d, d] (colum
 x -> F x) and the residual states are token matrices [N, d] with padding already removed.
 All numerics run in float64 (complex128 for eigenpairs) whatever the input dtype.
 
+The spectrum machinery (:class:`LayerSpectrum`, :func:`spectrum`, the dense and top-k Krylov
+paths and the spectrum cache shared by the tables) lives in :mod:`spectral_hooks.metrics.spectrum`
+and is re-exported here, private helpers included.
+
 >>> F = torch.diag(torch.tensor([3.0, 1.0, 0.5]))
 >>> s = spectrum(F)
 >>> s.lambda1, s.gap_ratio
@@ -31,12 +35,8 @@ bump ``_version``). :func:`spectrum` itself never caches (it returns all eigenve
 
 from __future__ import annotations
 
-import logging
-import threading
-import weakref
-from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -44,12 +44,35 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from spectral_hooks.linalg.krylov import eigs
 from spectral_hooks.linalg.ranks import effective_rank
 from spectral_hooks.metrics.nulls import gamma_null, rho_test
+from spectral_hooks.metrics.spectrum import (  # re-exported: power.py was their home
+    _CACHE_SIZE,
+    _EIGS_KW,
+    DENSE_LIMIT,
+    ITERATES,
+    TOP_K,
+    LayerSpectrum,
+    _cache,
+    _cache_lock,
+    _check_iterate,
+    _check_options,
+    _check_square,
+    _eig_sorted,
+    _eig_topk,
+    _fingerprint,
+    _layer_spectra,
+    _plane,
+    _realify,
+    _spectrum_one,
+    _tidy,
+    clear_spectrum_cache,
+    logger,
+    spectrum,
+)
 
 if TYPE_CHECKING:  # shape annotations only (jaxtyping is not a runtime dependency)
-    from jaxtyping import Complex, Float
+    from jaxtyping import Float
 
 __all__ = [
     "LayerSpectrum",
@@ -65,268 +88,12 @@ __all__ = [
     "clear_spectrum_cache",
 ]
 
-logger = logging.getLogger(__name__)
-
-#: Above this d the spectrum of F is truncated to its top-k eigenpairs (Krylov, eigs).
-DENSE_LIMIT = 4096
-#: Default number of leading eigenpairs computed above DENSE_LIMIT (at least 3 are always used).
-TOP_K = 8
-# Options of linalg.eigs in the top-k path (module-level so tests can shrink max_restarts).
-_EIGS_KW: dict = {"tol": 1e-10, "max_restarts": 1000, "seed": 0}
-
-ITERATES = ("F", "I+F")
-
 POWER_COLUMNS = (
     "layer", "iterate", "lambda1_real", "lambda1_imag", "abs_lambda1", "abs_lambda2", "abs_mu1", "abs_mu2",
     "gap_ratio", "lambda1_is_complex", "subspace_dim", "gamma_in", "gamma", "gamma_null", "lift",
     "gamma2_dim", "gamma2_in", "gamma2", "gamma2_null", "rho", "rho_pvalue", "n_tokens",
     "mean_cos", "collapse_residual", "erank", "truncated", "n_computed", "converged",
 )  # fmt: skip
-
-
-# --------------------------------------------------------------------------- spectrum
-
-
-@dataclass(frozen=True)
-class LayerSpectrum:
-    """Eigen-structure of one layer matrix F, ordered for the chosen power iteration.
-
-    eigenvalues: complex128 [d] (or [n_computed] when ``truncated``), eigenvalues of F sorted by
-        descending |q| where the ordering quantity q is lambda (``iterate="F"``) or
-        mu = 1 + lambda (``iterate="I+F"``); conjugate pairs are adjacent, positive imaginary part first.
-    eigenvectors: complex128 [d, d] (or [d, n_computed]), unit columns matching ``eigenvalues``
-        (real columns for real eigenvalues).
-    lambda1, lambda2: eigenvalues of F (not of I+F) at the leading position and at the first
-        position that is not the conjugate partner of lambda1 (NaN when there is none).
-    mu1, mu2: the ordering quantities of lambda1, lambda2 (equal to them for ``iterate="F"``).
-    gap_ratio: |mu2| / |mu1| (NaN when mu1 = 0 or there is no lambda2).
-    B: float64 [d, 1] (real lambda1) or [d, 2] (complex: orthonormalised Re v1, Im v1).
-    B2: float64 [d, 2..4], orthonormal basis of the real plane of lambda1 plus that of lambda2
-        (just B when there is no lambda2, e.g. d = 1 or d = 2 with a complex pair).
-    truncated: True when only the leading eigenpairs were computed (d > dense_limit, Krylov
-        top-k); ``eigenvalues`` then holds n_computed < d values (top_k, or top_k + 1 when a
-        conjugate pair straddles the cut).
-    n_computed: number of eigenvalues held (= d when not truncated).
-    converged: False when the Krylov solver did not converge (values are then its last Ritz
-        estimates); always True for the dense path.
-    """
-
-    eigenvalues: Complex[Tensor, " d"]
-    eigenvectors: Complex[Tensor, "d d"]
-    iterate: str
-    lambda1: complex
-    lambda2: complex
-    mu1: complex
-    mu2: complex
-    gap_ratio: float
-    lambda1_is_complex: bool
-    lambda2_is_complex: bool
-    B: Float[Tensor, "d r"]
-    B2: Float[Tensor, "d r2"]
-    truncated: bool = False
-    n_computed: int = -1  # -1: filled in from eigenvalues
-    converged: bool = True
-
-    def __post_init__(self) -> None:
-        if self.n_computed < 0:
-            object.__setattr__(self, "n_computed", int(self.eigenvalues.numel()))
-
-
-def _check_square(F: Tensor) -> Tensor:
-    if not isinstance(F, Tensor):
-        raise ValueError(f"F must be a torch.Tensor, got {type(F).__name__}")
-    if F.ndim not in (2, 3) or F.shape[-1] != F.shape[-2] or F.shape[-1] == 0:
-        raise ValueError(f"F must be [d, d] or [L, d, d] with d >= 1, got shape {tuple(F.shape)}")
-    if F.is_complex():
-        raise ValueError("F must be real")
-    F = F.detach().to("cpu", torch.float64)
-    if not torch.isfinite(F).all():
-        raise ValueError("F contains NaN or Inf")
-    return F
-
-
-def _check_iterate(iterate: str) -> None:
-    if iterate not in ITERATES:
-        raise ValueError(f"iterate must be one of {ITERATES}, got {iterate!r}")
-
-
-def _realify(vecs: Tensor) -> Tensor:
-    """Rotate each complex column by a phase so it is real (for real eigenvalues), unit norm."""
-    if vecs.shape[1] == 0:
-        return vecs
-    idx = vecs.abs().argmax(dim=0)
-    pivot = vecs.gather(0, idx[None])
-    real = (vecs * (pivot.conj() / pivot.abs())).real
-    return (real / real.norm(dim=0, keepdim=True)).to(torch.complex128)
-
-
-def _check_options(dense_limit: int, top_k: int) -> None:
-    for name, v, lo in (("dense_limit", dense_limit, 0), ("top_k", top_k, 1)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-            raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
-
-
-def _eig_sorted(F: Tensor, iterate: str, real_tol: float) -> tuple[Tensor, Tensor, Tensor]:
-    """Eigenpairs with near-real values snapped to real, exact conjugate pairs, sorted (see LayerSpectrum)."""
-    vals, vecs = torch.linalg.eig(F)
-    return _tidy(vals, vecs, iterate, real_tol)
-
-
-def _tidy(vals: Tensor, vecs: Tensor, iterate: str, real_tol: float) -> tuple[Tensor, Tensor, Tensor]:
-    """Snap near-real eigenvalues (and their vectors) to real, make conjugate pairs exact, sort."""
-    is_real = vals.imag.abs() <= real_tol * vals.abs()
-    vals = torch.where(is_real, vals.real.to(torch.complex128), vals)
-    vecs = vecs.clone()
-    vecs[:, is_real] = _realify(vecs[:, is_real])
-    pos, neg = (~is_real) & (vals.imag > 0), (~is_real) & (vals.imag < 0)
-    if int(pos.sum()) == int(neg.sum()):  # always so for a real matrix; make the pairs exact
-        vals = torch.cat([vals[is_real], vals[pos], vals[pos].conj()])
-        vecs = torch.cat([vecs[:, is_real], vecs[:, pos], vecs[:, pos].conj()], dim=1)
-        n_real, n_pairs = int(is_real.sum()), int(pos.sum())
-        is_real = torch.arange(n_real + 2 * n_pairs) < n_real
-    q = vals + 1 if iterate == "I+F" else vals
-    order = np.lexsort((-vals.imag.numpy(), -vals.real.numpy(), -q.abs().numpy()))
-    order = torch.from_numpy(order)
-    return vals[order], vecs[:, order], is_real[order]
-
-
-def _plane(v: Tensor, is_complex: bool) -> Tensor:
-    """Orthonormal float64 basis of the real invariant plane of eigenvector v: [d, 1] or [d, 2]."""
-    if not is_complex:
-        re = v.real
-        return (re / re.norm())[:, None]
-    q, _ = torch.linalg.qr(torch.stack([v.real, v.imag], dim=1))
-    return q
-
-
-def _eig_topk(F: Tensor, iterate: str, real_tol: float, k: int) -> tuple[Tensor, Tensor, Tensor, bool]:
-    """Top-k eigenpairs of F (of I + F for "I+F") by linalg.eigs, tidied like :func:`_eig_sorted`."""
-    A = F + torch.eye(F.shape[0], dtype=F.dtype) if iterate == "I+F" else F
-    res = eigs(A, k, which="LM", return_vectors=True, **_EIGS_KW)
-    vals, vecs = res.values.to(torch.complex128), res.vectors.to(torch.complex128)
-    keep = torch.isfinite(vals) & torch.isfinite(vecs).all(dim=0)
-    vals, vecs = vals[keep], vecs[:, keep]
-    if iterate == "I+F":
-        vals = vals - 1
-    return (*_tidy(vals, vecs, iterate, real_tol), bool(res.converged))
-
-
-def _spectrum_one(
-    F: Tensor, iterate: str, real_tol: float, dense_limit: int = DENSE_LIMIT, top_k: int = TOP_K,
-    *, layer: int | None = None,
-) -> LayerSpectrum:
-    d = F.shape[-1]
-    k = max(int(top_k), 3)  # 3 values always hold lambda1 (maybe a pair) and lambda2
-    truncated = d > dense_limit and k <= d - 2  # eigs needs k <= d - 2; tiny d stays dense
-    converged = True
-    if truncated:
-        vals, vecs, is_real, converged = _eig_topk(F, iterate, real_tol, k)
-        if not converged:
-            where = f"layer {layer}" if layer is not None else "F"
-            logger.warning(
-                "top-%d eigenpairs of %s (d=%d, iterate=%s) did not converge; reporting the last "
-                "Ritz estimates with converged=False", k, where, d, iterate)
-    else:
-        vals, vecs, is_real = _eig_sorted(F, iterate, real_tol)
-    shift = 1.0 if iterate == "I+F" else 0.0
-    c1 = not bool(is_real[0])
-    i2 = 2 if c1 else 1
-    B = _plane(vecs[:, 0], c1)
-    lam1 = complex(vals[0])
-    if i2 < vals.numel():
-        lam2, c2 = complex(vals[i2]), not bool(is_real[i2])
-        B2, _ = torch.linalg.qr(torch.cat([B, _plane(vecs[:, i2], c2)], dim=1))
-    else:
-        lam2, c2, B2 = complex(float("nan"), float("nan")), False, B
-    mu1, mu2 = lam1 + shift, lam2 + shift
-    gap = abs(mu2) / abs(mu1) if abs(mu1) > 0 else float("nan")
-    return LayerSpectrum(vals, vecs, iterate, lam1, lam2, mu1, mu2, gap, c1, c2, B, B2,
-                         truncated=truncated, n_computed=int(vals.numel()), converged=converged)
-
-
-# Shared by power_table / spectra_table: {id(F): (weakref(F), fingerprint, {options: spectrum})},
-# least recently used first; spectra are stored without eigenvectors (B, B2 are kept).
-_CACHE_SIZE = 4
-_cache: OrderedDict = OrderedDict()
-_cache_lock = threading.Lock()
-
-
-def clear_spectrum_cache() -> None:
-    """Forget the spectra shared between :func:`power_table` and :func:`spectra_table`."""
-    with _cache_lock:
-        _cache.clear()
-
-
-def _fingerprint(F: Tensor) -> tuple | None:
-    try:
-        version = F._version
-    except RuntimeError:  # inference tensors have no version counter: do not cache them
-        return None
-    return (F.data_ptr(), version, tuple(F.shape), F.stride(), F.dtype, str(F.device))
-
-
-def _layer_spectra(
-    F_in: Tensor, F: Tensor, layers: Sequence[int], iterate: str, real_tol: float, dense_limit: int,
-    top_k: int,
-) -> list[LayerSpectrum]:
-    """Spectra (without eigenvectors) of F[t] for t in layers, through the shared cache.
-
-    F_in is the tensor the caller passed (the cache key), F its float64 CPU [L, d, d] copy.
-    """
-    fp = _fingerprint(F_in)
-    opts = (iterate, float(real_tol), int(dense_limit), int(top_k), tuple(sorted(_EIGS_KW.items())))
-    table: dict = {}
-    if fp is not None:
-        with _cache_lock:
-            for key in [k for k, (ref, _, _) in _cache.items() if ref() is None]:
-                del _cache[key]  # tensors that were freed
-            entry = _cache.get(id(F_in))
-            if entry is not None and entry[0]() is F_in and entry[1] == fp:
-                table = entry[2]
-                _cache.move_to_end(id(F_in))
-            else:
-                _cache[id(F_in)] = (weakref.ref(F_in), fp, table)
-                while len(_cache) > _CACHE_SIZE:
-                    _cache.popitem(last=False)
-    out = []
-    for t in layers:
-        s = table.get((t, *opts))
-        if s is None:
-            s = replace(_spectrum_one(F[t], iterate, real_tol, dense_limit, top_k, layer=t), eigenvectors=None)
-            table[(t, *opts)] = s
-        out.append(s)
-    return out
-
-
-def spectrum(
-    F: Float[Tensor, "*L d d"], *, iterate: str = "F", real_tol: float = 1e-9,
-    dense_limit: int = DENSE_LIMIT, top_k: int = TOP_K,
-) -> LayerSpectrum | list[LayerSpectrum]:
-    """Eigen-decomposition of a layer matrix (float64), ordered for the power iteration.
-
-    >>> s = spectrum(torch.tensor([[0.0, -2.0], [2.0, 0.0]]))   # rotation-scaling: lambda = +-2i
-    >>> round(s.lambda1.imag, 12), s.lambda1_is_complex, tuple(s.B.shape)
-    (2.0, True, (2, 2))
-
-    F: [d, d] -> one :class:`LayerSpectrum`; [L, d, d] -> a list of L of them (their bases can
-    have different widths, so they are not stacked).
-    iterate: "F" orders by |lambda|; "I+F" by |1 + lambda| (the matrix a normalised residual
-    update iterates); it changes lambda1/lambda2, gap_ratio, B and B2, never the eigenvalues.
-    real_tol: an eigenvalue counts as real when |Im lambda| <= real_tol * |lambda|; such values
-    are snapped to the real axis (their eigenvectors made real).
-    dense_limit, top_k: d <= dense_limit -> every eigenpair (dense torch.linalg.eig); above it
-    only the leading max(top_k, 3) (+1 if a conjugate pair straddles the cut) by the Krylov
-    solver ``linalg.eigs`` (which="LM" on F, or on I + F for ``iterate="I+F"``), and the result
-    says ``truncated=True`` / ``n_computed``; ``converged=False`` (with a logged warning) if the
-    solver did not converge. A d too small for eigs (d < max(top_k, 3) + 2) stays dense.
-    Eigenvectors of defective / repeated eigenvalues are whatever LAPACK returns.
-    """
-    _check_iterate(iterate)
-    _check_options(dense_limit, top_k)
-    F = _check_square(F)
-    if F.ndim == 3:
-        return [_spectrum_one(f, iterate, real_tol, dense_limit, top_k, layer=t) for t, f in enumerate(F)]
-    return _spectrum_one(F, iterate, real_tol, dense_limit, top_k)
 
 
 # --------------------------------------------------------------------------- alignment

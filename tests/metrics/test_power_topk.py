@@ -15,6 +15,7 @@ import pytest
 import torch
 
 import spectral_hooks.metrics.power as power
+import spectral_hooks.metrics.spectrum as spectrum_mod
 from spectral_hooks.metrics.power import clear_spectrum_cache, power_table, spectra_table, spectrum
 from spectral_hooks.report import Report
 
@@ -194,7 +195,7 @@ def test_small_top_k_still_gives_lambda2_and_tiny_d_stays_dense():
 
 
 def test_non_convergence_is_reported_not_raised(monkeypatch, caplog):
-    monkeypatch.setattr(power, "_EIGS_KW", {"tol": 1e-10, "max_restarts": 0, "seed": 0})
+    monkeypatch.setattr(spectrum_mod, "_EIGS_KW", {"tol": 1e-10, "max_restarts": 0, "seed": 0})
     F = t64(np.stack([build(CASES["real_then_pair"][0], 80, seed=9)]))
     X = torch.randn(20, 80, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     with caplog.at_level(logging.WARNING):
@@ -209,13 +210,13 @@ def test_non_convergence_is_reported_not_raised(monkeypatch, caplog):
 
 def test_spectra_shared_between_tables(monkeypatch):
     calls = []
-    inner = power._spectrum_one
+    inner = spectrum_mod._spectrum_one
 
     def counting(F, iterate, *a, **kw):
         calls.append(iterate)
         return inner(F, iterate, *a, **kw)
 
-    monkeypatch.setattr(power, "_spectrum_one", counting)
+    monkeypatch.setattr(spectrum_mod, "_spectrum_one", counting)
     Fs = t64(np.stack([build(CASES["real_then_pair"][0], 64, seed=s) for s in range(3)]))
     power_table(Fs, layers=[2, 0], dense_limit=LIMIT)
     assert len(calls) == 2
