@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import platform
 import time
 from typing import Any, Callable, Optional
@@ -25,6 +26,8 @@ from .metrics.power import power_table, spectra_table
 from .metrics.shared_weights import shared_weight_table
 from .report import Report
 from .weights import layer_matrices
+
+log = logging.getLogger(__name__)
 
 
 def _versions() -> dict:
@@ -53,12 +56,17 @@ class Analyzer:
 
     # ------------------------------------------------------------------ cache keys
     def _weights_version(self) -> tuple:
-        """Changes when any weight changes. ``_version`` alone misses in-place updates that
-        bypass autograd's counter (fused optimizers), so a strided checksum is added: an
-        optimizer step moves every element, and 1 in 1009 of them costs little to sum."""
+        """Changes when any weight changes: ``_version`` misses in-place updates that bypass
+        autograd's counter (fused optimizers, writes through ``.data``), so every parameter's
+        float64 sum and norm are part of the key (one pass over the weights, no copies)."""
         with torch.no_grad():
-            return tuple((p._version, float(p.detach().reshape(-1)[::1009].double().sum()))
+            return tuple((p.data_ptr(), p._version, float(p.sum(dtype=torch.float64)),
+                          float(torch.linalg.vector_norm(p, dtype=torch.float64)))
                          for p in self.probe.model.parameters())
+
+    def invalidate(self) -> None:
+        """Forget every cached result."""
+        self._cache.clear()
 
     def _recording_version(self) -> tuple:
         return (id(self.probe.recording), self.probe.recording.generation)
@@ -103,17 +111,21 @@ class Analyzer:
         return self._cached("spectra", (iterate, fold_norm), lambda: spectra_table(
             self.layer_matrices(fold_norm=fold_norm), iterate=iterate))
 
+    def shared_groups(self) -> list[tuple[int, ...]]:
+        """Shared-weight groups whose analysis the recording supports: resid_pre of the first
+        application and resid_post of every application recorded, tokens kept."""
+        rec = self.probe.recording
+        if rec.store == "stats" or not {"resid_pre", "resid_post"} <= set(rec.capture):
+            return []
+        return [g for g in self.probe.anatomy.shared_groups if set(g) <= set(rec.layers)]
+
     def shared_weights(self, *, fold_norm: bool = False):
         def compute():
-            anatomy = self.probe.anatomy
-            group = anatomy.shared_groups[0]
-            F = self.layer_matrices(fold_norm=fold_norm)[group[0]]
-            post = self._tokens("resid_post")
-            pre = self._tokens("resid_pre")
-            if pre[group[0]] is None or any(post[i] is None for i in group):
-                raise ValueError("the shared-weight analysis needs resid_pre of the first and "
-                                 "resid_post of every application recorded (store='device')")
-            return shared_weight_table(F, [post[i] for i in group], pre[group[0]])
+            F = self.layer_matrices(fold_norm=fold_norm)
+            post, pre = self._tokens("resid_post"), self._tokens("resid_pre")
+            tables = [shared_weight_table(F[g[0]], [post[i] for i in g], pre[g[0]])
+                      .assign(group=n) for n, g in enumerate(self.shared_groups())]
+            return pd.concat(tables, ignore_index=True)
         return self._cached("shared_weights", (fold_norm,), compute)
 
     # ------------------------------------------------------------------ report
@@ -147,8 +159,11 @@ class Analyzer:
         if power:
             sections["power"] = lambda: self.power(iterate=iterate, fold_norm=fold_norm)
             sections["spectra"] = lambda: self.spectra(iterate=iterate, fold_norm=fold_norm)
-            if self.probe.anatomy.shared_groups and self.probe.recording.store != "stats":
+            if self.shared_groups():
                 sections["shared_weights"] = lambda: self.shared_weights(fold_norm=fold_norm)
+            elif self.probe.anatomy.shared_groups:
+                log.info("shared-weight section skipped: it needs resid_pre and resid_post of "
+                         "every application of a shared block (store='device' or 'cpu')")
         from .jacobian_sections import jacobian_sections  # the Jacobian view, if requested
 
         sections.update(jacobian_sections(self, jacobian=jacobian, bottleneck=bottleneck,

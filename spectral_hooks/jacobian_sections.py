@@ -21,6 +21,7 @@ import torch
 from tqdm.auto import tqdm
 
 from .linalg import IdentityOperator
+from .recording import map_tensors
 from .metrics.bottleneck import bottleneck_table, propagation_table
 from .metrics.jacobian import SCHUR_MAX_D, eigen_rows, jacobian_metrics, jacobian_row
 from .metrics.trends import trends_table
@@ -86,7 +87,9 @@ class JacobianView:
         if spec == "last":
             return [-1]
         if spec == "all":
-            return rec.mask[self.options.sample].nonzero().flatten().tolist()
+            s = self.options.sample  # real prefill positions (decode steps cannot be replayed)
+            real = (rec.mask[s] != 0) & (rec.position_step[s] == 0)
+            return real.nonzero().flatten().tolist()
         if isinstance(spec, str):
             raise ValueError(f"positions={spec!r}: use 'last', 'all' or a list of rows")
         return [int(p) for p in spec]
@@ -165,7 +168,8 @@ class JacobianView:
         o = self.options
         if o.dense or self.dense_products:
             J = self.dense(layer, -1)
-            return amplification(J - torch.eye(J.shape[0], dtype=J.dtype), dense=True)[0]
+            eye = torch.eye(J.shape[0], dtype=J.dtype, device=J.device)
+            return amplification(J - eye, dense=True)[0]
         J = self.operator(layer, -1)
         delta = J - IdentityOperator(J.shape[0], dtype=J.dtype, device=J.device)
         return amplification(delta, n_samples=o.n_samples, seed=o.seed)[0]
@@ -181,8 +185,9 @@ def _replay_on_fresh_model(probe, seed: int):
                          "missing (the model's forward was bypassed, e.g. TL3 generate())")
     model = fresh_model(probe.model, seed=seed)
     fresh = probe.clone_on(model)
+    device = next(model.parameters()).device
     with torch.no_grad():
-        for args, kwargs in inputs:
+        for args, kwargs in map_tensors(inputs, lambda t: t.to(device)):
             model(*args, **kwargs)
     fresh.remove()
     return fresh

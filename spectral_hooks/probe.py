@@ -183,6 +183,12 @@ class Probe:
                              f"{tuple(inputs.shape)}")
         mask = bound.get("attention_mask")
         mask = mask if isinstance(mask, Tensor) and mask.ndim == 2 else None
+        texts = bound.get("input")
+        if (mask is None and isinstance(texts, (list, tuple)) and len(texts) > 1
+                and all(isinstance(t, str) for t in texts)):
+            raise ValueError("a list of strings is padded inside the model, so the probe cannot "
+                             "tell padding from tokens: pass tokens (model.to_tokens(...)) and "
+                             "attention_mask= instead")
         self._call = _Call(mask, continues=_cache_length(bound) > 0)
         if not self._call.continues:
             keep = lambda t: self.recording.to_store(t, copy=False)  # noqa: E731
@@ -193,6 +199,12 @@ class Probe:
     def _end_call(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         call, self._call = self._call, None
         if call is None or not call.captured:
+            return
+        missing = sorted({layer for name in self.recording.capture for layer in self.layers
+                          if (name, layer) not in call.captured})
+        if missing:  # e.g. stop_at_layer, or an exception swallowed inside the model
+            log.warning("forward call not recorded: layers %s did not run (recorded layers "
+                        "must all run in every call)", missing)
             return
         sample = next(iter(call.captured.values()))
         batch, n_new = sample.shape[0], sample.shape[1]

@@ -164,8 +164,11 @@ class Recording:
         self.generation = getattr(self, "generation", 0) + 1  # changes whenever the data do
 
     def to_store(self, t: Tensor, *, copy: bool = True) -> Tensor:
+        """Detached copy on the store's device; ``dtype`` casts floating-point tensors only
+        (masks, position ids and token ids keep their dtype)."""
         device = "cpu" if self.store == "cpu" else t.device
-        return t.detach().to(device=device, dtype=self.dtype or t.dtype, copy=copy)
+        dtype = self.dtype if self.dtype is not None and t.is_floating_point() else t.dtype
+        return t.detach().to(device=device, dtype=dtype, copy=copy)
 
     def commit(self, captured: dict, mask: Tensor, *, continues: bool,
                block_calls: dict, inputs: Optional[tuple] = None) -> None:
@@ -272,6 +275,8 @@ class Recording:
     @property
     def position_step(self) -> Tensor:
         """Tensor[batch, pos]: which step wrote each position (0 = prefill), -1 for padding."""
+        if not self._runs:
+            raise ValueError("nothing recorded yet: run the model inside the probe first")
         width = max(run.n_positions for run in self._runs)
         pieces = [torch.cat([torch.full_like(m, s) for m, s in zip(run.masks, run.steps)], dim=1)
                   for run in self._runs]

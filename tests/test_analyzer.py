@@ -83,3 +83,25 @@ def test_cache_sees_fused_optimizer_steps_and_new_batches():
             model(ids)  # same shapes as before
         second = probe.analyze().power
     assert not np.allclose(first.abs_lambda1, second.abs_lambda1)
+
+
+def test_cache_sees_edits_through_data():
+    model = make_model("gpt2")
+    with sh.instrument(model) as probe, torch.no_grad():
+        model(torch.randint(0, 100, (2, 6)))
+    before = probe.analyze().power.abs_lambda1.tolist()
+    model.h[1].attn.c_proj.weight.data[8:16] *= 10  # no _version bump, few elements
+    after = probe.analyze().power.abs_lambda1.tolist()
+    F = sh.layer_matrices(model)[1]
+    assert after[1] == pytest.approx(torch.linalg.eigvals(F).abs().max().item(), rel=1e-10)
+    assert after[1] != before[1]
+
+
+def test_albert_subset_or_missing_resid_pre_skips_the_shared_section():
+    model = make_model("albert")
+    for kwargs in ({"layers": [1, 2]}, {"capture": ["resid_post"]}):
+        with sh.instrument(model, **kwargs) as probe, torch.no_grad():
+            model(torch.randint(0, 100, (2, 5)))
+        report = probe.analyze()
+        assert "shared_weights" not in report.sections
+        assert report.power is not None

@@ -126,3 +126,14 @@ def test_jacobian_option_errors(recorded):
         recorded.analyze(jacobian={"k": 40}).jacobian
     with pytest.raises(TypeError, match="unknown jacobian option"):
         recorded.analyze(jacobian={"kk": 3})
+
+
+def test_positions_all_skips_generate_decode_steps():
+    model = make_model("gpt2", wrapper=True)
+    ids = torch.randint(0, 100, (1, 4))
+    with sh.instrument(model) as probe, torch.no_grad():
+        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3,
+                       do_sample=False, pad_token_id=0)
+    table = probe.analyze(jacobian={"k": 4, "positions": "all", "dense": True,
+                                    "progress": False}).jacobian
+    assert sorted(set(table.position)) == [0, 1, 2, 3]

@@ -273,3 +273,38 @@ def test_blocks_called_without_the_model_forward_are_recorded_implicitly():
             h = block(h)
     assert len(probe.recording.steps) == 1
     torch.testing.assert_close(probe.recording.resid_post[1], h)
+
+
+def test_dtype_casts_floating_tensors_only_and_replay_keeps_the_mask():
+    model = make_model("llama")
+    ids = torch.randint(1, 100, (2, 6))
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+    with sh.instrument(model, dtype=torch.float32) as probe, torch.no_grad():
+        model(ids, attention_mask=mask, position_ids=position_ids)
+    rec = probe.recording
+    args, kwargs = rec.model_inputs[0]
+    assert kwargs["attention_mask"].dtype == torch.long and args[0].dtype == torch.long
+    call = rec.block_input(0, 1)
+    assert call.kwargs["position_ids"].dtype == torch.long
+    a, kw = call.with_hidden(call.hidden.double())
+    with torch.no_grad():
+        out = probe.anatomy.layers[0].block(*a, **kw)
+    out = out[0] if isinstance(out, tuple) else out
+    real = mask[1].bool()
+    torch.testing.assert_close(out[0, real].float(), rec.resid_post[0][1, real], rtol=1e-5,
+                               atol=1e-5)
+
+
+def test_partial_forward_is_not_committed_and_empty_position_step_errors():
+    model = make_model("gpt2")
+    probe = sh.instrument(model)
+    with pytest.raises(ValueError, match="nothing recorded"):
+        probe.recording.position_step
+    with torch.no_grad():
+        h = torch.randn(1, 4, 32, dtype=torch.float64)
+        model.h[0](h)  # only the first block: an implicit call that never completes
+        model(torch.randint(0, 100, (1, 4)))
+    assert len(probe.recording.steps) == 1
+    probe.remove()

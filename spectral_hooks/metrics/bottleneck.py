@@ -133,7 +133,7 @@ def bottleneck_table(operators: Sequence[_Op], *, k: int = 32, variant: str = "t
         mats = [_as_dense(o) for o in operators]
         if variant == "symmetric":
             mats = [0.5 * (M + M.T) for M in mats]
-        P = torch.eye(d, dtype=torch.float64)
+        P = torch.eye(d, dtype=torch.float64, device=mats[0].device)
         for depth, M in enumerate(mats, start=1):
             P = M @ P
             rows.append(_rank_row(variant, depth, torch.linalg.svdvals(P), tau, False,
@@ -180,7 +180,7 @@ def propagation_table(operators: Sequence[_Op], *, start_layer: int = 0,
     if vector is None:
         g = torch.Generator().manual_seed(int(seed))
         x = torch.randn(d, generator=g, dtype=torch.float64)
-        x = x / torch.linalg.vector_norm(x)
+        x = (x / torch.linalg.vector_norm(x)).to(operators[0].device)
     else:
         if not isinstance(vector, Tensor) or tuple(vector.shape) != (d,):
             raise ValueError(f"{what}: vector must be a tensor [{d}], got "

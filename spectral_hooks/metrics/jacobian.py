@@ -257,7 +257,7 @@ def _ratio(num: float, den: float) -> float:
 
 def _dense(J: Tensor, k: int, n_matvecs: int) -> JacobianMetrics:
     d = J.shape[0]
-    I = torch.eye(d, dtype=torch.float64)
+    I = torch.eye(d, dtype=torch.float64, device=J.device)
     D = J - I
     lam, V = torch.linalg.eig(J)
     order = torch.argsort(lam.abs(), descending=True, stable=True)
@@ -286,7 +286,8 @@ def _hutchinson(J: LinearOperator, n_samples: int, seed: int) -> tuple[float, fl
     Y = Delta J z, W = Delta J^T z; ||S z||^2 = ||Y + W||^2 / 4 estimates ||S||_F^2 and
     (||Y||^2 + ||W||^2) / 2 estimates ||Delta J||_F^2; ||z + Y||^2 estimates ||J||_F^2."""
     g = torch.Generator().manual_seed(int(seed))
-    Z = (torch.randint(0, 2, (J.shape[1], n_samples), generator=g) * 2 - 1).to(torch.float64)
+    Z = (torch.randint(0, 2, (J.shape[1], n_samples), generator=g) * 2 - 1).to(
+        device=J.device, dtype=torch.float64)
     JZ = J.matmat(Z.to(J.dtype)).to(torch.float64)
     JtZ = J.rmatmat(Z.to(J.dtype)).to(torch.float64)
     if not bool(torch.isfinite(JZ).all() and torch.isfinite(JtZ).all()):
