@@ -97,8 +97,14 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--stacked", action="store_true",
+                    help="only: ours per layer vs stacked_block_jacobians (one linearisation "
+                         "for all layers, one batched JVP per Krylov step), interleaved; "
+                         "replaces the 'Stacked layers' section of --out")
     opt = ap.parse_args()
     torch.set_num_threads(opt.threads)
+    if opt.stacked:
+        return stacked_main(opt)
     from scipy.sparse.linalg import ArpackNoConvergence
     from scipy.sparse.linalg import LinearOperator as SciOp
     from scipy.sparse.linalg import eigs as arpack
@@ -451,6 +457,105 @@ def main() -> None:
     ]
     opt.out.parent.mkdir(parents=True, exist_ok=True)
     opt.out.write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+STACKED_HEAD = "## Stacked layers: one linearisation and one batched JVP for all 12 (--stacked)"
+
+
+def stacked_main(opt) -> None:
+    """Per-layer ``eigs(probe.jacobian(l))`` x 12 vs ``eigs(stacked_block_jacobians(...))``,
+    interleaved (per-layer, stacked, per-layer), same model/recording/tol as the main run."""
+    from transformers import GPT2Config, GPT2Model
+
+    import spectral_hooks
+    from spectral_hooks.linearize import stacked_block_jacobians
+
+    t0 = time.perf_counter()
+    torch.manual_seed(0)
+    model = GPT2Model(GPT2Config(n_layer=12, n_embd=768, n_head=12)).eval()
+    ids = torch.randint(0, 50257, (1, opt.tokens), generator=torch.Generator().manual_seed(1))
+    probe = spectral_hooks.instrument(model)
+    with torch.no_grad():
+        model(ids)
+    layers = list(range(12))
+    runs = []
+
+    def per_layer():
+        t = time.perf_counter()
+        vals, n, build = [], [], 0.0
+        for l in layers:
+            tb = time.perf_counter()
+            J = probe.jacobian(l)
+            J.matvec(torch.zeros(J.shape[0], dtype=J.dtype))  # builds the linearisation
+            build += time.perf_counter() - tb
+            r = spectral_hooks.linalg.eigs(J, K, tol=opt.tol)
+            vals.append(r.values.flatten())
+            n.append(int(r.n_matvecs))
+        return dict(kind="per-layer", wall=time.perf_counter() - t, build=build, n=sum(n),
+                    calls=sum(n), nmax=max(n), vals=vals)
+
+    def stacked():
+        t = time.perf_counter()
+        ops = stacked_block_jacobians(probe.anatomy, probe.recording, layers)
+        build = time.perf_counter() - t
+        assert ops is not None, "stacked path refused GPT-2 (see log)"
+        g = ops[0].batch_group
+        r = spectral_hooks.linalg.eigs(ops, K, tol=opt.tol)
+        return dict(kind="stacked", wall=time.perf_counter() - t, build=build,
+                    n=int(r.n_matvecs), calls=g.n_calls, nmax=int(r.n_matvecs),
+                    vals=[r.values[i] for i in range(12)], conv=bool(r.converged.all()), g=g)
+
+    for f in (per_layer, stacked, per_layer):
+        runs.append(f())
+        print(f"[{time.perf_counter() - t0:6.0f}s] {runs[-1]['kind']}: {runs[-1]['wall']:.1f}s "
+              f"(build {runs[-1]['build']:.1f}s), calls {runs[-1]['calls']}", flush=True)
+    # one JVP: all 12 layers in one batched call vs 12 per-layer calls (warm)
+    g = runs[1]["g"]
+    X = torch.randn(12, 768, 1, dtype=torch.float64)
+    Js = [probe.jacobian(l) for l in layers]
+    for J in Js:
+        J.matvec(X[0, :, 0])
+    t_b, t_s = [], []
+    for _ in range(opt.rounds):
+        t = time.perf_counter()
+        g.matmat_all(X)
+        t_b.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        for i, J in enumerate(Js):
+            J.matvec(X[i, :, 0])
+        t_s.append(time.perf_counter() - t)
+    diff = 0.0
+    for a, b in zip(runs[0]["vals"], runs[1]["vals"]):
+        a = torch.sort(a[torch.isfinite(a)].abs(), descending=True).values[:K]
+        b = torch.sort(b[torch.isfinite(b)].abs(), descending=True).values[:K]
+        diff = max(diff, float((a - b).abs().max() / a[0]))
+    p1, st, p2 = runs
+    lines = [STACKED_HEAD, "",
+             f"{datetime.date.today()}, same config/recording/tol ({opt.tol:g}), "
+             f"{opt.threads} thread(s); `python benchmarks/jacobian_spectra.py --stacked`; "
+             "interleaved per-layer, stacked, per-layer (one process).", "",
+             "| path (12 layers, eigs only, recording excluded) | wall s | build s | JVP calls "
+             "| matvecs | all converged |", "|---|---|---|---|---|---|",
+             f"| per-layer `eigs(probe.jacobian(l), 16)` (1st) | {p1['wall']:.1f} | "
+             f"{p1['build']:.1f} | {p1['calls']} | {p1['n']} (sum) | - |",
+             f"| stacked `eigs(stacked_block_jacobians(...), 16)` | {st['wall']:.1f} | "
+             f"{st['build']:.1f} | {st['calls']} (each all 12 layers) | {st['n']} (max) "
+             f"| {st['conv']} |",
+             f"| per-layer (2nd) | {p2['wall']:.1f} | {p2['build']:.1f} | {p2['calls']} | "
+             f"{p2['n']} (sum) | - |", "",
+             f"One JVP for all 12 layers, warm, median of {opt.rounds}: one batched call "
+             f"{1e3 * statistics.median(t_b):.1f} ms vs 12 per-layer calls "
+             f"{1e3 * statistics.median(t_s):.1f} ms. Top-16 |lambda| stacked vs per-layer: max "
+             f"difference {diff:.1e} relative to |lambda_1| (both at tol {opt.tol:g}).", ""]
+    text = opt.out.read_text() if opt.out.exists() else ""
+    if STACKED_HEAD in text:
+        head, rest = text.split(STACKED_HEAD, 1)
+        nxt = rest.find("\n## ")
+        text = head + "\n".join(lines) + (rest[nxt + 1:] if nxt >= 0 else "")
+    else:
+        text = text.rstrip("\n") + "\n\n" + "\n".join(lines)
+    opt.out.write_text(text)
     print("\n".join(lines))
 
 

@@ -92,8 +92,9 @@ class OpBatch:
         else:
             rows = self.shape[1] if adjoint else self.shape[0]
             Y = torch.zeros(self.B, rows, c, dtype=self.wdtype, device=X.device)
+            grouped = self._apply_groups(X, Y, mask, adjoint)
             for b, o in enumerate(self.ops):
-                if not mask[b]:
+                if not mask[b] or b in grouped:
                     continue
                 Xb = X[b]
                 if Xb.is_complex() and not o.dtype.is_complex:
@@ -108,6 +109,45 @@ class OpBatch:
                 self.counts[b] += c
         self._check(Y, mask)
         return Y
+
+    def _apply_groups(self, X: Tensor, Y: Tensor, mask: Sequence[bool], adjoint: bool) -> set:
+        """Members whose operators share a ``batch_group`` are applied with ONE call.
+
+        Protocol (duck-typed, nothing imported): an operator may carry ``batch_group`` (with
+        ``size``, ``dtype`` and ``matmat_all`` / ``rmatmat_all`` mapping [size, n, c] to
+        [size, m, c], slot i holding operator i's product) and ``batch_index`` (its slot).
+        Slots of members not active here get zeros and their results are ignored. Used when
+        at least two active members share a group; returns the members handled.
+        """
+        groups: dict = {}
+        for b, o in enumerate(self.ops):
+            g = getattr(o, "batch_group", None)
+            if not mask[b] or g is None or not hasattr(g, "rmatmat_all" if adjoint
+                                                       else "matmat_all"):
+                continue
+            slots = groups.setdefault(id(g), (g, {}))[1]
+            i = getattr(o, "batch_index", None)
+            if isinstance(i, int) and 0 <= i < g.size and i not in slots:
+                slots[i] = b
+        done: set = set()
+        c = X.shape[-1]
+        for g, slots in groups.values():
+            if len(slots) < 2:
+                continue
+            split = X.is_complex() and not g.dtype.is_complex
+            w = 2 * c if split else c
+            Xg = torch.zeros(g.size, X.shape[1], w, dtype=g.dtype, device=X.device)
+            for i, b in slots.items():
+                Xg[i] = torch.cat([X[b].real, X[b].imag], -1).to(g.dtype) if split else \
+                    X[b].to(g.dtype)
+            Yg = (g.rmatmat_all if adjoint else g.matmat_all)(Xg)
+            for i, b in slots.items():
+                Yb = torch.complex(Yg[i, :, :c], Yg[i, :, c:]) if split else Yg[i]
+                Y[b] = Yb.to(self.wdtype)
+                if split:
+                    self.counts[b] += c  # real and imaginary parts: two applications
+                done.add(b)
+        return done
 
     @staticmethod
     def _one(o: LinearOperator, X: Tensor, adjoint: bool) -> Tensor:

@@ -46,9 +46,11 @@ from ..linalg import LinearOperator
 from .engine import METHODS, _Engine, _make_operator
 from .function import KINDS, BlockFunction, _math_sdpa, block_function
 from .single_query import SingleQueryFunction, _single_query
+from .stacked import StackedJacobians, stacked_block_jacobians
 
 __all__ = ["block_jacobian", "jacobian_product", "dense_block_jacobian", "block_function",
-           "BlockFunction", "SingleQueryFunction", "METHODS", "KINDS"]
+           "BlockFunction", "SingleQueryFunction", "METHODS", "KINDS",
+           "stacked_block_jacobians", "StackedJacobians"]
 
 log = logging.getLogger(__name__)
 DENSE_LIMIT = 4096
