@@ -15,3 +15,12 @@ def minilm():
 
     path = gt.get_model_path()
     return AutoModel.from_pretrained(path).eval(), AutoTokenizer.from_pretrained(path)
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny float64 kernels: OpenMP spin-up on a loaded 2-core box costs 100x the work."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)

@@ -21,13 +21,7 @@ TOL = 1e-6
 IDS = torch.tensor([[5, 17, 3, 42, 8, 61, 2]])
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    # tiny float64 kernels: OpenMP spin-up on a loaded 2-core box costs 100x the work
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 _CACHE: dict = {}

@@ -21,12 +21,7 @@ IDS = torch.tensor([[5, 17, 3, 42, 8, 61, 2]])
 TOL = 1e-8
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 _CACHE: dict = {}

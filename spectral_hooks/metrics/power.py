@@ -16,21 +16,8 @@ and is re-exported here, private helpers included.
 >>> list(table.columns[:4])
 ['layer', 'iterate', 'lambda1_real', 'lambda1_imag']
 
-Large d (``d > dense_limit``, default 4096): only the ``top_k`` leading eigenpairs are computed,
-with the project's Krylov solver (:func:`spectral_hooks.linalg.eigs`, which="LM", float64) on F
-(``iterate="F"``) or on the shifted operator I + F (``iterate="I+F"``; eigenvalues of F are
-mu - 1). That is enough for lambda1, lambda2, the gap ratio, B and B2; the spectrum is then
-marked ``truncated`` (LayerSpectrum.truncated / n_computed, a ``truncated`` column in both tables)
-and a solver that did not converge is logged as a warning and reported as ``converged=False``
-instead of raising. For d <= dense_limit nothing changes (full dense float64 eigen-decomposition,
-``truncated=False``, ``converged=True``).
-
-Spectra are computed once per layer matrix: :func:`power_table` and :func:`spectra_table` share a
-small in-process cache keyed on the identity of the F tensor passed in (checked through a weak
-reference, so a freed tensor's address can never alias), its data_ptr, ``_version`` (bumped by
-in-place edits), shape, strides, dtype and device, the layer and the options. Call
-:func:`clear_spectrum_cache` to drop it (e.g. after editing F through ``.data``, which does not
-bump ``_version``). :func:`spectrum` itself never caches (it returns all eigenvectors).
+Spectra (dense or, above ``dense_limit``, top-k Krylov) and their per-matrix cache live in
+:mod:`spectral_hooks.metrics.spectrum`; see its docstring.
 """
 
 from __future__ import annotations
