@@ -33,6 +33,9 @@ class LinearOperator:
     applies the vector function column by column, or with ``torch.vmap`` when
     ``vectorized=True``. ``n_matvecs`` counts applications of A or A^H (a matmat of k
     columns counts k); composite operators count their own applications.
+    ``block_size``: a hint that one ``matmat`` of about this many columns is much cheaper than
+    as many ``matvec`` calls (e.g. batched JVPs); :func:`~spectral_hooks.linalg.eigs` then
+    defaults to a block Krylov method. Composites inherit the largest hint of their parts.
     """
 
     def __init__(
@@ -47,6 +50,7 @@ class LinearOperator:
         device: Union[str, torch.device],
         vectorized: bool = False,
         name: Optional[str] = None,
+        block_size: Optional[int] = None,
     ) -> None:
         shape = tuple(int(s) for s in shape)
         if len(shape) != 2 or min(shape) < 1:
@@ -63,6 +67,10 @@ class LinearOperator:
         self._matvec, self._rmatvec = matvec, rmatvec
         self._matmat, self._rmatmat = matmat, rmatmat
         self._vectorized = vectorized
+        if block_size is not None and (isinstance(block_size, bool) or
+                                       not isinstance(block_size, int) or block_size < 1):
+            raise ValueError(f"block_size must be a positive int or None, got {block_size!r}")
+        self.block_size = block_size
 
     def __repr__(self) -> str:
         return f"<{self.name} shape={self.shape} dtype={self.dtype} device={self.device}>"
@@ -181,6 +189,11 @@ def _result_dtype(a: LinearOperator, b: LinearOperator) -> torch.dtype:
     return torch.promote_types(a.dtype, b.dtype)
 
 
+def _block_hint(*ops: LinearOperator) -> Optional[int]:
+    hints = [o.block_size for o in ops if o.block_size is not None]
+    return max(hints) if hints else None
+
+
 def _check_device(a: LinearOperator, b: LinearOperator, what: str) -> None:
     if a.device != b.device:
         raise ValueError(f"cannot {what} {a!r} and {b!r}: they live on different devices")
@@ -192,7 +205,7 @@ class _Adjoint(LinearOperator):
         m, n = A.shape
         super().__init__(
             (n, m), matvec=A.rmatvec, rmatvec=A.matvec, matmat=A.rmatmat, rmatmat=A.matmat,
-            dtype=A.dtype, device=A.device, name=f"({A.name})^H",
+            dtype=A.dtype, device=A.device, name=f"({A.name})^H", block_size=A.block_size,
         )
         self.base = A
 
@@ -217,6 +230,7 @@ class _Product(LinearOperator):
             rmatvec=(lambda y: B.rmatvec(A.rmatvec(y))) if has_adj else None,
             rmatmat=(lambda Y: B.rmatmat(A.rmatmat(Y))) if has_adj else None,
             dtype=_result_dtype(A, B), device=A.device, name=f"({A.name} @ {B.name})",
+            block_size=_block_hint(A, B),
         )
 
 
@@ -234,6 +248,7 @@ class _Sum(LinearOperator):
             rmatvec=(lambda y: A.rmatvec(y) + sign * B.rmatvec(y)) if has_adj else None,
             rmatmat=(lambda Y: A.rmatmat(Y) + sign * B.rmatmat(Y)) if has_adj else None,
             dtype=_result_dtype(A, B), device=A.device, name=f"({A.name} {op} {B.name})",
+            block_size=_block_hint(A, B),
         )
 
 
@@ -252,6 +267,7 @@ class _Scaled(LinearOperator):
             rmatvec=(lambda y: calpha * A.rmatvec(y)) if has_adj else None,
             rmatmat=(lambda Y: calpha * A.rmatmat(Y)) if has_adj else None,
             dtype=dtype, device=A.device, name=f"({alpha} * {A.name})",
+            block_size=A.block_size,
         )
 
 
