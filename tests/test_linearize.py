@@ -320,3 +320,71 @@ def test_finite_difference_fallback(caplog):
         assert rel(J2.rmatvec(x), Dr.T @ x) < TOL
     finally:
         model.h[0].mlp.act = act
+
+
+SPLIT = ["gpt2", "gpt_neox", "llama", "mistral", "qwen2", "gemma3", "olmo2"]
+CONCAT = ["gpt_neo", "gemma2"]
+
+
+@pytest.mark.parametrize("family", SPLIT + CONCAT)
+def test_split_single_query_batched_jvps_match_jacfwd(family):
+    # split mode: the query row is scored against the fixed keys and its own key separately
+    # (GQA for llama/mistral/qwen2), many columns per batched JVP through one shared traced
+    # graph. Concat mode (the block's own attention, no batching): gpt_neo, whose attention is
+    # not pluggable, and gemma2, whose eager softmax runs in float32 -- the float64 split core
+    # differs from it by ~6e-8, above the 1e-9 acceptance check, so it is refused
+    probe = recorded(family)
+    model_cfg = probe.anatomy.model.config
+    impl = model_cfg._attn_implementation
+    ops = [block_jacobian(probe.anatomy, probe.recording, layer)
+           for layer in range(probe.anatomy.n_layers)]
+    for layer, J in enumerate(ops):
+        want = "concat" if family in CONCAT else "split"
+        assert J.single_query_mode == want
+        assert J.block_size == (None if family in CONCAT else 32)
+        D = oracle(probe, layer, "token")
+        g = torch.Generator().manual_seed(layer)
+        X = torch.randn(32, 45, generator=g, dtype=torch.float64)  # a full and a padded chunk
+        # Llama-family RMSNorm computes in float32 even in a float64 model (see module doc)
+        exact = family in ("gpt2", "gpt_neox")  # others upcast parts to float32
+        tol = 1e-12 if exact else TOL
+        assert rel(J.matmat(X), D @ X) < tol
+        assert rel(J.matvec(X[:, 0]), D @ X[:, 0]) < tol
+    assert model_cfg._attn_implementation == impl  # the user's config is untouched
+    res = eigs(ops[-1], 5, tol=1e-10 if exact else TOL, block_size=4)
+    assert bool(res.converged)
+    dense = torch.linalg.eigvals(oracle(probe, len(ops) - 1, "token"))
+    dense = dense[torch.argsort(-dense.abs())]
+    k = res.values.shape[-1]
+    # eigenvalues: residual tol x conditioning (float32-RMSNorm families are looser)
+    assert _match(res.values.flatten()[:k], dense[:k]) < (1e-6 if exact else 1e-4) * float(
+        dense.abs()[0])
+
+
+def test_shared_jvp_graph_is_reused_and_rechecked_per_layer(caplog):
+    # one traced JVP graph serves every block of one structure; a Python-level difference it
+    # baked in (GPT-2's per-layer 1/(layer+1) attention scale) is caught by the per-layer check
+    # and that layer gets its own trace -- both give the jacfwd Jacobian
+    import transformers as tf
+    from spectral_hooks.linearize import shared
+    torch.manual_seed(0)
+    outcomes = {}
+    for scaled in (False, True):
+        cfg = tf.GPT2Config(vocab_size=100, n_embd=64, n_layer=3, n_head=4, n_positions=64,
+                            bos_token_id=0, eos_token_id=0,
+                            scale_attn_by_inverse_layer_idx=scaled)
+        model = tf.GPT2Model(cfg).double().eval()
+        with sh.instrument(model) as probe:
+            with torch.no_grad():
+                model(IDS)
+        shared._TRACES.clear()
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="spectral_hooks.linearize"):
+            for layer in range(3):
+                J = block_jacobian(probe.anatomy, probe.recording, layer)
+                assert J.single_query_mode == "split"
+                X = torch.randn(64, 33, dtype=torch.float64)
+                assert rel(J.matmat(X), oracle(probe, layer, "token") @ X) < 1e-12
+        outcomes[scaled] = (len(shared._TRACES), caplog.text.count("tracing it on its own"))
+    assert outcomes[False] == (1, 0)  # one trace for three layers
+    assert outcomes[True] == (3, 2)   # layers 1 and 2 disagree with layer 0's trace

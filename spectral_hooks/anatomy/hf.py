@@ -7,6 +7,7 @@ are unwrapped with ``model.base_model``.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -117,3 +118,40 @@ def register(family: HFFamily) -> HFFamily:
 
     register_anatomy(family.name, builder, first=False)
     return family
+
+
+# ---------------------------------------------------------------- attention dispatch
+# HF models (transformers >= 4.48) call their attention core through the AttentionInterface
+# registry, keyed by ``config._attn_implementation`` and read at call time. Block replays that
+# need a different core (linearize/single_query.py) register one and switch a block to it
+# for the duration of a call; the user's config is restored afterwards.
+
+def register_attention(name: str, fn) -> bool:
+    """Register ``fn`` as HF attention implementation ``name``; False where unsupported."""
+    try:
+        from transformers import AttentionInterface
+        AttentionInterface.register(name, fn)
+        return True
+    except Exception:  # noqa: BLE001 - older transformers: no pluggable attention
+        return False
+
+
+@contextlib.contextmanager
+def attention_implementation(block: nn.Module, name: str):
+    """Dispatch the attention modules inside ``block`` to implementation ``name`` meanwhile.
+
+    Yields False (and changes nothing) when the block's modules carry no HF config with a
+    pluggable implementation."""
+    configs = {}
+    for module in block.modules():
+        config = getattr(module, "config", None)
+        if config is not None and hasattr(config, "_attn_implementation_internal"):
+            configs[id(config)] = config
+    old = {key: c._attn_implementation_internal for key, c in configs.items()}
+    try:
+        for c in configs.values():
+            c._attn_implementation_internal = name
+        yield bool(configs)
+    finally:
+        for key, c in configs.items():
+            c._attn_implementation_internal = old[key]

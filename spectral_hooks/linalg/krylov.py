@@ -83,6 +83,7 @@ logger = logging.getLogger(__name__)
 _EPS = torch.finfo(torch.float64).eps
 _WHICH = ("LM", "LR", "SM")
 _STALL = 40  # restarts without convergence before the Krylov space is enlarged
+_KEEP = 0.5  # share of the unconverged part of the space kept at a restart (tuned: 0.3-0.85)
 
 
 def _order(theta: Tensor, which: str) -> Tensor:
@@ -140,7 +141,7 @@ def _validate(batch: OpBatch, k: int, which: str, tol: float, ncv: Optional[int]
     if max_restarts < 0:
         raise ValueError(f"eigs: max_restarts must be >= 0, got {max_restarts}")
     if ncv is None:
-        ncv = min(n, max(3 * k, 20)) if bs == 1 else min(n - 1, max(3 * k, 20, 2 * k + 12 * bs))
+        ncv = min(n, max(3 * k, 20)) if bs == 1 else min(n - 1, max(3 * k, 20, 2 * k + 7 * bs))
     if not (k + 2 <= ncv <= n):
         raise ValueError(f"eigs: ncv must satisfy k + 2 <= ncv <= n, got ncv={ncv}, k={k}, "
                          f"n={n}")
@@ -162,7 +163,7 @@ def eigs(op, k: int, *, which: str = "LM", tol: float = 1e-10, max_restarts: int
     [..., n, n]. ``which``: "LM" (largest modulus), "LR" (largest real part) or "SM"
     (smallest modulus; slow without shift-invert). ``ncv``: Krylov subspace size (default
     max(3k, 20), at most n; ARPACK's default is max(2k + 1, 20); in block mode
-    max(3k, 20, 2k + 12b), at most n - 1). ``v0``: start vector [n] or [..., n]; random
+    max(3k, 20, 2k + 7b), at most n - 1). ``v0``: start vector [n] or [..., n]; random
     (``seed``) otherwise.
     ``block_size``: columns per operator application (block Krylov, see the module doc);
     default: the operators' ``block_size`` hint (batched-JVP operators carry one), else 1, the
@@ -277,13 +278,13 @@ def eigs(op, k: int, *, which: str = "LM", tol: float = 1e-10, max_restarts: int
                                  batch.names[b], float(st["resid"].max()), tol_int[b])
                     _restart(b, st, V, Hb, p, m, bs, real)
                     restarts[b] += 1
-        if grow and m < n and not all(done):
+        if grow and m < n - bs and not all(done):
             # A failed probe means the Krylov space was too small to see the whole top of a
             # clustered spectrum (the case where restarted Arnoldi converges to a wrong set):
             # enlarge it, keeping every member's current decomposition.
-            m2 = min(n, m + max(m // 2, k))
+            # at most n - bs: the residual block must stay orthogonal to the basis
+            m2 = min(n - bs, m + max(m // 2, k))
             logger.debug("eigs: Krylov space enlarged, ncv %d -> %d", m, m2)
-            m2 = min(m2, n - bs) if bs > 1 else m2
             V2 = torch.zeros(B, n, m2 + bs, dtype=dt, device=dev)
             H2 = torch.zeros(B, m2 + bs, m2, dtype=dt, device=dev)
             V2[:, :, :m + bs] = V
@@ -294,39 +295,17 @@ def eigs(op, k: int, *, which: str = "LM", tol: float = 1e-10, max_restarts: int
 
 def _extend(batch: OpBatch, V: Tensor, Hb: Tensor, p: List[int], done: List[bool], m: int,
             bs: int, randn) -> None:
-    """(Band) Arnoldi steps j = p_b .. m-1 for every member still running (masked lockstep).
-
-    Column j's product is orthogonalised against the first j + bs basis vectors and becomes
-    vector j + bs. Products are computed bs columns at a time (columns j .. j + bs - 1 exist
-    before step j) and cached per member.
-    """
-    B, n = V.shape[0], V.shape[1]
+    """Arnoldi steps j = p_b .. m-1 for every member still running (masked lockstep)."""
+    if bs > 1:
+        return _extend_block(batch, V, Hb, p, done, m, bs, randn)
     active = [not d for d in done]
     j0 = min(pb for pb, a in zip(p, active) if a)
-    AV: Optional[Tensor] = None
-    have = [(0, 0)] * B  # per member: the column range [start, stop) whose products are in AV
-    rows = torch.arange(B, device=V.device)
     for j in range(j0, m):
         mask = [a and j >= pb for a, pb in zip(active, p)]
         if not any(mask):
             continue
-        if bs == 1:
-            w = batch.apply(V[:, :, j:j + 1], mask)[:, :, 0]
-        else:
-            need = [mk and not (lo <= j < hi) for mk, (lo, hi) in zip(mask, have)]
-            if any(need):
-                c = min(bs, m - j)
-                Y = batch.apply(V[:, :, j:j + c], need)
-                if AV is None:
-                    AV = torch.zeros(B, n, bs, dtype=Y.dtype, device=V.device)
-                sel = torch.tensor(need, device=V.device)
-                AV[:, :, :c] = torch.where(sel[:, None, None], Y, AV[:, :, :c])
-                have = [(j, j + c) if nd else h for nd, h in zip(need, have)]
-            offs = torch.tensor([j - lo if mk else 0 for mk, (lo, _) in zip(mask, have)],
-                                device=V.device)
-            w = AV[rows, :, offs]
-        top = j + bs  # basis vectors 0 .. j + bs - 1 exist; the new one is vector j + bs
-        Vj = V[:, :, :top]
+        w = batch.apply(V[:, :, j:j + 1], mask)[:, :, 0]
+        Vj = V[:, :, :j + 1]
         w0 = torch.linalg.vector_norm(w, dim=1)
         c = (Vj.mH @ w.unsqueeze(2)).squeeze(2)
         w = w - (Vj @ c.unsqueeze(2)).squeeze(2)
@@ -345,9 +324,82 @@ def _extend(batch: OpBatch, V: Tensor, Hb: Tensor, p: List[int], done: List[bool
         else:
             w = w / beta.unsqueeze(1)
         keep = torch.tensor(mask, device=V.device)
-        Hb[:, :top, j] = torch.where(keep.unsqueeze(1), c, Hb[:, :top, j])
-        Hb[:, top, j] = torch.where(keep, beta.to(Hb.dtype), Hb[:, top, j])
-        V[:, :, top] = torch.where(keep.unsqueeze(1), w, V[:, :, top])
+        Hb[:, :j + 1, j] = torch.where(keep.unsqueeze(1), c, Hb[:, :j + 1, j])
+        Hb[:, j + 1, j] = torch.where(keep, beta.to(Hb.dtype), Hb[:, j + 1, j])
+        V[:, :, j + 1] = torch.where(keep.unsqueeze(1), w, V[:, :, j + 1])
+
+
+def _extend_block(batch: OpBatch, V: Tensor, Hb: Tensor, p: List[int], done: List[bool],
+                  m: int, bs: int, randn) -> None:
+    """Band Arnoldi up to m columns, bs products per operator application.
+
+    Column j's product is orthogonalised against basis vectors 0 .. j + bs - 1 and becomes
+    vector j + bs: per chunk of c columns starting at j, two block Gram-Schmidt passes
+    against vectors 0 .. j + bs - 1, then column by column (two passes) against the chunk's
+    own new vectors.
+    """
+    B = V.shape[0]
+    while True:
+        run = [not d and pb < m for d, pb in zip(done, p)]
+        if not any(run):
+            return
+        c = max(min(bs, m - pb) for pb, r in zip(p, run) if r)
+        X = torch.zeros(B, V.shape[1], c, dtype=V.dtype, device=V.device)
+        for b in range(B):
+            if run[b]:
+                X[b] = V[b, :, p[b]:p[b] + c]  # columns < p_b + bs exist
+        AX = batch.apply(X, run)
+        for b in range(B):
+            if run[b]:
+                cb = min(bs, m - p[b])
+                _orthonormalise_chunk(V[b], Hb[b], p[b], cb, bs, AX[b, :, :cb].to(V.dtype),
+                                      randn)
+                p[b] += cb
+
+
+def _orthonormalise_chunk(V: Tensor, Hb: Tensor, j: int, c: int, bs: int, W: Tensor,
+                          randn) -> None:
+    """Place the products W = A V[:, j:j+c] as basis vectors j+bs .. j+bs+c-1 (block
+    Gram-Schmidt twice against vectors 0 .. j+bs-1, each pass followed by a QR)."""
+    top = j + bs
+    O = V[:, :top]
+    w0 = torch.linalg.vector_norm(W, dim=0)
+    C1 = O.mH @ W
+    Q1, R1 = torch.linalg.qr(W - O @ C1)
+    C2 = O.mH @ Q1
+    Q2, R2 = torch.linalg.qr(Q1 - O @ C2)
+    R = R2 @ R1
+    if bool((R.diagonal().abs() <= 1e-13 * w0.clamp(min=1e-300)).any()):
+        return _orthonormalise_columns(V, Hb, j, c, bs, W, randn)  # (nearly) invariant
+    V[:, top:top + c] = Q2
+    Hb[:top, j:j + c] = C1 + C2 @ R1
+    Hb[top:top + c, j:j + c] = R
+
+
+def _orthonormalise_columns(V: Tensor, Hb: Tensor, j: int, c: int, bs: int, W: Tensor,
+                            randn) -> None:
+    """Column by column (two classical Gram-Schmidt passes), a random orthogonal direction
+    where a product lies in the span of the basis (invariant subspace)."""
+    for i in range(c):
+        Q = V[:, :j + bs + i]
+        w = W[:, i]
+        w0 = float(torch.linalg.vector_norm(w))
+        coef = torch.zeros(Q.shape[1], dtype=V.dtype, device=V.device)
+        for _ in range(2):
+            cc = Q.mH @ w
+            w = w - Q @ cc
+            coef = coef + cc
+        beta = torch.linalg.vector_norm(w)
+        if beta <= 1e-13 * max(w0, 1e-300):
+            r = randn(V.shape[0])
+            for _ in range(2):
+                r = r - Q @ (Q.mH @ r)
+            w, beta = r / torch.linalg.vector_norm(r), torch.zeros_like(beta)
+        else:
+            w = w / beta
+        Hb[:Q.shape[1], j + i] = coef
+        Hb[Q.shape[1], j + i] = beta
+        V[:, Q.shape[1]] = w
 
 
 def _restart(b: int, st: dict, V: Tensor, Hb: Tensor, p: List[int], m: int, bs: int,
@@ -356,7 +408,7 @@ def _restart(b: int, st: dict, V: Tensor, Hb: Tensor, p: List[int], m: int, bs: 
     (the residual block, vectors m .. m + bs - 1, moves to keep .. keep + bs - 1)."""
     theta, Y, nconv, kw = st["theta"], st["Y"], st["nconv"], st["kw"]
     if keep is None:
-        keep = max(kw, nconv + max(1, (m - nconv) // 2))
+        keep = max(kw, nconv + max(1, int((m - nconv) * _KEEP)))
         keep = min(keep, m - 1)
     if real and theta[keep - 1].imag > 0:  # never split a conjugate pair
         keep = keep + 1 if keep + 1 <= m - 1 else keep - 1

@@ -69,7 +69,8 @@ def block_jacobian(anatomy, recording, layer: int, *, sample: int = 0, position:
     ``single_query`` (token kind, causal models): recompute only row p, with the earlier
     positions' keys/values computed once and held fixed (blocks that take an HF ``cache``);
     used only after a check against the full-sequence block, else the full sequence is run.
-    The operator carries ``.layer``, ``.sample`` and ``.positions`` (the recording rows used).
+    The operator carries ``.layer``, ``.sample``, ``.positions`` (the recording rows used) and
+    ``.single_query_mode`` ("split": batched JVPs, ``block_size`` set; "concat"; or None).
     """
     fn = block_function(anatomy, recording, layer, sample=sample, position=position, kind=kind,
                         dtype=dtype)
@@ -79,6 +80,8 @@ def block_jacobian(anatomy, recording, layer: int, *, sample: int = 0, position:
         engine_fn = _single_query(fn) or fn
     op = _make_operator(_Engine(engine_fn, method), f"J[layer {fn.layer}, {kind} {where}]")
     op.single_query = engine_fn is not fn
+    op.single_query_mode = (("split" if engine_fn.split else "concat") if op.single_query
+                            else None)
     return op
 
 

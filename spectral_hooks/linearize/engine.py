@@ -10,9 +10,14 @@ from torch import Tensor
 
 from ..linalg import LinearOperator
 from .function import BlockFunction, _math_sdpa
+from .shared import shared_block_jvp
 
 log = logging.getLogger("spectral_hooks.linearize")
 METHODS = ("auto", "linearize", "jvp", "finite_difference")
+# Columns per batched JVP of a split single-query block: one linearisation traced at this
+# batch width serves every matmat (narrower ones are zero-padded). 32 columns cost ~3-4
+# one-column JVPs on a GPT-2-small block (CPU, float64; benchmarks/jacobian_spectra.py).
+BLOCK_WIDTH = 32
 
 
 class _Engine:
@@ -25,6 +30,9 @@ class _Engine:
         self.x0 = fn.x0
         self._jvp: Optional[Callable] = None
         self._vjp: Optional[Callable] = None
+        self._block: Optional[Callable] = None  # batched JVP, [BLOCK_WIDTH, 1, d] at once
+        self.block_width = BLOCK_WIDTH if getattr(fn, "split", False) and method in (
+            "auto", "linearize", "jvp") else None
         self._vmap_ok = {"jvp": True, "vjp": True}
 
     # -------------------------------------------------------------- forward (matvec)
@@ -71,11 +79,51 @@ class _Engine:
 
     def jvp(self, V: Tensor) -> Tensor:
         """V [m, d] or [k, m, d] (batched) -> J V."""
+        if V.ndim == 3 and V.shape[0] > 1 and self.block_width:
+            return self._block_jvp(V)
         if self._jvp is None:
             self._build_jvp()
         if V.ndim == 2:
             return self._jvp(V)
         return self._batched("jvp", self._jvp, V)
+
+    def _build_block(self) -> None:
+        """Linearise the single-query block on a batch of BLOCK_WIDTH copies of its input:
+        the c query rows run as one matrix-matrix pass (see single_query.py)."""
+        fn, W = self.fn, self.block_width
+        X0 = self.x0.expand(W, *self.x0.shape).contiguous()
+        if self.method in ("auto", "linearize"):
+            try:
+                self._block = shared_block_jvp(fn, W)
+                return
+            except Exception as err:  # noqa: BLE001 - trace this block on its own
+                log.info("shared JVP graph failed for layer %d (%s): torch.func.linearize",
+                         fn.layer, err)
+            with _math_sdpa():
+                _, self._block = torch.func.linearize(fn.batched, X0)
+        else:
+            def jvp(V, fn=fn, X0=X0):
+                with _math_sdpa():
+                    return torch.func.jvp(fn.batched, (X0,), (V,))[1]
+            self._block = jvp
+
+    def _block_jvp(self, V: Tensor) -> Tensor:
+        if self._block is None:
+            try:
+                self._build_block()
+            except Exception as err:  # noqa: BLE001 - fall back to vmapped one-row JVPs
+                log.info("batched JVP unavailable for layer %d (%s)", self.fn.layer, err)
+                self.block_width = None
+                return self.jvp(V)
+        W, k = self.block_width, V.shape[0]
+        out = []
+        for i in range(0, k, W):
+            chunk = V[i:i + W]
+            c = chunk.shape[0]
+            if c < W:
+                chunk = torch.cat([chunk, chunk.new_zeros((W - c, *chunk.shape[1:]))])
+            out.append(self._block(chunk)[:c])
+        return torch.cat(out)
 
     # -------------------------------------------------------------- reverse (rmatvec)
     def vjp(self, U: Tensor) -> Tensor:
@@ -140,6 +188,7 @@ def _make_operator(engine: _Engine, name: str) -> LinearOperator:
         return cplx(lambda U: engine.vjp(U.to(dtype).T.reshape(-1, m, d)).reshape(-1, n).T, Y)
 
     op = LinearOperator((n, n), matvec=matvec, rmatvec=rmatvec, matmat=matmat, rmatmat=rmatmat,
-                        dtype=dtype, device=fn.x0.device, name=name)
+                        dtype=dtype, device=fn.x0.device, name=name,
+                        block_size=engine.block_width)
     op.layer, op.sample, op.positions, op.engine = fn.layer, fn.sample, fn.positions, engine
     return op

@@ -1,31 +1,103 @@
-"""Single-query token functions: only row p is recomputed, earlier keys/values held fixed."""
+"""Single-query token functions: only row p is recomputed, earlier keys/values held fixed.
+
+Two modes, tried in this order and each used only after a check against the full-sequence
+block:
+
+* ``split`` (HF blocks whose attention core is pluggable, see ``anatomy.hf``): the cache hands
+  the attention only the new key/value and :func:`_split_attention` scores the query against
+  the fixed keys and the new one separately. Forward AD then never carries the (zero) tangents
+  of the p fixed keys/values, and the block also runs on a *batch* of c query rows at once
+  (:meth:`SingleQueryFunction.batched`), so c JVPs become one matrix-matrix pass.
+* ``concat``: the cache returns the fixed keys/values concatenated with the new ones and the
+  block's own attention runs (any HF Cache block).
+"""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import inspect
 import logging
-from typing import Optional
+from typing import List, Optional
 
 import torch
 from torch import Tensor
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from ..anatomy.base import HF_BLOCK_CACHE_KWARGS
+from ..anatomy.hf import attention_implementation, register_attention
 from ..recording import map_tensors
 from .function import BlockFunction, _first, _math_sdpa
 
 log = logging.getLogger("spectral_hooks.linearize")
+SPLIT_ATTENTION = "spectral_hooks_single_query"
+_PENDING: contextvars.ContextVar = contextvars.ContextVar("spectral_hooks_fixed_kv",
+                                                          default=None)
+_UNSUPPORTED = ("softmax_scale_bias", "position_bias", "s_aux", "sinks")
+
+
+def _split_attention(module, query: Tensor, key: Tensor, value: Tensor, attention_mask,
+                     scaling: Optional[float] = None, dropout: float = 0.0, softcap=None,
+                     **kwargs):
+    """softmax([q K_fixed^T, q k_new^T] * scaling + mask) [V_fixed; v_new], per head.
+
+    query [c, h, 1, dh]; key/value [c, h_kv, 1, dh] (the new row only); the fixed ones
+    [1, h_kv, p, dh] come from the cache (set by :class:`_FixedKV`). The products with the
+    fixed keys/values fold the c rows and the h / h_kv query heads of a KV group into one
+    matrix per KV head, so nothing of size c x p x dh is ever materialised.
+    """
+    fixed = _PENDING.get()
+    _PENDING.set(None)
+    if fixed is None:
+        raise RuntimeError("single-query attention called without fixed keys/values")
+    bad = [k for k in _UNSUPPORTED if kwargs.get(k) is not None]
+    if bad or dropout:
+        raise NotImplementedError(f"single-query split attention: unsupported {bad or 'dropout'}")
+    Kf, Vf = fixed
+    c, h, q1, dh = query.shape
+    hk, p = Kf.shape[1], Kf.shape[2]
+    g = h // hk
+    if scaling is None:
+        scaling = dh ** -0.5
+    qh = query.permute(1, 0, 2, 3).reshape(hk, g * c * q1, dh)
+    s_fixed = (qh @ Kf[0].transpose(-1, -2)).reshape(h, c, q1, p).permute(1, 0, 2, 3)
+    if g > 1:
+        key, value = key.repeat_interleave(g, 1), value.repeat_interleave(g, 1)
+    s = torch.cat([s_fixed, query @ key.transpose(-1, -2)], dim=-1) * scaling
+    if softcap is not None:
+        s = torch.tanh(s / softcap) * softcap
+    if attention_mask is not None:
+        if attention_mask.dtype == torch.bool:
+            s = s.masked_fill(~attention_mask, float("-inf"))
+        else:
+            s = s + attention_mask
+    a = torch.softmax(s, dim=-1).to(value.dtype)
+    a_fixed = a[..., :p].permute(1, 0, 2, 3).reshape(hk, g * c * q1, p)
+    out = (a_fixed @ Vf[0]).reshape(h, c, q1, dh).permute(1, 0, 2, 3) + a[..., p:] @ value
+    return out.transpose(1, 2), None
+
+
+_SPLIT_REGISTERED = register_attention(SPLIT_ATTENTION, _split_attention)
 
 
 class _FixedKV:
-    """A duck-typed KV cache: ``update`` returns the recorded keys/values of the earlier
-    positions followed by the new ones, and never stores anything once filled."""
+    """A duck-typed KV cache holding the recorded keys/values of the earlier positions.
 
-    def __init__(self) -> None:
+    The first ``update`` (the fill, on positions < p) stores them. Afterwards ``update``
+    returns them concatenated with the new ones (``split=False``), or stashes them for
+    :func:`_split_attention` and returns the new ones only (``split=True``). It never grows.
+    """
+
+    def __init__(self, split: bool = False) -> None:
         self.keys = self.values = None
+        self.split = split
 
     def update(self, key_states, value_states, *args, **kwargs):
         if self.keys is None:  # filling: the block runs on the earlier positions once
             self.keys, self.values = key_states.detach(), value_states.detach()
+            return key_states, value_states
+        if self.split:
+            _PENDING.set((self.keys, self.values))
             return key_states, value_states
         return (torch.cat([self.keys, key_states], dim=-2),
                 torch.cat([self.values, value_states], dim=-2))
@@ -72,16 +144,18 @@ class SingleQueryFunction:
 
     The keys/values of positions < p are computed once from the recording and held fixed;
     each call runs the block on one query row, so a JVP costs ~1/L of a full-sequence one.
-    Built only after checking it against the full-sequence :class:`BlockFunction`.
+    ``split=True``: the split attention core (module doc); then :meth:`batched` runs c rows
+    at once. Built only after checking it against the full-sequence :class:`BlockFunction`.
     """
 
-    def __init__(self, full: BlockFunction) -> None:
+    def __init__(self, full: BlockFunction, *, split: bool = False) -> None:
         self.full_fn = full
         self.block, self.params = full.block, full.params
         self.layer, self.sample, self.positions, self.x0 = (full.layer, full.sample,
                                                              full.positions, full.x0)
         p = int(full.positions[0])
         L = full.hidden.shape[1]
+        self.split = split
         self.cache = _FixedKV()
         self._L, self._p = L, p
         self._slot = _cache_slot(self.block)
@@ -91,34 +165,94 @@ class SingleQueryFunction:
             torch.func.functional_call(self.block, self.params, args, kwargs)
         if self.cache.keys is None:
             raise RuntimeError("the block did not call cache.update")
+        self.cache.split = split
+
+    def _core(self):
+        if not self.split:
+            return contextlib.nullcontext()
+        return attention_implementation(self.block, SPLIT_ATTENTION)
+
+    def batched(self, X: Tensor) -> Tensor:
+        """X [c, 1, d] (c query rows, each the token at p) -> block outputs [c, 1, d]."""
+        return self.batched_with(self.inputs(), X)
+
+    def inputs(self) -> List[Tensor]:
+        """Every tensor the block call reads besides X: parameters/buffers, the fixed keys and
+        values, and the recorded call's other tensors (mask, positions, rotary cos/sin)."""
+        self._template()
+        return [*self.params.values(), self.cache.keys, self.cache.values,
+                *(self._leaves[i] for i in self._tensor_slots)]
+
+    def batched_with(self, inputs: List[Tensor], X: Tensor) -> Tensor:
+        """:meth:`batched` as a pure function of ``inputs`` (same order as :meth:`inputs`):
+        one traced graph then serves every block of the same structure (see shared.py)."""
+        self._template()
+        n = len(self.params)
+        params = dict(zip(self.params, inputs[:n]))
+        cache = _FixedKV(split=self.split)
+        cache.keys, cache.values = inputs[n], inputs[n + 1]
+        leaves = list(self._leaves)
+        leaves[self._hidden_slot] = X
+        leaves[self._cache_leaf] = cache
+        for i, t in zip(self._tensor_slots, inputs[n + 2:]):
+            leaves[i] = t
+        args, kwargs = tree_unflatten(leaves, self._spec)
+        _PENDING.set(None)
+        with _math_sdpa(), self._core():
+            out = torch.func.functional_call(self.block, params, args, kwargs)
+        return _first(out)
+
+    def _template(self) -> None:
+        """The sliced call (row p, keys 0..p) as pytree leaves, with slots for X, the cache
+        and the other tensors."""
+        if getattr(self, "_spec", None) is not None:
+            return
+        p, marker = self._p, torch.empty(0)
+        args, kwargs = _slice_call(self.full_fn.call, self._L, slice(p, p + 1),
+                                   slice(0, p + 1), marker, self.cache, self._slot)
+        leaves, self._spec = tree_flatten((args, kwargs))
+        self._leaves = leaves
+        self._hidden_slot = next(i for i, x in enumerate(leaves) if x is marker)
+        self._cache_leaf = next(i for i, x in enumerate(leaves) if x is self.cache)
+        self._tensor_slots = [i for i, x in enumerate(leaves)
+                              if isinstance(x, Tensor) and x is not marker]
 
     def __call__(self, X: Tensor) -> Tensor:
-        p = self._p
-        args, kwargs = _slice_call(self.full_fn.call, self._L, slice(p, p + 1),
-                                   slice(0, p + 1), X[None], self.cache, self._slot)
-        with _math_sdpa():
-            out = torch.func.functional_call(self.block, self.params, args, kwargs)
-        return _first(out)[0]
+        return self.batched(X[None])[0]
+
+
+def _check(sq: SingleQueryFunction, fn: BlockFunction) -> float:
+    """Relative disagreement with the full-sequence block at a perturbed input (and, split
+    mode, of a batch of two rows with the one-row calls)."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    delta = torch.randn((2, *fn.x0.shape), generator=g, dtype=torch.float64).to(fn.x0)
+    xs = fn.x0 + 0.1 * delta * fn.x0.abs().max()
+    with torch.no_grad():
+        a, b = sq(xs[0]), fn(xs[0])
+        err = float((a - b).norm() / b.norm().clamp_min(1e-30))
+        if sq.split:
+            ab = sq.batched(xs)
+            rows = torch.stack([a, sq(xs[1])])
+            err = max(err, float((ab - rows).norm() / rows.norm().clamp_min(1e-30)))
+    return err
 
 
 def _single_query(fn: BlockFunction) -> Optional[SingleQueryFunction]:
-    """The verified single-query function, or None where it does not apply or disagrees."""
+    """The verified single-query function (split mode where it works, else concat), or None
+    where it does not apply or disagrees with the full sequence."""
     if fn.positions.numel() != 1 or int(fn.positions[0]) == 0:
         return None
-    try:
-        sq = SingleQueryFunction(fn)
-        g = torch.Generator(device="cpu").manual_seed(0)
-        delta = torch.randn(fn.x0.shape, generator=g, dtype=torch.float64).to(fn.x0)
-        x = fn.x0 + 0.1 * delta * fn.x0.abs().max()
-        with torch.no_grad():
-            a, b = sq(x), fn(x)
-        tol = 1e3 * torch.finfo(fn.x0.dtype).eps ** 0.5 if fn.x0.dtype != torch.float64 else 1e-9
-        err = float((a - b).norm() / b.norm().clamp_min(1e-30))
-        if not err <= tol:
-            log.info("single-query path disagrees for layer %d (%.1e): using the full sequence",
+    tol = 1e3 * torch.finfo(fn.x0.dtype).eps ** 0.5 if fn.x0.dtype != torch.float64 else 1e-9
+    for split in ((True, False) if _SPLIT_REGISTERED else (False,)):
+        try:
+            sq = SingleQueryFunction(fn, split=split)
+            err = _check(sq, fn)
+        except Exception as err:  # noqa: BLE001 - not an HF Cache block: use the full sequence
+            log.info("single-query path (split=%s) unavailable for layer %d: %s", split,
                      fn.layer, err)
-            return None
-        return sq
-    except Exception as err:  # noqa: BLE001 - not an HF Cache block: use the full sequence
-        log.info("single-query path unavailable for layer %d: %s", fn.layer, err)
-        return None
+            continue
+        if err <= tol:
+            return sq
+        log.info("single-query path (split=%s) disagrees for layer %d (%.1e)", split, fn.layer,
+                 err)
+    return None

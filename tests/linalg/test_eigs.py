@@ -248,3 +248,22 @@ def test_block_size_hint_sets_the_default_and_widths():
     with pytest.raises(ValueError, match="block_size"):
         LinearOperator((3, 3), matvec=lambda x: x, dtype=torch.float64, device="cpu",
                        block_size=-2)
+
+
+def test_operator_noise_above_tol_ends_unconverged_never_garbage():
+    # a matvec with ~1e-8 relative rounding noise (e.g. a float32 norm inside a float64 block)
+    # cannot reach tol=1e-11: the result must say so, with values right to the noise level --
+    # regression: the Krylov space used to grow to n, where no orthogonal residual exists
+    A, vals = make_matrix(30, [2.0, 1.8 + 0.5j, 1.6], bulk_radius=1.0, seed=4)
+    g = torch.Generator().manual_seed(0)
+
+    def noisy(X):
+        Y = A @ X
+        return Y + 1e-8 * Y.abs().max() * torch.randn(Y.shape, generator=g, dtype=Y.dtype)
+    op = LinearOperator((30, 30), matvec=lambda x: noisy(x[:, None])[:, 0], matmat=noisy,
+                        dtype=torch.float64, device="cpu")
+    for bs in (1, 3):
+        res = eigs(op, 4, tol=1e-11, max_restarts=60, block_size=bs)
+        assert not bool(res.converged)
+        K = res.values.shape[-1]
+        assert set_distance(res.values, top_by_modulus(vals, K)) < 1e-6

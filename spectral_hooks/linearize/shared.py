@@ -1,0 +1,132 @@
+"""One traced JVP graph for every block of the same structure (batched single-query JVPs).
+
+``torch.func.linearize`` traces the block anew for every layer (~1-2 s on a GPT-2-small block,
+as long as ~60 batched JVPs). Here the JVP of :meth:`SingleQueryFunction.batched_with` is
+traced once with *every* tensor it reads (parameters, fixed keys/values, mask, rotary tables,
+the input rows and the tangent) as graph inputs, and the graph is split in two:
+
+* ``primal``: the nodes that do not depend on the tangent, returning those the tangent part
+  reads (run once per layer: one batched forward);
+* ``tangent``: the rest, a function of those residuals and the tangent (run per matmat).
+
+Blocks of one structure (same module class, input names, shapes and dtypes) reuse the graph.
+Python-level facts a trace bakes in (a layer index in a scale, a sliding window) can differ
+between such blocks, so every reuse is checked against a direct ``torch.func.jvp`` of the
+block on two columns; a block that disagrees gets its own trace.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from typing import Callable, List, Tuple
+
+import torch
+from torch import Tensor, fx
+from torch.autograd import forward_ad as fwAD
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from .function import _math_sdpa
+
+log = logging.getLogger("spectral_hooks.linearize")
+_TRACES: "OrderedDict[tuple, Tuple[fx.GraphModule, fx.GraphModule]]" = OrderedDict()
+_MAX_TRACES = 8
+
+
+def _signature(fn, inputs: List[Tensor], width: int, extra=()) -> tuple:
+    return (type(fn.block), tuple(fn.params), fn.split, width, fn._p, str(fn._spec),
+            tuple((tuple(t.shape), t.dtype, t.device) for t in inputs), *extra)
+
+
+def _trace(fn, inputs: List[Tensor], X0: Tensor) -> Tuple[fx.GraphModule, fx.GraphModule]:
+    n = len(inputs)
+
+    def jvp_graph(*flat):
+        ins, x0, tangent = list(flat[:n]), flat[n], flat[n + 1]
+        with fwAD.dual_level():
+            out = fn.batched_with(ins, fwAD.make_dual(x0, tangent))
+            t = fwAD.unpack_dual(out).tangent
+        return torch.zeros_like(out) if t is None else t
+
+    with _math_sdpa():
+        gm = make_fx(jvp_graph)(*inputs, X0, torch.zeros_like(X0))
+    return _split(gm)
+
+
+def _split(gm: fx.GraphModule) -> Tuple[fx.GraphModule, fx.GraphModule]:
+    """(primal, tangent) graphs: the tangent is the last placeholder."""
+    nodes = list(gm.graph.nodes)
+    tangent_in = [n for n in nodes if n.op == "placeholder"][-1]
+    dep = {tangent_in}
+    for node in nodes:
+        if node.op not in ("placeholder", "output", "get_attr") and any(
+                a in dep for a in node.all_input_nodes):
+            dep.add(node)
+    output = nodes[-1]
+    residuals = [n for n in nodes if n not in dep and n.op != "output"
+                 and any(u in dep or u is output for u in n.users)]
+
+    primal = fx.Graph()
+    env = {}
+    for node in nodes:
+        if node in dep or node.op == "output":
+            continue
+        env[node] = primal.node_copy(node, lambda a: env[a])
+    primal.output(tuple(env[r] for r in residuals))
+
+    tangent = fx.Graph()
+    env2 = {r: tangent.placeholder(f"residual_{i}") for i, r in enumerate(residuals)}
+    env2[tangent_in] = tangent.placeholder("tangent")
+    for node in nodes:
+        if node in dep and node is not tangent_in:
+            env2[node] = tangent.node_copy(node, lambda a: env2[a])
+    tangent.output(fx.map_arg(output.args[0], lambda a: env2[a]))
+    for graph in (primal, tangent):
+        _drop_unused(graph)
+    return fx.GraphModule(gm, primal), fx.GraphModule(gm, tangent)
+
+
+def _drop_unused(graph: fx.Graph) -> None:
+    """Dead code, including forward-AD bookkeeping (size/storage checks) fx keeps as impure."""
+    def impure(node: fx.Node) -> bool:
+        schema = getattr(node.target, "_schema", None)
+        return node.op in ("placeholder", "output") or bool(schema and schema.is_mutable)
+    graph.eliminate_dead_code(is_impure_node=impure)
+
+
+def _check(fn, jvp: Callable[[Tensor], Tensor], X0: Tensor) -> float:
+    g = torch.Generator(device="cpu").manual_seed(1)
+    T = torch.randn(X0.shape, generator=g, dtype=torch.float64).to(X0)
+    got = jvp(T)[:2]
+    with _math_sdpa():
+        want = torch.func.jvp(fn.batched, (X0[:2],), (T[:2],))[1]
+    return float((got - want).norm() / want.norm().clamp_min(1e-30))
+
+
+def shared_block_jvp(fn, width: int) -> Callable[[Tensor], Tensor]:
+    """T [width, 1, d] -> J T for a split :class:`SingleQueryFunction` ``fn``."""
+    inputs = fn.inputs()
+    X0 = fn.x0.expand(width, *fn.x0.shape).contiguous()
+    tol = 1e-9 if X0.dtype == torch.float64 else 1e3 * torch.finfo(X0.dtype).eps ** 0.5
+    key = _signature(fn, inputs, width)
+    for own in (False, True):
+        k = key + ((fn.layer, id(fn)) if own else ())
+        if k not in _TRACES:
+            _TRACES[k] = _trace(fn, inputs, X0)
+            while len(_TRACES) > _MAX_TRACES:
+                _TRACES.popitem(last=False)
+        primal, tangent = _TRACES[k]
+        _TRACES.move_to_end(k)
+        with torch.no_grad():
+            residuals = primal(*inputs, X0)
+
+        def jvp(T: Tensor, tangent=tangent, residuals=residuals) -> Tensor:
+            return tangent(*residuals, T)
+
+        err = _check(fn, jvp, X0)
+        if err <= tol:
+            return jvp
+        log.info("shared JVP graph disagrees for layer %d (%.1e): tracing it on its own",
+                 fn.layer, err)
+    raise RuntimeError(f"traced JVP graph of layer {fn.layer} disagrees with torch.func.jvp "
+                       f"({err:.1e})")
