@@ -267,3 +267,16 @@ def test_operator_noise_above_tol_ends_unconverged_never_garbage():
         assert not bool(res.converged)
         K = res.values.shape[-1]
         assert set_distance(res.values, top_by_modulus(vals, K)) < 1e-6
+
+
+def test_block_mode_spurious_probe_rival_is_settled_by_reconvergence(caplog):
+    # strongly non-normal: the deflated probe's Ritz values stray beyond |lambda_k| (field of
+    # values), the probe fires, the iteration goes on with the rival in its basis and
+    # re-converges to the same set, which is then accepted -- and right
+    A, vals = make_matrix(300, [1.0, 0.99 + 0.05j, 0.98, 0.975 + 0.1j], bulk_radius=0.95,
+                          nonnormal=3.0, seed=2)
+    with caplog.at_level(logging.DEBUG, logger="spectral_hooks.linalg.krylov"):
+        res = eigs(A, 6, block_size=8, tol=1e-8)
+    assert "probe found a Ritz value beyond the k-th" in caplog.text
+    assert bool(res.converged)
+    assert set_distance(res.values, top_by_modulus(vals, res.values.shape[-1])) < 1e-9
