@@ -26,7 +26,7 @@ from torch import Tensor, fx
 from torch.autograd import forward_ad as fwAD
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from .function import _math_sdpa
+from .function import _math_sdpa, agreement_tol
 
 log = logging.getLogger("spectral_hooks.linearize")
 _TRACES: "OrderedDict[tuple, Tuple[fx.GraphModule, fx.GraphModule]]" = OrderedDict()
@@ -107,7 +107,7 @@ def shared_block_jvp(fn, width: int) -> Callable[[Tensor], Tensor]:
     """T [width, 1, d] -> J T for a split :class:`SingleQueryFunction` ``fn``."""
     inputs = fn.inputs()
     X0 = fn.x0.expand(width, *fn.x0.shape).contiguous()
-    tol = 1e-9 if X0.dtype == torch.float64 else 1e3 * torch.finfo(X0.dtype).eps ** 0.5
+    tol = agreement_tol(X0.dtype)
     key = _signature(fn, inputs, width)
     for own in (False, True):
         k = key + ((fn.layer, id(fn)) if own else ())

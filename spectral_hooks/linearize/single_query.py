@@ -27,7 +27,7 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from ..anatomy.base import HF_BLOCK_CACHE_KWARGS
 from ..anatomy.hf import attention_implementation, register_attention
 from ..recording import map_tensors
-from .function import BlockFunction, _first, _math_sdpa
+from .function import BlockFunction, _first, _math_sdpa, agreement_tol
 
 log = logging.getLogger("spectral_hooks.linearize")
 SPLIT_ATTENTION = "spectral_hooks_single_query"
@@ -242,7 +242,7 @@ def _single_query(fn: BlockFunction) -> Optional[SingleQueryFunction]:
     where it does not apply or disagrees with the full sequence."""
     if fn.positions.numel() != 1 or int(fn.positions[0]) == 0:
         return None
-    tol = 1e3 * torch.finfo(fn.x0.dtype).eps ** 0.5 if fn.x0.dtype != torch.float64 else 1e-9
+    tol = agreement_tol(fn.x0.dtype)
     for split in ((True, False) if _SPLIT_REGISTERED else (False,)):
         try:
             sq = SingleQueryFunction(fn, split=split)

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from ..linalg import LinearOperator
-from .function import _first, _math_sdpa, block_function
+from .function import _first, _math_sdpa, agreement_tol, block_function
 from .single_query import _FixedKV, _single_query, _slice_call
 
 log = logging.getLogger("spectral_hooks.linearize")
@@ -248,7 +248,7 @@ def stacked_block_jacobians(anatomy, recording, layers: Sequence[int], *, sample
             for i, sq in enumerate(sqs):
                 want = sq(xp[i])
                 err = float((got[i] - want).norm() / want.norm().clamp_min(1e-30))
-                tol = 1e-9 if dtype == torch.float64 else 1e3 * torch.finfo(dtype).eps ** 0.5
+                tol = agreement_tol(dtype)
                 if not err <= tol:
                     log.info("stacked Jacobians: stacked forward disagrees with layer %d's own "
                              "(%.1e)", sq.layer, err)
