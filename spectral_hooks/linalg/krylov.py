@@ -141,7 +141,9 @@ def _validate(batch: OpBatch, k: int, which: str, tol: float, ncv: Optional[int]
     if max_restarts < 0:
         raise ValueError(f"eigs: max_restarts must be >= 0, got {max_restarts}")
     if ncv is None:
-        ncv = min(n, max(3 * k, 20)) if bs == 1 else min(n - 1, max(3 * k, 20, 2 * k + 7 * bs))
+        ncv = max(3 * k, 20, 2 * k + 7 * bs) if bs > 1 else 0
+        if bs == 1 or ncv + bs > n:  # no room for a block space: the classic method
+            bs, ncv = 1, min(n, max(3 * k, 20))
     if not (k + 2 <= ncv <= n):
         raise ValueError(f"eigs: ncv must satisfy k + 2 <= ncv <= n, got ncv={ncv}, k={k}, "
                          f"n={n}")
@@ -163,8 +165,8 @@ def eigs(op, k: int, *, which: str = "LM", tol: float = 1e-10, max_restarts: int
     [..., n, n]. ``which``: "LM" (largest modulus), "LR" (largest real part) or "SM"
     (smallest modulus; slow without shift-invert). ``ncv``: Krylov subspace size (default
     max(3k, 20), at most n; ARPACK's default is max(2k + 1, 20); in block mode
-    max(3k, 20, 2k + 7b), at most n - 1). ``v0``: start vector [n] or [..., n]; random
-    (``seed``) otherwise.
+    max(3k, 20, 2k + 7b), and block mode falls back to b = 1 where that leaves no room for a
+    block, ncv + b > n). ``v0``: start vector [n] or [..., n]; random (``seed``) otherwise.
     ``block_size``: columns per operator application (block Krylov, see the module doc);
     default: the operators' ``block_size`` hint (batched-JVP operators carry one), else 1, the
     classic method (fewest matvecs; always for dense tensors). Returns an :class:`EigResult`;

@@ -280,3 +280,13 @@ def test_block_mode_spurious_probe_rival_is_settled_by_reconvergence(caplog):
     assert "probe found a Ritz value beyond the k-th" in caplog.text
     assert bool(res.converged)
     assert set_distance(res.values, top_by_modulus(vals, res.values.shape[-1])) < 1e-9
+
+
+def test_block_hint_on_a_small_operator_falls_back_to_single_vectors():
+    # n = 60, hint 32: a block space (ncv 2k + 7b = 232) does not fit, so one column at a time
+    A, vals = make_matrix(60, [2.0, 1.8 + 0.5j, 1.6], bulk_radius=1.0, seed=6)
+    op = _CountingMatmat(A, hint=32)
+    res = eigs(op, 4)
+    _check(res, vals, 4)
+    # Arnoldi steps take one column each; only the final residual checks apply several
+    assert op.widths.count(1) > 0.9 * len(op.widths)
