@@ -33,6 +33,8 @@ class Steering:
     lambda1_after: complex
     gap_before: float
     gap_after: float
+    residual_gap_before: float
+    residual_gap_after: float
     _param: Optional[nn.Parameter] = field(default=None, repr=False)
     _original: Optional[Tensor] = field(default=None, repr=False)
 
@@ -60,7 +62,9 @@ def steer(model: nn.Module, direction: Tensor, *, layer: int = -1, alpha: Option
     """Edit layer ``layer``'s output projection so its F has principal eigenvector ``direction``.
 
     ``alpha=None`` picks the smallest alpha giving |lambda2|/|lambda1| <= ``gap`` with a real
-    positive lambda1 whose eigenvector aligns with ``direction``.
+    positive lambda1 whose eigenvector aligns with ``direction``, for F and for the residual
+    update I + F alike (see :func:`~spectral_hooks.metrics.steering_math.rank1_output_edit`).
+    ``gap_*`` report F's ratio, ``residual_gap_*`` that of I + F.
     """
     anatomy = anatomy_of(model)
     index = anatomy.layer_index(layer)
@@ -83,5 +87,7 @@ def steer(model: nn.Module, direction: Tensor, *, layer: int = -1, alpha: Option
     return Steering(layer=index, direction=direction.detach().clone(), alpha=edit.alpha,
                     reachable_fraction=edit.reachable_fraction,
                     lambda1_before=edit.lambda1_before, lambda1_after=edit.lambda1_after,
-                    gap_before=edit.gap_before, gap_after=edit.gap_after, _param=param,
+                    gap_before=edit.gap_before, gap_after=edit.gap_after,
+                    residual_gap_before=edit.residual_gap_before,
+                    residual_gap_after=edit.residual_gap_after, _param=param,
                     _original=original)

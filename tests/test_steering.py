@@ -44,12 +44,11 @@ def test_steering_pre_norm_aligns_and_restores_exactly(family, dtype):
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert edit.gap_after <= 0.01 + 1e-9 and abs(edit.lambda1_after.imag) < 1e-9
     assert edit.lambda1_after.real > 0 and edit.reachable_fraction == pytest.approx(1, abs=1e-6)
-    if dtype == torch.float32:
-        # gap 0.01 gives 0.64 (GPT-2) / 0.90 (Llama) on these tiny random models, whose residual
-        # stream is not small next to the attention output; a tighter gap reaches >= 0.95.
-        _, tight, edit = _steered_alignment(model, u, ids, gap=0.001)
-        assert tight >= 0.95, (base, tight)
-        assert edit.gap_after <= 0.001 + 1e-9
+    assert edit.residual_gap_after <= 0.01 + 1e-9
+    # the acceptance: a pre-norm model's steered resid_post aligns with u at >= 0.95 (measured
+    # >= 0.997, bf16 included). It holds because alpha meets the gap for the residual update
+    # I + F' too: with F' alone, gap 0.01 left 0.64 (GPT-2) / 0.90 (Llama) here
+    assert steered >= 0.95, (base, steered)
 
 
 def test_gqa_reports_reachable_fraction():
@@ -81,7 +80,9 @@ def test_steering_minilm_post_norm(minilm):
                       padding=True, return_tensors="pt")
     u = _reachable_direction(sh.anatomy_of(model).layers[-1], seed=3)
     base, steered, edit = _steered_alignment(model, u, batch["input_ids"], gap=0.01)
+    # post-norm: the last LayerNorm and the FFN cap it (measured 0.035 -> 0.74; 0.78 at 0.001)
     assert steered >= 10 * base, (base, steered)
+    assert steered >= 0.7, (base, steered)
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 

@@ -354,8 +354,15 @@ def test_rank1_edit_reaches_gap():
     assert e.lambda1_after == pytest.approx(lam1, abs=1e-9) and e.gap_after == pytest.approx(gap, rel=1e-9)
     lam0, gap0, _ = np_leading(F0, un)
     assert abs(e.lambda1_before) == pytest.approx(abs(lam0)) and e.gap_before == pytest.approx(gap0)
-    # smallest alpha (to the search tolerance): 5% less misses the gap target
-    assert np_leading(F0 + 0.95 * e.alpha * np.outer(un, un), un)[1] > 0.01
+    # the residual update I + F' meets the target too (its ratio is reported separately)
+    eye = np.eye(len(F1))
+    lam1r, gapr, cosr = np_leading(eye + F1, un)
+    assert abs(lam1r.imag) < 1e-9 and lam1r.real > 0 and gapr <= 0.01 + 1e-12 and cosr >= 0.9
+    assert e.residual_gap_after == pytest.approx(gapr, rel=1e-9)
+    assert e.residual_gap_before == pytest.approx(np_leading(eye + F0, un)[1], rel=1e-9)
+    # smallest alpha (to the search tolerance): 5% less misses one of the two gap targets
+    F_less = F0 + 0.95 * e.alpha * np.outer(un, un)
+    assert max(np_leading(F_less, un)[1], np_leading(eye + F_less, un)[1]) > 0.01
 
 
 def test_rank1_edit_explicit_alpha_and_gqa():
