@@ -91,11 +91,8 @@ def test_n1000_well_separated():
     _check(eigs(A, 4), vals, 4)
 
 
-def test_start_blind_to_the_top_is_caught_by_the_probe():
-    # A = diag(3, B) with B normal (eigenvalues 2, 1.9, 1.8, bulk in [0, 1]) and v0[0] = 0:
-    # the Krylov space stays exactly inside e_0's complement, so the main iteration converges
-    # (every residual/gap check passes) to the wrong top-3 {2, 1.9, 1.8}. The verification
-    # probe (fresh random start orthogonal to the converged set) must find lambda = 3.
+def _blind_start_case():
+    """diag(3, B), B normal with eigenvalues 2, 1.9, 1.8 and a bulk in [0, 1]; v0[0] = 0."""
     n = 200
     g = torch.Generator().manual_seed(11)
     Q = torch.linalg.qr(torch.randn(n - 1, n - 1, generator=g, dtype=torch.float64)).Q
@@ -106,6 +103,15 @@ def test_start_blind_to_the_top_is_caught_by_the_probe():
     A[1:, 1:] = Q @ torch.diag(d) @ Q.T
     v0 = torch.randn(n, generator=g, dtype=torch.float64)
     v0[0] = 0.0
+    return A, v0
+
+
+def test_start_blind_to_the_top_is_caught_by_the_probe():
+    # A = diag(3, B) with B normal (eigenvalues 2, 1.9, 1.8, bulk in [0, 1]) and v0[0] = 0:
+    # the Krylov space stays exactly inside e_0's complement, so the main iteration converges
+    # (every residual/gap check passes) to the wrong top-3 {2, 1.9, 1.8}. The verification
+    # probe (fresh random start orthogonal to the converged set) must find lambda = 3.
+    A, v0 = _blind_start_case()
     res = eigs(A, 3, v0=v0)
     assert bool(res.converged)
     ref = torch.tensor([3.0, 2.0, 1.9], dtype=torch.complex128)
@@ -216,17 +222,8 @@ def test_block_mode_batched_and_blind_start():
     assert bool(res.converged.all())
     # v0 blind to the top eigenvector (see the single-vector test above): in block mode the
     # start block's other columns are random, so the top is found either way
-    n = 200
-    g = torch.Generator().manual_seed(11)
-    Q = torch.linalg.qr(torch.randn(n - 1, n - 1, generator=g, dtype=torch.float64)).Q
-    d = torch.cat([torch.tensor([2.0, 1.9, 1.8], dtype=torch.float64),
-                   torch.rand(n - 4, generator=g, dtype=torch.float64)])
-    M = torch.zeros(n, n, dtype=torch.float64)
-    M[0, 0] = 3.0
-    M[1:, 1:] = Q @ torch.diag(d) @ Q.T
+    M, v0 = _blind_start_case()
     ops = _CountingMatmat(M)
-    v0 = torch.randn(n, generator=g, dtype=torch.float64)
-    v0[0] = 0.0
     res = eigs(ops, 3, v0=v0, block_size=4)
     assert set(ops.widths) <= {1, 2, 3, 4}
     assert set_distance(res.values, torch.tensor([3.0, 2.0, 1.9], dtype=torch.complex128)) < 1e-8
