@@ -1,0 +1,128 @@
+"""Arnoldi expansion of a (batch of) Krylov decomposition(s), used by :mod:`krylov`.
+
+State per member b: an orthonormal basis V[b] [n, m + bs] whose first p_b columns have been
+multiplied, and Hb[b] [m + bs, m] with A V[:, :p] = V[:, :p + bs] Hb[:p + bs, :p]. ``extend``
+multiplies columns p_b .. m-1: one at a time (bs = 1, classic Arnoldi with two classical
+Gram-Schmidt passes), or bs at a time (band Arnoldi: column j's product becomes basis vector
+j + bs).
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+import torch
+from torch import Tensor
+
+from ._batch import OpBatch
+
+__all__ = ["extend"]
+
+
+def extend(batch: OpBatch, V: Tensor, Hb: Tensor, p: List[int], done: List[bool], m: int,
+            bs: int, randn) -> None:
+    """Arnoldi steps j = p_b .. m-1 for every member still running (masked lockstep)."""
+    if bs > 1:
+        return _extend_block(batch, V, Hb, p, done, m, bs, randn)
+    active = [not d for d in done]
+    j0 = min(pb for pb, a in zip(p, active) if a)
+    for j in range(j0, m):
+        mask = [a and j >= pb for a, pb in zip(active, p)]
+        if not any(mask):
+            continue
+        w = batch.apply(V[:, :, j:j + 1], mask)[:, :, 0]
+        Vj = V[:, :, :j + 1]
+        w0 = torch.linalg.vector_norm(w, dim=1)
+        c = (Vj.mH @ w.unsqueeze(2)).squeeze(2)
+        w = w - (Vj @ c.unsqueeze(2)).squeeze(2)
+        c2 = (Vj.mH @ w.unsqueeze(2)).squeeze(2)
+        w = w - (Vj @ c2.unsqueeze(2)).squeeze(2)
+        c = c + c2
+        beta = torch.linalg.vector_norm(w, dim=1)
+        broke = beta <= 1e-13 * w0.clamp(min=1e-300)
+        if bool(broke.any()):  # invariant subspace: continue with a random orthogonal vector
+            r = randn(*w.shape)
+            for _ in range(2):
+                r = r - (Vj @ (Vj.mH @ r.unsqueeze(2))).squeeze(2)
+            r = r / torch.linalg.vector_norm(r, dim=1, keepdim=True)
+            w = torch.where(broke.unsqueeze(1), r, w / beta.clamp(min=1e-300).unsqueeze(1))
+            beta = torch.where(broke, torch.zeros_like(beta), beta)
+        else:
+            w = w / beta.unsqueeze(1)
+        keep = torch.tensor(mask, device=V.device)
+        Hb[:, :j + 1, j] = torch.where(keep.unsqueeze(1), c, Hb[:, :j + 1, j])
+        Hb[:, j + 1, j] = torch.where(keep, beta.to(Hb.dtype), Hb[:, j + 1, j])
+        V[:, :, j + 1] = torch.where(keep.unsqueeze(1), w, V[:, :, j + 1])
+
+
+def _extend_block(batch: OpBatch, V: Tensor, Hb: Tensor, p: List[int], done: List[bool],
+                  m: int, bs: int, randn) -> None:
+    """Band Arnoldi up to m columns, bs products per operator application.
+
+    Column j's product is orthogonalised against basis vectors 0 .. j + bs - 1 and becomes
+    vector j + bs: per chunk of c columns starting at j, two block Gram-Schmidt passes
+    against vectors 0 .. j + bs - 1, then column by column (two passes) against the chunk's
+    own new vectors.
+    """
+    B = V.shape[0]
+    while True:
+        run = [not d and pb < m for d, pb in zip(done, p)]
+        if not any(run):
+            return
+        c = max(min(bs, m - pb) for pb, r in zip(p, run) if r)
+        X = torch.zeros(B, V.shape[1], c, dtype=V.dtype, device=V.device)
+        for b in range(B):
+            if run[b]:
+                X[b] = V[b, :, p[b]:p[b] + c]  # columns < p_b + bs exist
+        AX = batch.apply(X, run)
+        for b in range(B):
+            if run[b]:
+                cb = min(bs, m - p[b])
+                _orthonormalise_chunk(V[b], Hb[b], p[b], cb, bs, AX[b, :, :cb].to(V.dtype),
+                                      randn)
+                p[b] += cb
+
+
+def _orthonormalise_chunk(V: Tensor, Hb: Tensor, j: int, c: int, bs: int, W: Tensor,
+                          randn) -> None:
+    """Place the products W = A V[:, j:j+c] as basis vectors j+bs .. j+bs+c-1 (block
+    Gram-Schmidt twice against vectors 0 .. j+bs-1, each pass followed by a QR)."""
+    top = j + bs
+    O = V[:, :top]
+    w0 = torch.linalg.vector_norm(W, dim=0)
+    C1 = O.mH @ W
+    Q1, R1 = torch.linalg.qr(W - O @ C1)
+    C2 = O.mH @ Q1
+    Q2, R2 = torch.linalg.qr(Q1 - O @ C2)
+    R = R2 @ R1
+    if bool((R.diagonal().abs() <= 1e-13 * w0.clamp(min=1e-300)).any()):
+        return _orthonormalise_columns(V, Hb, j, c, bs, W, randn)  # (nearly) invariant
+    V[:, top:top + c] = Q2
+    Hb[:top, j:j + c] = C1 + C2 @ R1
+    Hb[top:top + c, j:j + c] = R
+
+
+def _orthonormalise_columns(V: Tensor, Hb: Tensor, j: int, c: int, bs: int, W: Tensor,
+                            randn) -> None:
+    """Column by column (two classical Gram-Schmidt passes), a random orthogonal direction
+    where a product lies in the span of the basis (invariant subspace)."""
+    for i in range(c):
+        Q = V[:, :j + bs + i]
+        w = W[:, i]
+        w0 = float(torch.linalg.vector_norm(w))
+        coef = torch.zeros(Q.shape[1], dtype=V.dtype, device=V.device)
+        for _ in range(2):
+            cc = Q.mH @ w
+            w = w - Q @ cc
+            coef = coef + cc
+        beta = torch.linalg.vector_norm(w)
+        if beta <= 1e-13 * max(w0, 1e-300):
+            r = randn(V.shape[0])
+            for _ in range(2):
+                r = r - Q @ (Q.mH @ r)
+            w, beta = r / torch.linalg.vector_norm(r), torch.zeros_like(beta)
+        else:
+            w = w / beta
+        Hb[:Q.shape[1], j + i] = coef
+        Hb[Q.shape[1], j + i] = beta
+        V[:, Q.shape[1]] = w
