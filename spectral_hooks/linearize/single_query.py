@@ -10,6 +10,9 @@ block:
   (:meth:`SingleQueryFunction.batched`), so c JVPs become one matrix-matrix pass.
 * ``concat``: the cache returns the fixed keys/values concatenated with the new ones and the
   block's own attention runs (any HF Cache block).
+
+Not thread-safe: while a split-mode replay runs, the block's HF config names the split core, so
+a forward of the same model from another thread meanwhile raises a RuntimeError.
 """
 
 from __future__ import annotations
