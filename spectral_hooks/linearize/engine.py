@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from ..linalg import LinearOperator
-from .function import BlockFunction, _math_sdpa
+from .function import BlockFunction, _math_sdpa, plain_jvp
 from .shared import shared_block_jvp
 
 log = logging.getLogger("spectral_hooks.linearize")
@@ -49,9 +49,7 @@ class _Engine:
                     lin(probe)
                     self._jvp = lin
                 elif method == "jvp":
-                    def jvp(v, fn=fn, x0=x0):
-                        with _math_sdpa():
-                            return torch.func.jvp(fn, (x0,), (v,))[1]
+                    jvp = plain_jvp(fn, x0)
                     jvp(probe)
                     self._jvp = jvp
                 else:
@@ -102,10 +100,7 @@ class _Engine:
             with _math_sdpa():
                 _, self._block = torch.func.linearize(fn.batched, X0)
         else:
-            def jvp(V, fn=fn, X0=X0):
-                with _math_sdpa():
-                    return torch.func.jvp(fn.batched, (X0,), (V,))[1]
-            self._block = jvp
+            self._block = plain_jvp(fn.batched, X0)
 
     def _block_jvp(self, V: Tensor) -> Tensor:
         if self._block is None:

@@ -38,6 +38,14 @@ def agreement_tol(dtype: torch.dtype) -> float:
     return min(1e3 * torch.finfo(dtype).eps, 5e-2)
 
 
+def plain_jvp(f: Callable[[Tensor], Tensor], x0: Tensor) -> Callable[[Tensor], Tensor]:
+    """v -> J_f(x0) v by ``torch.func.jvp`` (primal recomputed per call), under the math SDPA."""
+    def jvp(v: Tensor) -> Tensor:
+        with _math_sdpa():
+            return torch.func.jvp(f, (x0,), (v,))[1]
+    return jvp
+
+
 def _first(out):
     return out[0] if isinstance(out, (tuple, list)) else out
 
