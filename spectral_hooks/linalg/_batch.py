@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from .operators import LinearOperator
+from .protocols import BatchGroup, BatchMember
 
 
 class OpBatch:
@@ -113,21 +114,20 @@ class OpBatch:
     def _apply_groups(self, X: Tensor, Y: Tensor, mask: Sequence[bool], adjoint: bool) -> set:
         """Members whose operators share a ``batch_group`` are applied with ONE call.
 
-        Protocol (duck-typed, nothing imported): an operator may carry ``batch_group`` (with
-        ``size``, ``dtype`` and ``matmat_all`` / ``rmatmat_all`` mapping [size, n, c] to
-        [size, m, c], slot i holding operator i's product) and ``batch_index`` (its slot).
-        Slots of members not active here get zeros and their results are ignored. Used when
-        at least two active members share a group; returns the members handled.
+        Protocol (:class:`~spectral_hooks.linalg.protocols.BatchMember`): an operator that is
+        slot ``batch_index`` of a :class:`~spectral_hooks.linalg.protocols.BatchGroup`. Slots of
+        members not active here get zeros and their results are ignored. Used when at least two
+        active members share a group; returns the members handled.
         """
         groups: dict = {}
         for b, o in enumerate(self.ops):
-            g = getattr(o, "batch_group", None)
-            if not mask[b] or g is None or not hasattr(g, "rmatmat_all" if adjoint
-                                                       else "matmat_all"):
+            if not mask[b] or not isinstance(o, BatchMember):
+                continue
+            g, i = o.batch_group, o.batch_index
+            if not isinstance(g, BatchGroup):
                 continue
             slots = groups.setdefault(id(g), (g, {}))[1]
-            i = getattr(o, "batch_index", None)
-            if isinstance(i, int) and 0 <= i < g.size and i not in slots:
+            if 0 <= i < g.size and i not in slots:
                 slots[i] = b
         done: set = set()
         c = X.shape[-1]

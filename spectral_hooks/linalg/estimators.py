@@ -22,6 +22,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from ..errors import OptionError
 from .operators import LinearOperator
 from .results import Estimate
 
@@ -68,14 +69,14 @@ def _probes(n: int, s: int, seed: int, dist: str, dtype, device) -> Tensor:
     elif dist == "gaussian":
         Z = torch.randn(n, s, generator=g, dtype=torch.float64)
     else:
-        raise ValueError(f"distribution must be 'rademacher' or 'gaussian', got {dist!r}")
+        raise OptionError("distribution", dist, "'rademacher' or 'gaussian'")
     return Z.to(device=device, dtype=dtype if dtype.is_floating_point or dtype.is_complex
                 else torch.float64)
 
 
 def _check_n(n_samples: int, what: str, minimum: int = 1) -> None:
     if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < minimum:
-        raise ValueError(f"{what}: n_samples must be an int >= {minimum}, got {n_samples!r}")
+        raise OptionError("n_samples", n_samples, f"an int >= {minimum}", hint=what)
 
 
 def _mean(samples: Tensor, n_matvecs: int) -> Estimate:
@@ -143,7 +144,7 @@ def hutchpp_trace(op, *, n_matvecs: int, seed: int = 0) -> Estimate:
     that of the Hutchinson part.
     """
     if isinstance(n_matvecs, bool) or not isinstance(n_matvecs, int) or n_matvecs < 3:
-        raise ValueError(f"hutchpp_trace: n_matvecs must be an int >= 3, got {n_matvecs!r}")
+        raise OptionError("n_matvecs", n_matvecs, "an int >= 3", hint="hutchpp_trace")
     A = _Op(op, "hutchpp_trace")
     n = A.shape[1]
     m = min(n_matvecs // 3, n)

@@ -69,13 +69,19 @@ spectrum of a small matrix use ``torch.linalg.eig``.
 from __future__ import annotations
 
 import logging
+import warnings
 from typing import List, Optional
 
 import torch
 from torch import Tensor
 
+from ..errors import ConvergenceWarning, OptionError
 from ._arnoldi import extend as _extend
 from ._batch import OpBatch
+from ._schur_restart import final_check as _final_check
+from ._schur_restart import inject as _inject
+from ._schur_restart import restart as _restart
+from ._schur_restart import same_set as _same_set
 from .results import EigResult
 
 __all__ = ["eigs"]
@@ -84,7 +90,6 @@ logger = logging.getLogger(__name__)
 _EPS = torch.finfo(torch.float64).eps
 _WHICH = ("LM", "LR", "SM")
 _STALL = 40  # restarts without convergence before the Krylov space is enlarged
-_KEEP = 0.5  # share of the unconverged part of the space kept at a restart (tuned: 0.3-0.85)
 
 
 def _order(theta: Tensor, which: str) -> Tensor:
@@ -101,23 +106,12 @@ def _key(theta: Tensor, which: str) -> Tensor:
     return {"LM": theta.abs(), "LR": theta.real, "SM": -theta.abs()}[which]
 
 
-def _real_basis(Y: Tensor, theta: Tensor) -> Tensor:
-    """Real columns spanning the (conjugation-closed) span of complex eigenvectors Y."""
-    cols = []
-    for j in range(Y.shape[1]):
-        if theta[j].imag == 0:
-            cols.append(Y[:, j].real)
-        elif theta[j].imag > 0:
-            cols += [Y[:, j].real, Y[:, j].imag]
-    return torch.stack(cols, dim=1)
-
-
 def _block_size(batch: OpBatch, block_size: Optional[int]) -> int:
     if block_size is None:
-        hints = [getattr(o, "block_size", None) for o in (batch.ops or [])]
+        hints = [o.block_size for o in (batch.ops or [])]
         return min(hints) if hints and all(h is not None for h in hints) else 1
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"eigs: block_size must be a positive int, got {block_size!r}")
+        raise OptionError("block_size", block_size, "a positive int or None")
     return block_size
 
 
@@ -128,26 +122,21 @@ def _validate(batch: OpBatch, k: int, which: str, tol: float, ncv: Optional[int]
         raise ValueError(f"eigs needs a square operator, got shape {batch.shape}")
     if isinstance(k, bool) or not isinstance(k, int):
         raise TypeError(f"eigs: k must be an int, got {type(k).__name__}")
-    if k < 1:
-        raise ValueError(f"eigs: k must be >= 1, got {k}")
-    if k > n - 2:
-        raise ValueError(
-            f"eigs: k={k} is too large for n={n} (need k <= n - 2); for the full spectrum "
-            f"use dense torch.linalg.eig"
-        )
+    if not 1 <= k <= n - 2:
+        raise OptionError("k", k, f"an int with 1 <= k <= n - 2 = {n - 2}",
+                          hint="for the full spectrum use dense torch.linalg.eig")
     if which not in _WHICH:
-        raise ValueError(f"eigs: which must be one of {_WHICH}, got {which!r}")
+        raise OptionError("which", which, f"one of {_WHICH}")
     if not (tol > 0):
-        raise ValueError(f"eigs: tol must be > 0, got {tol}")
-    if max_restarts < 0:
-        raise ValueError(f"eigs: max_restarts must be >= 0, got {max_restarts}")
+        raise OptionError("tol", tol, "a float > 0")
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise OptionError("max_restarts", max_restarts, "an int >= 0")
     if ncv is None:
         ncv = max(3 * k, 20, 2 * k + 7 * bs) if bs > 1 else 0
         if bs == 1 or ncv + bs > n:  # no room for a block space: the classic method
             bs, ncv = 1, min(n, max(3 * k, 20))
     if not (k + 2 <= ncv <= n):
-        raise ValueError(f"eigs: ncv must satisfy k + 2 <= ncv <= n, got ncv={ncv}, k={k}, "
-                         f"n={n}")
+        raise OptionError("ncv", ncv, f"an int with k + 2 = {k + 2} <= ncv <= n = {n}")
     return ncv, max(1, min(bs, n - ncv))
 
 
@@ -188,12 +177,12 @@ def eigs(op, k: int, *, which: str = "LM", tol: float = 1e-10, max_restarts: int
         start = randn(B, n)
     else:
         if not isinstance(v0, Tensor) or v0.shape[-1] != n:
-            raise ValueError(f"eigs: v0 must be a tensor [..., {n}], got "
-                             f"{getattr(v0, 'shape', type(v0).__name__)}")
+            what = tuple(v0.shape) if isinstance(v0, Tensor) else type(v0).__name__
+            raise OptionError("v0", what, f"a tensor [..., {n}]")
         start = v0.to(dev, dt).expand(*batch.batch_shape, n).reshape(B, n).clone()
     norms = torch.linalg.vector_norm(start, dim=1, keepdim=True)
     if not bool((norms > 0).all()):
-        raise ValueError("eigs: v0 must be non-zero")
+        raise OptionError("v0", "a zero vector", "a non-zero start vector")
     V[:, :, 0] = start / norms
     if bs > 1:  # the start block: v0 and bs - 1 random orthonormal columns
         Q = torch.linalg.qr(torch.cat([V[:, :, :1], randn(B, n, bs - 1)], 2)).Q
@@ -207,6 +196,7 @@ def eigs(op, k: int, *, which: str = "LM", tol: float = 1e-10, max_restarts: int
     probing = [False] * B   # the current cycle is a verification probe (see module doc)
     kw_prev = [0] * B       # size of the checked wanted set the probe is testing
     rivalled: List[Optional[Tensor]] = [None] * B  # a checked set a probe has challenged
+    unconverged: List[str] = []  # why each member that ran out of restarts did not converge
 
     while not all(done):
         _extend(batch, V, Hb, p, done, m, bs, randn)
@@ -274,7 +264,7 @@ def eigs(op, k: int, *, which: str = "LM", tol: float = 1e-10, max_restarts: int
                     restarts[b] += 1
                 elif restarts[b] >= max_restarts:
                     done[b] = True
-                    _warn(batch.names[b], st, tol, max_restarts)
+                    unconverged.append(_why(batch.names[b], st, tol, max_restarts))
                 else:  # estimates said converged, fresh matvecs disagree: tighten and go on
                     tol_int[b] /= 10.0
                     logger.debug("eigs: %s explicit residual %.2e > tol; tightening to %.1e",
@@ -293,100 +283,11 @@ def eigs(op, k: int, *, which: str = "LM", tol: float = 1e-10, max_restarts: int
             V2[:, :, :m + bs] = V
             H2[:, :m + bs, :m] = Hb
             V, Hb, m = V2, H2, m2
+    _warn_unconverged(unconverged, max_restarts)
     return _assemble(batch, out, return_vectors)
 
 
-def _restart(b: int, st: dict, V: Tensor, Hb: Tensor, p: List[int], m: int, bs: int,
-             real: bool, keep: Optional[int] = None) -> None:
-    """Krylov-Schur restart of member b onto the invariant subspace of the kept Ritz values
-    (the residual block, vectors m .. m + bs - 1, moves to keep .. keep + bs - 1)."""
-    theta, Y, nconv, kw = st["theta"], st["Y"], st["nconv"], st["kw"]
-    if keep is None:
-        keep = max(kw, nconv + max(1, int((m - nconv) * _KEEP)))
-        keep = min(keep, m - 1)
-    if real and theta[keep - 1].imag > 0:  # never split a conjugate pair
-        keep = keep + 1 if keep + 1 <= m - 1 else keep - 1
-    X = _real_basis(Y[:, :keep], theta[:keep]) if real else Y[:, :keep]
-    W = torch.linalg.qr(X.to(V.dtype)).Q
-    H, R = Hb[b, :m, :m].clone(), Hb[b, m:, :m].clone()
-    S = W.mH @ H @ W
-    if logger.isEnabledFor(logging.DEBUG):
-        err = torch.linalg.matrix_norm(H @ W - W @ S) / torch.linalg.matrix_norm(H)
-        logger.debug("eigs restart: keep %d of %d, invariance error %.1e", keep, m, float(err))
-    residual = V[b, :, m:].clone()
-    V[b, :, :keep] = V[b, :, :m] @ W
-    V[b, :, keep:keep + bs] = residual
-    V[b, :, keep + bs:] = 0
-    Hb[b] = 0
-    Hb[b, :keep, :keep] = S
-    Hb[b, keep:keep + bs, :keep] = R @ W
-    p[b] = keep
-
-
-def _inject(b: int, V: Tensor, Hb: Tensor, kw: int, bs: int, randn) -> None:
-    """Replace the residual vector (block) of member b's kept Krylov-Schur basis by random
-    orthonormal vectors orthogonal to it, and drop the coupling rows (its norm is the converged Ritz pairs'
-    residual, <= tol |theta|). The next Arnoldi steps then build a Krylov space of the deflated
-    operator (I - QQ^H) A (I - QQ^H) from a fresh start, re-orthogonalised against Q."""
-    Q = V[b, :, :kw]
-    r = randn(V.shape[1], bs)
-    for _ in range(2):
-        r = r - Q @ (Q.mH @ r)
-    V[b, :, kw:kw + bs] = torch.linalg.qr(r).Q
-    Hb[b, kw:kw + bs, :kw] = 0
-
-
-def _same_set(st: dict, previous: Optional[Tensor], tol: float) -> bool:
-    """The checked wanted values equal a previously checked set (conjugate-invariant)."""
-    if previous is None or previous.shape[0] != st["kw"]:
-        return False
-    theta = st["theta"][:st["kw"]]
-    cand = torch.cat([previous, previous.conj()])
-    dist = (theta[:, None] - cand[None, :]).abs().min(dim=1).values
-    return bool((dist <= min(1e3 * tol, 1e-3) * theta.abs()).all())
-
-
-def _final_check(batch: OpBatch, V: Tensor, members: List[int], out: List[dict], m: int,
-                 real: bool) -> None:
-    """Residuals ||A x - theta x|| / |theta| of the wanted Ritz pairs, with fresh matvecs."""
-    B, n = batch.B, batch.shape[0]
-    cols = {}
-    for b in members:
-        st = out[b]
-        theta, Y = st["theta"][:st["kw"]], st["Y"][:, :st["kw"]]
-        x = V[b, :, :m].to(Y.dtype) @ Y
-        x = x / torch.linalg.vector_norm(x, dim=0, keepdim=True)
-        st["x"] = x
-        if real:  # conjugate pairs share a matvec pair: A Re x, A Im x
-            cols[b] = _real_basis(x, theta)
-        else:
-            cols[b] = x
-    c = max(X.shape[1] for X in cols.values())
-    X = torch.zeros(B, n, c, dtype=V.dtype, device=V.device)
-    for b, Xb in cols.items():
-        X[b, :, :Xb.shape[1]] = Xb
-    AX = batch.apply(X, [b in cols for b in range(B)])
-    for b in members:
-        st = out[b]
-        theta, x = st["theta"][:st["kw"]], st["x"]
-        if real:
-            Ax, j = [], 0
-            for t in theta.tolist():
-                if t.imag == 0:
-                    Ax.append(AX[b, :, j].to(x.dtype))
-                    j += 1
-                elif t.imag > 0:
-                    z = torch.complex(AX[b, :, j], AX[b, :, j + 1])
-                    Ax += [z, z.conj()]
-                    j += 2
-            Ax = torch.stack(Ax, dim=1)
-        else:
-            Ax = AX[b, :, :x.shape[1]]
-        r = torch.linalg.vector_norm(Ax - x * theta, dim=0)
-        st["resid"] = r / theta.abs().clamp(min=1e-300)
-
-
-def _warn(name: str, st: dict, tol: float, max_restarts: int) -> None:
+def _why(name: str, st: dict, tol: float, max_restarts: int) -> str:
     why = []
     if st["nconv"] < st["kw"]:
         why.append(f"only {st['nconv']} of {st['kw']} Ritz pairs reached tol={tol:g}")
@@ -396,8 +297,16 @@ def _warn(name: str, st: dict, tol: float, max_restarts: int) -> None:
         why.append("the k-th Ritz value is not separated from the next one")
     if not st.get("verified", True):
         why.append("no verification probe (fresh random start, deflated) has passed")
-    logger.warning("eigs did not converge for %s after max_restarts=%d: %s", name,
-                   max_restarts, "; ".join(why) or "restart budget exhausted")
+    return f"{name}: " + ("; ".join(why) or "restart budget exhausted")
+
+
+def _warn_unconverged(reasons: List[str], max_restarts: int) -> None:
+    """One ConvergenceWarning per eigs call, naming every unconverged operator."""
+    if reasons:
+        message = (f"eigs did not converge after max_restarts={max_restarts} for "
+                   f"{len(reasons)} operator(s): " + " | ".join(reasons))
+        logger.warning("%s", message)
+        warnings.warn(message, ConvergenceWarning, stacklevel=3)
 
 
 def _assemble(batch: OpBatch, out: List[dict], return_vectors: bool) -> EigResult:

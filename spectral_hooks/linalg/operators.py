@@ -20,6 +20,8 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 from torch import Tensor
 
+from ..errors import OptionError
+
 __all__ = ["LinearOperator", "DenseOperator", "IdentityOperator", "aslinearoperator"]
 
 _Fn = Optional[Callable[[Tensor], Tensor]]
@@ -69,7 +71,7 @@ class LinearOperator:
         self._vectorized = vectorized
         if block_size is not None and (isinstance(block_size, bool) or
                                        not isinstance(block_size, int) or block_size < 1):
-            raise ValueError(f"block_size must be a positive int or None, got {block_size!r}")
+            raise OptionError("block_size", block_size, "a positive int or None")
         self.block_size = block_size
 
     def __repr__(self) -> str:

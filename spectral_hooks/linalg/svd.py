@@ -17,24 +17,28 @@ bidiagonalisation continues from the residual. A triplet has converged when
 ``method="randomized"``: Halko, Martinsson & Tropp (2011) range finder with ``n_iter`` power
 iterations and ``n_oversamples`` extra columns; ``converged`` then reports whether the explicit
 residuals ||A v - s u|| (k extra matvecs) are <= tol * s_1 — with the default tol it usually
-is not, and that is logged at INFO level only, as randomized SVD is approximate by design.
+is not, and that is logged at INFO level only, as randomized SVD is approximate by design
+(an unconverged Lanczos run emits a :class:`~spectral_hooks.errors.ConvergenceWarning`).
 Both work in float64 / complex128 and need the adjoint (``rmatvec``/``rmatmat``).
 """
 
 from __future__ import annotations
 
 import logging
+import warnings
 from typing import Optional
 
 import torch
 from torch import Tensor
 
+from ..errors import ConvergenceWarning, OptionError
 from ._batch import OpBatch
 from .results import SvdResult
 
 __all__ = ["svds"]
 
 logger = logging.getLogger(__name__)
+METHODS = ("lanczos", "randomized")
 
 
 def _orth(Q: Tensor, w: Tensor):
@@ -83,11 +87,11 @@ def svds(op, k: int, *, method: str = "lanczos", n_oversamples: int = 10, n_iter
     if isinstance(k, bool) or not isinstance(k, int):
         raise TypeError(f"svds: k must be an int, got {type(k).__name__}")
     if not (1 <= k <= min(mr, n)):
-        raise ValueError(f"svds: need 1 <= k <= min(m, n) = {min(mr, n)}, got k={k}")
-    if method not in ("lanczos", "randomized"):
-        raise ValueError(f"svds: method must be 'lanczos' or 'randomized', got {method!r}")
+        raise OptionError("k", k, f"an int with 1 <= k <= min(m, n) = {min(mr, n)}")
+    if method not in METHODS:
+        raise OptionError("method", method, f"one of {METHODS}")
     if not (tol > 0):
-        raise ValueError(f"svds: tol must be > 0, got {tol}")
+        raise OptionError("tol", tol, "a float > 0")
     gen = torch.Generator().manual_seed(int(seed))
     if method == "randomized":
         U, S, V, conv = _randomized(batch, k, n_oversamples, n_iter, tol, gen)
@@ -104,8 +108,9 @@ def svds(op, k: int, *, method: str = "lanczos", n_oversamples: int = 10, n_iter
 
 
 def _randomized(batch: OpBatch, k: int, p: int, n_iter: int, tol: float, gen):
-    if p < 0 or n_iter < 0:
-        raise ValueError(f"svds: n_oversamples and n_iter must be >= 0, got {p}, {n_iter}")
+    for option, value in (("n_oversamples", p), ("n_iter", n_iter)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise OptionError(option, value, "an int >= 0")
     B, (mr, n), dt, dev = batch.B, batch.shape, batch.wdtype, batch.device
     ell = min(k + p, mr, n)
     mask = [True] * B
@@ -131,7 +136,7 @@ def _lanczos(batch: OpBatch, k: int, ncv: Optional[int], max_restarts: int, tol:
     dmin = min(mr, n)
     m = min(dmin, max(2 * k + 1, 20)) if ncv is None else int(ncv)
     if not (k <= m <= dmin):
-        raise ValueError(f"svds: ncv must satisfy k <= ncv <= min(m, n) = {dmin}, got {m}")
+        raise OptionError("ncv", ncv, f"an int with k = {k} <= ncv <= min(m, n) = {dmin}")
     mask = [True] * B
     V = torch.zeros(B, n, m + 1, dtype=dt, device=dev)
     U = torch.zeros(B, mr, m, dtype=dt, device=dev)
@@ -167,9 +172,11 @@ def _lanczos(batch: OpBatch, k: int, ncv: Optional[int], max_restarts: int, tol:
         Bm[:, torch.arange(p), torch.arange(p)] = S[:, :p].to(dt)
         restarts += 1
     if not bool(conv.all()):
-        logger.warning("svds(lanczos) did not converge after max_restarts=%d: max residual "
-                       "%.2e > tol=%g (relative to s_1)", max_restarts,
-                       float((res / S[:, :1].clamp(min=1e-300)).max()), tol)
+        message = (f"svds(lanczos) did not converge after max_restarts={max_restarts}: max "
+                   f"residual {float((res / S[:, :1].clamp(min=1e-300)).max()):.2e} > "
+                   f"tol={tol:g} (relative to s_1)")
+        logger.warning("%s", message)
+        warnings.warn(message, ConvergenceWarning, stacklevel=3)
     Uk = U @ P[:, :, :k]
     Vk = V[:, :, :m] @ Qh.mH[:, :, :k]
     return Uk, S[:, :k], Vk, conv

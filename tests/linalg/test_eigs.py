@@ -6,6 +6,7 @@ import pytest
 import scipy.sparse.linalg as sla
 import torch
 
+from spectral_hooks.errors import ConvergenceWarning, OptionError
 from spectral_hooks.linalg import DenseOperator, LinearOperator, eigs
 
 from ._spectra import make_matrix, set_distance, top_by_modulus
@@ -151,22 +152,23 @@ def test_clustered_case_where_arpack_default_is_wrong():
 
 def test_non_convergence_warns_and_returns(caplog):
     A, vals = make_matrix(400, _clustered_top(15, 1e-3, 0), bulk_radius=0.9, seed=0)
-    with caplog.at_level(logging.WARNING):
+    with caplog.at_level(logging.WARNING), pytest.warns(ConvergenceWarning) as caught:
         res = eigs(A, 16, max_restarts=1)
     assert not bool(res.converged)
     assert torch.isfinite(res.residuals[:16]).all()
     assert "did not converge" in caplog.text
+    assert len([w for w in caught if w.category is ConvergenceWarning]) == 1  # once per call
 
 
 def test_bad_input():
     A = torch.randn(10, 10, dtype=torch.float64)
     with pytest.raises(ValueError, match="torch.linalg.eig"):
         eigs(A, 9)
-    with pytest.raises(ValueError, match="k must be >= 1"):
+    with pytest.raises(OptionError, match=r"k=0 is not valid: expected an int with 1 <= k"):
         eigs(A, 0)
     with pytest.raises(ValueError, match="square"):
         eigs(torch.randn(10, 8), 2)
-    with pytest.raises(ValueError, match="which"):
+    with pytest.raises(OptionError, match=r"which='XX' is not valid.*'LM'"):
         eigs(A, 2, which="XX")
     bad = LinearOperator((10, 10), matvec=lambda x: x * float("nan"), dtype=torch.float64,
                          device="cpu", name="nan_op")
@@ -260,7 +262,8 @@ def test_operator_noise_above_tol_ends_unconverged_never_garbage():
     op = LinearOperator((30, 30), matvec=lambda x: noisy(x[:, None])[:, 0], matmat=noisy,
                         dtype=torch.float64, device="cpu")
     for bs in (1, 3):
-        res = eigs(op, 4, tol=1e-11, max_restarts=60, block_size=bs)
+        with pytest.warns(ConvergenceWarning, match="max explicit residual"):
+            res = eigs(op, 4, tol=1e-11, max_restarts=60, block_size=bs)
         assert not bool(res.converged)
         K = res.values.shape[-1]
         assert set_distance(res.values, top_by_modulus(vals, K)) < 1e-6

@@ -1,0 +1,71 @@
+"""What the solvers need from an operator, stated as ``typing.Protocol`` s.
+
+Example::
+
+    >>> import torch
+    >>> from spectral_hooks.linalg import DenseOperator
+    >>> isinstance(DenseOperator(torch.eye(3)), Operator)
+    True
+
+:class:`Operator` is what :func:`~spectral_hooks.linalg.eigs`, :func:`~spectral_hooks.linalg.svds`
+and the estimators call (every :class:`~spectral_hooks.linalg.LinearOperator` satisfies it).
+:class:`BatchGroup` is the optional lockstep protocol: operators that are slots of one shared
+engine (``linearize.stacked``) carry a :class:`BatchMember` view, and the solvers apply every
+active slot of a group with one ``matmat_all`` call per step (``linalg/_batch.py``).
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Protocol, Tuple, runtime_checkable
+
+import torch
+from torch import Tensor
+
+__all__ = ["Operator", "BatchGroup", "BatchMember"]
+
+
+@runtime_checkable
+class Operator(Protocol):
+    """A linear map C^n -> C^m applied by functions (the adjoint is optional).
+
+    ``rmatvec`` / ``rmatmat`` raise ``NotImplementedError`` where the adjoint is unknown (svds
+    needs it, eigs does not). ``block_size``: columns per ``matmat`` that cost about one
+    application (a hint for eigs' block Krylov mode), or None. ``n_matvecs``: applications so
+    far (a matmat of k columns counts k).
+    """
+
+    shape: Tuple[int, int]
+    dtype: torch.dtype
+    device: torch.device
+    block_size: Optional[int]
+    n_matvecs: int
+
+    def matvec(self, x: Tensor) -> Tensor: ...
+
+    def matmat(self, X: Tensor) -> Tensor: ...
+
+    def rmatvec(self, y: Tensor) -> Tensor: ...
+
+    def rmatmat(self, Y: Tensor) -> Tensor: ...
+
+
+@runtime_checkable
+class BatchGroup(Protocol):
+    """``size`` operators of one shape applied together: slot i of ``matmat_all(X)`` is
+    A_i X[i] (X: [size, n, c] -> [size, m, c]); ``rmatmat_all`` applies A_i^H likewise.
+    Slots not in use may hold anything (zeros are passed); their results are ignored."""
+
+    size: int
+    dtype: torch.dtype
+
+    def matmat_all(self, X: Tensor) -> Tensor: ...
+
+    def rmatmat_all(self, X: Tensor) -> Tensor: ...
+
+
+@runtime_checkable
+class BatchMember(Protocol):
+    """An operator that is slot ``batch_index`` of the shared engine ``batch_group``."""
+
+    batch_group: BatchGroup
+    batch_index: int
