@@ -5,11 +5,16 @@
     report.save("out/"); Report.load("out/")
     after.compare(before)             # after minus before, section by section
     report.to_html("out/report.html") # one self-contained file
+    report.columns_doc("power")       # what each column means (when built with schemas=)
 """
 
 from .core import KEY_COLUMNS, SCHEMA_VERSION, SECTION_NAMES, Report
+from .schema import Column, SchemaError, SectionSchema
 
-__all__ = ["Report", "SECTION_NAMES", "KEY_COLUMNS", "SCHEMA_VERSION", "figures", "render_html", "write_html"]
+__all__ = [
+    "Report", "SECTION_NAMES", "KEY_COLUMNS", "SCHEMA_VERSION", "Column", "SectionSchema",
+    "SchemaError", "figures", "render_html", "write_html",
+]
 
 
 def __getattr__(name):  # matplotlib is imported only when figures are asked for

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Optional
 
 import numpy as np
 import pandas as pd
 
 from .encoding import _to_jsonable
-
-if TYPE_CHECKING:
-    from .core import Report
 
 #: Columns that identify a row; `Report.compare` matches rows on those present in both tables.
 KEY_COLUMNS: tuple[str, ...] = (
@@ -26,18 +23,33 @@ KEY_COLUMNS: tuple[str, ...] = (
 )
 
 
-def compare_reports(report: Report, other: Report) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
-    """(sections, ``metadata["compare"]``) of ``report - other``; see `Report.compare`."""
+def compare_sections(
+    mine: Mapping[str, Optional[pd.DataFrame]],
+    other: Mapping[str, Optional[pd.DataFrame]],
+    *,
+    mine_metadata: Mapping[str, Any],
+    other_metadata: Mapping[str, Any],
+) -> tuple[dict[str, pd.DataFrame], dict[str, Any]]:
+    """(sections, ``metadata["compare"]``) of ``mine - other``; see `Report.compare`.
+
+    >>> a = {"power": pd.DataFrame({"layer": [0, 1], "gap_ratio": [0.5, 0.25]})}
+    >>> b = {"power": pd.DataFrame({"layer": [0, 1], "gap_ratio": [0.25, 0.25]})}
+    >>> out, info = compare_sections(a, b, mine_metadata={}, other_metadata={})
+    >>> out["power"]["gap_ratio"].tolist(), info["sign"]
+    ([0.25, 0.0], 'self - other')
+
+    Works on plain tables (a section mapped to None counts as absent) and metadata mappings.
+    """
     info: dict[str, Any] = {
         "sign": "self - other",
-        "self": _short_meta(report.metadata),
-        "other": _short_meta(other.metadata),
+        "self": _short_meta(mine_metadata),
+        "other": _short_meta(other_metadata),
         "skipped_sections": {},
         "notes": {},
     }
     out: dict[str, pd.DataFrame] = {}
-    for name in report.sections + [n for n in other.sections if n not in report]:
-        a = report.get(name)
+    for name in list(mine) + [n for n in other if n not in mine]:
+        a = mine.get(name)
         b = other.get(name)
         if a is None or b is None:
             side = "other" if a is not None else "self"

@@ -11,9 +11,14 @@ Saving writes one file per section (Parquet when pyarrow is importable, CSV othe
 that `Report.load` restores every table exactly -- bool, integer, float (NaN included), complex,
 string, categorical and nullable columns -- without pickle.
 
-Layout: this module holds `Report` (sections, lazy resolution, display); saving and loading
-live in `spectral_hooks.report.storage` (value encodings in `spectral_hooks.report.encoding`),
-and `Report.compare` in `spectral_hooks.report.compare`.
+Each section may have a `SectionSchema` (``Report(..., schemas=...)``; the library's own are in
+``spectral_hooks.analysis.columns``): its table is then validated when first resolved, and
+``report.columns_doc(name)`` says what every column means.
+
+Layout: this module holds `Report` (sections, lazy resolution, schemas, display); saving and
+loading live in `spectral_hooks.report.storage` (value encodings in
+`spectral_hooks.report.encoding`), and `Report.compare` in `spectral_hooks.report.compare`.
+Those two work on plain tables and metadata and never import this module.
 """
 
 from __future__ import annotations
@@ -27,9 +32,10 @@ from typing import Any, Union
 
 import pandas as pd
 
-from .compare import KEY_COLUMNS, compare_reports
+from .compare import KEY_COLUMNS, compare_sections
+from .schema import SectionSchema
 from .storage import FORMAT_NAME, METADATA_FILE  # noqa: F401  (re-exported: they lived here)
-from .storage import SCHEMA_VERSION, _check_section_name, load_report, save_report
+from .storage import SCHEMA_VERSION, _check_section_name, load_tables, save_tables
 
 __all__ = ["Report", "SECTION_NAMES", "KEY_COLUMNS", "SCHEMA_VERSION"]
 
@@ -70,6 +76,10 @@ class Report:
     metadata:
         JSON-able values describing the run (model name, config hash, inputs summary, options,
         library versions, timings, ...). Kept as given; `save` adds ``spectral_hooks_version``.
+    schemas:
+        Optional mapping from section name to its `SectionSchema`. A section with a schema is
+        validated when first resolved (a mismatch raises `SchemaError`); `schema` and
+        `columns_doc` describe its columns. Sections without one are not checked.
 
     Access a section as an attribute (``report.power``) or by name (``report["power"]``).
     Known sections that were not computed read as None through their attribute; ``report[name]``
@@ -80,6 +90,8 @@ class Report:
         self,
         sections: Mapping[str, SectionSource] | None = None,
         metadata: Mapping[str, Any] | None = None,
+        *,
+        schemas: Mapping[str, SectionSchema] | None = None,
     ) -> None:
         sections = {} if sections is None else sections
         if not isinstance(sections, Mapping):
@@ -100,6 +112,8 @@ class Report:
         self._cache: dict[str, Any] = {}
         self._locks: dict[str, threading.Lock] = {name: threading.Lock() for name in self._sources}
         self.metadata: dict[str, Any] = dict(metadata or {})
+        self._schemas = _checked_schemas(schemas)
+        self._validated: set[str] = set()
 
     # ------------------------------------------------------------------ sections
     @property
@@ -118,9 +132,10 @@ class Report:
             return default
         source = self._sources[name]
         if isinstance(source, pd.DataFrame):
-            return source
+            return self._checked(name, source)
         if name in self._cache:
-            return self._cache[name]
+            result = self._cache[name]
+            return default if result is None else self._checked(name, result)
         with self._locks[name]:
             if name not in self._cache:  # another thread may have resolved it meanwhile
                 value = source()
@@ -131,7 +146,34 @@ class Report:
                     )
                 self._cache[name] = value
         result = self._cache[name]
-        return default if result is None else result
+        return default if result is None else self._checked(name, result)
+
+    def _checked(self, name: str, df: pd.DataFrame) -> pd.DataFrame:
+        """``df`` after validating it once against the section's schema, if it has one."""
+        if name not in self._validated and name in self._schemas:
+            self._schemas[name].validate(df)
+            self._validated.add(name)
+        return df
+
+    # ------------------------------------------------------------------ schemas
+    @property
+    def schemas(self) -> dict[str, SectionSchema]:
+        """The section schemas this report was given, by section name (a copy)."""
+        return dict(self._schemas)
+
+    def schema(self, name: str) -> SectionSchema:
+        """The `SectionSchema` of section ``name``; KeyError when it has none."""
+        if name not in self._schemas:
+            raise KeyError(f"no schema for section {name!r}; schemas given: {sorted(self._schemas)}")
+        return self._schemas[name]
+
+    def columns_doc(self, name: str) -> pd.DataFrame:
+        """What each column of section ``name`` means: name, dtype, meaning, anchor, ...
+
+        >>> report.columns_doc("power").set_index("name").loc["gap_ratio", "meaning"]  # doctest: +SKIP
+        'r_t = |mu_2| / |mu_1|; smaller = a stronger pull'
+        """
+        return self.schema(name).doc()
 
     def __getitem__(self, name: str) -> pd.DataFrame:
         value = self.get(name, _NOT_YET)
@@ -181,12 +223,12 @@ class Report:
         message when the directory cannot be created or written, ValueError/TypeError when a
         table or the metadata cannot be stored faithfully.
         """
-        return save_report(self, directory, format=format)
+        return save_tables(self.items(), self.metadata, directory, format=format)
 
     @classmethod
     def load(cls, directory: str | os.PathLike[str]) -> Report:
         """Read a report written by `save` (no pickle involved)."""
-        sections, metadata = load_report(directory)
+        sections, metadata = load_tables(directory)
         return cls(sections, metadata)
 
     # ------------------------------------------------------------------ compare
@@ -204,7 +246,10 @@ class Report:
         """
         if not isinstance(other, Report):
             raise TypeError(f"compare expects a Report, got {type(other).__name__}")
-        out, info = compare_reports(self, other)
+        mine = {name: self.get(name) for name in self.sections}
+        theirs = {name: other.get(name) for name in other.sections}
+        out, info = compare_sections(mine, theirs, mine_metadata=self.metadata,
+                                     other_metadata=other.metadata)
         return Report(out, {"compare": info})
 
     # ------------------------------------------------------------------ display
@@ -232,3 +277,16 @@ class Report:
         from .plots import figures
 
         return figures(self)
+
+
+def _checked_schemas(schemas: Mapping[str, SectionSchema] | None) -> dict[str, SectionSchema]:
+    if schemas is None:
+        return {}
+    if not isinstance(schemas, Mapping):
+        raise TypeError(f"schemas must be a mapping of section name -> SectionSchema, got {type(schemas).__name__}")
+    for name, schema in schemas.items():
+        if not isinstance(schema, SectionSchema):
+            raise TypeError(f"schemas[{name!r}] must be a SectionSchema, got {type(schema).__name__}")
+        if schema.name != name:
+            raise ValueError(f"schemas[{name!r}] is the schema of section {schema.name!r}")
+    return dict(schemas)

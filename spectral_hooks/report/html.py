@@ -21,6 +21,8 @@ from typing import Any
 
 import pandas as pd
 
+from .._version import __version__
+
 __all__ = ["render_html", "write_html", "notebook_html", "SECTION_INFO", "COLUMN_DOCS"]
 
 #: Rows of a table shown in full; longer tables show their head and say so.
@@ -203,8 +205,15 @@ def _table_html(df: pd.DataFrame, max_rows: int = MAX_ROWS) -> str:
     return f'<div class="table-wrap">{body}</div>{note}'
 
 
-def _column_list(df: pd.DataFrame) -> str:
-    items = [f"<dt>{_e(c)}</dt><dd>{_e(COLUMN_DOCS[c])}</dd>" for c in df.columns if c in COLUMN_DOCS]
+def _column_meaning(column: str, schema) -> str | None:
+    declared = schema.column(column) if schema is not None else None
+    return declared.meaning if declared is not None else COLUMN_DOCS.get(column)
+
+
+def _column_list(df: pd.DataFrame, schema=None) -> str:
+    """Definitions of the table's columns: from the section's schema, else `COLUMN_DOCS`."""
+    meanings = [(c, _column_meaning(str(c), schema)) for c in df.columns]
+    items = [f"<dt>{_e(c)}</dt><dd>{_e(m)}</dd>" for c, m in meanings if m is not None]
     if not items:
         return ""
     return f'<details><summary>Column definitions</summary><dl class="cols">{"".join(items)}</dl></details>'
@@ -233,31 +242,13 @@ def render_html(report, *, figures: bool = True, docs_href: str | None = None, t
     ``docs_href`` is the link target of the metric reference (default ``docs/metrics.md``;
     `write_html` computes a path relative to the file it writes).
     """
-    from .plots import FIGURES, MissingSectionError
-
     href = docs_href if docs_href is not None else _default_docs_href(None)
     meta = dict(report.metadata)
     model = meta.get("model")
     page_title = title or ("spectral_hooks report" + (f" — {model}" if model is not None else ""))
 
     names = list(report.sections)
-    figs_by_section: dict[str, list[str]] = {}
-    if figures:
-        for fig_name, spec in FIGURES.items():
-            target = spec.section if spec.section in names else None
-            if target is None and fig_name.startswith("eigenvalues") and "spectra" in names:
-                target = "spectra"
-            if target is None:
-                continue
-            try:
-                fig = spec.func(report)
-            except MissingSectionError:
-                continue
-            img = _fig_png_b64(fig)
-            figs_by_section.setdefault(target, []).append(
-                f'<figure id="fig-{_e(fig_name)}"><img alt="{_e(spec.caption)}" '
-                f'src="data:image/png;base64,{img}"><figcaption>{_e(spec.caption)}</figcaption></figure>'
-            )
+    figs_by_section = _figures_html(report, names) if figures else {}
 
     parts = [
         "<!DOCTYPE html>",
@@ -270,9 +261,7 @@ def render_html(report, *, figures: bool = True, docs_href: str | None = None, t
     generated = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     version = meta.get("spectral_hooks_version")
     if version is None:
-        import spectral_hooks
-
-        version = getattr(spectral_hooks, "__version__", "unknown")
+        version = __version__
     parts.append(f'<p class="sub">Generated {_e(generated)} by spectral_hooks {_e(version)}. '
                  f'Metric definitions: <a href="{_e(href)}">{_e(href)}</a>.</p>')
     toc = ['<li><a href="#metadata">Metadata</a></li>']
@@ -300,13 +289,36 @@ def render_html(report, *, figures: bool = True, docs_href: str | None = None, t
         if df is None:
             parts.append('<p class="note">Not computed.</p>')
             continue
-        parts.append(_column_list(df))
+        parts.append(_column_list(df, report.schemas.get(name)))
         parts.append(_table_html(df))
 
     parts.append(f'<footer>spectral_hooks {_e(version)} · self-contained report: no network access is '
                  "needed to view it.</footer>")
     parts.append("</main></body></html>")
     return "\n".join(parts)
+
+
+def _figures_html(report, names: list[str]) -> dict[str, list[str]]:
+    """``<figure>`` elements by the section they belong to (imports matplotlib)."""
+    from .plots import FIGURES, MissingSectionError
+
+    figs_by_section: dict[str, list[str]] = {}
+    for fig_name, spec in FIGURES.items():
+        target = spec.section if spec.section in names else None
+        if target is None and fig_name.startswith("eigenvalues") and "spectra" in names:
+            target = "spectra"
+        if target is None:
+            continue
+        try:
+            fig = spec.func(report)
+        except MissingSectionError:
+            continue
+        img = _fig_png_b64(fig)
+        figs_by_section.setdefault(target, []).append(
+            f'<figure id="fig-{_e(fig_name)}"><img alt="{_e(spec.caption)}" '
+            f'src="data:image/png;base64,{img}"><figcaption>{_e(spec.caption)}</figcaption></figure>'
+        )
+    return figs_by_section
 
 
 def write_html(report, path: str | os.PathLike[str], *, figures: bool = True, docs_href: str | None = None) -> str:

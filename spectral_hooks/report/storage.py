@@ -1,8 +1,8 @@
 """Saving and loading reports: one file per section plus ``metadata.json``.
 
-`save_report` writes one file per section (Parquet when pyarrow is importable, CSV otherwise)
+`save_tables` writes one file per section (Parquet when pyarrow is importable, CSV otherwise)
 plus ``metadata.json`` holding the metadata, a schema version and the exact dtype of every
-column; `load_report` reads them back exactly -- bool, integer, float (NaN included), complex,
+column; `load_tables` reads them back exactly -- bool, integer, float (NaN included), complex,
 string, categorical and nullable columns -- without pickle. `spectral_hooks.report.Report.save`
 and `spectral_hooks.report.Report.load` are the public entry points.
 """
@@ -13,12 +13,13 @@ import importlib.util
 import json
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pandas as pd
 
+from .._version import __version__
 from .encoding import (
     _column_kind,
     _decode_csv_column,
@@ -28,9 +29,6 @@ from .encoding import (
     _to_jsonable,
     _unjson_cell,
 )
-
-if TYPE_CHECKING:
-    from .core import Report
 
 #: Version of the on-disk layout written by `Report.save`.
 SCHEMA_VERSION = 1
@@ -55,8 +53,20 @@ def _check_section_name(name: Any) -> str:
     return name
 
 
-def save_report(report: Report, directory: str | os.PathLike[str], format: str | None = None) -> Path:
-    """Write every section of ``report`` and ``metadata.json`` into ``directory``; see `Report.save`."""
+def save_tables(
+    tables: Iterable[tuple[str, pd.DataFrame]],
+    metadata: Mapping[str, Any],
+    directory: str | os.PathLike[str],
+    *,
+    format: str | None = None,
+) -> Path:
+    """Write ``(name, table)`` pairs and ``metadata.json`` into ``directory``; see `Report.save`.
+
+    >>> import tempfile                                              # doctest: +SKIP
+    >>> save_tables([("power", df)], {"model": "demo"}, tempfile.mkdtemp())  # doctest: +SKIP
+
+    Plain tables and a metadata mapping: this module knows nothing of `Report`.
+    """
     if format is None:
         format = "parquet" if _HAVE_PYARROW else "csv"
     if format not in ("parquet", "csv"):
@@ -66,10 +76,8 @@ def save_report(report: Report, directory: str | os.PathLike[str], format: str |
     out = Path(directory)
     _prepare_dir(out)
 
-    import spectral_hooks  # late: the package imports this module
-
-    metadata = dict(report.metadata)
-    metadata.setdefault("spectral_hooks_version", getattr(spectral_hooks, "__version__", "unknown"))
+    metadata = dict(metadata)
+    metadata.setdefault("spectral_hooks_version", __version__)
     try:
         metadata_json = _to_jsonable(metadata, "metadata")
     except TypeError as exc:
@@ -81,7 +89,7 @@ def save_report(report: Report, directory: str | os.PathLike[str], format: str |
         "metadata": metadata_json,
         "sections": {},
     }
-    for name, df in report.items():
+    for name, df in tables:
         filename = f"{name}.{format}"
         info = _write_table(df, out / filename, format, name)
         info["file"] = filename
@@ -91,8 +99,8 @@ def save_report(report: Report, directory: str | os.PathLike[str], format: str |
     return out
 
 
-def load_report(directory: str | os.PathLike[str]) -> tuple[dict[str, pd.DataFrame], Any]:
-    """(sections, metadata) of a report written by `save_report` (no pickle involved)."""
+def load_tables(directory: str | os.PathLike[str]) -> tuple[dict[str, pd.DataFrame], Any]:
+    """(sections, metadata) of a report written by `save_tables` (no pickle involved)."""
     root = Path(directory)
     meta_path = root / METADATA_FILE
     if not root.is_dir():

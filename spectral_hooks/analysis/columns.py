@@ -1,0 +1,178 @@
+"""The columns of every report section the library produces: name, dtype, meaning, doc anchor.
+
+    >>> from spectral_hooks.analysis.columns import SCHEMAS        # doctest: +SKIP
+    >>> SCHEMAS["power"].column("gap_ratio").meaning               # doctest: +SKIP
+    'r_t = |lambda_2| / |lambda_1| ...'
+    >>> Report(sections, metadata, schemas=SCHEMAS)                 # doctest: +SKIP
+
+Data only. Each column's ``anchor`` is the heading in ``docs/metrics.md`` that defines it
+(``tests/test_columns_documented.py`` checks that every column is documented there and that
+the reports saved before the rebuild, ``tests/golden/saved/``, validate against these schemas).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+from ..report.schema import Column, SectionSchema
+
+__all__ = ["SCHEMAS", "VARIANTS", "JACOBIAN_VARIANTS"]
+
+#: Labels of the ``variant`` column of ``bottleneck``; ``jacobian`` uses the first two.
+VARIANTS = ("trained", "init", "symmetric", "schur")
+JACOBIAN_VARIANTS = ("trained", "init")
+
+_power = partial(Column, anchor="power")
+_spectra = partial(Column, anchor="spectra")
+_shared = partial(Column, anchor="shared_weights")
+_jacobian = partial(Column, anchor="jacobian")
+_trends = partial(Column, anchor="trends")
+_bottleneck = partial(Column, anchor="bottleneck")
+_propagation = partial(Column, anchor="propagation")
+_topology = partial(Column, anchor="topology")
+_units = partial(Column, anchor="units")
+
+POWER = SectionSchema("power", (
+    _power("layer", "int", "layer index t (0 = first block)"),
+    _power("iterate", "category", "the matrix iterated: F, or I+F (mu = 1 + lambda orders the "
+           "spectrum and defines gap and subspace)", categories=("F", "I+F")),
+    _power("lambda1_real", "float", "real part of lambda_1, the eigenvalue of F_t of largest modulus"),
+    _power("lambda1_imag", "float", "imaginary part of lambda_1"),
+    _power("abs_lambda1", "float", "|lambda_1|"),
+    _power("abs_lambda2", "float", "|lambda_2|, the first eigenvalue that is not the conjugate of lambda_1"),
+    _power("abs_mu1", "float", "|mu_1| of the ordering quantity (mu = lambda for F, 1 + lambda for I+F)"),
+    _power("abs_mu2", "float", "|mu_2| of the ordering quantity"),
+    _power("gap_ratio", "float", "r_t = |mu_2| / |mu_1|; smaller = a stronger pull"),
+    _power("lambda1_is_complex", "bool", "lambda_1 belongs to a complex conjugate pair"),
+    _power("subspace_dim", "int", "dimension of the principal subspace B_t (1, or 2 for a pair)"),
+    _power("gamma_in", "float", "mean alignment of the input tokens (resid_pre) with B_t"),
+    _power("gamma", "float", "mean alignment of the output tokens (resid_post) with B_t"),
+    _power("gamma_null", "float", "expected alignment of a uniformly random direction with B_t"),
+    _power("lift", "float", "gamma / gamma_null"),
+    _power("gamma2_dim", "int", "dimension of B2_t, the span of the top two eigen-directions (2 to 4)"),
+    _power("gamma2_in", "float", "mean alignment of the input tokens with B2_t"),
+    _power("gamma2", "float", "mean alignment of the output tokens with B2_t"),
+    _power("gamma2_null", "float", "expected alignment of a random direction with B2_t"),
+    _power("rho", "float", "share of tokens whose alignment with B_t grew through the layer"),
+    _power("rho_pvalue", "float", "one-sided exact binomial p-value of rho against 1/2"),
+    _power("n_tokens", "int", "number of non-padding tokens used"),
+    _power("mean_cos", "float", "mean pairwise cosine of the output tokens (consensus)"),
+    _power("collapse_residual", "float", "||X - 1 xbar^T||_F / ||X||_F of the output tokens"),
+    _power("erank", "float", "effective rank of the output token matrix"),
+    _power("truncated", "bool", "only the top eigenvalues of F_t were computed (d above the dense limit)"),
+    _power("n_computed", "int", "number of eigenvalues of F_t computed (d when not truncated)"),
+    _power("converged", "bool", "False only when the Krylov eigensolver did not converge"),
+), key_columns=("layer",))
+
+SPECTRA = SectionSchema("spectra", (
+    _spectra("source", "category", "F (layer matrix F_t) or jacobian (token Jacobian J_l)",
+             categories=("F", "jacobian")),
+    _spectra("layer", "int", "layer index"),
+    _spectra("position", "int", "token position of the Jacobian; -1 for F (not a position)"),
+    _spectra("index", "int", "rank of the eigenvalue by modulus, 0 = largest"),
+    _spectra("real", "float", "real part of the eigenvalue"),
+    _spectra("imag", "float", "imaginary part of the eigenvalue"),
+    _spectra("abs", "float", "modulus of the eigenvalue"),
+    _spectra("truncated", "bool", "rows of F: only the top eigenvalues were computed; missing on "
+             "Jacobian rows", nullable=True),
+    _spectra("converged", "bool", "rows of F: the eigensolver converged; missing on Jacobian rows",
+             nullable=True),
+), key_columns=("source", "layer", "position", "index"))
+
+SHARED_WEIGHTS = SectionSchema("shared_weights", (
+    _shared("layer", "int", "application t of the shared layer (0 = first)"),
+    _shared("angle_pred_obs_deg", "float", "angle (degrees) between the predicted and the observed "
+            "mean token direction"),
+    _shared("predicted_rate", "float", "|mu_2 / mu_1| of I + F, the predicted convergence rate"),
+    _shared("angle_obs_principal_deg", "float", "angle (degrees) of the observed mean direction to "
+            "the principal subspace of I + F"),
+    _shared("angle_pred_principal_deg", "float", "angle (degrees) of the predicted direction to the "
+            "principal subspace of I + F"),
+    _shared("abs_mu1", "float", "|mu_1|, mu = 1 + lambda"),
+    _shared("abs_mu2", "float", "|mu_2|"),
+    _shared("mu1_is_complex", "bool", "mu_1 belongs to a complex conjugate pair"),
+    _shared("n_tokens", "int", "number of non-padding tokens used"),
+    _shared("group", "int", "index of the shared-weight group (one per shared block)"),
+), key_columns=("layer",))
+
+JACOBIAN = SectionSchema("jacobian", (
+    _jacobian("variant", "category", "trained, or init (a fresh initialisation of the same config)",
+              categories=JACOBIAN_VARIANTS),
+    _jacobian("layer", "int", "block index l"),
+    _jacobian("position", "int", "token position p of the Jacobian"),
+    _jacobian("frac_complex", "float", "share of the computed eigenvalues of Delta J that are complex"),
+    _jacobian("frac_complex_null", "float", "the same share for a real Gaussian matrix of the same size"),
+    _jacobian("mean_abs_angle", "float", "sum |lambda| |arg lambda| / sum |lambda| (radians)"),
+    _jacobian("sym_energy", "float", "||S||_F^2 / ||Delta J||_F^2, S the symmetric part of Delta J"),
+    _jacobian("sym_energy_se", "float", "standard error of the Hutchinson estimate of sym_energy "
+              "(0 in dense mode)"),
+    _jacobian("departure", "float", "Henrici departure from normality, divided by ||J||_F"),
+    _jacobian("departure_is_bound", "bool", "departure is an upper bound from the top-k eigenvalues"),
+    _jacobian("self_alignment", "float", "(1/k) ||U_k^T V_k||_F^2 of the top-k singular subspaces of Delta J"),
+    _jacobian("top_eig_abs", "float", "modulus of the largest eigenvalue of J"),
+    _jacobian("n_matvecs", "int", "Jacobian-vector products spent"),
+    _jacobian("k", "int", "number of top eigenvalues / singular values asked for"),
+    _jacobian("n_eigenvalues", "int", "number of eigenvalues computed (k, k + 1 for a conjugate pair, d dense)"),
+    _jacobian("d", "int", "size of J (d_model)"),
+    _jacobian("dense", "bool", "J was materialised and analysed densely (exact mode)"),
+    _jacobian("converged", "bool", "False when an eigs/svds run did not converge"),
+), key_columns=("variant", "layer", "position"))
+
+TRENDS = SectionSchema("trends", (
+    _trends("metric", "str", "a per-layer metric of the power or jacobian table"),
+    _trends("spearman_rho", "float", "Spearman correlation of the metric with the layer index"),
+    _trends("pvalue", "float", "its two-sided p-value"),
+    _trends("n_layers", "int", "layers with a finite value (positions averaged per layer)"),
+), key_columns=("metric",))
+
+BOTTLENECK = SectionSchema("bottleneck", (
+    _bottleneck("variant", "category", "trained, init, symmetric or schur", categories=VARIANTS),
+    _bottleneck("depth", "int", "l, the number of blocks in the product P_l"),
+    _bottleneck("erank", "float", "effective rank of P_l"),
+    _bottleneck("participation_ratio", "float", "(sum sigma^2)^2 / sum sigma^4"),
+    _bottleneck("stable_rank", "float", "sum sigma^2 / sigma_1^2"),
+    _bottleneck("surviving", "int", "#{sigma_i >= 1e-2 sigma_1}"),
+    _bottleneck("sigma_max", "float", "sigma_1, the largest singular value of P_l"),
+    _bottleneck("n_singular", "int", "number of singular values the ranks use"),
+    _bottleneck("truncated", "bool", "the ranks come from a truncated spectrum (estimates)"),
+    _bottleneck("n_matvecs", "int", "operator applications spent on this variant up to this depth"),
+), key_columns=("variant", "depth"))
+
+PROPAGATION = SectionSchema("propagation", (
+    _propagation("layer", "int", "layer l the perturbation goes through (x_{l+1} = J_l x_l)"),
+    _propagation("norm", "float", "||x_{l+1}||"),
+    _propagation("growth", "float", "||x_{l+1}|| / ||x_l||"),
+    _propagation("alignment_top", "float", "||U_k^T x_{l+1}|| / ||x_{l+1}||, U_k the top-k left "
+                 "singular vectors of J_l"),
+    _propagation("alignment_in", "float", "||V_k^T x_l|| / ||x_l||, V_k the top-k right singular vectors"),
+    _propagation("alignment_null", "float", "the same alignment for a uniformly random direction"),
+    _propagation("k", "int", "number of singular directions k"),
+), key_columns=("layer",))
+
+TOPOLOGY = SectionSchema("topology", (
+    _topology("layer", "int", "layer l whose input h_l is the unit graph"),
+    _topology("n_communities", "int", "number of communities"),
+    _topology("modularity", "float", "modularity Q of the partition"),
+    _topology("method", "category", "leiden (signed) or louvain (on |weight|)",
+              categories=("leiden", "louvain")),
+    _topology("coupling_rho", "float", "Spearman correlation of bridge score and amplification"),
+    _topology("coupling_pvalue", "float", "its p-value"),
+    _topology("coupling_rho_init", "float", "the same at initialisation (control)"),
+    _topology("coupling_rho_shuffled", "float", "the same with community labels shuffled (control)"),
+    _topology("n_units", "int", "number of units d"),
+    _topology("n_tokens", "int", "number of recorded tokens the correlations use"),
+), key_columns=("layer",))
+
+UNITS = SectionSchema("units", (
+    _units("layer", "int", "layer l"),
+    _units("unit", "int", "index of the residual-stream coordinate"),
+    _units("community", "int", "its community label"),
+    _units("bridge_score", "float", "participation coefficient over |weights|"),
+    _units("amplification", "float", "g_i = ||Delta J e_i||"),
+), key_columns=("layer", "unit"))
+
+#: Every section the library produces, by name.
+SCHEMAS: dict[str, SectionSchema] = {
+    s.name: s
+    for s in (POWER, SPECTRA, SHARED_WEIGHTS, JACOBIAN, TRENDS, BOTTLENECK, PROPAGATION, TOPOLOGY, UNITS)
+}
