@@ -1,0 +1,102 @@
+"""What every figure of a report shares: the Agg canvas, section lookup, NaN-safe columns, styles.
+
+    >>> fig = _new_figure(4, 3)            # a Figure on its own Agg canvas; pyplot is never used
+    >>> _num(pd.DataFrame({"x": [1, None]}), "x").tolist()
+    [1.0, nan]
+
+Imports matplotlib: only `spectral_hooks.report.plots` and its figure modules import this one.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+ALPHA = 0.05  # significance level used to mark p-values
+COMPLEX_TOL = 1e-6  # |Im| > tol |lambda| counts as complex (METRICS.md section 2)
+VARIANT_STYLE = {
+    "trained": dict(color="#1f77b4", marker="o", linestyle="-"),
+    "init": dict(color="#7f7f7f", marker="s", linestyle="--"),
+    "symmetric": dict(color="#2ca02c", marker="^", linestyle="-."),
+    "schur": dict(color="#d62728", marker="D", linestyle=":"),
+}
+
+
+class MissingSectionError(LookupError):
+    """The report lacks the section (or the columns) a figure needs."""
+
+
+def _new_figure(width: float, height: float) -> Figure:
+    fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _section(report, name: str, columns: tuple[str, ...] = ()) -> pd.DataFrame:
+    df = report.get(name)
+    if df is None or len(df) == 0:
+        raise MissingSectionError(f"the report has no {name!r} section")
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise MissingSectionError(f"section {name!r} lacks columns {missing}")
+    return df
+
+
+def _num(df: pd.DataFrame, col: str) -> np.ndarray:
+    if col not in df.columns:
+        return np.full(len(df), np.nan)
+    return pd.to_numeric(df[col], errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+
+
+def _finite(*arrays: np.ndarray) -> bool:
+    return any(np.isfinite(a).any() for a in arrays)
+
+
+def _no_data(ax, what: str = "no finite values") -> None:
+    ax.text(0.5, 0.5, what, ha="center", va="center", transform=ax.transAxes, color="#888888")
+
+
+def _per_layer(df: pd.DataFrame, x: str, cols: list[str]) -> pd.DataFrame:
+    """Mean, min and max of ``cols`` per value of ``x`` (several positions per layer)."""
+    present = [c for c in cols if c in df.columns]
+    work = pd.DataFrame({x: _num(df, x)})
+    for c in present:
+        work[c] = _num(df, c)
+    work = work[np.isfinite(work[x])]
+    g = work.groupby(x, sort=True)
+    out = g.mean()
+    for c in present:
+        out[c + "__min"] = g[c].min()
+        out[c + "__max"] = g[c].max()
+    return out
+
+
+def _trend_label(report, metric: str) -> str:
+    trends = report.get("trends")
+    if trends is None or "metric" not in trends.columns:
+        return ""
+    row = trends[trends["metric"] == metric]
+    if len(row) == 0:
+        return ""
+    rho = float(pd.to_numeric(row["spearman_rho"], errors="coerce").iloc[0]) if "spearman_rho" in row else math.nan
+    p = float(pd.to_numeric(row["pvalue"], errors="coerce").iloc[0]) if "pvalue" in row else math.nan
+    if not math.isfinite(rho):
+        return ""
+    return f" (depth trend: Spearman ρ = {rho:+.2f}, p = {_fmt_p(p)})"
+
+
+def _fmt_p(p: float) -> str:
+    if not math.isfinite(p):
+        return "n/a"
+    return f"{p:.1e}" if p < 1e-3 else f"{p:.3f}"
+
+
+def _integer_xaxis(ax) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+

@@ -1,0 +1,178 @@
+"""Figures of the Jacobian view: rotation and symmetry, the bottleneck, topology and units.
+
+    >>> fig = bottleneck_erank(report)     # doctest: +SKIP  (a Report with a bottleneck section)
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from .figure_tools import (
+    ALPHA,
+    VARIANT_STYLE,
+    _finite,
+    _integer_xaxis,
+    _new_figure,
+    _no_data,
+    _num,
+    _per_layer,
+    _section,
+    _trend_label,
+)
+
+# ---------------------------------------------------------------------- Jacobian view
+def rotation_symmetry_vs_depth(report) -> Figure:
+    """frac_complex and sym_energy of ΔJ vs depth, each with its null."""
+    df = _section(report, "jacobian", ("layer",))
+    agg = _per_layer(df, "layer", ["frac_complex", "frac_complex_null", "sym_energy"])
+    x = agg.index.to_numpy(dtype=float)
+    fig = _new_figure(8.5, 6.4)
+    ax, ax2 = fig.subplots(2, 1, sharex=True)
+    fig.suptitle("Rotation vs symmetry of the block Jacobians through depth")
+    multi = len(df) > len(agg)
+    for a, col, null_val, null_col, ylabel, title in (
+        (ax, "frac_complex", None, "frac_complex_null", "share of complex eigenvalues of ΔJ",
+         "frac_complex" + _trend_label(report, "frac_complex")),
+        (ax2, "sym_energy", 0.5, None, "symmetric energy ‖S‖²_F / ‖ΔJ‖²_F",
+         "sym_energy" + _trend_label(report, "sym_energy")),
+    ):
+        y = agg[col].to_numpy() if col in agg else np.full(len(agg), np.nan)
+        if _finite(y):
+            a.plot(x, y, color="#1f77b4", marker="o", ms=4, label=col + (" (mean over positions)" if multi else ""))
+            if multi:
+                a.fill_between(x, agg[col + "__min"], agg[col + "__max"], color="#1f77b4", alpha=0.15, lw=0,
+                               label="range over positions")
+        else:
+            _no_data(a)
+        if null_col is not None and null_col in agg and _finite(agg[null_col].to_numpy()):
+            a.plot(x, agg[null_col], color="#d62728", ls="--", lw=1,
+                   label="null: random real Gaussian matrix (Edelman–Kostlan–Shub)")
+        if null_val is not None:
+            a.axhline(null_val, color="#d62728", ls="--", lw=1, label="null: random matrix (0.5)")
+            a.axhline(1.0, color="#7f7f7f", ls=":", lw=0.8, label="1 = symmetric")
+        a.set_ylim(-0.03, 1.05)
+        a.set_ylabel(ylabel, fontsize=8)
+        a.set_title(title, fontsize=9)
+        a.grid(alpha=0.3)
+        a.legend(fontsize=7, loc="best")
+    ax2.set_xlabel("layer")
+    _integer_xaxis(ax2)
+    return fig
+
+
+def bottleneck_erank(report) -> Figure:
+    """Effective rank (and surviving directions) of the cumulative Jacobian product per variant."""
+    df = _section(report, "bottleneck", ("variant", "depth"))
+    fig = _new_figure(8.5, 6.4)
+    ax, ax2 = fig.subplots(2, 1, sharex=True)
+    fig.suptitle("End-to-end bottleneck: ranks of P_l = J_l ⋯ J_1 by depth")
+    variants = list(dict.fromkeys(df["variant"].astype(str)))
+    order = [v for v in VARIANT_STYLE if v in variants] + [v for v in variants if v not in VARIANT_STYLE]
+    for a, col, ylabel in ((ax, "erank", "effective rank (Roy–Vetterli)"),
+                           (ax2, "surviving", "surviving directions\nσ_i ≥ 10⁻² σ₁")):
+        drawn = False
+        for v in order:
+            sub = df[df["variant"].astype(str) == v].sort_values("depth")
+            x, y = _num(sub, "depth"), _num(sub, col)
+            y = np.where(y > 0, y, np.nan)  # log axis
+            if _finite(y):
+                a.plot(x, y, ms=4, label=v, **VARIANT_STYLE.get(v, {}))
+                drawn = True
+        if drawn:
+            a.set_yscale("log")
+            a.legend(fontsize=8, title="variant", title_fontsize=8)
+        else:
+            _no_data(a)
+        a.set_ylabel(ylabel + " (log)" if drawn else ylabel, fontsize=8)
+        a.grid(alpha=0.3, which="both")
+    ax.set_title("trained vs initialisation vs ablations (symmetric part, Schur diagonal)", fontsize=9)
+    ax2.set_xlabel("depth l (number of blocks in the product)")
+    _integer_xaxis(ax2)
+    return fig
+
+
+# ---------------------------------------------------------------------- topology
+def topology_coupling(report) -> Figure:
+    """Spearman coupling between bridge score and amplification per layer, with its controls."""
+    df = _section(report, "topology", ("layer",)).sort_values("layer")
+    x = _num(df, "layer")
+    fig = _new_figure(8.5, 6.0)
+    ax, ax2 = fig.subplots(2, 1, sharex=True, height_ratios=[3, 2])
+    fig.suptitle("Topology of residual units: bridges vs amplification, per layer")
+    rho, p = _num(df, "coupling_rho"), _num(df, "coupling_pvalue")
+    ax.axhline(0, color="#7f7f7f", lw=0.8)
+    if _finite(rho):
+        sig = np.isfinite(p) & (p < ALPHA)
+        ax.plot(x, rho, color="#1f77b4", lw=1.2, label="trained")
+        ax.scatter(x[sig], rho[sig], color="#1f77b4", s=30, zorder=3, label=f"p < {ALPHA}")
+        ax.scatter(x[~sig], rho[~sig], facecolor="white", edgecolor="#1f77b4", s=30, zorder=3,
+                   label=f"p ≥ {ALPHA} or n/a")
+    for col, style, label in (
+        ("coupling_rho_init", dict(color="#7f7f7f", ls="--", marker="s"), "control: initialisation"),
+        ("coupling_rho_shuffled", dict(color="#d62728", ls=":", marker="x"), "control: shuffled communities"),
+    ):
+        y = _num(df, col)
+        if _finite(y):
+            ax.plot(x, y, ms=4, label=label, **style)
+    if not _finite(rho):
+        _no_data(ax)
+    ax.set_ylim(-1.05, 1.05)
+    ax.set_ylabel("Spearman ρ(bridge score, amplification)", fontsize=8)
+    ax.set_title("coupling per layer", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+
+    mod = _num(df, "modularity")
+    if _finite(mod):
+        ax2.plot(x, mod, color="#2ca02c", marker="o", ms=4, label="modularity")
+        ax2.set_ylabel("modularity Q", fontsize=8)
+        ncom = _num(df, "n_communities")
+        if len(x) <= 32:
+            for xi, mi, ni in zip(x, mod, ncom):
+                if np.isfinite(mi) and np.isfinite(ni):
+                    ax2.annotate(f"{int(ni)}", (xi, mi), textcoords="offset points", xytext=(0, 5),
+                                 ha="center", fontsize=6)
+        ax2.legend(fontsize=7, loc="best", title="labels: number of communities", title_fontsize=7)
+    else:
+        ax2.set_ylabel("modularity Q", fontsize=8)
+        _no_data(ax2)
+    ax2.set_title("community structure of the unit-correlation graph", fontsize=9)
+    ax2.set_xlabel("layer")
+    ax2.grid(alpha=0.3)
+    _integer_xaxis(ax2)
+    return fig
+
+
+def units_scatter(report, *, max_panels: int = 12, ncols: int = 4) -> Figure:
+    """Bridge score vs amplification of each residual unit, one panel per layer."""
+    df = _section(report, "units", ("layer", "bridge_score", "amplification"))
+    layers = sorted({int(v) for v in _num(df, "layer") if np.isfinite(v)})
+    if len(layers) > max_panels:  # evenly spaced subset
+        pick = np.unique(np.linspace(0, len(layers) - 1, max_panels).round().astype(int))
+        layers = [layers[i] for i in pick]
+    n = max(len(layers), 1)
+    ncols = min(ncols, n)
+    nrows = math.ceil(n / ncols)
+    fig = _new_figure(2.9 * ncols + 0.4, 2.6 * nrows + 0.8)
+    axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False)).ravel()
+    fig.suptitle("Residual units: bridge score vs amplification ‖ΔJ e_i‖, per layer")
+    lay = _num(df, "layer")
+    for ax, layer in zip(axes, layers):
+        sub = df[lay == layer]
+        bx, ay = _num(sub, "bridge_score"), _num(sub, "amplification")
+        ok = np.isfinite(bx) & np.isfinite(ay)
+        if ok.any():
+            c = _num(sub, "community")[ok] if "community" in sub else None
+            ax.scatter(bx[ok], ay[ok], s=6, c=c, cmap="tab20", linewidths=0)
+        else:
+            _no_data(ax)
+        ax.set_title(f"layer {layer}", fontsize=9)
+        ax.set_xlabel("bridge score P_i", fontsize=8)
+        ax.set_ylabel("amplification g_i", fontsize=8)
+        ax.tick_params(labelsize=7)
+    for ax in axes[len(layers):]:
+        ax.set_visible(False)
+    return fig

@@ -1,0 +1,185 @@
+"""Figures of the power-method view: eigenvalues in the complex plane, alignment, gap ratio.
+
+    >>> fig = alignment_vs_depth(report)   # doctest: +SKIP  (a Report with a power section)
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Circle
+
+from .figure_tools import (
+    ALPHA,
+    COMPLEX_TOL,
+    MissingSectionError,
+    _finite,
+    _fmt_p,
+    _integer_xaxis,
+    _new_figure,
+    _no_data,
+    _num,
+    _section,
+)
+
+# ---------------------------------------------------------------------- eigenvalues
+def eigenvalues_plane(report, source: str = "F", *, max_panels: int = 48, ncols: int = 4) -> Figure:
+    """Eigenvalues per layer in the complex plane, one small panel per layer.
+
+    ``source`` is ``"F"`` (layer matrices F_t) or ``"jacobian"`` (token Jacobians J_l; several
+    positions of a layer share its panel). Real eigenvalues and complex conjugate pairs are drawn
+    in different colours; the unit circle is dashed.
+    """
+    df = _section(report, "spectra", ("source", "layer", "real", "imag"))
+    df = df[df["source"].astype(str) == source]
+    if len(df) == 0:
+        raise MissingSectionError(f"section 'spectra' has no rows with source == {source!r}")
+    layers = sorted({int(v) for v in _num(df, "layer") if np.isfinite(v)})[:max_panels]
+    n = max(len(layers), 1)
+    ncols = min(ncols, n)
+    nrows = math.ceil(n / ncols)
+    fig = _new_figure(2.6 * ncols + 0.4, 2.5 * nrows + 0.9)
+    axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False)).ravel()
+    what = "F_t = Σ_h W_O^h W_V^h" if source == "F" else "token Jacobians J_l"
+    fig.suptitle(f"Eigenvalues of {what} in the complex plane, per layer")
+    layer_col = _num(df, "layer")
+    re_all, im_all = _num(df, "real"), _num(df, "imag")
+    for ax, layer in zip(axes, layers):
+        sel = layer_col == layer
+        re, im = re_all[sel], im_all[sel]
+        ok = np.isfinite(re) & np.isfinite(im)
+        re, im = re[ok], im[ok]
+        mod = np.hypot(re, im)
+        cplx = np.abs(im) > COMPLEX_TOL * np.maximum(mod, np.finfo(float).tiny)
+        ax.axhline(0, color="#cccccc", lw=0.6, zorder=0)
+        ax.axvline(0, color="#cccccc", lw=0.6, zorder=0)
+        ax.add_patch(Circle((0, 0), 1.0, fill=False, ls="--", lw=0.8, color="#555555", zorder=1))
+        if ok.any():
+            ax.scatter(re[~cplx], im[~cplx], s=9, color="#1f77b4", zorder=3, linewidths=0)
+            ax.scatter(re[cplx], im[cplx], s=9, color="#ff7f0e", zorder=3, linewidths=0)
+            top = float(mod.max()) if mod.size else 0.0
+            lim = 1.12 * max(top, 1.0) if top >= 0.25 else 1.25 * max(top, 1e-12)
+            if top < 0.25:
+                ax.text(0.02, 0.02, "unit circle outside view", transform=ax.transAxes, fontsize=6, color="#555555")
+        else:
+            lim = 1.2
+            _no_data(ax)
+        ax.set_xlim(-lim, lim)
+        ax.set_ylim(-lim, lim)
+        ax.set_aspect("equal", adjustable="box")
+        ax.set_title(f"layer {layer}", fontsize=9)
+        ax.set_xlabel("Re λ", fontsize=8)
+        ax.set_ylabel("Im λ", fontsize=8)
+        ax.tick_params(labelsize=7)
+    for ax in axes[len(layers):]:
+        ax.set_visible(False)
+    handles = [
+        Line2D([], [], ls="", marker="o", color="#1f77b4", label="real eigenvalue"),
+        Line2D([], [], ls="", marker="o", color="#ff7f0e", label="complex (conjugate pair)"),
+        Line2D([], [], ls="--", color="#555555", label="unit circle |λ| = 1"),
+    ]
+    fig.legend(handles=handles, loc="outside lower center", ncols=3, fontsize=8, frameon=False)
+    return fig
+
+
+# ---------------------------------------------------------------------- power view
+def _null_sd_factor(is_complex: np.ndarray) -> np.ndarray:
+    """sd of a(u; B) for u uniform on the sphere, as a multiple of its mean (large d).
+
+    a^2 ~ Beta(k/2, (d-k)/2) with E a^2 = k/d, and E a ~ sqrt(2/(pi d)) (k=1) or
+    sqrt(pi/(2d)) (k=2), so sd/mean = sqrt(pi/2 - 1) (k=1) or sqrt(4/pi - 1) (k=2).
+    """
+    return np.where(is_complex, math.sqrt(4 / math.pi - 1), math.sqrt(math.pi / 2 - 1))
+
+
+def alignment_vs_depth(report) -> Figure:
+    """gamma_in, gamma (and gamma2) vs depth against the null band; rho with p-values below."""
+    df = _section(report, "power", ("layer",)).sort_values("layer")
+    x = _num(df, "layer")
+    fig = _new_figure(8.5, 6.4)
+    ax, ax2 = fig.subplots(2, 1, sharex=True, height_ratios=[3, 2])
+    fig.suptitle("Alignment with the principal subspace of F_t through depth")
+    drawn = False
+    for col, style, label in (
+        ("gamma_in", dict(color="#7f7f7f", marker="o", ls="--"), "γ_in: layer input (resid_pre)"),
+        ("gamma", dict(color="#1f77b4", marker="o", ls="-"), "γ: layer output (resid_post)"),
+        ("gamma2", dict(color="#9467bd", marker="^", ls=":"), "γ₂: top-two eigen-planes"),
+    ):
+        y = _num(df, col)
+        if _finite(y):
+            ax.plot(x, y, label=label, ms=4, **style)
+            drawn = True
+    null = _num(df, "gamma_null")
+    if _finite(null):
+        ax.plot(x, null, color="#d62728", lw=1, label="null: E a(u; B), u uniform")
+        n = _num(df, "n_tokens")
+        cplx = df["lambda1_is_complex"].astype(bool).to_numpy() if "lambda1_is_complex" in df else np.zeros(len(df), bool)
+        if _finite(n):
+            half = 2 * null * _null_sd_factor(cplx) / np.sqrt(np.where(n > 0, n, np.nan))
+            ax.fill_between(x, null - half, null + half, color="#d62728", alpha=0.18, lw=0,
+                            label="null ± 2 s.e. (n tokens)")
+        drawn = True
+    null2 = _num(df, "gamma2_null")
+    if _finite(null2) and _finite(_num(df, "gamma2")):
+        ax.plot(x, null2, color="#d62728", lw=1, ls=":", label="null of γ₂")
+    if not drawn:
+        _no_data(ax)
+    ax.set_ylabel("alignment a = ‖Bᵀx‖/‖x‖ (mean over tokens)")
+    ax.set_title("γ vs depth (higher = tokens tilted toward the principal eigen-direction)", fontsize=9)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    if drawn:
+        ax.legend(fontsize=7, loc="best")
+
+    rho, p = _num(df, "rho"), _num(df, "rho_pvalue")
+    ax2.axhline(0.5, color="#d62728", lw=1, label="null: ρ = 1/2")
+    if _finite(rho):
+        sig = np.isfinite(p) & (p < ALPHA)
+        ax2.plot(x, rho, color="#1f77b4", lw=1, zorder=2)
+        ax2.scatter(x[sig], rho[sig], color="#1f77b4", s=30, zorder=3, label=f"p < {ALPHA} (one-sided binomial)")
+        ax2.scatter(x[~sig], rho[~sig], facecolor="white", edgecolor="#1f77b4", s=30, zorder=3,
+                    label=f"p ≥ {ALPHA} or n/a")
+        if len(x) <= 24:
+            for xi, ri, pi in zip(x, rho, p):
+                if np.isfinite(ri):
+                    ax2.annotate(f"p={_fmt_p(pi)}", (xi, ri), textcoords="offset points", xytext=(0, 6),
+                                 ha="center", fontsize=6, color="#333333")
+    else:
+        _no_data(ax2)
+    ax2.set_ylim(-0.05, 1.12)
+    ax2.set_xlabel("layer")
+    ax2.set_ylabel("ρ: share of tokens whose\nalignment increased")
+    ax2.set_title("ρ vs depth, p-value of the exact binomial test against 1/2", fontsize=9)
+    ax2.grid(alpha=0.3)
+    ax2.legend(fontsize=7, loc="lower right")
+    _integer_xaxis(ax2)
+    return fig
+
+
+def gap_ratio_vs_depth(report) -> Figure:
+    """Gap ratio |λ2|/|λ1| of F_t vs depth; complex λ1 layers marked."""
+    df = _section(report, "power", ("layer", "gap_ratio")).sort_values("layer")
+    x, y = _num(df, "layer"), _num(df, "gap_ratio")
+    fig = _new_figure(8.5, 4.0)
+    ax = fig.subplots()
+    ax.set_title("Spectral gap of F_t through depth (smaller = stronger pull toward v₁)")
+    if _finite(y):
+        cplx = df["lambda1_is_complex"].astype(bool).to_numpy() if "lambda1_is_complex" in df else np.zeros(len(df), bool)
+        ax.plot(x, y, color="#1f77b4", lw=1, zorder=2)
+        ax.scatter(x[~cplx], y[~cplx], color="#1f77b4", s=25, zorder=3, label="λ₁ real")
+        if cplx.any():
+            ax.scatter(x[cplx], y[cplx], color="#ff7f0e", marker="D", s=25, zorder=3, label="λ₁ complex (pair)")
+        ax.axhline(1.0, color="#7f7f7f", ls="--", lw=0.8, label="no gap (|λ₂| = |λ₁|)")
+        ax.legend(fontsize=8)
+        top = np.nanmax(y[np.isfinite(y)])
+        ax.set_ylim(0, max(1.05, 1.05 * top))
+    else:
+        _no_data(ax)
+    ax.set_xlabel("layer")
+    ax.set_ylabel("gap ratio r = |λ₂| / |λ₁|")
+    ax.grid(alpha=0.3)
+    _integer_xaxis(ax)
+    return fig
