@@ -1,0 +1,31 @@
+"""Compare a freshly computed report with one saved before the analysis-layer rebuild."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from spectral_hooks import Report
+
+from .cases import HERE
+
+RTOL, ATOL = 1e-10, 1e-12
+
+
+def assert_same_as_saved(name: str, report: Report) -> None:
+    saved = Report.load(HERE / "saved" / name)
+    assert set(report.sections) == set(saved.sections), name
+    for section in saved.sections:
+        old, new = saved[section], report[section]
+        where = f"{name}/{section}"
+        assert sorted(new.columns) == sorted(old.columns), where
+        assert len(new) == len(old), where
+        for column in old.columns:
+            a, b = old[column].to_numpy(), new[column].to_numpy()
+            if pd.api.types.is_numeric_dtype(old[column]) and not pd.api.types.is_bool_dtype(
+                    old[column]):
+                np.testing.assert_allclose(b.astype(complex if np.iscomplexobj(a) else float),
+                                           a, rtol=RTOL, atol=ATOL, equal_nan=True,
+                                           err_msg=f"{where}.{column}")
+            else:
+                assert [str(v) for v in b] == [str(v) for v in a], f"{where}.{column}"
