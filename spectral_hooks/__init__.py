@@ -6,6 +6,8 @@
 """
 
 from . import linalg
+from ._version import __version__
+from .analysis import AnalyzeOptions, JacobianOptions
 from .anatomy import Anatomy, LayerParts, anatomy_of, register_anatomy
 from .linalg import eigs, svds
 from .probe import Probe, instrument
@@ -14,8 +16,6 @@ from .report import Report
 from .steering import Steering, steer
 from .weights import layer_biases, layer_matrices
 
-__version__ = "0.1.0"
-
-__all__ = ["Anatomy", "LayerParts", "Probe", "Recording", "Report", "Steering", "anatomy_of",
+__all__ = ["AnalyzeOptions", "JacobianOptions", "Anatomy", "LayerParts", "Probe", "Recording", "Report", "Steering", "anatomy_of",
            "eigs", "instrument", "layer_biases", "layer_matrices", "linalg", "register_anatomy",
            "steer", "svds", "__version__"]

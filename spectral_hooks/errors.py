@@ -38,6 +38,15 @@ class OptionError(SpectralHooksError, ValueError):
         super().__init__(message + (f" ({hint})" if hint else ""))
 
 
+class UnknownOptionError(OptionError, TypeError):
+    """An option name that does not exist (a TypeError, as for an unknown keyword)."""
+
+    def __init__(self, where: str, unknown: list, known: list) -> None:
+        self.option, self.value, self.valid = where, unknown, known
+        SpectralHooksError.__init__(self, f"unknown {where} option(s) {sorted(unknown)}: "
+                                          f"choose from {sorted(known)}")
+
+
 class UnsupportedModelError(SpectralHooksError, ValueError):
     """The model (or this part of it) is not supported: the message says how to register it."""
 

@@ -20,78 +20,23 @@ from typing import Any, Iterable, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
+from .analysis import AnalysisCache, AnalyzeOptions, Subject, analyze
 from .anatomy import Anatomy, anatomy_of
-from .anatomy.base import CACHE_KWARGS
-from .recording import CAPTURES, STORES, BlockCall, Recording, map_tensors
+from .block_jacobians import BlockJacobians
+from .errors import OptionError, RecordingError
+from .forward_call import (ForwardCall, application_orders, bind_model_call, cache_length,
+                           first_tensor, in_backward, padding_mask, recorded_layers,
+                           replayable_call, without_caches)
+from .recording import CAPTURES, STORES, Recording, map_tensors
+from .report import Report
 from .suspend import is_suspended, suspended  # noqa: F401  (suspended: public re-export)
 
 log = logging.getLogger(__name__)
 
 
-def _first(output: Any) -> Tensor:
-    return output[0] if isinstance(output, (tuple, list)) else output
-
-
-def _is_cache(value: Any) -> bool:
-    return value is not None and hasattr(value, "get_seq_length")
-
-
-def _cache_length(kwargs: dict) -> int:
-    """Positions already in a KV cache passed to the model or to a block (0: a fresh call)."""
-    for name in CACHE_KWARGS:
-        value = kwargs.get(name)
-        if value is None or isinstance(value, (Tensor, bool)):
-            continue
-        if _is_cache(value):  # HF Cache objects
-            return int(value.get_seq_length())
-        past_keys = getattr(value, "past_keys", None)  # TL3 per-block cache entry
-        if isinstance(past_keys, Tensor):
-            return int(past_keys.shape[1])
-        mask = getattr(value, "previous_attention_mask", None)  # TL3 whole-model cache
-        if isinstance(mask, Tensor):
-            return int(mask.shape[-1])
-    return 0
-
-
-def _in_backward() -> bool:
-    return torch._C._current_graph_task_id() != -1
-
-
-
-def _replayable_call(args: tuple, kwargs: dict, to_store) -> BlockCall:
-    hidden_in_args = len(args) > 0
-    kwargs = {k: v for k, v in kwargs.items() if k not in CACHE_KWARGS and not _is_cache(v)}
-    if "use_cache" in kwargs:
-        kwargs["use_cache"] = False
-    args = tuple(None if _is_cache(a) else a for a in args)
-    store = lambda t: to_store(t, copy=False)  # noqa: E731
-    if hidden_in_args:
-        args = (to_store(args[0]),) + map_tensors(args[1:], store)
-        return BlockCall(args, map_tensors(kwargs, store), True)
-    kwargs = map_tensors(kwargs, store)
-    kwargs["hidden_states"] = to_store(kwargs["hidden_states"])
-    return BlockCall(args, kwargs, False)
-
-
-class _Call:
-    """State of one forward of the model while it runs. ``implicit``: the blocks were called
-    without the model's own forward (TL3's generate() calls ``forward`` directly)."""
-
-    def __init__(self, mask: Optional[Tensor], continues: bool, implicit: bool = False) -> None:
-        self.mask, self.continues, self.implicit = mask, continues, implicit
-        self.counts: dict = {}
-        self.captured: dict = {}
-        self.block_calls: dict = {}
-        self.inputs: Optional[tuple] = None
-
-    def next_layer(self, key: tuple, order: list[int]) -> Optional[int]:
-        count = self.counts.get(key, 0)
-        self.counts[key] = count + 1
-        return order[count] if count < len(order) else None
-
-
-class Probe:
-    """Hooks on one model; see :func:`instrument`."""
+class Probe(BlockJacobians):
+    """Hooks on one model; see :func:`instrument`. Block Jacobians at the recorded inputs:
+    ``jacobian``, ``jacobian_product``, ``dense_jacobian`` (:class:`BlockJacobians`)."""
 
     def __init__(self, model: nn.Module, *, layers: Optional[Iterable[int]] = None,
                  capture: Sequence[str] = CAPTURES, store: str = "device",
@@ -99,102 +44,54 @@ class Probe:
         self.anatomy = anatomy if anatomy is not None else anatomy_of(model)
         self.model = model
         capture = (capture,) if isinstance(capture, str) else tuple(capture)
-        unknown = [c for c in capture if c not in CAPTURES]
-        if unknown or not capture:
-            raise ValueError(f"unknown capture name(s) {unknown or capture}: choose from {CAPTURES}")
+        if not capture or any(c not in CAPTURES for c in capture):
+            raise OptionError("capture", capture, f"a non-empty subset of {CAPTURES}")
         if store not in STORES:
-            raise ValueError(f"store={store!r}: choose from {STORES}")
+            raise OptionError("store", store, f"one of {STORES}")
         if dtype is not None and not isinstance(dtype, torch.dtype):
-            raise TypeError(f"dtype must be a torch.dtype or None, got {dtype!r}")
-        self.layers = self._normalise_layers(layers)
+            raise OptionError("dtype", dtype, "a torch.dtype or None")
+        self.layers = recorded_layers(self.anatomy, layers)
         self.recording = Recording(n_layers=self.anatomy.n_layers, layers=self.layers,
                                    capture=capture, store=store, dtype=dtype)
         self._handles: list = []
-        self._call: Optional[_Call] = None
-        self._analyzer = None
+        self._call: Optional[ForwardCall] = None
+        self._cache = AnalysisCache(model, self.recording)
         self._attach()
-
-    def _normalise_layers(self, layers: Optional[Iterable[int]]) -> tuple[int, ...]:
-        if layers is None:
-            return tuple(range(self.anatomy.n_layers))
-        if isinstance(layers, int):
-            layers = [layers]
-        normalised = sorted({self.anatomy.layer_index(layer) for layer in layers})
-        if not normalised:
-            raise ValueError("layers is empty: pass None to record every layer")
-        return tuple(normalised)
 
     # ---------------------------------------------------------------- attaching
     def _register(self, module: nn.Module, hook, *, pre: bool = False) -> None:
-        if pre:
-            handle = module.register_forward_pre_hook(hook, with_kwargs=True)
-        else:
-            handle = module.register_forward_hook(hook, with_kwargs=True)
-        self._handles.append(handle)
-
-    def _orders(self, attr: str) -> dict:
-        """module id -> (module, [layer indices in application order]) for recorded layers."""
-        orders: dict = {}
-        for part in self.anatomy.layers:
-            module = getattr(part, attr)
-            if module is None:
-                continue
-            entry = orders.setdefault(id(module), (module, []))
-            entry[1].append(part.index)
-        return orders
+        register = module.register_forward_pre_hook if pre else module.register_forward_hook
+        self._handles.append(register(hook, with_kwargs=True))
 
     def _attach(self) -> None:
-        root = self.anatomy.call_root
+        root, parts = self.anatomy.call_root, self.anatomy.layers
         self._root_signature = inspect.signature(root.forward)
         self._register(root, self._begin_call, pre=True)
         self._register(root, self._end_call)
         capture = self.recording.capture
-        last_block = self.anatomy.layers[-1].block
-        self._first_block = self.anatomy.layers[0].block
-        self._last_block_uses = sum(p.block is last_block for p in self.anatomy.layers)
-        for module, order in self._orders("block").values():
+        last_block, self._first_block = parts[-1].block, parts[0].block
+        self._last_block_uses = sum(p.block is last_block for p in parts)
+        for module, order in application_orders(self.anatomy, "block").values():
             self._register(module, self._block_pre_hook(order), pre=True)
-            if "resid_post" in capture and self.anatomy.layers[order[0]].resid_post_hook is None:
+            if "resid_post" in capture and parts[order[0]].resid_post_hook is None:
                 self._register(module, self._output_hook("resid_post", ("block", id(module)),
                                                          order))
         for attr, name in (("resid_pre_hook", "resid_pre"), ("resid_post_hook", "resid_post"),
                            ("attn_out_module", "attn_out")):
-            if name not in capture:
-                continue
-            for module, order in self._orders(attr).values():
-                self._register(module, self._output_hook(name, (attr, id(module)), order))
+            if name in capture:
+                for module, order in application_orders(self.anatomy, attr).values():
+                    self._register(module, self._output_hook(name, (attr, id(module)), order))
         # last, so that an implicit call commits after every other hook of the last block ran
         self._register(last_block, self._end_implicit_call)
 
     # ---------------------------------------------------------------- hooks
     def _begin_call(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        try:
-            bound = self._root_signature.bind_partial(*args, **kwargs).arguments
-        except TypeError:
-            bound = dict(kwargs)
-        extra = bound.pop("kwargs", None)
-        if isinstance(extra, dict):
-            bound.update(extra)
-        inputs = next((bound[k] for k in ("input_ids", "inputs_embeds", "input", "tokens")
-                       if isinstance(bound.get(k), Tensor)), None)
-        if inputs is not None and (inputs.shape[0] == 0 or (inputs.ndim > 1 and
-                                                            inputs.shape[1] == 0)):
-            raise ValueError(f"empty batch: the model was called with inputs of shape "
-                             f"{tuple(inputs.shape)}")
-        mask = bound.get("attention_mask")
-        mask = mask if isinstance(mask, Tensor) and mask.ndim == 2 else None
-        texts = bound.get("input")
-        if (mask is None and isinstance(texts, (list, tuple)) and len(texts) > 1
-                and all(isinstance(t, str) for t in texts)):
-            raise ValueError("a list of strings is padded inside the model, so the probe cannot "
-                             "tell padding from tokens: pass tokens (model.to_tokens(...)) and "
-                             "attention_mask= instead")
-        self._call = _Call(mask, continues=_cache_length(bound) > 0)
+        bound = bind_model_call(self._root_signature, args, kwargs)
+        self._call = ForwardCall(padding_mask(bound), continues=cache_length(bound) > 0)
         if not self._call.continues:
             keep = lambda t: self.recording.to_store(t, copy=False)  # noqa: E731
-            clean = {k: v for k, v in kwargs.items()
-                     if k not in CACHE_KWARGS and not _is_cache(v)}
-            self._call.inputs = (map_tensors(tuple(args), keep), map_tensors(clean, keep))
+            self._call.inputs = (map_tensors(tuple(args), keep),
+                                 map_tensors(without_caches(kwargs), keep))
 
     def _end_call(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         call, self._call = self._call, None
@@ -206,13 +103,7 @@ class Probe:
             log.warning("forward call not recorded: layers %s did not run (recorded layers "
                         "must all run in every call)", missing)
             return
-        sample = next(iter(call.captured.values()))
-        batch, n_new = sample.shape[0], sample.shape[1]
-        if call.mask is not None and call.mask.shape[0] == batch and call.mask.shape[1] >= n_new:
-            mask = call.mask[:, -n_new:]
-        else:
-            mask = torch.ones(batch, n_new, dtype=torch.long)
-        self.recording.commit(call.captured, mask, continues=call.continues,
+        self.recording.commit(call.captured, call.batch_mask(), continues=call.continues,
                               block_calls=call.block_calls, inputs=call.inputs)
 
     def _end_implicit_call(self, module: nn.Module, args: tuple, kwargs: dict,
@@ -220,34 +111,31 @@ class Probe:
         call = self._call
         if call is None or not call.implicit or is_suspended():
             return
-        if call.next_layer(("implicit_end", id(module)), [0] * self._last_block_uses) is None:
-            return
-        if call.counts[("implicit_end", id(module))] == self._last_block_uses:
+        key = ("implicit_end", id(module))
+        if call.next_layer(key, [0] * self._last_block_uses) is not None and \
+                call.counts[key] == self._last_block_uses:
             self._end_call(module, args, kwargs, output)
 
     def _block_pre_hook(self, order: list[int]):
-        recorded = set(self.layers)
-        wants_pre = "resid_pre" in self.recording.capture
+        recorded, wants_pre = set(self.layers), "resid_pre" in self.recording.capture
 
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
             if is_suspended():
                 return
-            if self._call is None and module is self._first_block and not _in_backward():
-                mask = kwargs.get("attention_mask")  # the model's forward was bypassed
-                mask = mask if isinstance(mask, Tensor) and mask.ndim == 2 else None
-                self._call = _Call(mask, continues=_cache_length(kwargs) > 0, implicit=True)
+            if self._call is None and module is self._first_block and not in_backward():
+                # the model's forward was bypassed (TL3 generate() calls the blocks directly)
+                self._call = ForwardCall(padding_mask(kwargs), implicit=True,
+                                         continues=cache_length(kwargs) > 0)
             call = self._call
             if call is None:
                 return  # outside a model forward: e.g. checkpoint recomputation in backward
             layer = call.next_layer(("block_pre", id(module)), order)
-            if layer is None or layer not in recorded:
-                return
             hidden = args[0] if args else kwargs.get("hidden_states")
-            if not isinstance(hidden, Tensor):
+            if layer is None or layer not in recorded or not isinstance(hidden, Tensor):
                 return
             block_call = None
             if not call.continues:
-                block_call = _replayable_call(args, kwargs, self.recording.to_store)
+                block_call = replayable_call(args, kwargs, self.recording.to_store)
                 call.block_calls[layer] = block_call
             if wants_pre and self.anatomy.layers[layer].resid_pre_hook is None:
                 call.captured[("resid_pre", layer)] = (
@@ -265,7 +153,7 @@ class Probe:
                 return
             layer = call.next_layer(key, order)
             if layer is not None and layer in recorded:
-                call.captured[(name, layer)] = self.recording.to_store(_first(output))
+                call.captured[(name, layer)] = self.recording.to_store(first_tensor(output))
 
         return hook
 
@@ -291,43 +179,38 @@ class Probe:
         return Probe(model, layers=self.layers, capture=rec.capture, store=rec.store,
                      dtype=rec.dtype)
 
+    def record_on(self, model: nn.Module) -> tuple[Anatomy, Recording]:
+        """Run the recorded model inputs through ``model`` (same architecture) and return its
+        anatomy and recording (used for the re-initialised control)."""
+        inputs = self.recording.model_inputs
+        if not inputs or any(i is None for i in inputs):
+            raise RecordingError("reinit needs the model inputs of every recorded run; they "
+                                 "are missing (the model's forward was bypassed, e.g. TL3 "
+                                 "generate())")
+        device = next(model.parameters()).device
+        with self.clone_on(model) as other, torch.no_grad():
+            for args, kwargs in map_tensors(inputs, lambda t: t.to(device)):
+                model(*args, **kwargs)
+        return other.anatomy, other.recording
+
     def clear(self) -> None:
         """Forget the recording, keep the hooks."""
         self.recording.clear()
 
-    def jacobian(self, layer: int, *, position: int = -1, sample: int = 0,
-                 kind: str = "token", dtype: torch.dtype = torch.float64, **options: Any):
-        """Block ``layer``'s Jacobian at its recorded input as a matrix-free LinearOperator
-        (matvec = JVP, rmatvec = VJP). ``position=-1``: the last real token of ``sample``.
-        ``options``: ``method``, ``single_query`` (see linearize.block_jacobian)."""
-        from .linearize import block_jacobian
+    def invalidate(self) -> None:
+        """Forget every cached analysis result. Needed only after an in-place edit of a few
+        weight elements that bypasses autograd (see ``analysis/cache.py``)."""
+        self._cache.invalidate()
 
-        return block_jacobian(self.anatomy, self.recording, layer, sample=sample,
-                              position=position, kind=kind, dtype=dtype, **options)
-
-    def jacobian_product(self, first: int, last: int, *, position: int = -1, sample: int = 0,
-                         dtype: torch.dtype = torch.float64, **options: Any):
-        """P = J_last ... J_first at one token position (exact for causal models)."""
-        from .linearize import jacobian_product
-
-        return jacobian_product(self.anatomy, self.recording, first, last, sample=sample,
-                                position=position, dtype=dtype, **options)
-
-    def dense_jacobian(self, layer: int, *, position: int = -1, sample: int = 0,
-                       kind: str = "token", dtype: torch.dtype = torch.float64):
-        """The dense Jacobian by forward-mode AD (small models; a float64 Tensor)."""
-        from .linearize import dense_block_jacobian
-
-        return dense_block_jacobian(self.anatomy, self.recording, layer, sample=sample,
-                                    position=position, kind=kind, dtype=dtype)
-
-    def analyze(self, **options: Any):
-        """A lazily computed :class:`~spectral_hooks.report.Report` (see Analyzer.analyze)."""
-        if self._analyzer is None:
-            from .analyzer import Analyzer
-
-            self._analyzer = Analyzer(self)
-        return self._analyzer.analyze(**options)
+    # ---------------------------------------------------------------- analysis
+    def analyze(self, options: Optional[AnalyzeOptions] = None, **keywords: Any) -> Report:
+        """A :class:`~spectral_hooks.report.Report` whose sections are computed when first
+        read; keywords are the fields of :class:`~spectral_hooks.analysis.AnalyzeOptions`
+        (``power``, ``iterate``, ``fold_norm``, ``jacobian``, ``bottleneck``, ``reinit``,
+        ``topology``). Results are cached until the weights or the recording change."""
+        subject = Subject(anatomy=self.anatomy, recording=self.recording, cache=self._cache,
+                          record_on=self.record_on)
+        return analyze(subject, AnalyzeOptions.resolve(options, **keywords))
 
     def __enter__(self) -> "Probe":
         return self

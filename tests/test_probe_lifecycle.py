@@ -198,7 +198,7 @@ def test_bad_input_errors():
     model = make_model("gpt2")
     with pytest.raises(ValueError, match="out of range"):
         sh.instrument(model, layers=[99])
-    with pytest.raises(ValueError, match="unknown capture"):
+    with pytest.raises(ValueError, match="capture=.*resid_mid"):
         sh.instrument(model, capture=["resid_mid"])
     with pytest.raises(ValueError, match="store"):
         sh.instrument(model, store="disk")

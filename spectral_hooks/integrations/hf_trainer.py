@@ -110,14 +110,12 @@ class SpectralCallback(TrainerCallback):
             return None
         devices = sorted({p.device.index or 0 for p in self.probe.model.parameters()
                           if p.device.type == "cuda"})
-        # a fresh Analyzer each time: its cache is keyed on Parameter._version, which fused
-        # optimizers (transformers' default adamw_torch_fused) do not bump, and on the
-        # recording's size, which is the same every step: probe.analyze() would return the
-        # first table again
-        from ..analyzer import Analyzer
-
+        # fused optimizers do not bump Parameter._version: the probe's cache also compares a
+        # strided sample of every weight, and we invalidate after each step (a write to a few
+        # elements outside the sample is the cache's documented blind spot)
+        self.probe.invalidate()
         with torch.random.fork_rng(devices=devices), torch.no_grad():
-            report = Analyzer(self.probe).analyze(power=True, **self.analyze_options)
+            report = self.probe.analyze(power=True, **self.analyze_options)
             return flatten_power(report.power, columns=self.columns, prefix=self.prefix)
 
     # ---------------------------------------------------------------- Trainer events

@@ -1,0 +1,111 @@
+"""From a recording to a report: one module per section, each ``(subject, options) -> DataFrame``.
+
+    >>> from spectral_hooks.analysis import AnalyzeOptions, analyze      # doctest: +SKIP
+    >>> report = analyze(subject, AnalyzeOptions(jacobian={"k": 8}))     # doctest: +SKIP
+    >>> report.jacobian                                                  # computed now
+
+``probe.analyze(...)`` is the front door: it builds the :class:`Subject` (anatomy, recording,
+the probe's cache) and resolves the keywords into :class:`AnalyzeOptions`. This package calls
+``linearize``, ``linalg`` and ``metrics`` directly and never the probe.
+
+Sections (computed lazily, each once per state of the weights and recording):
+power, spectra, shared_weights (power view); jacobian, trends (jacobian=...); bottleneck,
+propagation (bottleneck=True); topology, units (topology=True).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import pandas as pd
+
+from ..errors import RecordingError, collecting_fallbacks
+from ..report import Report
+from .bottleneck import bottleneck_section, propagation_section
+from .cache import AnalysisCache
+from .jacobian import JacobianView, jacobian_section
+from .metadata import metadata
+from .options import AnalyzeOptions, JacobianOptions
+from .power import power_section, shared_weights_section, spectra_section
+from .reinit import init_subject
+from .subject import Subject
+from .topology import topology_section, units_section
+from .trends import trends_section
+
+__all__ = ["AnalyzeOptions", "JacobianOptions", "AnalysisCache", "Subject", "analyze"]
+
+Section = Callable[[], pd.DataFrame]
+
+
+def _power_sections(subject: Subject, options: AnalyzeOptions, skipped: dict) -> dict:
+    sections: dict[str, Section] = {
+        "power": lambda: power_section(subject, options),
+        "spectra": lambda: spectra_section(subject, options),
+    }
+    if subject.shared_groups():
+        sections["shared_weights"] = lambda: shared_weights_section(subject, options)
+    elif subject.anatomy.shared_groups:
+        skipped["shared_weights"] = ("it needs resid_pre and resid_post of every application "
+                                     "of a shared block (store='device' or 'cpu')")
+    return sections
+
+
+def _jacobian_sections(subject: Subject, options: AnalyzeOptions) -> dict:
+    o = options.jacobian_options
+    JacobianView(subject, o)  # validates k against d_model now, not when first read
+    sections: dict[str, Section] = {}
+    if options.jacobian is not None:
+        init = (lambda: init_subject(subject, seed=o.init_seed)) if options.reinit else None
+        sections["jacobian"] = lambda: jacobian_section(
+            subject, options, init() if init is not None else None)
+        sections["trends"] = lambda: trends_section(subject, options)
+        sections["jacobian_spectra"] = lambda: JacobianView(subject, o).eigen_table()
+    if options.bottleneck:
+        sections["bottleneck"] = lambda: bottleneck_section(subject, options)
+        sections["propagation"] = lambda: propagation_section(subject, options)
+    if options.topology:
+        sections["topology"] = lambda: topology_section(subject, options)
+        sections["units"] = lambda: units_section(subject, options)
+    return sections
+
+
+def _merge_spectra(sections: dict) -> None:
+    """The Jacobian's eigenvalue rows join F's in ``spectra`` (or form it without power)."""
+    jacobian_rows = sections.pop("jacobian_spectra", None)
+    if jacobian_rows is None:
+        return
+    power_rows = sections.get("spectra")
+    if power_rows is None:
+        sections["spectra"] = jacobian_rows
+    else:
+        sections["spectra"] = lambda: pd.concat([power_rows(), jacobian_rows()],
+                                                ignore_index=True)
+
+
+def _instrumented(name: str, compute: Section, meta: dict) -> Section:
+    """Time a section and record the fallbacks taken while it is computed."""
+    def run() -> pd.DataFrame:
+        start = time.perf_counter()
+        with collecting_fallbacks(meta["fallbacks"]):
+            result = compute()
+        meta["timings_s"][f"section:{name}"] = round(time.perf_counter() - start, 4)
+        return result
+    return run
+
+
+def analyze(subject: Subject, options: AnalyzeOptions) -> Report:
+    """A :class:`Report` whose sections are computed when first read."""
+    if not subject.recording.steps:
+        raise RecordingError("nothing recorded yet: run the model inside the probe first")
+    meta = metadata(subject, options)
+    skipped: dict[str, str] = {}
+    sections: dict[str, Section] = {}
+    if options.power:
+        sections.update(_power_sections(subject, options, skipped))
+    if options.jacobian_view:
+        sections.update(_jacobian_sections(subject, options))
+    _merge_spectra(sections)
+    if skipped:
+        meta["sections_skipped"] = skipped
+    return Report({name: _instrumented(name, fn, meta) for name, fn in sections.items()}, meta)

@@ -1,0 +1,49 @@
+"""Sections ``bottleneck`` (end-to-end products, ablations, init control) and ``propagation``.
+
+    >>> bottleneck_section(subject, AnalyzeOptions(bottleneck=True))   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from ..errors import OptionError, fallback
+from ..metrics.bottleneck import bottleneck_table, propagation_table
+from ..metrics.jacobian import SCHUR_MAX_D
+from .jacobian import JacobianView
+from .options import AnalyzeOptions
+from .reinit import init_subject
+from .subject import Subject
+
+
+def _variant_table(view: JacobianView, variant: str) -> pd.DataFrame:
+    o, d = view.options, view.subject.anatomy.d_model
+    if variant == "schur" and d > SCHUR_MAX_D:
+        raise OptionError("jacobian.ablations", o.ablations,
+                          f"no 'schur' above d_model={SCHUR_MAX_D} (this model: {d})",
+                          hint="the schur ablation needs dense Jacobians")
+    dense = variant == "schur" or view.dense_products
+    operators = view.dense_chain() if dense else view.chain()
+    return bottleneck_table(operators, k=min(o.bottleneck_k, d - 2), variant=variant,
+                            dense=dense, seed=o.seed)
+
+
+def bottleneck_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame:
+    o = options.jacobian_options
+    view = JacobianView(subject, o)
+    variants = ["trained"] + list(o.ablations)
+    if "schur" in variants and subject.anatomy.d_model > SCHUR_MAX_D:
+        fallback("bottleneck:schur_skipped", f"the schur ablation is skipped: d_model="
+                 f"{subject.anatomy.d_model} > SCHUR_MAX_D={SCHUR_MAX_D} (it needs dense "
+                 "Jacobians)")
+        variants.remove("schur")
+    frames = [_variant_table(view, v) for v in variants]
+    if options.reinit:
+        init = JacobianView(init_subject(subject, seed=o.init_seed), o)
+        frames.append(_variant_table(init, "init"))
+    return pd.concat(frames, ignore_index=True)
+
+
+def propagation_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame:
+    o = options.jacobian_options
+    return propagation_table(JacobianView(subject, o).chain(), seed=o.seed)

@@ -1,0 +1,212 @@
+"""Options of an analysis: frozen, keyword-only, validated when constructed.
+
+    >>> AnalyzeOptions(jacobian=JacobianOptions(k=8), bottleneck=True).jacobian.k
+    8
+    >>> AnalyzeOptions.resolve(jacobian={"k": 8}).jacobian == JacobianOptions(k=8)
+    True
+    >>> JacobianOptions(k=0)
+    Traceback (most recent call last):
+    ...
+    spectral_hooks.errors.OptionError: jacobian.k=0 is not valid: expected a positive int
+
+Every error names the option, the bad value and what is valid. ``to_dict()`` is what a report's
+metadata stores as its resolved options.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Optional, Sequence, Union
+
+from ..errors import OptionError, UnknownOptionError
+
+ITERATES = ("F", "I+F")
+ABLATIONS = ("symmetric", "schur")
+POSITION_KEYWORDS = ("last", "all")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_int(name: str, value: Any, *, minimum: int) -> None:
+    if not _is_int(value) or value < minimum:
+        what = "a positive int" if minimum == 1 else f"an int >= {minimum}"
+        raise OptionError(name, value, what)
+
+
+def _check_optional_bool(name: str, value: Any) -> None:
+    if value is not None and not isinstance(value, bool):
+        raise OptionError(name, value, "True, False or None")
+
+
+def _check_bool(name: str, value: Any) -> None:
+    if not isinstance(value, bool):
+        raise OptionError(name, value, "True or False")
+
+
+@dataclass(frozen=True, kw_only=True)
+class JacobianOptions:
+    """Options of the Jacobian view: ``analyze(jacobian=JacobianOptions(k=8))`` or
+    ``analyze(jacobian={"k": 8})``.
+
+        >>> JacobianOptions(positions=[0, 3]).positions
+        (0, 3)
+
+    Attributes:
+        k: eigenvalues per block Jacobian (top by modulus).
+        positions: "last" (the last real token of ``sample``), "all" (every real prefill
+            token of ``sample``) or a list of recording rows.
+        dense: exact dense Jacobians (small models) instead of matrix-free operators.
+        sample: the batch row whose tokens are linearised.
+        n_samples: Hutchinson probes of the matrix-free estimators.
+        seed: seeds every random draw (start vectors, probes, nulls, community detection).
+        init_seed: the seed of the freshly initialised model (``reinit=True``).
+        tol: eigensolver tolerance (relative residual).
+        bottleneck_k: singular values kept per depth in matrix-free bottleneck products.
+        bottleneck_dense: exact bottleneck products; None: exact up to SCHUR_MAX_D.
+        ablations: bottleneck ablations, any of "symmetric", "schur".
+        progress: progress bars; None shows them when stderr is a terminal.
+    """
+
+    k: int = 16
+    positions: Union[str, tuple[int, ...]] = "last"
+    dense: bool = False
+    sample: int = 0
+    n_samples: int = 64
+    seed: int = 0
+    init_seed: int = 1
+    tol: float = 1e-8
+    bottleneck_k: int = 32
+    bottleneck_dense: Optional[bool] = None
+    ablations: tuple[str, ...] = ABLATIONS
+    progress: Optional[bool] = None
+
+    def __post_init__(self) -> None:
+        for name, minimum in (("k", 1), ("sample", 0), ("n_samples", 1), ("bottleneck_k", 1)):
+            _check_int(f"jacobian.{name}", getattr(self, name), minimum=minimum)
+        for name in ("seed", "init_seed"):
+            if not _is_int(getattr(self, name)):
+                raise OptionError(f"jacobian.{name}", getattr(self, name), "an int")
+        _check_bool("jacobian.dense", self.dense)
+        _check_optional_bool("jacobian.bottleneck_dense", self.bottleneck_dense)
+        _check_optional_bool("jacobian.progress", self.progress)
+        if isinstance(self.tol, bool) or not isinstance(self.tol, (int, float)) or \
+                not 0 < self.tol < 1:
+            raise OptionError("jacobian.tol", self.tol, "a float in (0, 1)")
+        object.__setattr__(self, "positions", _positions(self.positions))
+        ablations = (self.ablations,) if isinstance(self.ablations, str) else self.ablations
+        ablations = tuple(ablations)
+        unknown = [a for a in ablations if a not in ABLATIONS]
+        if unknown:
+            raise OptionError("jacobian.ablations", self.ablations, f"a subset of {ABLATIONS}")
+        object.__setattr__(self, "ablations", ablations)
+
+    @classmethod
+    def resolve(cls, value: Any) -> Optional["JacobianOptions"]:
+        """None/False: off; True: defaults; a dict or JacobianOptions: these options."""
+        if value is None or value is False:
+            return None
+        if value is True:
+            return cls()
+        if isinstance(value, cls):
+            return value
+        if isinstance(value, Mapping):
+            return cls(**_known(cls, value, "jacobian"))
+        raise OptionError("jacobian", value, "None, True, a dict of options or JacobianOptions")
+
+    def to_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["positions"] = list(self.positions) if isinstance(self.positions, tuple) \
+            else self.positions
+        out["ablations"] = list(self.ablations)
+        return out
+
+
+def _positions(value: Any) -> Union[str, tuple[int, ...]]:
+    if isinstance(value, str):
+        if value not in POSITION_KEYWORDS:
+            raise OptionError("jacobian.positions", value, "'last', 'all' or a list of rows")
+        return value
+    if _is_int(value):
+        return (value,)
+    if isinstance(value, Sequence) and value and all(_is_int(p) for p in value):
+        return tuple(int(p) for p in value)
+    raise OptionError("jacobian.positions", value, "'last', 'all' or a non-empty list of ints")
+
+
+def _known(cls: type, values: Mapping, where: str) -> dict:
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise UnknownOptionError(where, unknown, sorted(names))
+    return dict(values)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AnalyzeOptions:
+    """What ``probe.analyze(...)`` computes. Each keyword of ``analyze`` is a field here.
+
+        >>> AnalyzeOptions(iterate="I+F").to_dict()["iterate"]
+        'I+F'
+
+    Attributes:
+        power: the power-method view (power, spectra and, for ALBERT, shared_weights).
+        iterate: "F" or "I+F" (order eigenvalues by mu = 1 + lambda).
+        fold_norm: multiply F by the gain of the norm that feeds attention.
+        jacobian: the Jacobian view (jacobian, trends, and Jacobian rows in spectra).
+        bottleneck: the end-to-end bottleneck and its ablations, and propagation.
+        reinit: the same Jacobian analyses on a freshly initialised model, side by side.
+        topology: residual-unit communities, bridges and amplification.
+    """
+
+    power: bool = True
+    iterate: str = "F"
+    fold_norm: bool = False
+    jacobian: Optional[JacobianOptions] = None
+    bottleneck: bool = False
+    reinit: bool = False
+    topology: bool = False
+    _jacobian_default: JacobianOptions = field(default_factory=JacobianOptions, repr=False,
+                                               compare=False)
+
+    def __post_init__(self) -> None:
+        for name in ("power", "fold_norm", "bottleneck", "reinit", "topology"):
+            _check_bool(name, getattr(self, name))
+        if self.iterate not in ITERATES:
+            raise OptionError("iterate", self.iterate, f"one of {ITERATES}")
+        object.__setattr__(self, "jacobian", JacobianOptions.resolve(self.jacobian))
+
+    @classmethod
+    def resolve(cls, options: Optional["AnalyzeOptions"] = None, **values: Any
+                ) -> "AnalyzeOptions":
+        """``analyze``'s keywords (or an AnalyzeOptions, with keywords overriding it)."""
+        base = {} if options is None else {f.name: getattr(options, f.name)
+                                           for f in dataclasses.fields(cls) if f.init
+                                           and not f.name.startswith("_")}
+        if options is not None and not isinstance(options, cls):
+            raise OptionError("options", options, "an AnalyzeOptions or None")
+        public = {f.name for f in dataclasses.fields(cls) if not f.name.startswith("_")}
+        unknown = sorted(set(values) - public)
+        if unknown:
+            raise UnknownOptionError("analyze()", unknown, sorted(public))
+        return cls(**{**base, **values})
+
+    @property
+    def jacobian_view(self) -> bool:
+        """Whether any Jacobian-based section is asked for."""
+        return (self.jacobian is not None or self.bottleneck or self.reinit or self.topology)
+
+    @property
+    def jacobian_options(self) -> JacobianOptions:
+        """The Jacobian options in force (the defaults when ``jacobian`` is off)."""
+        return self.jacobian if self.jacobian is not None else self._jacobian_default
+
+    def to_dict(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+               if not f.name.startswith("_")}
+        out["jacobian"] = self.jacobian.to_dict() if self.jacobian is not None else None
+        if self.jacobian is None and self.jacobian_view:
+            out["jacobian_defaults_used"] = self.jacobian_options.to_dict()
+        return out

@@ -1,0 +1,25 @@
+"""The control: the same inputs recorded on a freshly initialised model of the same config.
+
+    >>> init = init_subject(subject, seed=1)      # doctest: +SKIP
+    >>> init.label
+    'init'
+"""
+
+from __future__ import annotations
+
+from ..anatomy.base import fresh_model
+from ..errors import RecordingError
+from .subject import Subject
+
+
+def init_subject(subject: Subject, *, seed: int) -> Subject:
+    """``subject``'s inputs recorded on a fresh model (``seed``), computed once per state."""
+    if subject.record_on is None:
+        raise RecordingError("reinit needs a way to record the inputs on a fresh model; this "
+                             "subject has none (analyse through probe.analyze)")
+
+    def compute() -> Subject:
+        anatomy, recording = subject.record_on(fresh_model(subject.model, seed=seed))
+        return Subject(anatomy=anatomy, recording=recording, cache=subject.cache,
+                       label="init", namespace=("init", seed))
+    return subject.memo(("init_subject", seed), compute)

@@ -1,0 +1,94 @@
+"""The subject of an analysis: what was recorded, and the model to replay blocks on.
+
+    >>> subject = Subject(anatomy=probe.anatomy, recording=probe.recording,   # doctest: +SKIP
+    ...                   cache=AnalysisCache(model, probe.recording))
+    >>> subject.tokens("resid_post")[3].shape                                  # doctest: +SKIP
+    torch.Size([27, 384])
+
+A frozen, typed view handed down to every section of ``analysis/``: sections read it and never
+reach back up to the probe. ``record_on(model, seed)`` is how a section gets the same inputs
+recorded on a freshly initialised model (the probe supplies it; analysis never hooks a model).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable, Optional
+
+from torch import Tensor, nn
+
+from ..anatomy import Anatomy
+from ..errors import OptionError, RecordingError
+from ..recording import Recording
+from .cache import AnalysisCache
+
+
+@dataclass(frozen=True, eq=False)
+class Subject:
+    """Anatomy + recording (+ how to record the same inputs on another model)."""
+
+    anatomy: Anatomy
+    recording: Recording
+    cache: AnalysisCache
+    record_on: Optional[Callable[[nn.Module], Recording]] = None
+    label: str = "trained"
+    namespace: Hashable = "trained"  # keeps memo entries of different subjects apart
+
+    def memo(self, key: Hashable, compute: Callable[[], Any]) -> Any:
+        """``compute()`` once per state of the weights and recording (see cache.py)."""
+        return self.cache.get((self.namespace, key), compute)
+
+    @property
+    def model(self) -> nn.Module:
+        return self.anatomy.model
+
+    @property
+    def layers(self) -> tuple[int, ...]:
+        return self.recording.layers
+
+    @property
+    def keeps_tokens(self) -> bool:
+        rec = self.recording
+        return rec.store != "stats" and bool(rec.steps)
+
+    def tokens(self, capture: str) -> list[Optional[Tensor]]:
+        """Per layer (all of the model's), the real tokens [n, d] of ``capture``, or None
+        where the layer or capture was not recorded or only statistics were kept."""
+        rec = self.recording
+        if not self.keeps_tokens or capture not in rec.capture:
+            return [None] * self.anatomy.n_layers
+        return [rec.tokens(capture, layer) if layer in rec.layers else None
+                for layer in range(self.anatomy.n_layers)]
+
+    def shared_groups(self) -> list[tuple[int, ...]]:
+        """Shared-weight groups the recording supports: resid_pre of the first application
+        and resid_post of every application recorded, tokens kept."""
+        rec = self.recording
+        if rec.store == "stats" or not {"resid_pre", "resid_post"} <= set(rec.capture):
+            return []
+        return [g for g in self.anatomy.shared_groups if set(g) <= set(rec.layers)]
+
+    def positions(self, spec: str | tuple[int, ...], sample: int) -> list[int]:
+        """Recording rows to linearise at: "last" -> [-1] (the last real token), "all" ->
+        every real prefill position of ``sample`` (decode steps cannot be replayed)."""
+        if spec == "last":
+            return [-1]
+        rec = self.recording
+        if rec.store == "stats":
+            raise RecordingError("jacobian.positions: a stats-only recording (store='stats') "
+                                 "keeps no positions; use positions='last' or record with "
+                                 "store='device'")
+        if not 0 <= sample < rec.n_samples:
+            raise OptionError("jacobian.sample", sample,
+                              f"a recorded batch row, 0..{rec.n_samples - 1}")
+        real = (rec.mask[sample] != 0) & (rec.position_step[sample] == 0)
+        if spec == "all":
+            return real.nonzero().flatten().tolist()
+        rows = real.nonzero().flatten().tolist()
+        bad = [p for p in spec if (p >= 0 and p not in rows) or (p < 0 and -p > len(rows))]
+        if bad:
+            raise OptionError("jacobian.positions", list(spec),
+                              f"rows of real prefill tokens of sample {sample} ({rows}), or "
+                              f"negative indices counting its {len(rows)} real tokens from "
+                              "the end", hint=f"{bad} are out of range, padding or decode steps")
+        return list(spec)

@@ -1,0 +1,25 @@
+"""Section ``trends``: Spearman depth trends of per-layer Jacobian and power metrics.
+
+    >>> trends_section(subject, AnalyzeOptions(jacobian={"k": 8}))   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from ..metrics.trends import trends_table
+from .jacobian import JacobianView
+from .options import AnalyzeOptions
+from .power import power_section
+from .subject import Subject
+
+JACOBIAN_TREND_METRICS = ("frac_complex", "mean_abs_angle", "sym_energy", "departure",
+                          "self_alignment", "top_eig_abs")
+POWER_TREND_METRICS = ("gap_ratio", "gamma", "lift", "mean_cos", "erank")
+
+
+def trends_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame:
+    jacobian = JacobianView(subject, options.jacobian_options).table()
+    frames = [trends_table(jacobian, JACOBIAN_TREND_METRICS),
+              trends_table(power_section(subject, AnalyzeOptions()), POWER_TREND_METRICS)]
+    return pd.concat(frames, ignore_index=True)

@@ -1,0 +1,153 @@
+"""What the probe's hooks need to know about one forward call of the model.
+
+    >>> call = ForwardCall(mask=None, continues=False)
+    >>> call.next_layer(("block", 1), [0, 1, 2]), call.next_layer(("block", 1), [0, 1, 2])
+    (0, 1)
+
+A :class:`ForwardCall` lives while the model runs: which application of each (possibly shared)
+module this is, what was captured, each block's replayable call. The keyword names it reads
+(inputs, mask, KV caches) are anatomy facts (``anatomy.base``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, Iterable, Optional
+
+import torch
+from torch import Tensor
+
+from .anatomy import Anatomy
+from .anatomy.base import CACHE_KWARGS, MASK_KWARG, MODEL_INPUT_KWARGS
+from .errors import OptionError, RecordingError
+from .recording import BlockCall, map_tensors
+
+
+def recorded_layers(anatomy: Anatomy, layers: Optional[Iterable[int]]) -> tuple[int, ...]:
+    """``instrument(layers=...)`` as sorted layer indices (None: every layer)."""
+    if layers is None:
+        return tuple(range(anatomy.n_layers))
+    if isinstance(layers, int):
+        layers = [layers]
+    normalised = sorted({anatomy.layer_index(layer) for layer in layers})
+    if not normalised:
+        raise OptionError("layers", layers, "None (every layer) or a non-empty list")
+    return tuple(normalised)
+
+
+def application_orders(anatomy: Anatomy, attr: str) -> dict:
+    """module id -> (module, [layer indices in application order]) for ``LayerParts.attr``."""
+    orders: dict = {}
+    for part in anatomy.layers:
+        module = getattr(part, attr)
+        if module is not None:
+            orders.setdefault(id(module), (module, []))[1].append(part.index)
+    return orders
+
+
+def first_tensor(output: Any) -> Tensor:
+    """A module's output, or the first element of a tuple output."""
+    return output[0] if isinstance(output, (tuple, list)) else output
+
+
+def is_cache(value: Any) -> bool:
+    return value is not None and hasattr(value, "get_seq_length")
+
+
+def cache_length(kwargs: dict) -> int:
+    """Positions already in a KV cache passed to the model or to a block (0: a fresh call)."""
+    for name in CACHE_KWARGS:
+        value = kwargs.get(name)
+        if value is None or isinstance(value, (Tensor, bool)):
+            continue
+        if is_cache(value):  # HF Cache objects
+            return int(value.get_seq_length())
+        past_keys = getattr(value, "past_keys", None)  # TL3 per-block cache entry
+        if isinstance(past_keys, Tensor):
+            return int(past_keys.shape[1])
+        mask = getattr(value, "previous_attention_mask", None)  # TL3 whole-model cache
+        if isinstance(mask, Tensor):
+            return int(mask.shape[-1])
+    return 0
+
+
+def without_caches(kwargs: dict) -> dict:
+    return {k: v for k, v in kwargs.items() if k not in CACHE_KWARGS and not is_cache(v)}
+
+
+def in_backward() -> bool:
+    """True while autograd runs a backward pass (gradient-checkpointing recomputation)."""
+    return torch._C._current_graph_task_id() != -1
+
+
+def padding_mask(kwargs: dict) -> Optional[Tensor]:
+    mask = kwargs.get(MASK_KWARG)
+    return mask if isinstance(mask, Tensor) and mask.ndim == 2 else None
+
+
+def replayable_call(args: tuple, kwargs: dict, to_store: Callable[..., Tensor]) -> BlockCall:
+    """A block's call with its residual input stored, KV caches dropped, use_cache off."""
+    hidden_in_args = len(args) > 0
+    kwargs = without_caches(kwargs)
+    if "use_cache" in kwargs:
+        kwargs["use_cache"] = False
+    args = tuple(None if is_cache(a) else a for a in args)
+    store = lambda t: to_store(t, copy=False)  # noqa: E731
+    if hidden_in_args:
+        args = (to_store(args[0]),) + map_tensors(args[1:], store)
+        return BlockCall(args, map_tensors(kwargs, store), True)
+    kwargs = map_tensors(kwargs, store)
+    kwargs["hidden_states"] = to_store(kwargs["hidden_states"])
+    return BlockCall(args, kwargs, False)
+
+
+def bind_model_call(signature: inspect.Signature, args: tuple, kwargs: dict) -> dict:
+    """The model call's arguments by name (``**kwargs`` flattened), checked for emptiness and
+    for string batches that the model would pad out of the probe's sight."""
+    try:
+        bound = signature.bind_partial(*args, **kwargs).arguments
+    except TypeError:
+        bound = dict(kwargs)
+    extra = bound.pop("kwargs", None)
+    if isinstance(extra, dict):
+        bound.update(extra)
+    inputs = next((bound[k] for k in MODEL_INPUT_KWARGS if isinstance(bound.get(k), Tensor)),
+                  None)
+    if inputs is not None and (inputs.shape[0] == 0 or (inputs.ndim > 1 and
+                                                        inputs.shape[1] == 0)):
+        raise RecordingError(f"empty batch: the model was called with inputs of shape "
+                             f"{tuple(inputs.shape)}")
+    texts = bound.get("input")
+    if (padding_mask(bound) is None and isinstance(texts, (list, tuple)) and len(texts) > 1
+            and all(isinstance(t, str) for t in texts)):
+        raise RecordingError("a list of strings is padded inside the model, so the probe "
+                             "cannot tell padding from tokens: pass tokens "
+                             "(model.to_tokens(...)) and attention_mask= instead")
+    return bound
+
+
+class ForwardCall:
+    """State of one forward of the model while it runs. ``implicit``: the blocks were called
+    without the model's own forward (TL3's generate() calls ``forward`` directly)."""
+
+    def __init__(self, mask: Optional[Tensor], continues: bool, implicit: bool = False) -> None:
+        self.mask, self.continues, self.implicit = mask, continues, implicit
+        self.counts: dict = {}
+        self.captured: dict = {}
+        self.block_calls: dict = {}
+        self.inputs: Optional[tuple] = None
+
+    def next_layer(self, key: tuple, order: list[int]) -> Optional[int]:
+        """The layer of this application of a module (None past its last application)."""
+        count = self.counts.get(key, 0)
+        self.counts[key] = count + 1
+        return order[count] if count < len(order) else None
+
+    def batch_mask(self) -> Tensor:
+        """The padding mask of the captured positions (all ones when the model got none)."""
+        sample = next(iter(self.captured.values()))
+        batch, n_new = sample.shape[0], sample.shape[1]
+        mask = self.mask
+        if mask is not None and mask.shape[0] == batch and mask.shape[1] >= n_new:
+            return mask[:, -n_new:]
+        return torch.ones(batch, n_new, dtype=torch.long)
