@@ -108,11 +108,13 @@ JACOBIAN = SectionSchema("jacobian", (
               "(0 in dense mode)"),
     _jacobian("departure", "float", "Henrici departure from normality, divided by ||J||_F"),
     _jacobian("departure_is_bound", "bool", "departure is an upper bound from the top-k eigenvalues"),
-    _jacobian("self_alignment", "float", "(1/k) ||U_k^T V_k||_F^2 of the top-k singular subspaces of Delta J"),
+    _jacobian("self_alignment", "float", "(1/k) ||U_k^T V_k||_F^2 of the top-k singular subspaces "
+              "of Delta J"),
     _jacobian("top_eig_abs", "float", "modulus of the largest eigenvalue of J"),
     _jacobian("n_matvecs", "int", "Jacobian-vector products spent"),
     _jacobian("k", "int", "number of top eigenvalues / singular values asked for"),
-    _jacobian("n_eigenvalues", "int", "number of eigenvalues computed (k, k + 1 for a conjugate pair, d dense)"),
+    _jacobian("n_eigenvalues", "int", "number of eigenvalues computed (k, k + 1 for a conjugate "
+              "pair, d dense)"),
     _jacobian("d", "int", "size of J (d_model)"),
     _jacobian("dense", "bool", "J was materialised and analysed densely (exact mode)"),
     _jacobian("converged", "bool", "False when an eigs/svds run did not converge"),

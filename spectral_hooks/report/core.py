@@ -283,7 +283,8 @@ def _checked_schemas(schemas: Mapping[str, SectionSchema] | None) -> dict[str, S
     if schemas is None:
         return {}
     if not isinstance(schemas, Mapping):
-        raise TypeError(f"schemas must be a mapping of section name -> SectionSchema, got {type(schemas).__name__}")
+        raise TypeError("schemas must be a mapping of section name -> SectionSchema, "
+                        f"got {type(schemas).__name__}")
     for name, schema in schemas.items():
         if not isinstance(schema, SectionSchema):
             raise TypeError(f"schemas[{name!r}] must be a SectionSchema, got {type(schema).__name__}")

@@ -1,6 +1,6 @@
 """Figures of the Jacobian view: rotation and symmetry, the bottleneck, topology and units.
 
-    >>> fig = bottleneck_erank(report)     # doctest: +SKIP  (a Report with a bottleneck section)
+    >>> fig = bottleneck_erank(report)     # a Report with a bottleneck section  # doctest: +SKIP
 """
 
 from __future__ import annotations

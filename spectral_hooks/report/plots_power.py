@@ -1,6 +1,6 @@
 """Figures of the power-method view: eigenvalues in the complex plane, alignment, gap ratio.
 
-    >>> fig = alignment_vs_depth(report)   # doctest: +SKIP  (a Report with a power section)
+    >>> fig = alignment_vs_depth(report)   # a Report with a power section  # doctest: +SKIP
 """
 
 from __future__ import annotations
