@@ -16,6 +16,8 @@ import spectral_hooks as sh  # noqa: E402
 from spectral_hooks.linalg import eigs  # noqa: E402
 from spectral_hooks.linearize import (block_jacobian, dense_block_jacobian,  # noqa: E402
                                       jacobian_product)
+from tests.oracles import (block_output, eigvals_by_modulus, full_jacobian,  # noqa: E402
+                           matched_distance, recorded_block)
 
 TOL = 1e-6
 IDS = torch.tensor([[5, 17, 3, 42, 8, 61, 2]])
@@ -44,24 +46,9 @@ _ORACLES: dict = {}
 def oracle_full(probe, layer: int, sample: int = 0) -> torch.Tensor:
     """d block(H)[i, :] / d H[j, :] as [L, d, L, d], calling the block module directly."""
     key = (id(probe), layer, sample)
-    if key not in _ORACLES:
-        _ORACLES[key] = _oracle_full(probe, layer, sample)
-    return _ORACLES[key]
-
-
-def _oracle_full(probe, layer: int, sample: int = 0) -> torch.Tensor:
-    call = probe.recording.block_input(layer, sample)
-    block = probe.anatomy.layers[layer].block
-    H0 = call.hidden[0]
-
-    def f(H):
-        args, kwargs = call.with_hidden(H[None])
-        out = block(*args, **kwargs)
-        return (out[0] if isinstance(out, tuple) else out)[0]
-
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    with sdpa_kernel(SDPBackend.MATH), torch.no_grad():
-        return torch.func.jacfwd(f)(H0)
+    if key not in _ORACLES:  # the probe is kept with its oracle: its id is never reused
+        _ORACLES[key] = (probe, full_jacobian(probe, layer, sample=sample))
+    return _ORACLES[key][1]
 
 
 def oracle(probe, layer, kind, p=None, sample=0, rows=None):
@@ -116,29 +103,17 @@ def test_product_matches_composed_blocks(family):
     D = oracle(probe, 1, "token") @ oracle(probe, 0, "token")
     check_op(P, D, n_vec=1)
     # causal: the product is the end-to-end Jacobian of blocks 0..1 at the last token
-    b0, b1 = probe.anatomy.layers[0].block, probe.anatomy.layers[1].block
-    c0, c1 = probe.recording.block_input(0), probe.recording.block_input(1)
-    H0 = c0.hidden[0]
+    b0, c0, H0 = recorded_block(probe, 0)
+    b1, c1, _ = recorded_block(probe, 1)
 
     def two_blocks(x):
         H = torch.cat([H0[:-1], x[None]])
-        a0, k0 = c0.with_hidden(H[None])
-        h1 = b0(*a0, **k0)
-        a1, k1 = c1.with_hidden((h1[0] if isinstance(h1, tuple) else h1))
-        h2 = b1(*a1, **k1)
-        return (h2[0] if isinstance(h2, tuple) else h2)[0, -1]
+        return block_output(b1, c1, block_output(b0, c0, H[None]))[0, -1]
 
     from torch.nn.attention import SDPBackend, sdpa_kernel
     with sdpa_kernel(SDPBackend.MATH), torch.no_grad():
         E = torch.func.jacfwd(two_blocks)(H0[-1])
     assert rel(P.to_dense(), E) < TOL
-
-
-def _match(a, b):
-    from scipy.optimize import linear_sum_assignment
-    cost = (a[:, None] - b[None, :]).abs().numpy()
-    r, c = linear_sum_assignment(cost)
-    return float(cost[r, c].max())
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
@@ -149,13 +124,12 @@ def test_top_eigenvalues_match_dense_eig(family):
     # Llama-family blocks carry ~1e-8 relative rounding
     res = eigs(J, 6, tol=1e-7)
     assert bool(res.converged)
-    dense = torch.linalg.eigvals(oracle(probe, 1, "token"))
-    dense = dense[torch.argsort(-dense.abs())]
+    dense = eigvals_by_modulus(oracle(probe, 1, "token"))
     k = res.values.shape[-1]
     got = res.values.flatten()[:k]
     # conjugate-invariant: compare the top-k moduli, then match values as sets
     assert torch.allclose(got.abs(), dense.abs()[:k], atol=TOL, rtol=TOL)
-    assert _match(got, dense[:k]) < TOL * max(1.0, float(dense.abs()[0]))
+    assert matched_distance(got, dense[:k]) < TOL * max(1.0, float(dense.abs()[0]))
 
 
 def test_union_of_token_spectra_is_causal_sequence_spectrum():
@@ -169,7 +143,7 @@ def test_union_of_token_spectra_is_causal_sequence_spectrum():
              for p in range(IDS.shape[1])]
     union = torch.cat(parts)
     assert seq.shape == union.shape
-    assert _match(seq, union) < 1e-6
+    assert matched_distance(seq, union) < 1e-6
     D = dense_block_jacobian(anat, rec, 0, kind="sequence").reshape(7, 32, 7, 32)
     upper = torch.stack([D[i, :, j].norm() for i in range(7) for j in range(i + 1, 7)])
     assert float(upper.max()) == 0.0  # block lower-triangular
@@ -216,7 +190,7 @@ def test_left_padded_batch_gives_the_unpadded_operator():
         b = block_jacobian(anat, rec, 1, sample=2, kind=kind)
         assert a.shape == b.shape
         assert rel(a.to_dense(), b.to_dense()) < 1e-10
-    assert block_jacobian(anat, rec, 1, sample=1).positions.tolist() == [5]
+    assert block_jacobian(anat, rec, 1, sample=1).positions == (5,)
     with pytest.raises(ValueError, match="padding"):
         block_jacobian(anat, rec, 1, sample=1, position=0)
     with pytest.raises(ValueError, match="padding"):  # sample 2 is shorter: recording pads it
@@ -353,12 +327,11 @@ def test_split_single_query_batched_jvps_match_jacfwd(family):
     assert model_cfg._attn_implementation == impl  # the user's config is untouched
     res = eigs(ops[-1], 5, tol=1e-10 if exact else TOL, block_size=4)
     assert bool(res.converged)
-    dense = torch.linalg.eigvals(oracle(probe, len(ops) - 1, "token"))
-    dense = dense[torch.argsort(-dense.abs())]
+    dense = eigvals_by_modulus(oracle(probe, len(ops) - 1, "token"))
     k = res.values.shape[-1]
     # eigenvalues: residual tol x conditioning (float32-RMSNorm families are looser)
-    assert _match(res.values.flatten()[:k], dense[:k]) < (1e-6 if exact else 1e-4) * float(
-        dense.abs()[0])
+    assert matched_distance(res.values.flatten()[:k], dense[:k]) < (
+        1e-6 if exact else 1e-4) * float(dense.abs()[0])
 
 
 def test_shared_jvp_graph_is_reused_and_rechecked_per_layer(caplog):

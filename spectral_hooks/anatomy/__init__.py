@@ -2,6 +2,7 @@
 
 from .base import (Anatomy, HeadWeights, LayerParts, MissingWeightsError, anatomy_of,
                    register_anatomy, registered_families)
+from .calls import BlockCallConvention
 
-__all__ = ["Anatomy", "HeadWeights", "LayerParts", "MissingWeightsError", "anatomy_of",
-           "register_anatomy", "registered_families"]
+__all__ = ["Anatomy", "HeadWeights", "LayerParts", "MissingWeightsError", "BlockCallConvention",
+           "anatomy_of", "register_anatomy", "registered_families"]

@@ -23,24 +23,16 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor, nn
 
+from ..errors import LayerIndexError, MissingWeightsError, UnsupportedModelError
+from .calls import (CACHE_KWARGS, HF_BLOCK_CACHE_KWARGS, HF_CALLS, MASK_KWARG,
+                    MODEL_INPUT_KWARGS, BlockCallConvention)
+
+__all__ = ["Anatomy", "LayerParts", "HeadWeights", "BlockCallConvention", "MissingWeightsError",
+           "UnsupportedModelError", "LayerIndexError", "CACHE_KWARGS", "HF_BLOCK_CACHE_KWARGS",
+           "MODEL_INPUT_KWARGS", "MASK_KWARG", "anatomy_of", "register_anatomy",
+           "registered_families", "config_layer_kinds", "fresh_model"]
+
 NORM_PLACEMENTS = ("pre", "post", "sandwich", "sublayer_post", "unknown")
-
-#: Keyword names under which models and blocks receive a KV cache: HF (``cache`` since
-#: transformers 5, ``past_key_values``/``past_key_value``/``layer_past`` before and in some
-#: families), TransformerLens 3 (``past_kv_cache`` for the model, ``past_kv_cache_entry`` per
-#: block). The first four are the HF block-level names, in order of preference.
-CACHE_KWARGS = ("cache", "past_key_values", "past_key_value", "layer_past",
-                "past_kv_cache_entry", "past_kv_cache")
-HF_BLOCK_CACHE_KWARGS = CACHE_KWARGS[:4]
-#: Keyword names under which a model receives its tokens, in order of preference: HF
-#: (``input_ids``, ``inputs_embeds``), TransformerLens (``input``, ``tokens``).
-MODEL_INPUT_KWARGS = ("input_ids", "inputs_embeds", "input", "tokens")
-#: The keyword of the [batch, pos] padding mask (HF and TransformerLens alike).
-MASK_KWARG = "attention_mask"
-
-
-class MissingWeightsError(ValueError):
-    """The anatomy cannot find a value or output projection for this model's attention."""
 
 
 @dataclass(frozen=True)
@@ -121,7 +113,17 @@ class LayerParts:
 
 @dataclass(frozen=True)
 class Anatomy:
-    """Frozen description of a transformer: its blocks in application order and their parts."""
+    """Frozen description of a transformer: its blocks in application order and their parts.
+
+    Besides where things are: ``causal``; ``norm_placement`` (one of ``NORM_PLACEMENTS``);
+    ``shared_groups`` (layers that apply one shared block, ALBERT); ``layer_kinds`` (the
+    attention type of each layer, e.g. ``("sliding_attention", "full_attention", ...)`` from
+    ``config.layer_types`` or GPT-Neo's ``("global", "local", ...)``; None where every layer
+    is alike or the config does not say); ``norm_upcasts`` (the block's norms compute in
+    float32 whatever the model dtype, as HF's Llama-family RMSNorm does: a float64 replay then
+    carries ~1e-8 relative rounding); ``call_convention`` (how a block is called, see
+    :mod:`spectral_hooks.anatomy.calls`).
+    """
 
     family: str
     model: nn.Module
@@ -137,6 +139,9 @@ class Anatomy:
     shared_groups: tuple[tuple[int, ...], ...] = ()
     config: Any = None
     hook_prefix: str = "blocks"
+    layer_kinds: Optional[tuple[str, ...]] = None
+    norm_upcasts: bool = False
+    call_convention: BlockCallConvention = HF_CALLS
 
     @property
     def n_layers(self) -> int:
@@ -147,7 +152,7 @@ class Anatomy:
         if not isinstance(layer, int) or isinstance(layer, bool):
             raise TypeError(f"layer must be an int, got {type(layer).__name__}")
         if not -self.n_layers <= layer < self.n_layers:
-            raise ValueError(f"layer {layer} is out of range: this {self.family} model has "
+            raise LayerIndexError(f"layer {layer} is out of range: this {self.family} model has "
                              f"{self.n_layers} layers (valid: 0..{self.n_layers - 1} or negative)")
         return layer % self.n_layers
 
@@ -174,7 +179,8 @@ def _expand_kv(w: Tensor, n_heads: int) -> Tensor:
     if groups == n_heads:
         return w
     if n_heads % groups:
-        raise ValueError(f"{n_heads} heads cannot share {groups} key/value groups evenly")
+        raise UnsupportedModelError(f"{n_heads} heads cannot share {groups} key/value groups "
+                                    "evenly")
     return w.repeat_interleave(n_heads // groups, dim=0)
 
 
@@ -241,6 +247,20 @@ def config_int(config: Any, *names: str) -> Optional[int]:
     return None
 
 
+def config_layer_kinds(config: Any, n_layers: int) -> Optional[tuple[str, ...]]:
+    """Per-layer attention types a config states (``layer_types``: Gemma 2/3, Qwen2 sliding
+    windows, ...; ``attention_layers``: GPT-Neo; ``attn_types``: TransformerLens 3), or None.
+    A multimodal config's ``text_config`` is read when present."""
+    if config is None:
+        return None
+    config = getattr(config, "text_config", None) or config
+    for attr in ("layer_types", "attention_layers", "attn_types"):
+        kinds = getattr(config, attr, None)
+        if isinstance(kinds, (list, tuple)) and len(kinds) >= n_layers > 0:
+            return tuple(str(kind) for kind in kinds[:n_layers])
+    return None
+
+
 def fresh_model(model: nn.Module, *, seed: int = 0) -> nn.Module:
     """A freshly initialised model of the same architecture and config (fixed ``seed``),
     with the same dtype, device and train/eval mode. The global RNG state is left untouched."""
@@ -255,9 +275,9 @@ def fresh_model(model: nn.Module, *, seed: int = 0) -> nn.Module:
         elif type(model).__name__ == "HookedTransformer" and hasattr(model, "cfg"):
             fresh = type(model)(model.cfg)
         else:
-            raise ValueError(f"cannot build a freshly initialised {type(model).__name__}: "
-                             "supported for HF transformers models and TransformerLens 3 "
-                             "HookedTransformer")
+            raise UnsupportedModelError(
+                f"cannot build a freshly initialised {type(model).__name__}: supported for HF "
+                "transformers models and TransformerLens 3 HookedTransformer")
     return fresh.to(device=device, dtype=dtype).train(model.training)
 
 
@@ -291,8 +311,8 @@ def registered_families() -> list[str]:
 def anatomy_of(model: nn.Module) -> Anatomy:
     """Describe ``model`` (HF transformers, TransformerLens 3 or 4) as an :class:`Anatomy`.
 
-    Raises TypeError for a non-module and ValueError naming the supported families when
-    nothing recognises the model.
+    Raises TypeError for a non-module and :class:`~spectral_hooks.errors.UnsupportedModelError`
+    (a ValueError) naming the supported families when nothing recognises the model.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"expected a torch.nn.Module, got {type(model).__name__}")
@@ -306,7 +326,7 @@ def anatomy_of(model: nn.Module) -> Anatomy:
     anatomy = generic_anatomy(model)
     if anatomy is not None:
         return anatomy
-    raise ValueError(
+    raise UnsupportedModelError(
         f"{type(model).__name__} does not look like a transformer: no family recognises it "
         f"(known: {', '.join(registered_families())}) and no list of repeated blocks was found. "
         "Describe it with spectral_hooks.register_anatomy(name, builder)."

@@ -6,7 +6,7 @@ from typing import Optional
 
 from torch import nn
 
-from .base import Anatomy, LayerParts, config_int, output_heads, value_heads
+from .base import Anatomy, LayerParts, config_int, config_layer_kinds, output_heads, value_heads
 
 _ATTN_NAMES = ("self_attn", "attn", "attention", "self_attention", "mixer")
 _VALUE_NAMES = ("v_proj", "value", "v")
@@ -62,5 +62,5 @@ def generic_anatomy(model: nn.Module) -> Optional[Anatomy]:
         family=f"generic/{type(model).__name__}", model=model, layers=tuple(layers),
         d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv, d_head=d_head,
         causal=bool(getattr(config, "is_decoder", True)), norm_placement="unknown",
-        call_root=model, config=config,
+        call_root=model, config=config, layer_kinds=config_layer_kinds(config, len(layers)),
     )

@@ -13,8 +13,10 @@ from typing import Callable, Optional
 
 from torch import nn
 
-from .base import (Anatomy, LayerParts, config_int, get_path, output_heads, register_anatomy,
-                   value_heads)
+from ..errors import UnsupportedModelError
+from .base import (Anatomy, LayerParts, config_int, config_layer_kinds, get_path, output_heads,
+                   register_anatomy, value_heads)
+from .calls import HF_CALLS, BlockCallConvention
 
 
 @dataclass(frozen=True)
@@ -24,6 +26,8 @@ class HFFamily:
     ``value`` is a path from the block to the value projection; with ``qkv="gpt2"`` it is the
     fused c_attn (values are its last third), with ``qkv="neox"`` the per-head interleaved fused
     projection. ``attn_out`` names the module whose output is the attention contribution.
+    ``norm_upcasts``: the family's norms compute in float32 whatever the model dtype.
+    ``call_convention``: how its blocks are called (see :mod:`.calls`).
     """
 
     name: str
@@ -39,6 +43,8 @@ class HFFamily:
     causal: bool = True
     qkv: str = "separate"
     norm_weight_offset: float = 0.0
+    norm_upcasts: bool = False
+    call_convention: BlockCallConvention = HF_CALLS
     block_order: Optional[Callable[[nn.Module], list[nn.Module]]] = None
 
 
@@ -56,7 +62,8 @@ def _dims(config, d_model_fallback: int) -> tuple[int, int, int, int]:
     d_model = config_int(config, "hidden_size", "n_embd", "d_model") or d_model_fallback
     n_heads = config_int(config, "num_attention_heads", "n_head", "num_heads")
     if n_heads is None:
-        raise ValueError(f"cannot read the number of attention heads from {type(config).__name__}")
+        raise UnsupportedModelError(
+            f"cannot read the number of attention heads from {type(config).__name__}")
     n_kv = config_int(config, "num_key_value_heads") or n_heads
     d_head = config_int(config, "head_dim") or d_model // n_heads
     return d_model, n_heads, n_kv, d_head
@@ -82,7 +89,8 @@ def build(model: nn.Module, family: HFFamily) -> Anatomy:
     config = model.config
     container = get_path(base, family.blocks)
     if container is None:
-        raise ValueError(f"{type(model).__name__}: expected blocks at '{family.blocks}' "
+        raise UnsupportedModelError(f"{type(model).__name__}: expected blocks at "
+                                    f"'{family.blocks}' "
                          f"for the {family.name} family")
     blocks = family.block_order(base) if family.block_order else list(container)
     d_model, n_heads, n_kv, d_head = _dims(config, 0)
@@ -105,6 +113,8 @@ def build(model: nn.Module, family: HFFamily) -> Anatomy:
         n_heads=n_heads, n_kv_heads=n_kv, d_head=d_head, causal=causal,
         norm_placement=family.norm_placement, call_root=base,
         final_norm=get_path(base, family.final_norm), shared_groups=shared, config=config,
+        layer_kinds=config_layer_kinds(config, len(layers)), norm_upcasts=family.norm_upcasts,
+        call_convention=family.call_convention,
     )
 
 
@@ -132,7 +142,7 @@ def register_attention(name: str, fn) -> bool:
         from transformers import AttentionInterface
         AttentionInterface.register(name, fn)
         return True
-    except Exception:  # noqa: BLE001 - older transformers: no pluggable attention
+    except ImportError:  # older transformers: no pluggable attention
         return False
 
 

@@ -2,13 +2,14 @@
 
 All keep q/k/v/o projections in ``self_attn`` and rotary embeddings; they differ in norms:
 pre-norm (Llama, Mistral, Qwen, Gemma 1, OLMo), sandwich (Gemma 2/3: the attention output is
-normalised before the residual add), and post-sublayer norms only (OLMo2).
+normalised before the residual add), and post-sublayer norms only (OLMo2). Every one of
+them computes its norms in float32 whatever the model dtype (``norm_upcasts``).
 """
 
 from .hf import HFFamily, register
 
 _COMMON = dict(blocks="layers", attention="self_attn", value="self_attn.v_proj",
-               output="self_attn.o_proj", final_norm="norm")
+               output="self_attn.o_proj", final_norm="norm", norm_upcasts=True)
 
 LLAMA = register(HFFamily(
     name="llama", model_types=("llama", "mistral", "qwen2", "qwen3", "olmo"),

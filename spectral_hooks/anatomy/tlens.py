@@ -10,8 +10,9 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from .base import (Anatomy, HeadWeights, LayerParts, _expand_kv, get_path, output_heads,
-                   register_anatomy)
+from .base import (Anatomy, HeadWeights, LayerParts, _expand_kv, config_layer_kinds, get_path,
+                   output_heads, register_anatomy)
+from .calls import TL3_CALLS, TL_BRIDGE_CALLS
 
 
 def _tl_value(attn: nn.Module, n_heads: int) -> HeadWeights:
@@ -53,7 +54,8 @@ def _hooked_transformer(model: nn.Module) -> Optional[Anatomy]:
         family="tlens3", model=model, layers=layers, d_model=cfg.d_model, n_heads=cfg.n_heads,
         n_kv_heads=n_kv, d_head=cfg.d_head, causal=cfg.attention_dir == "causal",
         norm_placement="pre", call_root=model, final_norm=getattr(model, "ln_final", None),
-        config=cfg,
+        config=cfg, layer_kinds=config_layer_kinds(cfg, len(layers)), norm_upcasts=False,
+        call_convention=TL3_CALLS,
     )
 
 
@@ -83,7 +85,7 @@ def _transformer_bridge(model: nn.Module) -> Optional[Anatomy]:
             resid_pre_hook=block.hook_in, resid_post_hook=block.hook_out,
         ))
     return inner.replace(family=f"tlens_bridge/{inner.family}", model=model, layers=tuple(layers),
-                         call_root=model, shared_groups=())
+                         call_root=model, shared_groups=(), call_convention=TL_BRIDGE_CALLS)
 
 
 register_anatomy("transformer_lens.TransformerBridge", _transformer_bridge, first=False)

@@ -35,8 +35,14 @@ keys and its own key separately, 32 rows run at once, and one traced JVP graph
 (:mod:`.shared`) serves every block of the same structure; such operators carry
 ``block_size=32`` and ``eigs`` defaults to block Krylov on them.
 
-Note: HF's Llama-family RMSNorm computes in float32 even in a float64 model, so float64 Jacobians
-of those blocks carry ~1e-8 relative rounding.
+Note: HF's Llama-family RMSNorm computes in float32 even in a float64 model
+(``anatomy.norm_upcasts``), so float64 Jacobians of those blocks carry ~1e-8 relative rounding.
+
+Operators say what they are (:mod:`.operator`): :class:`BlockJacobian` (``layer``, ``sample``,
+``positions``, ``kind``, ``single_query_mode``, ``engine``), :class:`JacobianProduct`
+(``first``, ``last``, ``factors``) and :class:`StackedBlockJacobian`. Every slower or
+approximate path taken (finite differences, full-sequence replay, ...) emits a
+:class:`~spectral_hooks.errors.FallbackWarning` once per cause. No draw from the global RNG.
 """
 
 from __future__ import annotations
@@ -46,15 +52,17 @@ import logging
 import torch
 from torch import Tensor
 
-from ..linalg import LinearOperator
+from ..errors import OptionError, RecordingError, fallback
 from .engine import METHODS, _Engine, _make_operator
-from .function import KINDS, BlockFunction, _math_sdpa, block_function
+from .function import KINDS, REPLAY_ERRORS, BlockFunction, _math_sdpa, block_function
+from .operator import BlockJacobian, JacobianProduct, StackedBlockJacobian
 from .single_query import SingleQueryFunction, _single_query
 from .stacked import StackedJacobians, stacked_block_jacobians
 
 __all__ = ["block_jacobian", "jacobian_product", "dense_block_jacobian", "block_function",
-           "BlockFunction", "SingleQueryFunction", "METHODS", "KINDS",
-           "stacked_block_jacobians", "StackedJacobians"]
+           "BlockFunction", "SingleQueryFunction", "METHODS", "KINDS", "BlockJacobian",
+           "JacobianProduct", "StackedBlockJacobian", "stacked_block_jacobians",
+           "StackedJacobians"]
 
 log = logging.getLogger(__name__)
 DENSE_LIMIT = 4096
@@ -62,7 +70,7 @@ DENSE_LIMIT = 4096
 
 def block_jacobian(anatomy, recording, layer: int, *, sample: int = 0, position: int = -1,
                    kind: str = "token", dtype: torch.dtype = torch.float64,
-                   method: str = "auto", single_query: bool = True) -> LinearOperator:
+                   method: str = "auto", single_query: bool = True) -> BlockJacobian:
     """Block ``layer``'s Jacobian at its recorded input for batch row ``sample``.
 
     ``kind="token"``: d x d, J^(p) = d f(H)[p] / d H[p]; ``position``: a row index of the
@@ -73,46 +81,45 @@ def block_jacobian(anatomy, recording, layer: int, *, sample: int = 0, position:
     ``single_query`` (token kind, causal models): recompute only row p, with the earlier
     positions' keys/values computed once and held fixed (blocks that take an HF ``cache``);
     used only after a check against the full-sequence block, else the full sequence is run.
-    The operator carries ``.layer``, ``.sample``, ``.positions`` (the recording rows used) and
-    ``.single_query_mode`` ("split": batched JVPs, ``block_size`` set; "concat"; or None).
+    Returns a :class:`BlockJacobian`: ``.layer``, ``.sample``, ``.positions`` (the recording
+    rows used), ``.kind`` and ``.single_query_mode`` ("split": batched JVPs, ``block_size``
+    set; "concat"; or None).
     """
+    if method not in METHODS:
+        raise OptionError("method", method, f"one of {METHODS}")
     fn = block_function(anatomy, recording, layer, sample=sample, position=position, kind=kind,
                         dtype=dtype)
     where = f"p={int(fn.positions[0])}" if kind == "token" else f"n={fn.positions.numel()}"
-    engine_fn = fn
-    if single_query and kind == "token" and anatomy.causal:
-        engine_fn = _single_query(fn) or fn
-    op = _make_operator(_Engine(engine_fn, method), f"J[layer {fn.layer}, {kind} {where}]")
-    op.single_query = engine_fn is not fn
-    op.single_query_mode = (("split" if engine_fn.split else "concat") if op.single_query
-                            else None)
-    return op
+    sq = _single_query(fn) if single_query and kind == "token" and anatomy.causal else None
+    mode = None if sq is None else ("split" if sq.split else "concat")
+    return _make_operator(_Engine(fn if sq is None else sq, method),
+                          f"J[layer {fn.layer}, {kind} {where}]", kind=kind,
+                          single_query_mode=mode)
 
 
 def jacobian_product(anatomy, recording, first: int, last: int, *, sample: int = 0,
                      position: int = -1, dtype: torch.dtype = torch.float64,
-                     method: str = "auto", single_query: bool = True) -> LinearOperator:
+                     method: str = "auto", single_query: bool = True) -> JacobianProduct:
     """P = J_last ... J_first: token Jacobians at one position, each at its own recorded input.
 
     Exact as the end-to-end Jacobian of layers first..last at that position for causal models
     (for bidirectional ones it is the product of per-layer token Jacobians, other tokens fixed).
+    Returns a :class:`JacobianProduct` (``.first``, ``.last``, ``.sample``, ``.positions``,
+    ``.factors``).
     """
     first, last = anatomy.layer_index(first), anatomy.layer_index(last)
     if first > last:
-        raise ValueError(f"first={first} > last={last}: the product runs first..last upwards")
+        raise OptionError("first", first, f"a layer <= last={last}",
+                          hint="the product runs first..last upwards")
     missing = [l for l in range(first, last + 1) if l not in recording.layers]
     if missing:
-        raise ValueError(f"layers {missing} were not recorded (recorded: "
-                         f"{list(recording.layers)}); the product needs every layer "
-                         f"{first}..{last}")
-    P = None
-    for layer in range(first, last + 1):
-        J = block_jacobian(anatomy, recording, layer, sample=sample, position=position,
-                           kind="token", dtype=dtype, method=method,
-                           single_query=single_query)
-        P = J if P is None else J @ P
-    P.name = f"P[layers {first}..{last}]"
-    return P
+        raise RecordingError(f"layers {missing} were not recorded (recorded: "
+                             f"{list(recording.layers)}); the product needs every layer "
+                             f"{first}..{last}")
+    return JacobianProduct([
+        block_jacobian(anatomy, recording, layer, sample=sample, position=position,
+                       kind="token", dtype=dtype, method=method, single_query=single_query)
+        for layer in range(first, last + 1)])
 
 
 def dense_block_jacobian(anatomy, recording, layer: int, *, sample: int = 0, position: int = -1,
@@ -126,13 +133,17 @@ def dense_block_jacobian(anatomy, recording, layer: int, *, sample: int = 0, pos
                         dtype=dtype)
     m, d = fn.x0.shape
     if m * d > DENSE_LIMIT and not force:
-        raise ValueError(f"the dense Jacobian would be {m * d} x {m * d} (> {DENSE_LIMIT}); pass "
-                         "force=True, or use block_jacobian (matrix-free)")
+        raise OptionError("force", force, "True for a Jacobian this large",
+                          hint=f"the dense Jacobian would be {m * d} x {m * d} (> {DENSE_LIMIT}); "
+                          "pass force=True, or use block_jacobian (matrix-free)")
     try:
         with _math_sdpa():
             J = torch.func.jacfwd(fn)(fn.x0)
-    except Exception as err:  # noqa: BLE001
+    except REPLAY_ERRORS as err:  # no forward AD through some kernel: reverse mode
         log.info("jacfwd failed for layer %d (%s): using reverse mode", fn.layer, err)
+        fallback("linearize.dense_reverse_mode",
+                 f"torch.func.jacfwd failed for layer {fn.layer} ({err}): the dense Jacobian is "
+                 f"built by {m * d} VJPs instead")
         engine = _Engine(fn, "auto")
         J = engine.vjp(torch.eye(m * d, dtype=fn.x0.dtype, device=fn.x0.device)
                        .reshape(m * d, m, d))

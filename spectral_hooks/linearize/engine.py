@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import logging
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import torch
 from torch import Tensor
 
-from ..linalg import LinearOperator
-from .function import BlockFunction, _math_sdpa, plain_jvp
+from ..errors import OptionError, fallback
+from .function import REPLAY_ERRORS, BlockFunction, _math_sdpa, plain_jvp
+from .operator import BlockJacobian
 from .shared import shared_block_jvp
+from .single_query import SingleQueryFunction
 
 log = logging.getLogger("spectral_hooks.linearize")
 METHODS = ("auto", "linearize", "jvp", "finite_difference")
+#: Seed of the private generator drawing the vector each JVP method is tried on (never the
+#: global torch RNG: analysing a model leaves the user's random stream alone).
+CHECK_SEED = 0
 # Columns per batched JVP of a split single-query block: one linearisation traced at this
 # batch width serves every matmat (narrower ones are zero-padded). 32 columns cost ~3-4
 # one-column JVPs on a GPT-2-small block (CPU, float64; benchmarks/jacobian_spectra.py).
@@ -23,16 +28,18 @@ BLOCK_WIDTH = 32
 class _Engine:
     """Lazily built JVP/VJP machinery for one BlockFunction."""
 
-    def __init__(self, fn: BlockFunction, method: str) -> None:
+    def __init__(self, fn: Union[BlockFunction, SingleQueryFunction], method: str) -> None:
         if method not in METHODS:
-            raise ValueError(f"method={method!r}: choose from {METHODS}")
+            raise OptionError("method", method, f"one of {METHODS}")
         self.fn, self.method = fn, method
         self.x0 = fn.x0
+        self.method_used: Optional[str] = None  # set when the JVP is first built
         self._jvp: Optional[Callable] = None
         self._vjp: Optional[Callable] = None
         self._block: Optional[Callable] = None  # batched JVP, [BLOCK_WIDTH, 1, d] at once
-        self.block_width = BLOCK_WIDTH if getattr(fn, "split", False) and method in (
-            "auto", "linearize", "jvp") else None
+        split = isinstance(fn, SingleQueryFunction) and fn.split
+        self.block_width = BLOCK_WIDTH if split and method in ("auto", "linearize", "jvp") \
+            else None
         self._vmap_ok = {"jvp": True, "vjp": True}
 
     # -------------------------------------------------------------- forward (matvec)
@@ -40,7 +47,8 @@ class _Engine:
         fn, x0 = self.fn, self.x0
         order = ["linearize", "jvp", "finite_difference"] if self.method == "auto" else [
             self.method]
-        probe = torch.randn_like(x0)
+        gen = torch.Generator(device="cpu").manual_seed(CHECK_SEED)
+        probe = torch.randn(x0.shape, generator=gen, dtype=torch.float64).to(x0)
         for method in order:
             try:
                 if method == "linearize":
@@ -56,14 +64,22 @@ class _Engine:
                     if self.method == "auto":
                         log.warning("forward-mode AD failed for layer %d: using a central "
                                     "finite-difference JVP", fn.layer)
+                        fallback("linearize.finite_difference",
+                                 f"forward-mode AD failed for layer {fn.layer}: JVPs by central "
+                                 "finite differences (two block forwards each, ~1e-10 relative "
+                                 "error in float64, ~eps^(2/3) otherwise)")
                     self._jvp = self._fd_jvp
                     self._vmap_ok["jvp"] = False
                 self.method_used = method
                 return
-            except Exception as err:  # noqa: BLE001 - try the next method
+            except REPLAY_ERRORS as err:  # a transform or kernel refused: try the next method
                 if self.method != "auto":
                     raise
                 log.info("JVP method %s failed for layer %d: %s", method, fn.layer, err)
+                if method == "linearize":
+                    fallback("linearize.plain_jvp",
+                             f"torch.func.linearize failed for layer {fn.layer} ({err}): "
+                             "torch.func.jvp instead (each JVP recomputes the block forward)")
 
     def _fd_jvp(self, v: Tensor) -> Tensor:
         x0 = self.x0
@@ -94,9 +110,12 @@ class _Engine:
             try:
                 self._block = shared_block_jvp(fn, W)
                 return
-            except Exception as err:  # noqa: BLE001 - trace this block on its own
+            except REPLAY_ERRORS as err:  # trace this block on its own
                 log.info("shared JVP graph failed for layer %d (%s): torch.func.linearize",
                          fn.layer, err)
+                fallback("linearize.own_trace",
+                         f"the shared traced JVP graph failed for layer {fn.layer} ({err}): "
+                         "torch.func.linearize of this block alone (a slower build)")
             with _math_sdpa():
                 _, self._block = torch.func.linearize(fn.batched, X0)
         else:
@@ -106,8 +125,11 @@ class _Engine:
         if self._block is None:
             try:
                 self._build_block()
-            except Exception as err:  # noqa: BLE001 - fall back to vmapped one-row JVPs
+            except REPLAY_ERRORS as err:  # fall back to vmapped one-row JVPs
                 log.info("batched JVP unavailable for layer %d (%s)", self.fn.layer, err)
+                fallback("linearize.no_batched_jvp",
+                         f"batched JVPs unavailable for layer {self.fn.layer} ({err}): one "
+                         "query row per JVP (several times slower per column)")
                 self.block_width = None
                 return self.jvp(V)
         W, k = self.block_width, V.shape[0]
@@ -134,9 +156,12 @@ class _Engine:
                 _, vjp_fn = torch.func.vjp(self.fn, self.x0)
             self._vjp = lambda u: vjp_fn(u)[0]
             return
-        except Exception as err:  # noqa: BLE001 - e.g. an autograd.Function without setup_context
+        except REPLAY_ERRORS as err:  # e.g. an autograd.Function without setup_context
             log.info("torch.func.vjp failed for layer %d (%s): using torch.autograd", self.fn.layer,
                      err)
+            fallback("linearize.autograd_vjp",
+                     f"torch.func.vjp failed for layer {self.fn.layer} ({err}): VJPs by "
+                     "torch.autograd, one column at a time")
         x = self.x0.clone().requires_grad_(True)
         with torch.enable_grad(), _math_sdpa():
             y = self.fn(x)
@@ -150,13 +175,17 @@ class _Engine:
             try:
                 with _math_sdpa():
                     return torch.vmap(f)(V)
-            except Exception as err:  # noqa: BLE001
+            except REPLAY_ERRORS as err:  # vmap cannot batch some op of this block
                 log.info("vmap over the %s failed (%s): applying column by column", which, err)
+                fallback(f"linearize.no_vmap_{which}",
+                         f"torch.vmap over the {which} failed for layer {self.fn.layer} "
+                         f"({err}): columns applied one at a time (slower)")
                 self._vmap_ok[which] = False
         return torch.stack([f(v) for v in V])
 
 
-def _make_operator(engine: _Engine, name: str) -> LinearOperator:
+def _make_operator(engine: _Engine, name: str, *, kind: str,
+                   single_query_mode: Optional[str]) -> BlockJacobian:
     fn = engine.fn
     m, d = fn.x0.shape
     n = m * d
@@ -182,8 +211,8 @@ def _make_operator(engine: _Engine, name: str) -> LinearOperator:
     def rmatmat(Y: Tensor) -> Tensor:
         return cplx(lambda U: engine.vjp(U.to(dtype).T.reshape(-1, m, d)).reshape(-1, n).T, Y)
 
-    op = LinearOperator((n, n), matvec=matvec, rmatvec=rmatvec, matmat=matmat, rmatmat=rmatmat,
-                        dtype=dtype, device=fn.x0.device, name=name,
-                        block_size=engine.block_width)
-    op.layer, op.sample, op.positions, op.engine = fn.layer, fn.sample, fn.positions, engine
-    return op
+    return BlockJacobian(n, matvec=matvec, rmatvec=rmatvec, matmat=matmat, rmatmat=rmatmat,
+                         dtype=dtype, device=fn.x0.device, name=name, layer=fn.layer,
+                         sample=fn.sample, positions=fn.positions, kind=kind,
+                         single_query_mode=single_query_mode, engine=engine,
+                         block_size=engine.block_width)

@@ -3,23 +3,30 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Callable, Optional
 
 import torch
 from torch import Tensor
 
-from ..recording import map_tensors
+from ..anatomy.calls import BlockCallConvention
+from ..errors import OptionError, RecordingError
+from ..recording import BlockCall, map_tensors
 from ..suspend import suspended
 
 KINDS = ("token", "sequence")
+#: What torch raises when a function transform (linearize, jvp, vjp, vmap, make_fx) or a kernel
+#: refuses a block: a RuntimeError (NotImplementedError for a kernel without forward AD is one),
+#: a TypeError or ValueError from a module's Python code run under a transform.
+REPLAY_ERRORS = (RuntimeError, TypeError, ValueError)
 
 
 def _sdpa_math_kernel():
     try:
         from torch.nn.attention import SDPBackend, sdpa_kernel
-        return sdpa_kernel(SDPBackend.MATH)
-    except Exception:  # pragma: no cover - very old torch
+    except ImportError:  # pragma: no cover - very old torch
         return contextlib.nullcontext()
+    return sdpa_kernel(SDPBackend.MATH)
 
 
 @contextlib.contextmanager
@@ -56,9 +63,11 @@ class BlockFunction:
     Returns the block's output at the same rows, [m, d]. Built by :func:`block_function`.
     """
 
-    def __init__(self, block, call, hidden: Tensor, positions: Tensor, params: dict,
-                 layer: int, sample: int) -> None:
+    def __init__(self, block: torch.nn.Module, call: BlockCall, hidden: Tensor,
+                 positions: Tensor, params: dict, layer: int, sample: int,
+                 convention: BlockCallConvention) -> None:
         self.block, self.call, self.params = block, call, params
+        self.convention = convention  # how this family's blocks are called (anatomy fact)
         self.layer, self.sample = layer, sample
         self.hidden = hidden  # [1, L, d] in the working dtype
         self.positions = positions  # LongTensor [m]
@@ -91,7 +100,7 @@ def _resolve_sample(recording, layer: int, sample: int):
     try:
         return recording.block_input(layer, sample)
     except ValueError as err:
-        raise ValueError(
+        raise RecordingError(
             f"no replayable input for layer {layer}, sample {sample}: block inputs are captured "
             "for prefill calls only, so a recording of decode steps alone (a call continuing a "
             "KV cache made before the probe was attached) cannot be linearised, and "
@@ -105,26 +114,31 @@ def _resolve_positions(recording, layer: int, sample: int, position: Optional[in
     real = torch.nonzero(mask[:L] != 0).flatten()
     if kind == "sequence":
         if position not in (None, -1):
-            raise ValueError("kind='sequence' covers every real position: leave position=-1")
+            raise OptionError("position", position, "-1 (the default)",
+                              hint="kind='sequence' covers every real position")
         if real.numel() == 0:
-            raise ValueError(f"sample {sample} has no real (non-padding) token at layer {layer}")
+            raise RecordingError(f"sample {sample} has no real (non-padding) token at layer {layer}")
         return real
     if not isinstance(position, int) or isinstance(position, bool):
         raise TypeError(f"position must be an int, got {type(position).__name__}")
     width = mask.shape[0]
     if position < 0:
         if -position > real.numel():
-            raise ValueError(f"position {position} is out of range: sample {sample} has "
-                             f"{real.numel()} real tokens")
+            raise OptionError("position", position, f"a row >= -{real.numel()}",
+                              hint=f"position {position} is out of range: sample {sample} has "
+                              f"{real.numel()} real tokens")
         return real[position:position + 1 if position != -1 else None].clone()
     if position >= width:
-        raise ValueError(f"position {position} is out of range: the recording has {width} "
-                         f"positions (sample {sample})")
+        raise OptionError("position", position, f"a row < {width}",
+                          hint=f"position {position} is out of range: the recording has "
+                          f"{width} positions (sample {sample})")
     if mask[position] == 0:
-        raise ValueError(f"position {position} of sample {sample} is padding")
+        raise OptionError("position", position, "a real (non-padding) row",
+                          hint=f"position {position} of sample {sample} is padding")
     if position >= L or int(steps[position]) > 0:
-        raise ValueError(f"position {position} of sample {sample} was written by a generate() "
-                         "decode step: block inputs are kept for the prefill only")
+        raise OptionError("position", position, "a prefill row",
+                          hint=f"position {position} of sample {sample} was written by a "
+                          "generate() decode step: block inputs are kept for the prefill only")
     return torch.tensor([position])
 
 
@@ -132,26 +146,28 @@ def block_function(anatomy, recording, layer: int, *, sample: int = 0, position:
                    kind: str = "token", dtype: torch.dtype = torch.float64) -> BlockFunction:
     """The block map at the recorded input, restricted to the chosen rows (see module doc)."""
     if kind not in KINDS:
-        raise ValueError(f"kind={kind!r}: choose from {KINDS}")
+        raise OptionError("kind", kind, f"one of {KINDS}")
     layer = anatomy.layer_index(layer)
     if layer not in recording.layers:
-        raise ValueError(f"layer {layer} was not recorded (recorded: {list(recording.layers)}); "
-                         "instrument with layers=None to record every layer")
+        raise RecordingError(f"layer {layer} was not recorded (recorded: "
+                             f"{list(recording.layers)}); instrument with layers=None to record "
+                             "every layer")
     call = _resolve_sample(recording, layer, sample)
     block = anatomy.layers[layer].block
     device = call.hidden.device
     cast = _working_dtype(dtype, call.hidden)
     args, kwargs = map_tensors(call.args, cast), map_tensors(call.kwargs, cast)
-    call = type(call)(args, kwargs, call.hidden_in_args)
+    call = dataclasses.replace(call, args=args, kwargs=kwargs)
     hidden = call.hidden
     positions = _resolve_positions(recording, layer, sample, position, kind,
                                    hidden.shape[1]).to(device)
     if not bool(torch.isfinite(hidden[0, positions]).all()):
-        raise ValueError(f"the recorded input of layer {layer}, sample {sample} contains NaN/Inf "
-                         "at the requested positions")
+        raise RecordingError(f"the recorded input of layer {layer}, sample {sample} contains "
+                             "NaN/Inf at the requested positions")
     params = {}
     for name, t in block.named_parameters():
         params[name] = t.detach().to(device, dtype)
     for name, t in block.named_buffers():
         params[name] = cast(t).to(device)
-    return BlockFunction(block, call, hidden, positions, params, layer, sample)
+    return BlockFunction(block, call, hidden, positions, params, layer, sample,
+                         anatomy.call_convention)

@@ -11,6 +11,12 @@ block:
 * ``concat``: the cache returns the fixed keys/values concatenated with the new ones and the
   block's own attention runs (any HF Cache block).
 
+Every architecture fact used here comes from the anatomy's
+:class:`~spectral_hooks.anatomy.calls.BlockCallConvention` (carried by the BlockFunction): the
+cache keyword, whether the attention core is pluggable, the core's calling convention and the
+score-modifying keywords the split core must refuse; switching the core is
+:func:`~spectral_hooks.anatomy.hf.attention_implementation`.
+
 Not thread-safe: while a split-mode replay runs, the block's HF config names the split core, so
 a forward of the same model from another thread meanwhile raises a RuntimeError.
 """
@@ -19,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import inspect
 import logging
 from typing import List, Optional
 
@@ -27,16 +32,18 @@ import torch
 from torch import Tensor
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from ..anatomy.base import HF_BLOCK_CACHE_KWARGS
 from ..anatomy.hf import attention_implementation, register_attention
+from ..errors import fallback
 from ..recording import map_tensors
-from .function import BlockFunction, _first, _math_sdpa, agreement_tol
+from .function import REPLAY_ERRORS, BlockFunction, _first, _math_sdpa, agreement_tol
 
 log = logging.getLogger("spectral_hooks.linearize")
 SPLIT_ATTENTION = "spectral_hooks_single_query"
 _PENDING: contextvars.ContextVar = contextvars.ContextVar("spectral_hooks_fixed_kv",
                                                           default=None)
-_UNSUPPORTED = ("softmax_scale_bias", "position_bias", "s_aux", "sinks")
+#: A duck-typed cache in an unknown block can fail in any of these ways (a missing cache
+#: method, a mis-sliced input), besides what a transform raises.
+_SINGLE_QUERY_ERRORS = REPLAY_ERRORS + (AttributeError, IndexError, KeyError)
 
 
 def _split_attention(module, query: Tensor, key: Tensor, value: Tensor, attention_mask,
@@ -53,10 +60,10 @@ def _split_attention(module, query: Tensor, key: Tensor, value: Tensor, attentio
     _PENDING.set(None)
     if fixed is None:
         raise RuntimeError("single-query attention called without fixed keys/values")
-    bad = [k for k in _UNSUPPORTED if kwargs.get(k) is not None]
+    Kf, Vf, refused = fixed
+    bad = [k for k in refused if kwargs.get(k) is not None]
     if bad or dropout:
         raise NotImplementedError(f"single-query split attention: unsupported {bad or 'dropout'}")
-    Kf, Vf = fixed
     c, h, q1, dh = query.shape
     hk, p = Kf.shape[1], Kf.shape[2]
     g = h // hk
@@ -91,16 +98,17 @@ class _FixedKV:
     :func:`_split_attention` and returns the new ones only (``split=True``). It never grows.
     """
 
-    def __init__(self, split: bool = False) -> None:
+    def __init__(self, split: bool = False, refused: tuple = ()) -> None:
         self.keys = self.values = None
         self.split = split
+        self.refused = refused  # score-modifying core keywords the split core refuses
 
     def update(self, key_states, value_states, *args, **kwargs):
         if self.keys is None:  # filling: the block runs on the earlier positions once
             self.keys, self.values = key_states.detach(), value_states.detach()
             return key_states, value_states
         if self.split:
-            _PENDING.set((self.keys, self.values))
+            _PENDING.set((self.keys, self.values, self.refused))
             return key_states, value_states
         return (torch.cat([self.keys, key_states], dim=-2),
                 torch.cat([self.values, value_states], dim=-2))
@@ -128,20 +136,6 @@ def _slice_call(call, L: int, rows: slice, cols: slice, hidden: Tensor, cache,
     return tuple(args), kwargs
 
 
-
-
-def _cache_slot(block) -> tuple:
-    """(name, positional index or None) of the block's KV-cache parameter."""
-    try:
-        params = list(inspect.signature(block.forward).parameters)
-    except (TypeError, ValueError):
-        params = []
-    for name in HF_BLOCK_CACHE_KWARGS:
-        if name in params:
-            return name, params.index(name)
-    raise RuntimeError(f"{type(block).__name__}.forward takes no KV cache argument")
-
-
 class SingleQueryFunction:
     """f(x) = block output at p with only row p recomputed (causal models, HF Cache blocks).
 
@@ -159,9 +153,18 @@ class SingleQueryFunction:
         p = int(full.positions[0])
         L = full.hidden.shape[1]
         self.split = split
-        self.cache = _FixedKV()
+        self.convention = full.convention
+        self.cache = _FixedKV(refused=self.convention.score_modifier_kwargs)
         self._L, self._p = L, p
-        self._slot = _cache_slot(self.block)
+        slot = self.convention.cache_slot(self.block)
+        if slot is None:
+            raise RuntimeError(f"{type(self.block).__name__}.forward takes no KV cache argument "
+                               f"(none of {self.convention.cache_kwargs})")
+        self._slot = slot
+        self._spec = None  # the sliced call as pytree leaves, built by _template()
+        self._leaves: list = []
+        self._hidden_slot = self._cache_leaf = -1
+        self._tensor_slots: List[int] = []
         args, kwargs = _slice_call(full.call, L, slice(0, p), slice(0, p),
                                    full.hidden[:, :p], self.cache, self._slot)
         with torch.no_grad(), _math_sdpa():
@@ -192,7 +195,7 @@ class SingleQueryFunction:
         self._template()
         n = len(self.params)
         params = dict(zip(self.params, inputs[:n]))
-        cache = _FixedKV(split=self.split)
+        cache = _FixedKV(split=self.split, refused=self.convention.score_modifier_kwargs)
         cache.keys, cache.values = inputs[n], inputs[n + 1]
         leaves = list(self._leaves)
         leaves[self._hidden_slot] = X
@@ -208,7 +211,7 @@ class SingleQueryFunction:
     def _template(self) -> None:
         """The sliced call (row p, keys 0..p) as pytree leaves, with slots for X, the cache
         and the other tensors."""
-        if getattr(self, "_spec", None) is not None:
+        if self._spec is not None:
             return
         p, marker = self._p, torch.empty(0)
         args, kwargs = _slice_call(self.full_fn.call, self._L, slice(p, p + 1),
@@ -242,20 +245,35 @@ def _check(sq: SingleQueryFunction, fn: BlockFunction) -> float:
 
 def _single_query(fn: BlockFunction) -> Optional[SingleQueryFunction]:
     """The verified single-query function (split mode where it works, else concat), or None
-    where it does not apply or disagrees with the full sequence."""
+    where it does not apply or disagrees with the full sequence.
+
+    A block whose family takes no replayable cache (``call_convention.cache_kwargs`` empty:
+    TransformerLens) runs the full sequence quietly; any other failure is a fallback."""
     if fn.positions.numel() != 1 or int(fn.positions[0]) == 0:
         return None
+    if not fn.convention.cache_kwargs:
+        return None
     tol = agreement_tol(fn.x0.dtype)
-    for split in ((True, False) if _SPLIT_REGISTERED else (False,)):
+    modes = (True, False) if _SPLIT_REGISTERED and fn.convention.pluggable_attention \
+        else (False,)
+    for split in modes:
         try:
             sq = SingleQueryFunction(fn, split=split)
             err = _check(sq, fn)
-        except Exception as err:  # noqa: BLE001 - not an HF Cache block: use the full sequence
+        except _SINGLE_QUERY_ERRORS as err:  # not an HF Cache block: use the full sequence
             log.info("single-query path (split=%s) unavailable for layer %d: %s", split,
                      fn.layer, err)
             continue
         if err <= tol:
+            if not split and len(modes) > 1:
+                fallback("linearize.concat_single_query",
+                         f"split single-query attention is unavailable for layer {fn.layer}: "
+                         "its own attention runs on concatenated keys/values, one query row "
+                         "per JVP (no batched JVPs, several times slower per column)")
             return sq
         log.info("single-query path (split=%s) disagrees for layer %d (%.1e)", split, fn.layer,
                  err)
+    fallback("linearize.full_sequence",
+             f"no verified single-query replay for layer {fn.layer}: the full sequence is "
+             f"replayed (a JVP costs ~{fn.hidden.shape[1]} times more)")
     return None

@@ -35,8 +35,9 @@ from typing import Callable, List, Optional, Sequence
 import torch
 from torch import Tensor
 
-from ..linalg import LinearOperator
-from .function import _first, _math_sdpa, agreement_tol, block_function
+from ..errors import OptionError, fallback
+from .function import REPLAY_ERRORS, _first, _math_sdpa, agreement_tol, block_function
+from .operator import StackedBlockJacobian
 from .single_query import _FixedKV, _single_query, _slice_call
 
 log = logging.getLogger("spectral_hooks.linearize")
@@ -57,21 +58,16 @@ def _same(a, b) -> bool:
         return True
     try:
         return bool(a == b)
-    except Exception:  # noqa: BLE001
+    except (TypeError, ValueError, RuntimeError):  # no truth value (arrays): not provably equal
         return False
 
 
-def _config_heterogeneous(anatomy, layers: Sequence[int]) -> Optional[str]:
-    cfg = anatomy.config if anatomy.config is not None else getattr(anatomy.model, "config", None)
-    if cfg is None:
+def _kinds_differ(anatomy, layers: Sequence[int]) -> Optional[str]:
+    """Why the layers' attention types (``anatomy.layer_kinds``) rule out one stacked form."""
+    kinds = anatomy.layer_kinds
+    if kinds is None or len({kinds[l] for l in layers}) <= 1:
         return None
-    cfg = getattr(cfg, "text_config", None) or cfg
-    for attr in ("layer_types", "attention_layers"):
-        kinds = getattr(cfg, attr, None)
-        if isinstance(kinds, (list, tuple)) and len(kinds) >= max(layers) + 1:
-            if len({str(kinds[l]) for l in layers}) > 1:
-                return f"config.{attr} differs across the layers ({sorted(set(map(str, kinds)))})"
-    return None
+    return f"the layers' attention types differ ({sorted(set(kinds[l] for l in layers))})"
 
 
 class StackedJacobians:
@@ -102,9 +98,12 @@ class StackedJacobians:
                 _, vjp_fn = torch.func.vjp(self.g, self.x0)
             self._vjp = lambda u: vjp_fn(u)[0]
             return
-        except Exception as err:  # noqa: BLE001
+        except REPLAY_ERRORS as err:  # e.g. an autograd.Function without setup_context
             log.info("torch.func.vjp of the stacked function failed (%s): using torch.autograd",
                      err)
+            fallback("linearize.autograd_vjp",
+                     f"torch.func.vjp of the stacked layers failed ({err}): VJPs by "
+                     "torch.autograd")
         x = self.x0.clone().requires_grad_(True)
         with torch.enable_grad():
             y = self.g(x)
@@ -135,7 +134,7 @@ class StackedJacobians:
 
 
 def _member(group: StackedJacobians, i: int, layer: int, sample: int, positions: Tensor,
-            name: str) -> LinearOperator:
+            name: str) -> StackedBlockJacobian:
     n, dtype, L = group.n, group.dtype, group.size
 
     def lift(X: Tensor) -> Tensor:  # [n, c] -> [L, n, c], zeros for the other layers
@@ -154,23 +153,21 @@ def _member(group: StackedJacobians, i: int, layer: int, sample: int, positions:
     def rmatmat(X: Tensor) -> Tensor:
         return cplx(lambda U: group.rmatmat_all(lift(U))[i], X)
 
-    op = LinearOperator((n, n), matvec=lambda x: matmat(x[:, None])[:, 0],
-                        rmatvec=lambda y: rmatmat(y[:, None])[:, 0], matmat=matmat,
-                        rmatmat=rmatmat, dtype=dtype, device=group.device, name=name)
-    op.layer, op.sample, op.positions, op.engine = layer, sample, positions, group
-    op.batch_group, op.batch_index = group, i
-    op.single_query = True
-    return op
+    return StackedBlockJacobian(
+        n, matvec=lambda x: matmat(x[:, None])[:, 0], rmatvec=lambda y: rmatmat(y[:, None])[:, 0],
+        matmat=matmat, rmatmat=rmatmat, dtype=dtype, device=group.device, name=name,
+        layer=layer, sample=sample, positions=positions, kind="token",
+        single_query_mode="concat", batch_group=group, batch_index=i)
 
 
 def stacked_block_jacobians(anatomy, recording, layers: Sequence[int], *, sample: int = 0,
                             position: int = -1, dtype: torch.dtype = torch.float64
-                            ) -> Optional[List[LinearOperator]]:
+                            ) -> Optional[List[StackedBlockJacobian]]:
     """Token Jacobians of ``layers`` (one d x d operator each) sharing ONE linearisation.
 
     Same maps as ``block_jacobian(anatomy, recording, l, sample=sample, position=position,
-    kind="token", dtype=dtype)``; the operators carry ``.batch_group`` (a
-    :class:`StackedJacobians`), so ``linalg.eigs(ops, k)`` applies all of them with one batched
+    kind="token", dtype=dtype)``; each is a :class:`~.operator.StackedBlockJacobian`
+    (``single_query_mode="concat"``) carrying ``.batch_group`` (a :class:`StackedJacobians`), so ``linalg.eigs(ops, k)`` applies all of them with one batched
     JVP per Krylov step. Returns None (log message says why) where the stacked form does not
     apply: a non-causal model, blocks that differ in class, parameter names/shapes or per-layer
     attention type, differing call inputs, no verified single-query function for some layer,
@@ -178,13 +175,13 @@ def stacked_block_jacobians(anatomy, recording, layers: Sequence[int], *, sample
     """
     layers = [anatomy.layer_index(l) for l in layers]
     if len(layers) == 0:
-        raise ValueError("layers is empty")
+        raise OptionError("layers", layers, "a non-empty list of layers")
     if len(set(layers)) != len(layers):
-        raise ValueError(f"layers has duplicates: {layers}")
+        raise OptionError("layers", layers, "distinct layers", hint="it has duplicates")
     if not anatomy.causal:
         log.info("stacked Jacobians: model is not causal (no single-query form)")
         return None
-    why = _config_heterogeneous(anatomy, layers)
+    why = _kinds_differ(anatomy, layers)
     if why:
         log.info("stacked Jacobians: %s", why)
         return None
@@ -256,7 +253,7 @@ def stacked_block_jacobians(anatomy, recording, layers: Sequence[int], *, sample
         group = StackedJacobians(g, x0, layers)
         group.matmat_all(delta.reshape(len(layers), -1, 1))  # builds the linearisation once
         group.n_calls = 0
-    except Exception as err:  # noqa: BLE001 - e.g. vmap cannot batch some op of this block
+    except REPLAY_ERRORS as err:  # e.g. vmap cannot batch some op of this block
         log.info("stacked Jacobians unavailable: %s: %s", type(err).__name__, err)
         return None
     return [_member(group, i, sq.layer, sq.sample, sq.positions,

@@ -1,0 +1,73 @@
+"""How a family's blocks are called: the facts block replays (``linearize``) rely on.
+
+    >>> from spectral_hooks.anatomy.calls import HF_CALLS
+    >>> HF_CALLS.hidden_kwarg, HF_CALLS.cache_kwargs[0], HF_CALLS.pluggable_attention
+    ('hidden_states', 'cache', True)
+
+A block is called with its residual input as the first positional argument or as the keyword
+``hidden_kwarg``; it accepts an HF-style KV cache (an object with ``update(key, value, ...)``
+returning the keys/values to attend to) under one of ``cache_kwargs`` (empty: it takes none
+that a replay can use); where ``pluggable_attention`` is True its attention core is looked up
+at call time in HF's ``AttentionInterface`` (see :func:`~spectral_hooks.anatomy.hf.
+attention_implementation`) and called as ``core(module, query, key, value, attention_mask,
+scaling=, dropout=, softcap=, **kwargs)``, returning ``(output [b, q, h, d_head], weights)``;
+``score_modifier_kwargs`` name the keyword inputs of that core that change the scores beyond
+mask, scaling and softcap (a replacement core must refuse them).
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Optional
+
+from torch import nn
+
+__all__ = ["BlockCallConvention", "HF_CALLS", "TL3_CALLS", "TL_BRIDGE_CALLS", "CACHE_KWARGS",
+           "HF_BLOCK_CACHE_KWARGS", "MODEL_INPUT_KWARGS", "MASK_KWARG"]
+
+#: Keyword names under which models and blocks receive a KV cache: HF (``cache`` since
+#: transformers 5, ``past_key_values``/``past_key_value``/``layer_past`` before and in some
+#: families), TransformerLens 3 (``past_kv_cache`` for the model, ``past_kv_cache_entry`` per
+#: block). The first four are the HF block-level names, in order of preference.
+CACHE_KWARGS = ("cache", "past_key_values", "past_key_value", "layer_past",
+                "past_kv_cache_entry", "past_kv_cache")
+HF_BLOCK_CACHE_KWARGS = CACHE_KWARGS[:4]
+#: Keyword names under which a model receives its tokens, in order of preference: HF
+#: (``input_ids``, ``inputs_embeds``), TransformerLens (``input``, ``tokens``).
+MODEL_INPUT_KWARGS = ("input_ids", "inputs_embeds", "input", "tokens")
+#: The keyword of the [batch, pos] padding mask (HF and TransformerLens alike).
+MASK_KWARG = "attention_mask"
+
+
+@dataclass(frozen=True)
+class BlockCallConvention:
+    """How one family's blocks take their inputs (see the module doc)."""
+
+    hidden_kwarg: str = "hidden_states"
+    cache_kwargs: tuple[str, ...] = HF_BLOCK_CACHE_KWARGS
+    pluggable_attention: bool = True
+    score_modifier_kwargs: tuple[str, ...] = ("softmax_scale_bias", "position_bias", "s_aux",
+                                              "sinks")
+
+    def cache_slot(self, block: nn.Module) -> Optional[tuple[str, Optional[int]]]:
+        """(keyword, positional index or None) of ``block``'s KV-cache parameter, or None
+        where its ``forward`` names none of ``cache_kwargs``."""
+        try:
+            params = list(inspect.signature(block.forward).parameters)
+        except (TypeError, ValueError):  # a forward inspect cannot read: no named cache
+            params = []
+        for name in self.cache_kwargs:
+            if name in params:
+                return name, params.index(name)
+        return None
+
+
+#: Hugging Face ``transformers`` blocks (the default).
+HF_CALLS = BlockCallConvention()
+#: TransformerLens 3 ``TransformerBlock``: ``resid_pre`` and a TL cache entry (no HF cache).
+TL3_CALLS = BlockCallConvention(hidden_kwarg="resid_pre", cache_kwargs=(),
+                                pluggable_attention=False)
+#: TransformerLens 4 bridge blocks: forward(*args, **kwargs) to the wrapped HF block, whose
+#: cache keyword the bridge does not expose by name.
+TL_BRIDGE_CALLS = BlockCallConvention(cache_kwargs=(), pluggable_attention=False)
