@@ -1,10 +1,20 @@
+"""Shared fixtures. The library sets no process-global state (thread counts, default dtype,
+RNG): the tests set what they need here, in fixtures that restore it."""
+
 import os
 
 import pytest
 import torch
 
-# two xdist workers share two cores: one thread each avoids oversubscription (BLAS/OpenMP)
-torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
+
+@pytest.fixture(scope="session", autouse=True)
+def torch_threads():
+    """Two xdist workers share two cores: one thread each avoids oversubscription
+    (BLAS/OpenMP); a single process takes both. Restored at the end of the session."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
+    yield
+    torch.set_num_threads(old)
 
 
 @pytest.fixture(scope="session")

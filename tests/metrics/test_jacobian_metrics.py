@@ -20,6 +20,8 @@ from spectral_hooks.metrics.jacobian import (SCHUR_MAX_D, eigen_rows, expected_r
                                              schur_diagonal, symmetric_part)
 from spectral_hooks.metrics.trends import (betainc_regularized, depth_trend,
                                            student_t_two_sided, trends_table)
+from tests.oracles import (assert_same_spectrum, henrici_departure, rotation_stats,
+                           self_alignment, top_k_by_modulus)
 
 
 def _op(M: np.ndarray) -> LinearOperator:
@@ -53,37 +55,6 @@ def _mlp_block(d: int, seed: int):
     return Jd, op
 
 
-def _topk(ev: np.ndarray, k: int) -> np.ndarray:
-    """Top-k by modulus, extended to k + 1 when the boundary is a conjugate pair."""
-    ev = ev[np.argsort(-np.abs(ev), kind="stable")]
-    if abs(ev[k - 1].imag) > 1e-9 and abs(ev[k] - np.conj(ev[k - 1])) < 1e-8:
-        return ev[:k + 1]
-    return ev[:k]
-
-
-def _same_multiset(a, b, tol):
-    a, b = np.asarray(a, dtype=complex), np.asarray(b, dtype=complex)
-    assert len(a) == len(b)
-    for z in a:  # conjugate-invariant: each computed value has a partner in the reference
-        assert np.min(np.abs(b - z)) < tol, (z, b)
-    np.testing.assert_allclose(np.sort(np.abs(a)), np.sort(np.abs(b)), atol=tol)
-
-
-def _rotation_ref(mu: np.ndarray):
-    frac = np.mean(np.abs(mu.imag) > 1e-6 * np.abs(mu))
-    return frac, np.sum(np.abs(mu) * np.abs(np.angle(mu))) / np.sum(np.abs(mu))
-
-
-def _henrici(J: np.ndarray) -> float:
-    T, _ = scipy.linalg.schur(J.astype(complex), output="complex")
-    return np.linalg.norm(np.triu(T, 1)) / np.linalg.norm(J)
-
-
-def _self_alignment(D: np.ndarray, k: int) -> float:
-    U, _, Vt = np.linalg.svd(D)
-    return np.linalg.norm(U[:, :k].T @ Vt[:k].T) ** 2 / k
-
-
 # ----------------------------------------------------------------------------- dense mode
 
 
@@ -94,19 +65,19 @@ def test_dense_mode_exact(source):
     D = J - np.eye(d)
     m = jacobian_metrics(torch.as_tensor(J), dense=True, k=5)
     assert m.dense and not m.departure_is_bound and m.converged and m.eigenvalues.shape == (d,)
-    _same_multiset(m.eigenvalues.numpy(), np.linalg.eigvals(J), 1e-9)
+    assert_same_spectrum(m.eigenvalues.numpy(), np.linalg.eigvals(J), 1e-9)
     assert float(m.eig_residuals.max()) < 1e-10
     np.testing.assert_allclose(m.singular_values.numpy(), np.linalg.svd(J, compute_uv=False),
                                rtol=1e-12)
     np.testing.assert_allclose(m.delta_singular_values.numpy(),
                                np.linalg.svd(D, compute_uv=False), rtol=1e-10, atol=1e-13)
-    frac, ang = _rotation_ref(np.linalg.eigvals(D))
+    frac, ang = rotation_stats(np.linalg.eigvals(D))
     assert m.frac_complex == pytest.approx(frac, abs=1e-12)
     assert m.mean_abs_angle == pytest.approx(ang, rel=1e-9)
     S = (D + D.T) / 2
     assert m.sym_energy == pytest.approx(np.sum(S ** 2) / np.sum(D ** 2), rel=1e-12)
-    assert m.departure == pytest.approx(_henrici(J), rel=1e-6, abs=1e-7)
-    assert m.self_alignment == pytest.approx(_self_alignment(D, 5), rel=1e-8)
+    assert m.departure == pytest.approx(henrici_departure(J), rel=1e-6, abs=1e-7)
+    assert m.self_alignment == pytest.approx(self_alignment(D, 5), rel=1e-8)
     assert m.top_eig_abs == pytest.approx(np.abs(np.linalg.eigvals(J)).max(), rel=1e-12)
     assert m.frac_complex_null == pytest.approx(frac_complex_null(d))
     # an operator in dense mode is formed with d matvecs
@@ -127,16 +98,16 @@ def test_matrix_free_vs_dense(source):
     D = J - np.eye(d)
     m = jacobian_metrics(op, k=k, n_samples=256, seed=1)
     assert m.converged and m.departure_is_bound and not m.dense
-    ref = _topk(np.linalg.eigvals(J), k)
-    _same_multiset(m.eigenvalues.numpy(), ref, 1e-7)
+    ref = top_k_by_modulus(np.linalg.eigvals(J), k)
+    assert_same_spectrum(m.eigenvalues.numpy(), ref, 1e-7)
     assert float(m.eig_residuals.max()) < 1e-7
     s_ref = np.linalg.svd(J, compute_uv=False)
     np.testing.assert_allclose(m.singular_values.numpy(), s_ref[:k], rtol=1e-8)
     np.testing.assert_allclose(m.delta_singular_values.numpy(),
                                np.linalg.svd(D, compute_uv=False)[:k], rtol=1e-8)
-    mu_ref = _topk(np.linalg.eigvals(D), k)  # top-k of Delta J itself
-    _same_multiset(m.delta_eigenvalues.numpy(), mu_ref, 1e-7)
-    frac, ang = _rotation_ref(mu_ref)
+    mu_ref = top_k_by_modulus(np.linalg.eigvals(D), k)  # top-k of Delta J itself
+    assert_same_spectrum(m.delta_eigenvalues.numpy(), mu_ref, 1e-7)
+    frac, ang = rotation_stats(mu_ref)
     assert m.frac_complex == pytest.approx(frac, abs=1e-12)
     assert m.mean_abs_angle == pytest.approx(ang, rel=1e-6)
     sym_ref = np.sum(((D + D.T) / 2) ** 2) / np.sum(D ** 2)
@@ -146,13 +117,14 @@ def test_matrix_free_vs_dense(source):
     assert abs(m.frob_sq - fro) < 0.05 * fro
     bound = math.sqrt(max(0.0, fro - np.sum(np.abs(ref) ** 2))) / math.sqrt(fro)
     assert m.departure == pytest.approx(bound, abs=0.03)
-    assert m.departure >= _henrici(J) - 0.03  # an upper bound, up to the Frobenius estimate
-    assert m.self_alignment == pytest.approx(_self_alignment(D, k), abs=1e-6)
+    # an upper bound, up to the Frobenius estimate
+    assert m.departure >= henrici_departure(J) - 0.03
+    assert m.self_alignment == pytest.approx(self_alignment(D, k), abs=1e-6)
     assert m.top_eig_abs == pytest.approx(np.abs(ref[0]), rel=1e-9)
     assert m.n_matvecs == op.n_matvecs > 2 * 256
     # "shift": the rotation spectrum is J's top-k minus 1, no second Arnoldi run
     s = jacobian_metrics(op, k=k, n_samples=256, seed=1, delta_spectrum="shift")
-    _same_multiset(s.delta_eigenvalues.numpy(), ref - 1, 1e-7)
+    assert_same_spectrum(s.delta_eigenvalues.numpy(), ref - 1, 1e-7)
     assert s.n_matvecs < m.n_matvecs
 
 
@@ -166,7 +138,7 @@ def test_conjugate_pair_at_the_boundary_returns_k_plus_1():
     J = Q @ scipy.linalg.block_diag(*blocks) @ Q.T
     m = jacobian_metrics(_op(J), k=k)
     assert m.eigenvalues.shape == (k + 1,)
-    _same_multiset(m.eigenvalues.numpy(), _topk(np.linalg.eigvals(J), k), 1e-8)
+    assert_same_spectrum(m.eigenvalues.numpy(), top_k_by_modulus(np.linalg.eigvals(J), k), 1e-8)
     rows = eigen_rows(m, layer=2, position=7)
     assert len(rows) == k + 1 and rows[0] == dict(source="jacobian", layer=2, position=7, index=0,
                                                   real=pytest.approx(5.0), imag=pytest.approx(0.0),
@@ -186,10 +158,10 @@ def test_symmetric_J(dense):
     assert m.frac_complex == 0.0
     mu = np.linalg.eigvalsh(J - np.eye(40))  # real: angles 0 or pi
     if dense:
-        assert m.mean_abs_angle == pytest.approx(_rotation_ref(mu.astype(complex))[1], rel=1e-10)
+        assert m.mean_abs_angle == pytest.approx(rotation_stats(mu.astype(complex))[1], rel=1e-10)
     if dense:
         assert m.departure < 1e-6
-        assert m.self_alignment == pytest.approx(_self_alignment(J - np.eye(40), 6), rel=1e-8)
+        assert m.self_alignment == pytest.approx(self_alignment(J - np.eye(40), 6), rel=1e-8)
 
 
 @pytest.mark.parametrize("dense", [True, False])
@@ -264,12 +236,12 @@ def test_schur_diagonal_real_and_complex_routes():
     N = schur_diagonal(torch.as_tensor(J))
     assert N.dtype == torch.float64
     Nn = N.numpy()
-    _same_multiset(np.linalg.eigvals(Nn), lam, 1e-9)
+    assert_same_spectrum(np.linalg.eigvals(Nn), lam, 1e-9)
     np.testing.assert_allclose(Nn @ Nn.T, Nn.T @ Nn, atol=1e-10)
-    assert _henrici(Nn) < 1e-9 and jacobian_metrics(N, dense=True).departure < 1e-6
-    assert _henrici(J) > 0.1
+    assert henrici_departure(Nn) < 1e-9 and jacobian_metrics(N, dense=True).departure < 1e-6
+    assert henrici_departure(J) > 0.1
     C = schur_diagonal(torch.as_tensor(J), real=False).numpy()  # complex Schur: Q diag(T) Q^*
-    _same_multiset(np.linalg.eigvals(C), lam, 1e-9)
+    assert_same_spectrum(np.linalg.eigvals(C), lam, 1e-9)
     np.testing.assert_allclose(C @ C.conj().T, C.conj().T @ C, atol=1e-10)
     assert np.linalg.norm(C.imag) > 1e-3  # documented: not real for a non-normal real J
 
@@ -282,7 +254,7 @@ def test_schur_diagonal_errors_and_warning():
     Q, _ = np.linalg.qr(np.random.default_rng(0).standard_normal((4, 4)))
     jordan = torch.as_tensor(Q @ (np.eye(4) + np.eye(4, k=1)) @ Q.T)  # defective
     N = schur_diagonal(jordan)  # still a usable Schur basis: the computed eigenvalues of J
-    _same_multiset(np.linalg.eigvals(N.numpy()), np.linalg.eigvals(jordan.numpy()), 1e-3)
+    assert_same_spectrum(np.linalg.eigvals(N.numpy()), np.linalg.eigvals(jordan.numpy()), 1e-3)
     with pytest.warns(RuntimeWarning, match="ill-conditioned"):
         schur_diagonal(jordan, check_tol=1e-300)
 
