@@ -24,6 +24,7 @@ from ..errors import RecordingError, collecting_fallbacks
 from ..report import Report
 from .bottleneck import bottleneck_section, propagation_section
 from .cache import AnalysisCache
+from .columns import SCHEMAS
 from .jacobian import JacobianView, jacobian_section
 from .metadata import metadata
 from .options import AnalyzeOptions, JacobianOptions
@@ -108,4 +109,5 @@ def analyze(subject: Subject, options: AnalyzeOptions) -> Report:
     _merge_spectra(sections)
     if skipped:
         meta["sections_skipped"] = skipped
-    return Report({name: _instrumented(name, fn, meta) for name, fn in sections.items()}, meta)
+    return Report({name: _instrumented(name, fn, meta) for name, fn in sections.items()}, meta,
+                  schemas={name: SCHEMAS[name] for name in sections if name in SCHEMAS})

@@ -74,9 +74,9 @@ SPECTRA = SectionSchema("spectra", (
     _spectra("imag", "float", "imaginary part of the eigenvalue"),
     _spectra("abs", "float", "modulus of the eigenvalue"),
     _spectra("truncated", "bool", "rows of F: only the top eigenvalues were computed; missing on "
-             "Jacobian rows", nullable=True),
-    _spectra("converged", "bool", "rows of F: the eigensolver converged; missing on Jacobian rows",
-             nullable=True),
+             "Jacobian rows; absent without power=True", nullable=True, optional=True),
+    _spectra("converged", "bool", "rows of F: the eigensolver converged; missing on Jacobian rows;"
+             " absent without power=True", nullable=True, optional=True),
 ), key_columns=("source", "layer", "position", "index"))
 
 SHARED_WEIGHTS = SectionSchema("shared_weights", (
