@@ -13,12 +13,15 @@ different lengths are right-padded with zeros and ``mask == 0``; padding never c
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
 import torch
 from torch import Tensor
+
+from .errors import LayerIndexError, RecordingError, RecordingKeyError
 
 CAPTURES = ("resid_pre", "resid_post", "attn_out")
 STORES = ("device", "cpu", "stats")
@@ -63,7 +66,7 @@ class _Accumulator:
 
     def result(self) -> RunningStats:
         if not self.count:
-            raise ValueError("no tokens recorded yet")
+            raise RecordingError("no tokens recorded yet")
         mean = self.total / self.count
         denom = max(self.count - 1, 1)
         cov = (self.outer - self.count * torch.outer(mean, mean)) / denom
@@ -72,21 +75,27 @@ class _Accumulator:
 
 @dataclass(frozen=True)
 class BlockCall:
-    """A block's call arguments, with the residual input stored in them, caches removed."""
+    """A block's call arguments, with the residual input stored in them, caches removed.
+
+    The residual input is ``args[0]`` when ``hidden_in_args``, else ``kwargs[hidden_kwarg]``
+    (the keyword is an anatomy fact, ``anatomy.call_convention.hidden_kwarg``, passed by the
+    probe: HF blocks take ``hidden_states``, TransformerLens 3 blocks ``resid_pre``).
+    """
 
     args: tuple
     kwargs: dict
     hidden_in_args: bool
+    hidden_kwarg: str = "hidden_states"
 
     @property
     def hidden(self) -> Tensor:
-        return self.args[0] if self.hidden_in_args else self.kwargs["hidden_states"]
+        return self.args[0] if self.hidden_in_args else self.kwargs[self.hidden_kwarg]
 
     def with_hidden(self, hidden: Tensor) -> tuple[tuple, dict]:
         """The call's (args, kwargs) with the residual input replaced by ``hidden``."""
         if self.hidden_in_args:
             return (hidden,) + tuple(self.args[1:]), dict(self.kwargs)
-        return tuple(self.args), {**self.kwargs, "hidden_states": hidden}
+        return tuple(self.args), {**self.kwargs, self.hidden_kwarg: hidden}
 
     def select(self, row: int) -> "BlockCall":
         """The same call for one batch row (tensors with a batch dimension are sliced)."""
@@ -97,8 +106,8 @@ class BlockCall:
                 return t[row:row + 1]
             return t
 
-        return BlockCall(map_tensors(self.args, pick), map_tensors(self.kwargs, pick),
-                         self.hidden_in_args)
+        return dataclasses.replace(self, args=map_tensors(self.args, pick),
+                                   kwargs=map_tensors(self.kwargs, pick))
 
 
 @dataclass(frozen=True)
@@ -227,21 +236,22 @@ class Recording:
         if not isinstance(layer, int) or isinstance(layer, bool):
             raise TypeError(f"layer must be an int, got {type(layer).__name__}")
         if not -self.n_layers <= layer < self.n_layers:
-            raise IndexError(f"layer {layer} is out of range for a {self.n_layers}-layer model")
+            raise LayerIndexError(f"layer {layer} is out of range for a {self.n_layers}-layer "
+                                  "model")
         layer %= self.n_layers
         if layer not in self.layers:
-            raise KeyError(f"layer {layer} was not recorded (recorded: {list(self.layers)}); "
+            raise RecordingKeyError(f"layer {layer} was not recorded (recorded: {list(self.layers)}); "
                            "pass layers=None to instrument() to record all")
         return layer
 
     def _require_data(self, capture: str) -> None:
         if capture not in self.capture:
-            raise KeyError(f"'{capture}' was not captured (captured: {list(self.capture)})")
+            raise RecordingKeyError(f"'{capture}' was not captured (captured: {list(self.capture)})")
         if self.store == "stats":
-            raise ValueError("store='stats' keeps only running statistics: use "
+            raise RecordingError("store='stats' keeps only running statistics: use "
                              "recording.stats(capture, layer), or instrument with store='device'")
         if not self._runs:
-            raise ValueError("nothing recorded yet: run the model inside the probe first")
+            raise RecordingError("nothing recorded yet: run the model inside the probe first")
 
     def _padded(self, pieces: list[Tensor], width: int, fill: float = 0) -> Tensor:
         rows = []
@@ -268,7 +278,7 @@ class Recording:
     def mask(self) -> Tensor:
         """Tensor[batch, pos] (long): 1 for real tokens, 0 for padding."""
         if not self._runs:
-            raise ValueError("nothing recorded yet: run the model inside the probe first")
+            raise RecordingError("nothing recorded yet: run the model inside the probe first")
         width = max(run.n_positions for run in self._runs)
         return self._padded([torch.cat(run.masks, dim=1) for run in self._runs], width)
 
@@ -276,7 +286,7 @@ class Recording:
     def position_step(self) -> Tensor:
         """Tensor[batch, pos]: which step wrote each position (0 = prefill), -1 for padding."""
         if not self._runs:
-            raise ValueError("nothing recorded yet: run the model inside the probe first")
+            raise RecordingError("nothing recorded yet: run the model inside the probe first")
         width = max(run.n_positions for run in self._runs)
         pieces = [torch.cat([torch.full_like(m, s) for m, s in zip(run.masks, run.steps)], dim=1)
                   for run in self._runs]
@@ -293,7 +303,7 @@ class Recording:
         layer = self._layer(layer)
         if self.store == "stats":
             if (capture, layer) not in self._stats:
-                raise ValueError(f"no statistics for {capture} at layer {layer} yet")
+                raise RecordingError(f"no statistics for {capture} at layer {layer} yet")
             return self._stats[(capture, layer)].result()
         acc = _Accumulator()
         acc.update(self.tensor(capture, layer), self.mask.to(self.tensor(capture, layer).device))
@@ -303,13 +313,13 @@ class Recording:
         """The recorded call of block ``layer`` for batch row ``sample`` (for replay)."""
         layer = self._layer(layer)
         if not self._runs:
-            raise ValueError("nothing recorded yet: run the model inside the probe first")
+            raise RecordingError("nothing recorded yet: run the model inside the probe first")
         if not 0 <= sample < self.n_samples:
             raise IndexError(f"sample {sample} out of range: {self.n_samples} recorded")
         for run in self._runs:
             if sample < run.batch:
                 if layer not in run.block_calls:
-                    raise ValueError(f"no replayable input for layer {layer} (store='stats' keeps"
+                    raise RecordingError(f"no replayable input for layer {layer} (store='stats' keeps"
                                      " only the latest run's block inputs)")
                 return run.block_calls[layer].select(sample)
             sample -= run.batch
@@ -326,7 +336,7 @@ class Recording:
             return self.mask
         match = _TL_NAME.match(name) if isinstance(name, str) else None
         if match is None:
-            raise KeyError(f"unknown name {name!r}: use 'blocks.<l>.hook_resid_pre', "
+            raise RecordingKeyError(f"unknown name {name!r}: use 'blocks.<l>.hook_resid_pre', "
                            "'blocks.<l>.hook_resid_post', 'blocks.<l>.hook_attn_out' or 'mask'")
         return self.tensor(match.group(2), int(match.group(1)))
 

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from ..errors import OptionError, fallback
-from .function import REPLAY_ERRORS, BlockFunction, _math_sdpa, plain_jvp
+from .function import REPLAY_ERRORS, BlockFunction, _math_sdpa, linearize, plain_jvp
 from .operator import BlockJacobian
 from .shared import shared_block_jvp
 from .single_query import SingleQueryFunction
@@ -52,8 +52,7 @@ class _Engine:
         for method in order:
             try:
                 if method == "linearize":
-                    with _math_sdpa():
-                        _, lin = torch.func.linearize(fn, x0)
+                    lin = linearize(fn, x0)
                     lin(probe)
                     self._jvp = lin
                 elif method == "jvp":
@@ -116,8 +115,7 @@ class _Engine:
                 fallback("linearize.own_trace",
                          f"the shared traced JVP graph failed for layer {fn.layer} ({err}): "
                          "torch.func.linearize of this block alone (a slower build)")
-            with _math_sdpa():
-                _, self._block = torch.func.linearize(fn.batched, X0)
+            self._block = linearize(fn.batched, X0)
         else:
             self._block = plain_jvp(fn.batched, X0)
 

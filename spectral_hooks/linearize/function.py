@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import warnings
 from typing import Callable, Optional
 
 import torch
@@ -19,6 +20,7 @@ KINDS = ("token", "sequence")
 #: refuses a block: a RuntimeError (NotImplementedError for a kernel without forward AD is one),
 #: a TypeError or ValueError from a module's Python code run under a transform.
 REPLAY_ERRORS = (RuntimeError, TypeError, ValueError)
+_CONST_FOLD_NOISE = "Attempted to insert a get_attr Node with no underlying reference"
 
 
 def _sdpa_math_kernel():
@@ -43,6 +45,18 @@ def agreement_tol(dtype: torch.dtype) -> float:
     if dtype == torch.float64:
         return 1e-9
     return min(1e3 * torch.finfo(dtype).eps, 5e-2)
+
+
+def linearize(f: Callable[[Tensor], Tensor], x0: Tensor) -> Callable[[Tensor], Tensor]:
+    """v -> J_f(x0) v by ``torch.func.linearize`` (traced once), under the math SDPA kernel.
+
+    torch.func.linearize const-folds its traced graph with torch.fx, which warns "Attempted to
+    insert a get_attr Node with no underlying reference" for every constant it lifts (harmless:
+    the folded module holds the constant); that one message is silenced here, nothing else."""
+    with _math_sdpa(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_CONST_FOLD_NOISE, category=UserWarning)
+        _, jvp = torch.func.linearize(f, x0)
+    return jvp
 
 
 def plain_jvp(f: Callable[[Tensor], Tensor], x0: Tensor) -> Callable[[Tensor], Tensor]:

@@ -12,20 +12,26 @@ the input rows and the tangent) as graph inputs, and the graph is split in two:
 Blocks of one structure (same module class, input names, shapes and dtypes) reuse the graph.
 Python-level facts a trace bakes in (a layer index in a scale, a sliding window) can differ
 between such blocks, so every reuse is checked against a direct ``torch.func.jvp`` of the
-block on two columns; a block that disagrees gets its own trace.
+block on two columns; a block that disagrees gets its own trace (used once, not cached).
+
+The module-level cache (``_TRACES``, at most ``_MAX_TRACES`` graphs) keeps nothing of a model
+or a recording alive: its keys hold a block *class* and shapes, and a graph is cached only if
+no tensor it holds (constants lifted by the trace) shares storage with the block's parameters,
+buffers or recorded inputs, which are graph inputs, passed anew on every call.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from typing import Callable, List, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import torch
 from torch import Tensor, fx
 from torch.autograd import forward_ad as fwAD
 from torch.fx.experimental.proxy_tensor import make_fx
 
+from ..errors import fallback
 from .function import _math_sdpa, agreement_tol, plain_jvp
 
 log = logging.getLogger("spectral_hooks.linearize")
@@ -102,6 +108,37 @@ def _check(fn, jvp: Callable[[Tensor], Tensor], X0: Tensor) -> float:
     return float((got - want).norm() / want.norm().clamp_min(1e-30))
 
 
+def _storage(t: Tensor) -> Optional[int]:
+    try:
+        return t.untyped_storage().data_ptr()
+    except RuntimeError:  # a lifted constant without real storage: it aliases nothing
+        return None
+
+
+def _holds_any(graphs: Tuple[fx.GraphModule, ...], tensors: List[Tensor]) -> bool:
+    """True when a graph holds a tensor sharing storage with one of ``tensors``."""
+    owned = {_storage(t) for t in tensors} - {None}
+    for gm in graphs:
+        held = [v for v in vars(gm).values() if isinstance(v, Tensor)]
+        held += [t for _, t in gm.named_buffers()] + [t for _, t in gm.named_parameters()]
+        if any(_storage(t) in owned for t in held):
+            return True
+    return False
+
+
+def _cached_trace(key: tuple, fn, inputs: List[Tensor], X0: Tensor
+                  ) -> Tuple[fx.GraphModule, fx.GraphModule]:
+    if key in _TRACES:
+        _TRACES.move_to_end(key)
+        return _TRACES[key]
+    graphs = _trace(fn, inputs, X0)
+    if not _holds_any(graphs, [*inputs, *fn.block.parameters(), *fn.block.buffers()]):
+        _TRACES[key] = graphs
+        while len(_TRACES) > _MAX_TRACES:
+            _TRACES.popitem(last=False)
+    return graphs
+
+
 def shared_block_jvp(fn, width: int) -> Callable[[Tensor], Tensor]:
     """T [width, 1, d] -> J T for a split :class:`SingleQueryFunction` ``fn``."""
     inputs = fn.inputs()
@@ -109,13 +146,10 @@ def shared_block_jvp(fn, width: int) -> Callable[[Tensor], Tensor]:
     tol = agreement_tol(X0.dtype)
     key = _signature(fn, inputs, width)
     for own in (False, True):
-        k = key + ((fn.layer, id(fn)) if own else ())
-        if k not in _TRACES:
-            _TRACES[k] = _trace(fn, inputs, X0)
-            while len(_TRACES) > _MAX_TRACES:
-                _TRACES.popitem(last=False)
-        primal, tangent = _TRACES[k]
-        _TRACES.move_to_end(k)
+        if own:
+            primal, tangent = _trace(fn, inputs, X0)
+        else:
+            primal, tangent = _cached_trace(key, fn, inputs, X0)
         with torch.no_grad():
             residuals = primal(*inputs, X0)
 
@@ -127,5 +161,8 @@ def shared_block_jvp(fn, width: int) -> Callable[[Tensor], Tensor]:
             return jvp
         log.info("shared JVP graph disagrees for layer %d (%.1e): tracing it on its own",
                  fn.layer, err)
+        fallback("linearize.own_trace",
+                 f"the shared traced JVP graph disagrees for layer {fn.layer} ({err:.1e}): this "
+                 "block is traced on its own (a slower build)")
     raise RuntimeError(f"traced JVP graph of layer {fn.layer} disagrees with torch.func.jvp "
                        f"({err:.1e})")

@@ -243,7 +243,8 @@ def _check(sq: SingleQueryFunction, fn: BlockFunction) -> float:
     return err
 
 
-def _single_query(fn: BlockFunction) -> Optional[SingleQueryFunction]:
+def _single_query(fn: BlockFunction, *, allow_split: bool = True
+                  ) -> Optional[SingleQueryFunction]:
     """The verified single-query function (split mode where it works, else concat), or None
     where it does not apply or disagrees with the full sequence.
 
@@ -254,8 +255,8 @@ def _single_query(fn: BlockFunction) -> Optional[SingleQueryFunction]:
     if not fn.convention.cache_kwargs:
         return None
     tol = agreement_tol(fn.x0.dtype)
-    modes = (True, False) if _SPLIT_REGISTERED and fn.convention.pluggable_attention \
-        else (False,)
+    split_ok = allow_split and _SPLIT_REGISTERED and fn.convention.pluggable_attention
+    modes = (True, False) if split_ok else (False,)
     for split in modes:
         try:
             sq = SingleQueryFunction(fn, split=split)

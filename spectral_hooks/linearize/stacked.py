@@ -36,7 +36,8 @@ import torch
 from torch import Tensor
 
 from ..errors import OptionError, fallback
-from .function import REPLAY_ERRORS, _first, _math_sdpa, agreement_tol, block_function
+from .function import (REPLAY_ERRORS, _first, _math_sdpa, agreement_tol, block_function,
+                       linearize)
 from .operator import StackedBlockJacobian
 from .single_query import _FixedKV, _single_query, _slice_call
 
@@ -88,9 +89,7 @@ class StackedJacobians:
         self.n_calls = 0
 
     def _build_jvp(self) -> None:
-        with _math_sdpa():
-            _, lin = torch.func.linearize(self.g, self.x0)
-        self._jvp = lin
+        self._jvp = linearize(self.g, self.x0)
 
     def _build_vjp(self) -> None:
         try:
@@ -193,7 +192,7 @@ def stacked_block_jacobians(anatomy, recording, layers: Sequence[int], *, sample
     for l in layers:
         fn = block_function(anatomy, recording, l, sample=sample, position=position,
                             kind="token", dtype=dtype)
-        sq = _single_query(fn)
+        sq = _single_query(fn, allow_split=False)  # the stacked form runs concat mode
         if sq is None:
             log.info("stacked Jacobians: no single-query function for layer %d", l)
             return None

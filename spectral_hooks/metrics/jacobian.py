@@ -31,21 +31,22 @@ Re mu > 0 and so biases the angles towards 0).
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 from typing import Union
 
 import torch
 from torch import Tensor
 
+from spectral_hooks.errors import OptionError
 from spectral_hooks.linalg import (DenseOperator, IdentityOperator, LinearOperator, eigs,
                                    svds)
+from spectral_hooks.metrics.jacobian_nulls import expected_real_eigenvalues, frac_complex_null
+from spectral_hooks.metrics.schur import SCHUR_MAX_D, schur_diagonal, symmetric_part
 
 __all__ = ["JacobianMetrics", "jacobian_metrics", "jacobian_row", "eigen_rows",
            "frac_complex_null", "expected_real_eigenvalues", "symmetric_part",
            "schur_diagonal", "SCHUR_MAX_D", "COMPLEX_RTOL"]
 
-SCHUR_MAX_D = 2048  # dense-mode size limit of the Schur ablation
 COMPLEX_RTOL = 1e-6  # an eigenvalue mu counts as complex when |Im mu| > COMPLEX_RTOL |mu|
 
 
@@ -82,157 +83,6 @@ class JacobianMetrics:
     self_alignment: float
     top_eig_abs: float
     n_matvecs: int
-
-
-# --------------------------------------------------------------------------- nulls
-
-
-def expected_real_eigenvalues(d: int) -> float:
-    """Expected number of real eigenvalues of a d x d matrix with iid N(0, 1) entries.
-
-    >>> expected_real_eigenvalues(1), round(expected_real_eigenvalues(2), 12)
-    (1.0, 1.414213562373)
-
-    Edelman, Kostlan & Shub (1994), Theorem 5.1, exact for every d:
-    E_d = 1/2 + sqrt(2) 2F1(1, -1/2; d; 1/2) / B(d, 1/2) ~ sqrt(2d/pi) + 1/2.
-    The hypergeometric series has terms (-1/2)_j / (d)_j 2^-j and converges geometrically.
-    """
-    if isinstance(d, bool) or not isinstance(d, int) or d < 1:
-        raise ValueError(f"expected_real_eigenvalues: d must be an int >= 1, got {d!r}")
-    total, term, j = 0.0, 1.0, 0
-    while abs(term) > 1e-18 * abs(total) or j == 0:
-        total += term
-        term *= (j - 0.5) / (d + j) * 0.5
-        j += 1
-    log_beta = math.lgamma(d) + math.lgamma(0.5) - math.lgamma(d + 0.5)
-    return 0.5 + math.sqrt(2.0) * total * math.exp(-log_beta)
-
-
-def frac_complex_null(d: int) -> float:
-    """Expected share of non-real eigenvalues of a real Gaussian d x d matrix: 1 - E_d / d.
-
-    >>> frac_complex_null(1), round(frac_complex_null(64), 4)
-    (0.0, 0.893)
-    """
-    return 1.0 - expected_real_eigenvalues(d) / d
-
-
-# --------------------------------------------------------------------------- operators
-
-
-def symmetric_part(J: LinearOperator) -> LinearOperator:
-    """(J + J^T) / 2 as a matrix-free operator (the Hermitian part J + J^H for complex J).
-
-    >>> A = torch.tensor([[1.0, 2.0], [0.0, 3.0]], dtype=torch.float64)
-    >>> symmetric_part(DenseOperator(A)).to_dense()
-    tensor([[1., 1.],
-            [1., 3.]], dtype=torch.float64)
-
-    Each application costs one matvec and one rmatvec of J; the result is its own adjoint.
-    """
-    if not isinstance(J, LinearOperator):
-        raise TypeError(f"symmetric_part expects a LinearOperator, got {type(J).__name__}")
-    if J.shape[0] != J.shape[1]:
-        raise ValueError(f"symmetric_part needs a square operator, got shape {J.shape}")
-    J._need_adjoint()
-    half = lambda X, f, g: 0.5 * (f(X) + g(X))  # noqa: E731
-    return LinearOperator(
-        J.shape, matvec=lambda x: half(x, J.matvec, J.rmatvec),
-        rmatvec=lambda x: half(x, J.matvec, J.rmatvec),
-        matmat=lambda X: half(X, J.matmat, J.rmatmat),
-        rmatmat=lambda X: half(X, J.matmat, J.rmatmat),
-        dtype=J.dtype, device=J.device, name=f"sym({J.name})")
-
-
-def _check_dense_square(J: Tensor, what: str) -> Tensor:
-    if not isinstance(J, Tensor) or J.ndim != 2 or J.shape[0] != J.shape[1]:
-        raise ValueError(f"{what}: need a dense square tensor [d, d], got "
-                         f"{tuple(J.shape) if isinstance(J, Tensor) else type(J).__name__}")
-    if not (J.is_floating_point() or J.is_complex()):
-        raise TypeError(f"{what}: need a floating tensor, got {J.dtype}")
-    if J.shape[0] > SCHUR_MAX_D:
-        raise ValueError(f"{what}: d = {J.shape[0]} exceeds the dense-mode size limit "
-                         f"SCHUR_MAX_D = {SCHUR_MAX_D}")
-    if not bool(torch.isfinite(J).all()):
-        raise ValueError(f"{what}: J contains NaN or Inf")
-    return J.to(torch.complex128 if J.is_complex() else torch.float64)
-
-
-def schur_diagonal(J: Tensor, *, real: Union[bool, None] = None,
-                   check_tol: float = 1e-6) -> Tensor:
-    """The normal part of J: J = Q T Q^* -> Q diag(T) Q^* (same eigenvalues, departure 0).
-
-    >>> J = torch.tensor([[1.0, 5.0], [0.0, 2.0]], dtype=torch.float64)
-    >>> N = schur_diagonal(J)
-    >>> torch.allclose(N @ N.T, N.T @ N), sorted(torch.linalg.eigvals(N).real.round().tolist())
-    (True, [1.0, 2.0])
-
-    No QR algorithm: for a diagonalisable J = V Lambda V^-1 with V = Q R (QR of the
-    eigenvector matrix, eigenvalues by descending modulus), J = Q (R Lambda R^-1) Q^* and
-    R Lambda R^-1 is upper triangular with diagonal Lambda, so Q is a complex Schur basis.
-
-    ``real=False`` (default for complex J) returns Q diag(Lambda) Q^*. For real J with
-    complex eigenvalues that matrix is in general NOT real (its imaginary part vanishes only
-    when each eigenvector pair v, conj(v) is orthogonal), so ``real=True`` (default for
-    real J) uses the real analogue: Q from the QR of [Re v, Im v, ...] (pairs adjacent) is a
-    real Schur basis (T = Q^T J Q block upper triangular with 1x1 and 2x2 diagonal blocks);
-    each 2x2 block is replaced by the normal block [[a, s b], [-s b, a]] with the same
-    eigenvalues a +- ib and the block's orientation s = sign(T_12 - T_21), and the
-    off-diagonal blocks are dropped. The result is real, normal, with the eigenvalues of J.
-
-    For (nearly) defective J the eigenvector basis is ill-conditioned; a RuntimeWarning is
-    issued when the part of Q^* J Q below the (block) diagonal exceeds ``check_tol`` ||J||_F.
-    Sizes above ``SCHUR_MAX_D`` raise ValueError.
-    """
-    J = _check_dense_square(J, "schur_diagonal")
-    real = (not J.is_complex()) if real is None else bool(real)
-    if real and J.is_complex():
-        raise ValueError("schur_diagonal: real=True needs a real J")
-    d = J.shape[0]
-    lam, V = torch.linalg.eig(J)
-    if not real:
-        order = torch.argsort(lam.abs(), descending=True, stable=True)
-        lam, V = lam[order], V[:, order]
-        Q = torch.linalg.qr(V).Q
-        T = Q.mH @ J.to(Q.dtype) @ Q
-        low = torch.tril(T, -1)
-        N = (Q * lam) @ Q.mH
-    else:
-        # LAPACK returns real eigenvalues with Im == 0 exactly and conjugate pairs adjacent
-        reps = [i for i in range(d) if lam[i].imag >= 0]
-        reps.sort(key=lambda i: -float(lam[i].abs()))
-        cols, blocks = [], []
-        for i in reps:
-            if lam[i].imag == 0:
-                cols.append(V[:, i].real)
-                blocks.append((float(lam[i].real),))
-            else:
-                cols += [V[:, i].real, V[:, i].imag]
-                blocks.append((float(lam[i].real), float(lam[i].imag)))
-        Q = torch.linalg.qr(torch.stack(cols, dim=1)).Q
-        T = Q.T @ J @ Q
-        D = torch.zeros(d, d, dtype=torch.float64)
-        low = torch.tril(T, -1)
-        j = 0
-        for blk in blocks:
-            if len(blk) == 1:
-                D[j, j] = blk[0]
-                j += 1
-                continue
-            a, b = blk
-            s = 1.0 if float(T[j, j + 1] - T[j + 1, j]) >= 0 else -1.0
-            D[j, j] = D[j + 1, j + 1] = a
-            D[j, j + 1], D[j + 1, j] = s * b, -s * b
-            low[j + 1, j] = 0.0  # inside the 2x2 block
-            j += 2
-        N = Q @ D @ Q.T
-    jn = float(torch.linalg.matrix_norm(J))
-    if float(torch.linalg.matrix_norm(low)) > check_tol * max(jn, 1e-300):
-        warnings.warn(f"schur_diagonal: eigenvector basis is ill-conditioned (J nearly "
-                      f"defective?); Q^* J Q is triangular only to "
-                      f"{float(torch.linalg.matrix_norm(low)) / max(jn, 1e-300):.1e}",
-                      RuntimeWarning, stacklevel=2)
-    return N
 
 
 # --------------------------------------------------------------------------- metrics
@@ -338,10 +188,10 @@ def jacobian_metrics(J: Union[LinearOperator, Tensor], *, k: int = 16, dense: bo
                         f"{type(J).__name__}")
     d = op.shape[0]
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"jacobian_metrics: k must be an int >= 1, got {k!r}")
+        raise OptionError("k", k, "an int >= 1", hint="jacobian_metrics")
     if delta_spectrum not in ("eigs", "shift"):
-        raise ValueError(f"jacobian_metrics: delta_spectrum must be 'eigs' or 'shift', got "
-                         f"{delta_spectrum!r}")
+        raise OptionError("delta_spectrum", delta_spectrum, "'eigs' or 'shift'",
+                          hint="jacobian_metrics")
     start = op.n_matvecs
     if dense:
         if d > SCHUR_MAX_D:
@@ -350,10 +200,10 @@ def jacobian_metrics(J: Union[LinearOperator, Tensor], *, k: int = 16, dense: bo
         Jd = J if isinstance(J, Tensor) else op.to_dense().to(torch.float64)
         return _dense(Jd, k, op.n_matvecs - start)
     if k > d - 2:
-        raise ValueError(f"jacobian_metrics: k = {k} too large for d = {d} (matrix-free "
-                         f"mode needs k <= d - 2; use dense=True for the full spectrum)")
+        raise OptionError("k", k, f"k <= d - 2 = {d - 2} in matrix-free mode",
+                          hint=f"jacobian_metrics: d = {d}; use dense=True for the full spectrum")
     if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 2:
-        raise ValueError(f"jacobian_metrics: n_samples must be an int >= 2, got {n_samples!r}")
+        raise OptionError("n_samples", n_samples, "an int >= 2", hint="jacobian_metrics")
     op._need_adjoint()
     delta = op - IdentityOperator(d, dtype=op.dtype, device=op.device)
     ej = eigs(op, k, tol=tol, seed=seed, return_vectors=False)
