@@ -1,12 +1,13 @@
-"""probe.analyze(jacobian=..., bottleneck=..., reinit=...) against dense float64 oracles
-written here: block Jacobians by torch.func.jacfwd on the block module, metrics by numpy."""
+"""probe.analyze(jacobian=..., bottleneck=..., reinit=...) against the dense float64 oracles
+of tests/oracles.py: block Jacobians by torch.func.jacfwd on the block module, metrics by
+numpy/scipy."""
 
 import numpy as np
 import pytest
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import spectral_hooks as sh
+from tests.oracles import jacobian_metrics_oracle, last_real_position, token_jacobian
 from tests.tiny_models import make_model
 
 K = 6
@@ -14,40 +15,12 @@ K = 6
 
 def _token_jacobian(probe, layer, sample=0):
     """d f(H)[p] / d H[p] at the last real token p, by jacfwd on the block itself."""
-    call = probe.recording.block_input(layer, sample)
-    mask = probe.recording.mask[sample]
-    p = int(mask.nonzero().max())
-    block = probe.anatomy.layers[layer].block
-    H0 = call.hidden.double()
-
-    def f(x):
-        H = H0.clone()
-        H[0, p] = x
-        args, kwargs = call.with_hidden(H)
-        out = block(*args, **kwargs)
-        return (out[0] if isinstance(out, tuple) else out)[0, p]
-
-    with sdpa_kernel(SDPBackend.MATH):
-        return torch.func.jacfwd(f)(H0[0, p]).detach().numpy(), p
+    p = last_real_position(probe, sample)
+    return token_jacobian(probe, layer, position=p, sample=sample).numpy(), p
 
 
 def _oracle(J):
-    d = J.shape[0]
-    delta = J - np.eye(d)
-    lam = np.linalg.eigvals(J)
-    mu = lam - 1
-    S = (delta + delta.T) / 2
-    U, s, Vt = np.linalg.svd(delta)
-    return {
-        "frac_complex": np.mean(np.abs(mu.imag) > 1e-6 * np.abs(mu)),
-        "mean_abs_angle": np.sum(np.abs(mu) * np.abs(np.angle(mu))) / np.sum(np.abs(mu)),
-        "sym_energy": np.sum(S ** 2) / np.sum(delta ** 2),
-        "departure": np.sqrt(max(np.sum(J ** 2) - np.sum(np.abs(lam) ** 2), 0))
-        / np.sqrt(np.sum(J ** 2)),
-        "self_alignment": np.sum((U[:, :K].T @ Vt[:K].T) ** 2) / K,
-        "top_eig_abs": np.abs(lam).max(),
-        "lam": lam,
-    }
+    return jacobian_metrics_oracle(J, K)
 
 
 @pytest.fixture(scope="module", params=["gpt2", "bert"])
