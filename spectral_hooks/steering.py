@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from .anatomy import anatomy_of
+from .errors import OptionError, UnsupportedModelError
 from .metrics.steering_math import rank1_output_edit
 
 
@@ -71,12 +72,12 @@ def steer(model: nn.Module, direction: Tensor, *, layer: int = -1, alpha: Option
     part = anatomy.layers[index]
     direction = torch.as_tensor(direction)
     if direction.ndim != 1 or direction.shape[0] != anatomy.d_model:
-        raise ValueError(f"direction must be a vector of length d_model={anatomy.d_model}, "
-                         f"got shape {tuple(direction.shape)}")
+        raise OptionError("direction", f"a tensor of shape {tuple(direction.shape)}",
+                          f"a vector of length d_model={anatomy.d_model}")
     W_V, W_O = part.value_weights(), part.output_weights()
     if part.output is None or part.output.to_param is None:
-        raise ValueError(f"{anatomy.family}: the output projection of layer {index} cannot be "
-                         "written back; steering needs a writable W_O")
+        raise UnsupportedModelError(f"{anatomy.family}: the output projection of layer {index} "
+                                    "cannot be written back; steering needs a writable W_O")
     edit = rank1_output_edit(W_V.to("cpu", torch.float64), W_O.to("cpu", torch.float64),
                              direction.to("cpu", torch.float64), alpha=alpha, gap=gap)
     param = part.output.param

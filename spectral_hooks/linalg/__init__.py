@@ -13,12 +13,14 @@ from .estimators import (column_norms_sq, diagonal, frobenius_sq, hutchinson_tra
                          hutchpp_trace, trace_of_square)
 from .krylov import eigs
 from .operators import DenseOperator, IdentityOperator, LinearOperator, aslinearoperator
+from .protocols import BatchGroup, BatchMember, Operator
 from .ranks import effective_rank, participation_ratio, stable_rank, surviving
 from .results import EigResult, Estimate, SvdResult
 from .svd import svds
 
 __all__ = [
     "LinearOperator", "DenseOperator", "IdentityOperator", "aslinearoperator",
+    "Operator", "BatchGroup", "BatchMember",
     "eigs", "svds", "EigResult", "SvdResult", "Estimate",
     "hutchinson_trace", "hutchpp_trace", "frobenius_sq", "trace_of_square", "diagonal",
     "column_norms_sq",

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
+from spectral_hooks.errors import OptionError
 from spectral_hooks.metrics.power import _spectrum_one
 
 if TYPE_CHECKING:  # shape annotations only (jaxtyping is not a runtime dependency)
@@ -179,11 +180,14 @@ def rank1_output_edit(
     H, dh, d = W_V.shape
     u = torch.as_tensor(u).detach().to("cpu", torch.float64)
     if u.shape != (d,):
-        raise ValueError(f"direction must have shape ({d},), got {tuple(u.shape)}")
+        raise OptionError("direction", f"a tensor of shape {tuple(u.shape)}",
+                          f"a vector of shape ({d},)")
     if not torch.isfinite(u).all() or float(u.norm()) == 0:
-        raise ValueError("direction must be finite and non-zero")
-    if not gap > 0 or not 0 <= min_cos <= 1:
-        raise ValueError(f"need gap > 0 and 0 <= min_cos <= 1, got gap={gap}, min_cos={min_cos}")
+        raise OptionError("direction", "a zero or non-finite vector", "a finite, non-zero vector")
+    if not gap > 0:
+        raise OptionError("gap", gap, "a float > 0")
+    if not 0 <= min_cos <= 1:
+        raise OptionError("min_cos", min_cos, "a float in [0, 1]")
     u = u / u.norm()
     w = torch.linalg.pinv(V.T) @ u
     u_r = V.T @ w
@@ -194,7 +198,7 @@ def rank1_output_edit(
     if alpha is None:
         alpha = _alpha_for_both(F, u, u_r, gap, min_cos, rtol)
     elif not torch.isfinite(torch.tensor(float(alpha))):
-        raise ValueError(f"alpha must be finite, got {alpha}")
+        raise OptionError("alpha", alpha, "a finite float or None")
     alpha = float(alpha)
     delta = alpha * torch.einsum("i,hj->hij", u, w.reshape(H, dh))
     F2 = F + alpha * torch.outer(u, u_r)
