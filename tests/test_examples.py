@@ -1,16 +1,165 @@
-"""Every example script runs end to end (they are documentation: keep them true)."""
+"""Every example script runs end to end and prints / writes what it says (they are
+documentation: keep them true). Each test runs the script once (``runpy``), then checks its
+output against the objects it left behind and against oracles computed here from raw weights
+(tests/oracles.py)."""
 
+import copy
+import json
+import math
+import re
 import runpy
 import sys
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
+import torch
+from scipy.special import beta, gammaln
 
-EXAMPLES = sorted((Path(__file__).parent.parent / "examples").glob("*.py"))
+from tests.oracles import (eigvals_by_modulus, last_real_position, layer_matrix_and_bias,
+                           matched_distance, power_oracle, token_jacobian)
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
 
 
-@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
-def test_example_runs(path, monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", [str(path)])
-    runpy.run_path(str(path), run_name="__main__")
-    assert capsys.readouterr().out.strip()
+def run_example(name: str, monkeypatch, capsys, *args: str):
+    """Run examples/<name>.py as __main__ with ``args``: (its globals, its stdout)."""
+    path = EXAMPLES / f"{name}.py"
+    monkeypatch.setattr(sys, "argv", [str(path), *map(str, args)])
+    namespace = runpy.run_path(str(path), run_name="__main__")
+    return namespace, capsys.readouterr().out
+
+
+def gamma_nulls(d: int) -> tuple[float, float]:
+    """E a(u; B) for u uniform on S^{d-1}, B of dimension 1 and 2 (METRICS.md section 1)."""
+    one = math.exp(gammaln(d / 2) - gammaln((d + 1) / 2)) / math.sqrt(math.pi)
+    return one, beta(1.5, (d - 2) / 2) / beta(1, (d - 2) / 2)
+
+
+def check_power_rows(rows: pd.DataFrame, model, family: str, d: int, *, rtol: float) -> None:
+    """abs_lambda1 / gap_ratio match F from the raw weights; gamma, lift, p-values in range."""
+    for row in rows.itertuples():
+        F, _ = layer_matrix_and_bias(model, family, int(row.layer))
+        abs_lambda1, gap = power_oracle(F)
+        assert row.abs_lambda1 == pytest.approx(abs_lambda1, rel=rtol)
+        assert row.gap_ratio == pytest.approx(gap, rel=rtol)
+        if hasattr(row, "gamma"):
+            assert 0 <= row.gamma <= 1
+        if hasattr(row, "lift"):  # lift = gamma / gamma_null, a 1- or 2-dim subspace
+            null = row.gamma / row.lift
+            assert min(abs(null - n) for n in gamma_nulls(d)) < 1e-9
+        if hasattr(row, "rho_pvalue"):
+            assert 0 <= row.rho_pvalue <= 1
+
+
+def test_quickstart_minilm(monkeypatch, capsys, minilm):
+    ns, out = run_example("quickstart_minilm", monkeypatch, capsys)
+    probe, model, report = ns["probe"], ns["model"], ns["report"]
+    n_tokens = ns["batch"]["input_ids"].shape[1]
+    # 1. the recording
+    assert str(probe.recording) in out and "layers=[0, 1, 2, 3, 4, 5]" in out
+    assert "samples=2" in out and f"torch.Size([2, {n_tokens}, 384])" in out
+    # 2. the power table, printed as computed and equal to the raw-weight oracle
+    cols = ["layer", "abs_lambda1", "gap_ratio", "gamma", "lift", "rho_pvalue"]
+    assert repr(report.power[cols]) in out
+    assert list(report.power.layer) == list(range(6))
+    check_power_rows(report.power, model, "bert", 384, rtol=1e-8)
+    # 3. block 3's top eigenvalues: converged, printed, and those of the dense jacfwd Jacobian
+    top, J = ns["top"], ns["J"]
+    p = last_real_position(probe, 0)
+    assert int(J.positions[0]) == p
+    assert f"top |lambda| of block 3: {top.values.abs()}" in out and "converged: True" in out
+    values = top.values.flatten()
+    dense = eigvals_by_modulus(token_jacobian(probe, 3, position=p))
+    assert matched_distance(values, dense[:len(values)]) < 1e-6 * float(dense.abs()[0])
+    # 4. steering: the gap before is the last layer's, after it meets the target, undone
+    before, after, reachable = map(float, re.search(
+        r"gap ([\d.]+) -> ([\d.]+), reachable ([\d.]+)", out).groups())
+    F_last, _ = layer_matrix_and_bias(model, "bert", 5)
+    assert before == round(power_oracle(F_last)[1], 3)
+    assert after <= 0.01 and reachable == 1.0
+    original = minilm[0].state_dict()
+    assert all(torch.equal(t, original[name]) for name, t in model.state_dict().items())
+
+
+def first_logged_step(ns):
+    """The example's model after its first optimizer step, redone here (same seed, same
+    draws), and that step's loss."""
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = type(ns["model"])(ns["model"].config)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        data = torch.randint(0, 100, (16, 12))
+        model.train()
+        loss = model(data[:4], labels=data[:4]).loss
+        loss.backward()
+        optimizer.step()
+    return model, float(loss)
+
+
+def test_finetune_logging(monkeypatch, capsys, tmp_path):
+    csv = tmp_path / "log.csv"
+    ns, out = run_example("finetune_logging", monkeypatch, capsys, csv)
+    log = ns["log"]
+    assert log.to_string(index=False) in out
+    written = pd.read_csv(csv)
+    pd.testing.assert_frame_equal(written, log, check_exact=False, rtol=1e-12)
+    assert list(written.columns) == ["step", "loss", "layer", "abs_lambda1", "gap_ratio",
+                                     "gamma", "lift"]
+    assert list(written.step) == [0, 0, 2, 2, 4, 4] and list(written.layer) == [0, 1] * 3
+    assert np.isfinite(written.to_numpy()).all()
+    model, loss = first_logged_step(ns)
+    step0 = written[written.step == 0]
+    assert step0.loss.tolist() == pytest.approx([loss] * 2, rel=1e-6)
+    check_power_rows(step0, model.transformer, "gpt2", 32, rtol=1e-6)
+
+
+def test_tlens_pipeline(monkeypatch, capsys):
+    ns, out = run_example("tlens_pipeline", monkeypatch, capsys)
+    for name in ("resid_pre", "attn_out", "resid_post"):
+        found = re.search(rf"blocks\.1\.hook_{name} \(2, 8, 32\) max \|ours - TL cache\| = (\S+)",
+                          out)
+        assert found and float(found.group(1)) < 1e-6, name
+    power = ns["probe"].analyze().power
+    assert repr(power[["layer", "abs_lambda1", "gap_ratio", "gamma"]]) in out
+    assert list(power.layer) == [0, 1]
+    check_power_rows(power, ns["hf"].transformer, "gpt2", 32, rtol=1e-6)
+
+
+def test_trainer_callback(monkeypatch, capsys, tmp_path):
+    from spectral_hooks.integrations import SpectralCallback
+
+    analysed = []  # the model as each analysis saw it (before that step's optimizer update)
+    metrics = SpectralCallback._metrics
+
+    def spy(self):
+        analysed.append(copy.deepcopy(self.probe.model))
+        return metrics(self)
+
+    monkeypatch.setattr(SpectralCallback, "_metrics", spy)
+    ns, out = run_example("trainer_callback", monkeypatch, capsys, tmp_path)
+    rows = [json.loads(line) for line in (tmp_path / "spectral.jsonl").read_text().splitlines()]
+    columns = ("abs_lambda1", "gap_ratio", "gamma", "lift")
+    assert [row["step"] for row in rows] == [2, 4, 6]
+    for row in rows:
+        assert set(row) == {"step"} | {f"spectral/layer_{layer:02d}/{c}" for layer in (0, 1)
+                                       for c in columns}
+        assert all(math.isfinite(v) for v in row.values())
+        shown = {k.split("/", 1)[1]: round(v, 4) for k, v in row.items() if k != "step"}
+        assert f"{row['step']} {shown}" in out
+    assert f"written to {tmp_path}" in out
+    # each logged step: the raw-weight oracle of the weights it analysed
+    assert len(analysed) == len(rows)
+    for row, model in zip(rows, analysed):
+        table = pd.DataFrame([{"layer": layer, **{c: row[f"spectral/layer_{layer:02d}/{c}"]
+                                                  for c in columns}} for layer in (0, 1)])
+        check_power_rows(table, model.transformer, "gpt2", 32, rtol=1e-6)
+    # TensorBoard holds the same scalars
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    for tag, value in rows[-1].items():
+        if tag != "step":
+            scalar = events.Scalars(tag)[-1]
+            assert scalar.step == 6 and scalar.value == pytest.approx(value, rel=1e-6)
