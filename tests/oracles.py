@@ -88,6 +88,23 @@ def token_jacobian(probe: Any, layer: int, *, position: int | None = None,
         return torch.func.jacfwd(f)(H0[p]).detach()
 
 
+def chained_token_jacobian(probe: Any, first: int, last: int, *,
+                           sample: int = 0) -> torch.Tensor:
+    """d h_{last+1}[p] / d h_first[p] at the last token p, blocks first..last applied in turn
+    to each other's outputs (each with its own recorded masks and positions) as [d, d]."""
+    blocks = [recorded_block(probe, layer, sample) for layer in range(first, last + 1)]
+    H0 = blocks[0][2]
+
+    def f(x):
+        H = torch.cat([H0[:-1], x[None]], 0)[None]
+        for block, call, _ in blocks:
+            H = block_output(block, call, H)
+        return H[0, -1]
+
+    with sdpa_kernel(SDPBackend.MATH), torch.no_grad():
+        return torch.func.jacfwd(f)(H0[-1]).detach()
+
+
 def last_real_position(probe: Any, sample: int = 0) -> int:
     """The last non-padding token of ``sample`` in the recorded attention mask."""
     return int(probe.recording.mask[sample].nonzero().max())

@@ -16,8 +16,8 @@ import spectral_hooks as sh  # noqa: E402
 from spectral_hooks.linalg import eigs  # noqa: E402
 from spectral_hooks.linearize import (block_jacobian, dense_block_jacobian,  # noqa: E402
                                       jacobian_product)
-from tests.oracles import (block_output, eigvals_by_modulus, full_jacobian,  # noqa: E402
-                           matched_distance, recorded_block)
+from tests.oracles import (chained_token_jacobian, eigvals_by_modulus,  # noqa: E402
+                           full_jacobian, matched_distance)
 
 TOL = 1e-6
 IDS = torch.tensor([[5, 17, 3, 42, 8, 61, 2]])
@@ -103,17 +103,7 @@ def test_product_matches_composed_blocks(family):
     D = oracle(probe, 1, "token") @ oracle(probe, 0, "token")
     check_op(P, D, n_vec=1)
     # causal: the product is the end-to-end Jacobian of blocks 0..1 at the last token
-    b0, c0, H0 = recorded_block(probe, 0)
-    b1, c1, _ = recorded_block(probe, 1)
-
-    def two_blocks(x):
-        H = torch.cat([H0[:-1], x[None]])
-        return block_output(b1, c1, block_output(b0, c0, H[None]))[0, -1]
-
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-    with sdpa_kernel(SDPBackend.MATH), torch.no_grad():
-        E = torch.func.jacfwd(two_blocks)(H0[-1])
-    assert rel(P.to_dense(), E) < TOL
+    assert rel(P.to_dense(), chained_token_jacobian(probe, 0, 1)) < TOL
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])

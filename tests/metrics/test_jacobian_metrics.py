@@ -38,7 +38,7 @@ def _random_J(d: int, seed: int, scale: float = 0.15) -> np.ndarray:
 
 
 def _mlp_block(d: int, seed: int):
-    """h -> h + W2 gelu(W1 LN(h)) at a random point: its Jacobian (jacfwd) and a JVP/VJP operator."""
+    """h -> h + W2 gelu(W1 LN(h)) at a random point: its Jacobian (jacfwd), JVP/VJP operator."""
     g = torch.Generator().manual_seed(seed)
     W1 = torch.randn(4 * d, d, generator=g, dtype=torch.float64) / math.sqrt(d)
     W2 = torch.randn(d, 4 * d, generator=g, dtype=torch.float64) / math.sqrt(4 * d)
