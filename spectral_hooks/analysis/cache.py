@@ -19,57 +19,67 @@ from __future__ import annotations
 
 from typing import Any, Callable, Hashable
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 SAMPLES_PER_TENSOR = 64
+# numpy has no bfloat16/float8: sample those through an integer view of the same width
+_INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
-class _Sampler:
-    """Fixed strided views of a tensor's elements, rebuilt when its storage changes."""
-
-    def __init__(self) -> None:
-        self._views: dict[int, tuple[int, Tensor]] = {}
-
-    def view(self, tensor: Tensor) -> Tensor:
-        key, ptr = id(tensor), tensor.data_ptr()
-        cached = self._views.get(key)
-        if cached is None or cached[0] != ptr:
-            flat = tensor.detach().reshape(-1)
-            stride = max(1, flat.numel() // SAMPLES_PER_TENSOR)
-            cached = (ptr, flat[::stride])
-            self._views[key] = cached
-        return cached[1]
-
-    def forget_missing(self, alive: set[int]) -> None:
-        for key in [k for k in self._views if k not in alive]:
-            del self._views[key]
+def _sample_view(tensor: Tensor) -> Any:
+    """A strided view of ~64 elements: a numpy view for contiguous CPU tensors (numpy gathers
+    148 strided views in 0.14 ms where torch.cat needs 0.9 ms), else a torch view."""
+    flat = tensor.detach().reshape(-1)
+    stride = max(1, flat.numel() // SAMPLES_PER_TENSOR)
+    if tensor.device.type != "cpu" or not tensor.is_contiguous() or tensor.is_complex():
+        return flat[::stride]
+    return flat.view(_INT_OF_WIDTH[flat.element_size()]).numpy()[::stride]
 
 
 class WeightsFingerprint:
-    """A cheap, exact-equality fingerprint of a module's parameters and buffers."""
+    """A cheap, exact-equality fingerprint of a module's parameters and buffers.
+
+    The module tree is walked once; each lookup re-reads every slot (so a replaced Parameter
+    is seen), but modules added or removed after instrumenting are not (the anatomy would be
+    out of date too: instrument again)."""
 
     def __init__(self, model: nn.Module) -> None:
-        self.model = model
-        self._sampler = _Sampler()
+        self._slots = [(module._parameters, name) for module in model.modules()
+                       for name in module._parameters] + \
+                      [(module._buffers, name) for module in model.modules()
+                       for name in module._buffers]
+        self._views: dict[int, tuple[int, Any]] = {}
 
-    def __call__(self) -> tuple[tuple, tuple[Tensor, ...]]:
-        tensors = [*self.model.parameters(), *self.model.buffers()]
-        meta = tuple((id(t), t.data_ptr(), t._version, t.dtype, t.device, t.shape)
-                     for t in tensors)
-        groups: dict[tuple, list[Tensor]] = {}
+    def _view(self, tensor: Tensor) -> Any:
+        cached = self._views.get(id(tensor))
+        if cached is None or cached[0] != tensor.data_ptr():
+            cached = (tensor.data_ptr(), _sample_view(tensor))
+            self._views[id(tensor)] = cached
+        return cached[1]
+
+    def __call__(self) -> tuple[list, list]:
+        tensors = [t for t in (slots[name] for slots, name in self._slots) if t is not None]
+        meta = [(id(t), t.data_ptr(), t._version, t.dtype) for t in tensors]
+        if len(self._views) > len(tensors):
+            alive = {id(t) for t in tensors}
+            self._views = {k: v for k, v in self._views.items() if k in alive}
+        arrays: dict = {}
         for t in tensors:
             if t.numel():
-                groups.setdefault((t.dtype, t.device), []).append(self._sampler.view(t))
-        if len(self._sampler._views) > len(tensors):
-            self._sampler.forget_missing({id(t) for t in tensors})
-        samples = tuple(torch.cat(views).view(torch.uint8) for views in groups.values())
+                view = self._view(t)
+                key = view.dtype if isinstance(view, np.ndarray) else (view.dtype, view.device)
+                arrays.setdefault(key, []).append(view)
+        samples = [np.concatenate(v).tobytes() if isinstance(v[0], np.ndarray)
+                   else torch.cat(v) for v in arrays.values()]
         return meta, samples
 
 
-def _same(a: tuple[tuple, tuple[Tensor, ...]], b: tuple[tuple, tuple[Tensor, ...]]) -> bool:
+def _same(a: tuple[list, list], b: tuple[list, list]) -> bool:
     return a[0] == b[0] and len(a[1]) == len(b[1]) and all(
-        torch.equal(x, y) for x, y in zip(a[1], b[1]))
+        x == y if isinstance(x, bytes) else torch.equal(x, y)  # NaN: unequal, recomputed
+        for x, y in zip(a[1], b[1]))
 
 
 class AnalysisCache:

@@ -1,0 +1,133 @@
+"""One cache per probe: hits when nothing changed, never stale after a weight update."""
+
+import copy
+
+import pytest
+import torch
+
+import spectral_hooks as sh
+from spectral_hooks.analysis.cache import AnalysisCache
+from tests.tiny_models import make_model
+
+IDS = torch.randint(0, 100, (2, 6), generator=torch.Generator().manual_seed(0))
+
+
+def _recorded(dtype=torch.float64):
+    model = make_model("gpt2", dtype=dtype)
+    probe = sh.instrument(model)
+    with torch.no_grad():
+        model(IDS)
+    return model, probe
+
+
+def _fresh_power(model):
+    """The power table from a new probe (no cache) on the same inputs: the oracle."""
+    with sh.instrument(model) as probe, torch.no_grad():
+        model(IDS)
+    return probe.analyze().power
+
+
+def _train_step(model, optimizer):
+    model(IDS).last_hidden_state.pow(2).mean().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+
+
+def test_a_lookup_with_nothing_changed_is_a_hit():
+    model, probe = _recorded()
+    first = probe.analyze().power
+    assert probe.analyze().power is first
+    probe.remove()
+
+
+UPDATES = {
+    "steer": None,  # handled in its own test (a context)
+    "sgd_plain": lambda m: _train_step(m, torch.optim.SGD(m.parameters(), lr=0.1,
+                                                          foreach=False)),
+    "adamw_foreach": lambda m: _train_step(m, torch.optim.AdamW(m.parameters(), lr=1e-2,
+                                                                foreach=True)),
+    "adamw_fused": lambda m: _train_step(m, torch.optim.AdamW(m.parameters(), lr=1e-2,
+                                                              fused=True)),
+    "load_state_dict": lambda m: m.load_state_dict(
+        make_model("gpt2", seed=7, dtype=next(m.parameters()).dtype).state_dict()),
+    "to_dtype": lambda m: m.to(torch.float32),
+    "data_whole_tensor": lambda m: m.h[1].attn.c_proj.weight.data.mul_(3.0),
+    "data_assignment": lambda m: setattr(m.h[0].attn.c_proj.weight, "data",
+                                         m.h[0].attn.c_proj.weight.data * 2),
+}
+
+
+@pytest.mark.parametrize("update", [u for u in UPDATES if u != "steer"])
+def test_never_stale_after_an_update(update):
+    dtype = torch.float32 if update == "adamw_fused" else torch.float64
+    model, probe = _recorded(dtype)
+    before = probe.analyze().power
+    UPDATES[update](model)
+    after = probe.analyze().power
+    oracle = _fresh_power(model)
+    probe.remove()
+    assert after is not before  # a miss: recomputed from the new weights
+    if update != "to_dtype":  # the tiny models' weights are float32-representable
+        assert not after.abs_lambda1.equals(before.abs_lambda1)
+    torch.testing.assert_close(torch.tensor(after.abs_lambda1.to_numpy()),
+                               torch.tensor(oracle.abs_lambda1.to_numpy()), rtol=1e-6, atol=0)
+
+
+def test_never_stale_inside_and_after_steer():
+    model, probe = _recorded()
+    before = probe.analyze().power.abs_lambda1.tolist()
+    u = torch.randn(32, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    with sh.steer(model, u, gap=0.1):
+        steered = probe.analyze().power.abs_lambda1.tolist()
+        assert steered == _fresh_power(model).abs_lambda1.tolist()
+    assert steered[-1] != before[-1]
+    assert probe.analyze().power.abs_lambda1.tolist() == before
+    probe.remove()
+
+
+def test_a_new_recording_invalidates():
+    model, probe = _recorded()
+    before = probe.analyze().power
+    probe.clear()
+    with torch.no_grad():
+        model(IDS[:, :4])
+    after = probe.analyze().power
+    probe.remove()
+    assert after is not before and int(after.n_tokens[0]) == 8
+
+
+def test_invalidate_covers_the_documented_blind_spot():
+    model, probe = _recorded()
+    before = probe.analyze().power
+    weight = model.h[1].attn.c_proj.weight
+    weight.data.view(-1)[1] += 5.0  # one element outside the strided sample, no _version bump
+    assert probe.analyze().power is before  # the documented limit of the fingerprint
+    probe.invalidate()
+    after = probe.analyze().power
+    probe.remove()
+    assert after.abs_lambda1.tolist() == _fresh_power(model).abs_lambda1.tolist()
+    assert after.abs_lambda1[1] != before.abs_lambda1[1]
+
+
+def test_fingerprint_reads_a_small_sample_of_the_weights():
+    model = make_model("gpt2")
+    cache = AnalysisCache(model, sh.instrument(model).recording)
+    meta, samples = cache._fingerprint()
+    assert len(meta) == len(list(model.parameters())) + len(list(model.buffers()))
+    n_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert sum(len(s) if isinstance(s, bytes) else s.numel() for s in samples) < 0.2 * n_bytes
+
+
+def test_no_lru_cache_in_the_package():
+    from pathlib import Path
+
+    root = Path(sh.__file__).parent
+    assert not [p for p in root.rglob("*.py") if "lru_cache" in p.read_text()]
+
+
+def test_deepcopied_model_gets_its_own_state():
+    model, probe = _recorded()
+    clone = copy.deepcopy(model)
+    clone.h[0].attn.c_proj.weight.data.mul_(2)
+    assert probe.analyze().power.abs_lambda1.tolist() == _fresh_power(model).abs_lambda1.tolist()
+    probe.remove()
