@@ -1,11 +1,12 @@
 # make demo : set up .venv and run the analysis on the bundled pretrained MiniLM-L6
-# make test : set up .venv and run the whole test suite
+# make test : set up .venv, lint (ruff), run the test suite (quick profile, ~10 min on 2 cores)
+# make test-all : the same with the long profiles (slow matrix-free golden cases, ...)
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test setup clean
+.PHONY: demo test test-all lint setup clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -19,8 +20,14 @@ setup: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/spectral-hooks analyze --jacobian --bottleneck --topology --out spectral_report
 
-test: $(STAMP)
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+test: lint
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile
+
+test-all: lint
+	SPECTRAL_HOOKS_FULL=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 clean:
 	rm -rf $(VENV) spectral_report

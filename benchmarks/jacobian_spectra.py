@@ -314,7 +314,6 @@ def main() -> None:
                          t_ours_mv=t_ours_mv, t_user_mv=t_user_mv, t_record=t_record), fh)
     # ---------------------------------------------------------------- table
     L, L_all = len(layers), 12
-    ours_total = t_record + sum(o["wall"] for o in ours.values())
     ours_n = sum(o["n"] for o in ours.values())
     e_ours = {l: top_err(o["values"], dense[l]) for l, o in ours.items()}
     conv = all(o["conv"] for o in ours.values())
@@ -419,7 +418,6 @@ def main() -> None:
                  f"timed ({per_jr:.1f} s each) x12 + 1 forward |")
 
     n_def = sum(arp[(l, "default")]["n"] for l in arp_def)
-    ours_n_def = sum(ours[l]["n"] for l in arp_def)
     e_big = max(top_err(arp[(l, big)]["values"], dense[l]) for l in layers)
     e_def = max(top_err(arp[(l, "default")]["values"], dense[l]) for l in arp_def)
     w_big = sum(arp[(l, big)]["wall"] for l in layers)

@@ -16,6 +16,7 @@ from .report import Report
 from .steering import Steering, steer
 from .weights import layer_biases, layer_matrices
 
-__all__ = ["AnalyzeOptions", "JacobianOptions", "Anatomy", "LayerParts", "Probe", "Recording", "Report", "Steering", "anatomy_of",
-           "eigs", "instrument", "layer_biases", "layer_matrices", "linalg", "register_anatomy",
+__all__ = ["AnalyzeOptions", "JacobianOptions", "Anatomy", "LayerParts", "Probe", "Recording",
+           "Report", "Steering", "anatomy_of", "eigs", "instrument", "layer_biases",
+           "layer_matrices", "linalg", "register_anatomy",
            "steer", "svds", "__version__"]

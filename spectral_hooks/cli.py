@@ -57,7 +57,7 @@ def _load(model_arg: Optional[str], device: str, dtype: str):
         tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
         model = AutoModel.from_pretrained(path, local_files_only=True, dtype=torch_dtype)
     except (OSError, ValueError) as err:
-        raise UsageError(f"cannot load a model from '{path}': {str(err).splitlines()[0]}")
+        raise UsageError(f"cannot load a model from '{path}': {str(err).splitlines()[0]}") from err
     if device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA device is available")
     return model.to(device).eval(), tokenizer, path
@@ -68,7 +68,7 @@ def _texts(args) -> list[str]:
         try:
             texts = Path(args.text_file).read_text().splitlines()
         except OSError as err:
-            raise UsageError(f"cannot read --text-file: {err}")
+            raise UsageError(f"cannot read --text-file: {err}") from err
     elif args.text:
         texts = list(args.text)
     else:
@@ -83,7 +83,7 @@ def _check_out(out: Path) -> None:
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise UsageError(f"cannot create output directory '{out}': {err.strerror}")
+        raise UsageError(f"cannot create output directory '{out}': {err.strerror}") from err
     if not os.access(out, os.W_OK):
         raise UsageError(f"output directory '{out}' is not writable")
 

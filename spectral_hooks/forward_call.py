@@ -85,8 +85,10 @@ def padding_mask(kwargs: dict) -> Optional[Tensor]:
     return mask if isinstance(mask, Tensor) and mask.ndim == 2 else None
 
 
-def replayable_call(args: tuple, kwargs: dict, to_store: Callable[..., Tensor]) -> BlockCall:
-    """A block's call with its residual input stored, KV caches dropped, use_cache off."""
+def replayable_call(args: tuple, kwargs: dict, to_store: Callable[..., Tensor], *,
+                    hidden_kwarg: str) -> BlockCall:
+    """A block's call with its residual input stored, KV caches dropped, use_cache off.
+    ``hidden_kwarg``: the keyword of the residual input when it is not passed positionally."""
     hidden_in_args = len(args) > 0
     kwargs = without_caches(kwargs)
     if "use_cache" in kwargs:
@@ -95,10 +97,10 @@ def replayable_call(args: tuple, kwargs: dict, to_store: Callable[..., Tensor]) 
     store = lambda t: to_store(t, copy=False)  # noqa: E731
     if hidden_in_args:
         args = (to_store(args[0]),) + map_tensors(args[1:], store)
-        return BlockCall(args, map_tensors(kwargs, store), True)
+        return BlockCall(args, map_tensors(kwargs, store), True, hidden_kwarg=hidden_kwarg)
     kwargs = map_tensors(kwargs, store)
-    kwargs["hidden_states"] = to_store(kwargs["hidden_states"])
-    return BlockCall(args, kwargs, False)
+    kwargs[hidden_kwarg] = to_store(kwargs[hidden_kwarg])
+    return BlockCall(args, kwargs, False, hidden_kwarg=hidden_kwarg)
 
 
 def bind_model_call(signature: inspect.Signature, args: tuple, kwargs: dict) -> dict:

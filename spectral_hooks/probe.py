@@ -24,9 +24,18 @@ from .analysis import AnalysisCache, AnalyzeOptions, Subject, analyze
 from .anatomy import Anatomy, anatomy_of
 from .block_jacobians import BlockJacobians
 from .errors import OptionError, RecordingError
-from .forward_call import (ForwardCall, application_orders, bind_model_call, cache_length,
-                           first_tensor, in_backward, padding_mask, recorded_layers,
-                           replayable_call, without_caches)
+from .forward_call import (
+    ForwardCall,
+    application_orders,
+    bind_model_call,
+    cache_length,
+    first_tensor,
+    in_backward,
+    padding_mask,
+    recorded_layers,
+    replayable_call,
+    without_caches,
+)
 from .recording import CAPTURES, STORES, Recording, map_tensors
 from .report import Report
 from .suspend import is_suspended, suspended  # noqa: F401  (suspended: public re-export)
@@ -118,6 +127,7 @@ class Probe(BlockJacobians):
 
     def _block_pre_hook(self, order: list[int]):
         recorded, wants_pre = set(self.layers), "resid_pre" in self.recording.capture
+        hidden_kwarg = self.anatomy.call_convention.hidden_kwarg
 
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
             if is_suspended():
@@ -130,12 +140,13 @@ class Probe(BlockJacobians):
             if call is None:
                 return  # outside a model forward: e.g. checkpoint recomputation in backward
             layer = call.next_layer(("block_pre", id(module)), order)
-            hidden = args[0] if args else kwargs.get("hidden_states")
+            hidden = args[0] if args else kwargs.get(hidden_kwarg)
             if layer is None or layer not in recorded or not isinstance(hidden, Tensor):
                 return
             block_call = None
             if not call.continues:
-                block_call = replayable_call(args, kwargs, self.recording.to_store)
+                block_call = replayable_call(args, kwargs, self.recording.to_store,
+                                             hidden_kwarg=hidden_kwarg)
                 call.block_calls[layer] = block_call
             if wants_pre and self.anatomy.layers[layer].resid_pre_hook is None:
                 call.captured[("resid_pre", layer)] = (

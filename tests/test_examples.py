@@ -17,8 +17,14 @@ import pytest
 import torch
 from scipy.special import beta, gammaln
 
-from tests.oracles import (eigvals_by_modulus, last_real_position, layer_matrix_and_bias,
-                           matched_distance, power_oracle, token_jacobian)
+from tests.oracles import (
+    eigvals_by_modulus,
+    last_real_position,
+    layer_matrix_and_bias,
+    matched_distance,
+    power_oracle,
+    token_jacobian,
+)
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 

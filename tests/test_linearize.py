@@ -14,10 +14,13 @@ from tiny_models import make_bridge, make_model  # noqa: E402
 
 import spectral_hooks as sh  # noqa: E402
 from spectral_hooks.linalg import eigs  # noqa: E402
-from spectral_hooks.linearize import (block_jacobian, dense_block_jacobian,  # noqa: E402
-                                      jacobian_product)
-from tests.oracles import (chained_token_jacobian, eigvals_by_modulus,  # noqa: E402
-                           full_jacobian, matched_distance)
+from spectral_hooks.linearize import block_jacobian, dense_block_jacobian, jacobian_product  # noqa: E402
+from tests.oracles import (  # noqa: E402
+    chained_token_jacobian,
+    eigvals_by_modulus,
+    full_jacobian,
+    matched_distance,
+)
 
 TOL = 1e-6
 IDS = torch.tensor([[5, 17, 3, 42, 8, 61, 2]])
@@ -329,6 +332,7 @@ def test_shared_jvp_graph_is_reused_and_rechecked_per_layer(caplog):
     # baked in (GPT-2's per-layer 1/(layer+1) attention scale) is caught by the per-layer check
     # and that layer gets its own trace -- both give the jacfwd Jacobian
     import transformers as tf
+
     from spectral_hooks.linearize import shared
     torch.manual_seed(0)
     outcomes = {}

@@ -23,13 +23,17 @@ from tiny_models import make_model  # noqa: E402
 
 import spectral_hooks as sh  # noqa: E402
 from spectral_hooks.anatomy import anatomy_of  # noqa: E402
-from spectral_hooks.errors import (LayerIndexError, OptionError,  # noqa: E402
-                                   UnsupportedModelError)
+from spectral_hooks.errors import LayerIndexError, OptionError, UnsupportedModelError  # noqa: E402
 from spectral_hooks.linalg import eigs  # noqa: E402
 from spectral_hooks.linalg.protocols import BatchMember, Operator  # noqa: E402
-from spectral_hooks.linearize import (BlockJacobian, JacobianProduct,  # noqa: E402
-                                      StackedBlockJacobian, block_jacobian, jacobian_product,
-                                      stacked_block_jacobians)
+from spectral_hooks.linearize import (  # noqa: E402
+    BlockJacobian,
+    JacobianProduct,
+    StackedBlockJacobian,
+    block_jacobian,
+    jacobian_product,
+    stacked_block_jacobians,
+)
 
 IDS = torch.tensor([[5, 17, 3, 42, 8, 61, 2]])
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -13,9 +13,7 @@ from tiny_models import make_model  # noqa: E402
 
 import spectral_hooks as sh  # noqa: E402
 from spectral_hooks.linalg import LinearOperator, eigs, svds  # noqa: E402
-from spectral_hooks.linearize import (block_jacobian, dense_block_jacobian,  # noqa: E402
-                                      stacked_block_jacobians)
-from spectral_hooks.linearize import stacked as stacked_mod  # noqa: E402
+from spectral_hooks.linearize import block_jacobian, dense_block_jacobian, stacked_block_jacobians  # noqa: E402
 from tests.oracles import eigvals_by_modulus, farthest_from, token_jacobian  # noqa: E402
 
 IDS = torch.tensor([[5, 17, 3, 42, 8, 61, 2]])

@@ -44,7 +44,8 @@ def _config(family: str):
                                window_size=4, max_position_embeddings=64), \
             tf.GPTNeoModel, tf.GPTNeoForCausalLM
     if family == "gpt_neox":
-        return tf.GPTNeoXConfig(vocab_size=VOCAB, hidden_size=D_MODEL, num_hidden_layers=2, eos_token_id=0, bos_token_id=0,
+        return tf.GPTNeoXConfig(vocab_size=VOCAB, hidden_size=D_MODEL, num_hidden_layers=2,
+                                eos_token_id=0, bos_token_id=0,
                                 num_attention_heads=4, intermediate_size=64,
                                 max_position_embeddings=64), \
             tf.GPTNeoXModel, tf.GPTNeoXForCausalLM

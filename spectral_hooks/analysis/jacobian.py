@@ -20,8 +20,13 @@ from tqdm.auto import tqdm
 
 from ..linalg import IdentityOperator, LinearOperator
 from ..linearize import block_jacobian, dense_block_jacobian
-from ..metrics.jacobian import SCHUR_MAX_D, JacobianMetrics, eigen_rows, jacobian_metrics, \
-    jacobian_row
+from ..metrics.jacobian import (
+    SCHUR_MAX_D,
+    JacobianMetrics,
+    eigen_rows,
+    jacobian_metrics,
+    jacobian_row,
+)
 from ..metrics.topology import amplification
 from .options import JacobianOptions
 from .subject import Subject

@@ -24,8 +24,14 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import LayerIndexError, MissingWeightsError, UnsupportedModelError
-from .calls import (CACHE_KWARGS, HF_BLOCK_CACHE_KWARGS, HF_CALLS, MASK_KWARG,
-                    MODEL_INPUT_KWARGS, BlockCallConvention)
+from .calls import (
+    CACHE_KWARGS,
+    HF_BLOCK_CACHE_KWARGS,
+    HF_CALLS,
+    MASK_KWARG,
+    MODEL_INPUT_KWARGS,
+    BlockCallConvention,
+)
 
 __all__ = ["Anatomy", "LayerParts", "HeadWeights", "BlockCallConvention", "MissingWeightsError",
            "UnsupportedModelError", "LayerIndexError", "CACHE_KWARGS", "HF_BLOCK_CACHE_KWARGS",

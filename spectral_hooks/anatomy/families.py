@@ -1,4 +1,10 @@
 """Imports every built-in family so that each registers itself (order = lookup order)."""
 
-from . import tlens  # noqa: F401  (TransformerLens first: a bridge also holds an HF model)
-from . import bert, gpt2, gpt_neo, gpt_neox, llama  # noqa: F401
+from . import (  # noqa: F401
+    bert,
+    gpt2,
+    gpt_neo,
+    gpt_neox,
+    llama,
+    tlens,  # noqa: F401  (TransformerLens first: a bridge also holds an HF model)
+)

@@ -14,8 +14,16 @@ from typing import Callable, Optional
 from torch import nn
 
 from ..errors import UnsupportedModelError
-from .base import (Anatomy, LayerParts, config_int, config_layer_kinds, get_path, output_heads,
-                   register_anatomy, value_heads)
+from .base import (
+    Anatomy,
+    LayerParts,
+    config_int,
+    config_layer_kinds,
+    get_path,
+    output_heads,
+    register_anatomy,
+    value_heads,
+)
 from .calls import HF_CALLS, BlockCallConvention
 
 

@@ -7,11 +7,18 @@ from __future__ import annotations
 
 from typing import Optional
 
-import torch
 from torch import Tensor, nn
 
-from .base import (Anatomy, HeadWeights, LayerParts, _expand_kv, config_layer_kinds, get_path,
-                   output_heads, register_anatomy)
+from .base import (
+    Anatomy,
+    HeadWeights,
+    LayerParts,
+    _expand_kv,
+    config_layer_kinds,
+    get_path,
+    output_heads,
+    register_anatomy,
+)
 from .calls import TL3_CALLS, TL_BRIDGE_CALLS
 
 

@@ -12,8 +12,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from .loggers import (POWER_COLUMNS, CSVLogger, JSONLLogger, MetricsLogger, TensorBoardLogger,
-                      WandbLogger, flatten_power)
+from .loggers import (
+    POWER_COLUMNS,
+    CSVLogger,
+    JSONLLogger,
+    MetricsLogger,
+    TensorBoardLogger,
+    WandbLogger,
+    flatten_power,
+)
 
 _LAZY = {"SpectralCallback": "hf_trainer", "all_reduce_stats": "distributed"}
 

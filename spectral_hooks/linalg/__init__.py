@@ -9,8 +9,14 @@ Example::
     True
 """
 
-from .estimators import (column_norms_sq, diagonal, frobenius_sq, hutchinson_trace,
-                         hutchpp_trace, trace_of_square)
+from .estimators import (
+                         column_norms_sq,
+                         diagonal,
+                         frobenius_sq,
+                         hutchinson_trace,
+                         hutchpp_trace,
+                         trace_of_square,
+)
 from .krylov import eigs
 from .operators import DenseOperator, IdentityOperator, LinearOperator, aslinearoperator
 from .protocols import BatchGroup, BatchMember, Operator

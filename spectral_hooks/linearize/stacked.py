@@ -36,8 +36,7 @@ import torch
 from torch import Tensor
 
 from ..errors import OptionError, fallback
-from .function import (REPLAY_ERRORS, _first, _math_sdpa, agreement_tol, block_function,
-                       linearize)
+from .function import REPLAY_ERRORS, _first, _math_sdpa, agreement_tol, block_function, linearize
 from .operator import StackedBlockJacobian
 from .single_query import _FixedKV, _single_query, _slice_call
 
@@ -166,7 +165,8 @@ def stacked_block_jacobians(anatomy, recording, layers: Sequence[int], *, sample
 
     Same maps as ``block_jacobian(anatomy, recording, l, sample=sample, position=position,
     kind="token", dtype=dtype)``; each is a :class:`~.operator.StackedBlockJacobian`
-    (``single_query_mode="concat"``) carrying ``.batch_group`` (a :class:`StackedJacobians`), so ``linalg.eigs(ops, k)`` applies all of them with one batched
+    (``single_query_mode="concat"``) carrying ``.batch_group`` (a :class:`StackedJacobians`),
+    so ``linalg.eigs(ops, k)`` applies all of them with one batched
     JVP per Krylov step. Returns None (log message says why) where the stacked form does not
     apply: a non-causal model, blocks that differ in class, parameter names/shapes or per-layer
     attention type, differing call inputs, no verified single-query function for some layer,

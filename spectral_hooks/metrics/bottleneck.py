@@ -31,8 +31,15 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from spectral_hooks.linalg import (DenseOperator, LinearOperator, effective_rank,
-                                   participation_ratio, stable_rank, surviving, svds)
+from spectral_hooks.linalg import (
+    DenseOperator,
+    LinearOperator,
+    effective_rank,
+    participation_ratio,
+    stable_rank,
+    surviving,
+    svds,
+)
 from spectral_hooks.metrics.jacobian import SCHUR_MAX_D, schur_diagonal, symmetric_part
 from spectral_hooks.metrics.nulls import gamma_null
 

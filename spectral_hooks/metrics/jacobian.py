@@ -38,8 +38,7 @@ import torch
 from torch import Tensor
 
 from spectral_hooks.errors import OptionError
-from spectral_hooks.linalg import (DenseOperator, IdentityOperator, LinearOperator, eigs,
-                                   svds)
+from spectral_hooks.linalg import DenseOperator, IdentityOperator, LinearOperator, eigs, svds
 from spectral_hooks.metrics.jacobian_nulls import expected_real_eigenvalues, frac_complex_null
 from spectral_hooks.metrics.schur import SCHUR_MAX_D, schur_diagonal, symmetric_part
 

@@ -14,7 +14,7 @@ from typing import Union
 import torch
 from torch import Tensor
 
-from spectral_hooks.linalg import DenseOperator, LinearOperator
+from spectral_hooks.linalg import LinearOperator
 
 __all__ = ["symmetric_part", "schur_diagonal", "SCHUR_MAX_D"]
 

@@ -69,9 +69,20 @@ from torch import Tensor
 
 from spectral_hooks.linalg import LinearOperator, column_norms_sq
 
-from .correlation_graph import (CONSTANT_RTOL, _METHODS, Communities, UnitGraph, _as_labels,
-                                _as_matrix, _as_vector, _check_int, communities, modularity,
-                                participation, unit_graph)
+from .correlation_graph import (
+    _METHODS,
+    CONSTANT_RTOL,
+    Communities,
+    UnitGraph,
+    _as_labels,
+    _as_matrix,
+    _as_vector,
+    _check_int,
+    communities,
+    modularity,
+    participation,
+    unit_graph,
+)
 from .trends import depth_trend
 
 __all__ = ["UnitGraph", "Communities", "unit_graph", "communities", "modularity",

@@ -76,7 +76,7 @@ def _short_meta(meta: Mapping[str, Any]) -> dict[str, Any]:
 
 def _is_diffable(s: pd.Series) -> bool:
     dt = s.dtype
-    if isinstance(dt, pd.CategoricalDtype) or isinstance(dt, pd.StringDtype) or dt == object:
+    if isinstance(dt, pd.CategoricalDtype) or isinstance(dt, pd.StringDtype) or pd.api.types.is_object_dtype(dt):
         return False
     return pd.api.types.is_numeric_dtype(dt) or pd.api.types.is_bool_dtype(dt)
 

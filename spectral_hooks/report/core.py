@@ -34,8 +34,14 @@ import pandas as pd
 
 from .compare import KEY_COLUMNS, compare_sections
 from .schema import SectionSchema
-from .storage import FORMAT_NAME, METADATA_FILE  # noqa: F401  (re-exported: they lived here)
-from .storage import SCHEMA_VERSION, _check_section_name, load_tables, save_tables
+from .storage import (  # noqa: F401  (re-exported: they lived here)
+    FORMAT_NAME,
+    METADATA_FILE,
+    SCHEMA_VERSION,
+    _check_section_name,
+    load_tables,
+    save_tables,
+)
 
 __all__ = ["Report", "SECTION_NAMES", "KEY_COLUMNS", "SCHEMA_VERSION"]
 

@@ -49,7 +49,7 @@ def _column_kind(s: pd.Series) -> str:
         return "category"
     if pd.api.types.is_bool_dtype(dt) and not isinstance(dt, pd.api.extensions.ExtensionDtype):
         return "bool"
-    if isinstance(dt, pd.StringDtype) or dt == object:
+    if isinstance(dt, pd.StringDtype) or pd.api.types.is_object_dtype(dt):
         return "text"
     if isinstance(dt, pd.api.extensions.ExtensionDtype):
         if pd.api.types.is_bool_dtype(dt) or pd.api.types.is_integer_dtype(dt) or pd.api.types.is_float_dtype(dt):

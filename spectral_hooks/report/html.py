@@ -38,7 +38,8 @@ SECTION_INFO: dict[str, tuple[str, str]] = {
               "directions (the null), and ρ is the share of tokens whose alignment increased."),
     "spectra": ("Eigenvalues",
                 "All (or the top-k) eigenvalues of the layer matrices F_t and of the token Jacobians, "
-                "in long format, one row per eigenvalue; plotted in the complex plane in the power-method and Jacobian sections."),
+                "in long format, one row per eigenvalue; plotted in the complex plane in the "
+                "power-method and Jacobian sections."),
     "shared_weights": ("Shared weights",
                        "For models that apply one layer repeatedly (ALBERT): the direction and rate "
                        "that the FFN-free power iteration x ← (I+F)x/‖(I+F)x‖ predicts, against the "
@@ -154,7 +155,8 @@ figure { margin: 16px 0; text-align: center; }
 figure img { max-width: 100%; height: auto; border: 1px solid var(--line); }
 figcaption { color: var(--muted); font-size: 13px; margin-top: 4px; }
 .table-wrap { overflow-x: auto; margin: 8px 0; border: 1px solid var(--line); }
-table { border-collapse: collapse; font-size: 12.5px; font-variant-numeric: tabular-nums; width: max-content; min-width: 100%; }
+table { border-collapse: collapse; font-size: 12.5px; font-variant-numeric: tabular-nums;
+        width: max-content; min-width: 100%; }
 th, td { padding: 4px 8px; border-bottom: 1px solid var(--line); text-align: right; white-space: nowrap; }
 th { background: var(--soft); position: sticky; top: 0; }
 tbody tr:nth-child(even) { background: #fafbfc; }

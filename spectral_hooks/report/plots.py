@@ -18,7 +18,12 @@ from dataclasses import dataclass
 from matplotlib.figure import Figure
 
 from .figure_tools import ALPHA, COMPLEX_TOL, VARIANT_STYLE, MissingSectionError  # noqa: F401
-from .plots_jacobian import bottleneck_erank, rotation_symmetry_vs_depth, topology_coupling, units_scatter
+from .plots_jacobian import (
+    bottleneck_erank,
+    rotation_symmetry_vs_depth,
+    topology_coupling,
+    units_scatter,
+)
 from .plots_power import alignment_vs_depth, eigenvalues_plane, gap_ratio_vs_depth
 
 __all__ = [

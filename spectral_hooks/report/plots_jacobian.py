@@ -23,6 +23,7 @@ from .figure_tools import (
     _trend_label,
 )
 
+
 # ---------------------------------------------------------------------- Jacobian view
 def rotation_symmetry_vs_depth(report) -> Figure:
     """frac_complex and sym_energy of ΔJ vs depth, each with its null."""

@@ -25,6 +25,7 @@ from .figure_tools import (
     _section,
 )
 
+
 # ---------------------------------------------------------------------- eigenvalues
 def eigenvalues_plane(report, source: str = "F", *, max_panels: int = 48, ncols: int = 4) -> Figure:
     """Eigenvalues per layer in the complex plane, one small panel per layer.
@@ -116,7 +117,8 @@ def alignment_vs_depth(report) -> Figure:
     if _finite(null):
         ax.plot(x, null, color="#d62728", lw=1, label="null: E a(u; B), u uniform")
         n = _num(df, "n_tokens")
-        cplx = df["lambda1_is_complex"].astype(bool).to_numpy() if "lambda1_is_complex" in df else np.zeros(len(df), bool)
+        cplx = (df["lambda1_is_complex"].astype(bool).to_numpy() if "lambda1_is_complex" in df
+                else np.zeros(len(df), bool))
         if _finite(n):
             half = 2 * null * _null_sd_factor(cplx) / np.sqrt(np.where(n > 0, n, np.nan))
             ax.fill_between(x, null - half, null + half, color="#d62728", alpha=0.18, lw=0,
@@ -167,7 +169,8 @@ def gap_ratio_vs_depth(report) -> Figure:
     ax = fig.subplots()
     ax.set_title("Spectral gap of F_t through depth (smaller = stronger pull toward v₁)")
     if _finite(y):
-        cplx = df["lambda1_is_complex"].astype(bool).to_numpy() if "lambda1_is_complex" in df else np.zeros(len(df), bool)
+        cplx = (df["lambda1_is_complex"].astype(bool).to_numpy() if "lambda1_is_complex" in df
+                else np.zeros(len(df), bool))
         ax.plot(x, y, color="#1f77b4", lw=1, zorder=2)
         ax.scatter(x[~cplx], y[~cplx], color="#1f77b4", s=25, zorder=3, label="λ₁ real")
         if cplx.any():

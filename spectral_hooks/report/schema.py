@@ -229,7 +229,7 @@ def _dtype_problem(values: pd.Series, declared: str, present: pd.Series) -> str 
         if declared in ("str", "category") and all(check(v) for v in dtype.categories):
             return None
         return f"categorical dtype with non-text categories is not {declared}"
-    if dtype == object:
+    if pd.api.types.is_object_dtype(dtype):
         bad = [v for v in present.tolist() if not check(v)]
         if not bad:
             return None

@@ -144,7 +144,8 @@ def _prepare_dir(out: Path) -> None:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as exc:
-        raise OSError(exc.errno, f"cannot save report: directory {str(out)!r} is not writable ({exc.strerror})") from None
+        raise OSError(exc.errno, f"cannot save report: directory {str(out)!r} is not writable "
+                                 f"({exc.strerror})") from None
 
 
 def _write_text(path: Path, text: str) -> None:

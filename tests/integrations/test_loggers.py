@@ -6,8 +6,13 @@ import math
 import pandas as pd
 import pytest
 
-from spectral_hooks.integrations import (CSVLogger, JSONLLogger, MetricsLogger, TensorBoardLogger,
-                                         flatten_power)
+from spectral_hooks.integrations import (
+    CSVLogger,
+    JSONLLogger,
+    MetricsLogger,
+    TensorBoardLogger,
+    flatten_power,
+)
 
 METRICS = {2: {"spectral/layer_00/gap_ratio": 0.5, "spectral/layer_01/gamma": 0.25},
            4: {"spectral/layer_00/gap_ratio": 0.75, "spectral/layer_01/gamma": -1.5}}

@@ -1,8 +1,7 @@
 import pytest
 import torch
 
-from spectral_hooks.linalg import (DenseOperator, IdentityOperator, LinearOperator,
-                                   aslinearoperator)
+from spectral_hooks.linalg import DenseOperator, IdentityOperator, LinearOperator, aslinearoperator
 
 
 def _mats(seed=0):

@@ -1,8 +1,16 @@
 import pytest
 import torch
 
-from spectral_hooks.linalg import (DenseOperator, column_norms_sq, diagonal, frobenius_sq,
-                                   hutchinson_trace, hutchpp_trace, svds, trace_of_square)
+from spectral_hooks.linalg import (
+    DenseOperator,
+    column_norms_sq,
+    diagonal,
+    frobenius_sq,
+    hutchinson_trace,
+    hutchpp_trace,
+    svds,
+    trace_of_square,
+)
 
 
 def _lowrankish(m, n, seed=0):

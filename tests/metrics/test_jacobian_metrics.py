@@ -15,13 +15,29 @@ import scipy.stats
 import torch
 
 from spectral_hooks.linalg import LinearOperator
-from spectral_hooks.metrics.jacobian import (SCHUR_MAX_D, eigen_rows, expected_real_eigenvalues,
-                                             frac_complex_null, jacobian_metrics, jacobian_row,
-                                             schur_diagonal, symmetric_part)
-from spectral_hooks.metrics.trends import (betainc_regularized, depth_trend,
-                                           student_t_two_sided, trends_table)
-from tests.oracles import (assert_same_spectrum, henrici_departure, rotation_stats,
-                           self_alignment, top_k_by_modulus)
+from spectral_hooks.metrics.jacobian import (
+    SCHUR_MAX_D,
+    eigen_rows,
+    expected_real_eigenvalues,
+    frac_complex_null,
+    jacobian_metrics,
+    jacobian_row,
+    schur_diagonal,
+    symmetric_part,
+)
+from spectral_hooks.metrics.trends import (
+    betainc_regularized,
+    depth_trend,
+    student_t_two_sided,
+    trends_table,
+)
+from tests.oracles import (
+    assert_same_spectrum,
+    henrici_departure,
+    rotation_stats,
+    self_alignment,
+    top_k_by_modulus,
+)
 
 
 def _op(M: np.ndarray) -> LinearOperator:

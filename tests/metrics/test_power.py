@@ -255,7 +255,8 @@ def test_consensus_vs_numpy():
 
 def test_power_table_vs_oracle():
     rng = np.random.default_rng(7)
-    Fs = [build(REAL_CASE, seed=10), build(COMPLEX_CASE, seed=11), build([1.0, -0.9, 0.3, 0.2, 0.1, 0.05, 0.01], seed=12)]
+    Fs = [build(REAL_CASE, seed=10), build(COMPLEX_CASE, seed=11),
+          build([1.0, -0.9, 0.3, 0.2, 0.1, 0.05, 0.01], seed=12)]
     d, N = 7, 50
     pre = [rng.standard_normal((N, d)) for _ in Fs]
     post = [x + 0.5 * x @ F.T for x, F in zip(pre, Fs)]

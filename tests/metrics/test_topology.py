@@ -10,11 +10,19 @@ import pytest
 import torch
 
 from spectral_hooks.linalg import DenseOperator, LinearOperator
-from spectral_hooks.metrics.topology import (TOPOLOGY_COLUMNS, UNITS_COLUMNS, Communities,
-                                             amplification, communities,
-                                             community_amplification, modularity,
-                                             participation, spearman, topology_tables,
-                                             unit_graph)
+from spectral_hooks.metrics.topology import (
+    TOPOLOGY_COLUMNS,
+    UNITS_COLUMNS,
+    Communities,
+    amplification,
+    communities,
+    community_amplification,
+    modularity,
+    participation,
+    spearman,
+    topology_tables,
+    unit_graph,
+)
 
 nx = pytest.importorskip("networkx")
 

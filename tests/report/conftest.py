@@ -55,7 +55,8 @@ def jacobian_table(rng: np.random.Generator, n_layers: int, positions=(5, 7)) ->
                 layer=layer, position=p, frac_complex=float(rng.uniform(0.3, 1)), frac_complex_null=0.9,
                 mean_abs_angle=float(rng.uniform(0, 1.5)), sym_energy=0.5 + 0.4 * layer / max(n_layers - 1, 1),
                 departure=float(rng.uniform(0, 1)), departure_is_bound=True,
-                self_alignment=float(rng.uniform(0, 1)), top_eig_abs=float(rng.uniform(1, 3)), n_matvecs=int(rng.integers(50, 200)),
+                self_alignment=float(rng.uniform(0, 1)), top_eig_abs=float(rng.uniform(1, 3)),
+                n_matvecs=int(rng.integers(50, 200)),
             ))
     return pd.DataFrame(rows)
 
@@ -75,7 +76,8 @@ def topology_tables(rng: np.random.Generator, n_layers: int, d: int = 16) -> tup
     for layer in range(n_layers):
         topo.append(dict(layer=layer, n_communities=int(rng.integers(2, 8)), modularity=float(rng.uniform(0.1, 0.7)),
                          coupling_rho=float(rng.uniform(-1, 1)), coupling_pvalue=float(rng.uniform(0, 0.2)),
-                         coupling_rho_init=float(rng.uniform(-0.2, 0.2)), coupling_rho_shuffled=float(rng.uniform(-0.2, 0.2))))
+                         coupling_rho_init=float(rng.uniform(-0.2, 0.2)),
+                         coupling_rho_shuffled=float(rng.uniform(-0.2, 0.2))))
         for u in range(d):
             units.append(dict(layer=layer, unit=u, community=int(rng.integers(0, 4)),
                               bridge_score=float(rng.uniform(0, 1)), amplification=float(rng.gamma(2.0))))

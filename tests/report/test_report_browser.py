@@ -9,7 +9,6 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

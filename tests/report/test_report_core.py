@@ -200,8 +200,10 @@ def test_compare_hand_computation():
                           "lambda1_is_complex": [True, True, False, False], "note": ["x", "y", "z", "w"]})
     bn_before = pd.DataFrame({"variant": ["trained", "trained", "init"], "depth": [1, 2, 1], "erank": [5.0, 3.0, 9.0]})
     bn_after = pd.DataFrame({"variant": ["init", "trained", "trained"], "depth": [1, 2, 1], "erank": [8.0, 1.0, 6.0]})
-    a = Report({"power": after, "bottleneck": bn_after, "units": pd.DataFrame({"layer": [0], "unit": [0]})}, {"model": "after"})
-    b = Report({"power": before, "bottleneck": bn_before, "jacobian": pd.DataFrame({"layer": [0]})}, {"model": "before"})
+    units = pd.DataFrame({"layer": [0], "unit": [0]})
+    a = Report({"power": after, "bottleneck": bn_after, "units": units}, {"model": "after"})
+    b = Report({"power": before, "bottleneck": bn_before, "jacobian": pd.DataFrame({"layer": [0]})},
+               {"model": "before"})
     diff = a.compare(b)  # after minus before
     expected = pd.DataFrame({"layer": [2, 0, 1], "gamma": [0.5 - 0.3, 0.0, np.nan], "erank": [1, -2, 0],
                              "lambda1_is_complex": [0, 1, -1]})
