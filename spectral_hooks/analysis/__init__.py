@@ -28,8 +28,10 @@ from .columns import SCHEMAS
 from .jacobian import JacobianView, jacobian_section
 from .metadata import metadata
 from .options import AnalyzeOptions, JacobianOptions
-from .power import power_section, shared_weights_section, spectra_section
+from .power import power_section
 from .reinit import init_subject
+from .shared_weights import shared_weights_section
+from .spectra import spectra_section
 from .subject import Subject
 from .topology import topology_section, units_section
 from .trends import trends_section

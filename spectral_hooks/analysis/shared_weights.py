@@ -1,0 +1,24 @@
+"""Section ``shared_weights`` (ALBERT): one F applied at every depth, the FFN-free power iteration
+it predicts against the observed mean token direction.
+
+    >>> shared_weights_section(subject, AnalyzeOptions())   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from ..metrics.shared_weights import shared_weight_table
+from .options import AnalyzeOptions
+from .power import layer_matrices_of
+from .subject import Subject
+
+
+def shared_weights_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame:
+    def compute() -> pd.DataFrame:
+        F = layer_matrices_of(subject, fold_norm=options.fold_norm)
+        post, pre = subject.tokens("resid_post"), subject.tokens("resid_pre")
+        tables = [shared_weight_table(F[g[0]], [post[i] for i in g], pre[g[0]]).assign(group=n)
+                  for n, g in enumerate(subject.shared_groups())]
+        return pd.concat(tables, ignore_index=True)
+    return subject.memo(("shared_weights", options.fold_norm), compute)

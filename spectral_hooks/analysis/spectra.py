@@ -1,0 +1,19 @@
+"""Section ``spectra``: every eigenvalue of each layer's F_t (the Jacobian's top-k join it when
+the Jacobian view is on), one row per eigenvalue.
+
+    >>> spectra_section(subject, AnalyzeOptions())      # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from ..metrics.power import spectra_table
+from .options import AnalyzeOptions
+from .power import layer_matrices_of
+from .subject import Subject
+
+
+def spectra_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame:
+    return subject.memo(("spectra", options.iterate, options.fold_norm), lambda: spectra_table(
+        layer_matrices_of(subject, fold_norm=options.fold_norm), iterate=options.iterate))
