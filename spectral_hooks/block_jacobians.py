@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from .anatomy import Anatomy
+from .linearize import BlockJacobian, JacobianProduct
 from .recording import Recording
 
 
@@ -22,7 +23,8 @@ class BlockJacobians:
     recording: Recording
 
     def jacobian(self, layer: int, *, position: int = -1, sample: int = 0,
-                 kind: str = "token", dtype: torch.dtype = torch.float64, **options: Any):
+                 kind: str = "token", dtype: torch.dtype = torch.float64,
+                 **options: Any) -> BlockJacobian:
         """Block ``layer``'s Jacobian at its recorded input as a matrix-free LinearOperator
         (matvec = JVP, rmatvec = VJP). ``position=-1``: the last real token of ``sample``.
         ``options``: ``method``, ``single_query`` (see linearize.block_jacobian)."""
@@ -32,7 +34,7 @@ class BlockJacobians:
                               position=position, kind=kind, dtype=dtype, **options)
 
     def jacobian_product(self, first: int, last: int, *, position: int = -1, sample: int = 0,
-                         dtype: torch.dtype = torch.float64, **options: Any):
+                         dtype: torch.dtype = torch.float64, **options: Any) -> JacobianProduct:
         """P = J_last ... J_first at one token position (exact for causal models)."""
         from .linearize import jacobian_product
 

@@ -20,22 +20,11 @@ from typing import Any, Iterable, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
+from . import forward_call as fc
 from .analysis import AnalysisCache, AnalyzeOptions, Subject, analyze
 from .anatomy import Anatomy, anatomy_of
 from .block_jacobians import BlockJacobians
 from .errors import OptionError, RecordingError
-from .forward_call import (
-    ForwardCall,
-    application_orders,
-    bind_model_call,
-    cache_length,
-    first_tensor,
-    in_backward,
-    padding_mask,
-    recorded_layers,
-    replayable_call,
-    without_caches,
-)
 from .recording import CAPTURES, STORES, Recording, map_tensors
 from .report import Report
 from .suspend import is_suspended, suspended  # noqa: F401  (suspended: public re-export)
@@ -59,11 +48,11 @@ class Probe(BlockJacobians):
             raise OptionError("store", store, f"one of {STORES}")
         if dtype is not None and not isinstance(dtype, torch.dtype):
             raise OptionError("dtype", dtype, "a torch.dtype or None")
-        self.layers = recorded_layers(self.anatomy, layers)
+        self.layers = fc.recorded_layers(self.anatomy, layers)
         self.recording = Recording(n_layers=self.anatomy.n_layers, layers=self.layers,
                                    capture=capture, store=store, dtype=dtype)
         self._handles: list = []
-        self._call: Optional[ForwardCall] = None
+        self._call: Optional[fc.ForwardCall] = None
         self._cache = AnalysisCache(model, self.recording)
         self._attach()
 
@@ -80,7 +69,7 @@ class Probe(BlockJacobians):
         capture = self.recording.capture
         last_block, self._first_block = parts[-1].block, parts[0].block
         self._last_block_uses = sum(p.block is last_block for p in parts)
-        for module, order in application_orders(self.anatomy, "block").values():
+        for module, order in fc.application_orders(self.anatomy, "block").values():
             self._register(module, self._block_pre_hook(order), pre=True)
             if "resid_post" in capture and parts[order[0]].resid_post_hook is None:
                 self._register(module, self._output_hook("resid_post", ("block", id(module)),
@@ -88,19 +77,19 @@ class Probe(BlockJacobians):
         for attr, name in (("resid_pre_hook", "resid_pre"), ("resid_post_hook", "resid_post"),
                            ("attn_out_module", "attn_out")):
             if name in capture:
-                for module, order in application_orders(self.anatomy, attr).values():
+                for module, order in fc.application_orders(self.anatomy, attr).values():
                     self._register(module, self._output_hook(name, (attr, id(module)), order))
         # last, so that an implicit call commits after every other hook of the last block ran
         self._register(last_block, self._end_implicit_call)
 
     # ---------------------------------------------------------------- hooks
     def _begin_call(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        bound = bind_model_call(self._root_signature, args, kwargs)
-        self._call = ForwardCall(padding_mask(bound), continues=cache_length(bound) > 0)
+        bound = fc.bind_model_call(self._root_signature, args, kwargs)
+        self._call = fc.ForwardCall(fc.padding_mask(bound), continues=fc.cache_length(bound) > 0)
         if not self._call.continues:
             keep = lambda t: self.recording.to_store(t, copy=False)  # noqa: E731
             self._call.inputs = (map_tensors(tuple(args), keep),
-                                 map_tensors(without_caches(kwargs), keep))
+                                 map_tensors(fc.without_caches(kwargs), keep))
 
     def _end_call(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         call, self._call = self._call, None
@@ -132,10 +121,10 @@ class Probe(BlockJacobians):
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
             if is_suspended():
                 return
-            if self._call is None and module is self._first_block and not in_backward():
+            if self._call is None and module is self._first_block and not fc.in_backward():
                 # the model's forward was bypassed (TL3 generate() calls the blocks directly)
-                self._call = ForwardCall(padding_mask(kwargs), implicit=True,
-                                         continues=cache_length(kwargs) > 0)
+                self._call = fc.ForwardCall(fc.padding_mask(kwargs), implicit=True,
+                                            continues=fc.cache_length(kwargs) > 0)
             call = self._call
             if call is None:
                 return  # outside a model forward: e.g. checkpoint recomputation in backward
@@ -145,8 +134,8 @@ class Probe(BlockJacobians):
                 return
             block_call = None
             if not call.continues:
-                block_call = replayable_call(args, kwargs, self.recording.to_store,
-                                             hidden_kwarg=hidden_kwarg)
+                block_call = fc.replayable_call(args, kwargs, self.recording.to_store,
+                                                hidden_kwarg=hidden_kwarg)
                 call.block_calls[layer] = block_call
             if wants_pre and self.anatomy.layers[layer].resid_pre_hook is None:
                 call.captured[("resid_pre", layer)] = (
@@ -164,7 +153,7 @@ class Probe(BlockJacobians):
                 return
             layer = call.next_layer(key, order)
             if layer is not None and layer in recorded:
-                call.captured[(name, layer)] = self.recording.to_store(first_tensor(output))
+                call.captured[(name, layer)] = self.recording.to_store(fc.first_tensor(output))
 
         return hook
 

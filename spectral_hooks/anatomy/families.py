@@ -1,10 +1,10 @@
-"""Imports every built-in family so that each registers itself (order = lookup order)."""
+"""Imports every built-in family so that each registers itself (order = lookup order).
 
-from . import (  # noqa: F401
-    bert,
-    gpt2,
-    gpt_neo,
-    gpt_neox,
-    llama,
-    tlens,  # noqa: F401  (TransformerLens first: a bridge also holds an HF model)
-)
+TransformerLens comes first: a TL 4 bridge also holds an HF model, which the HF families would
+otherwise claim. The ``isort: split`` keeps the import sorter from merging the two lines.
+"""
+
+from . import tlens  # noqa: F401
+
+# isort: split
+from . import bert, gpt2, gpt_neo, gpt_neox, llama  # noqa: F401

@@ -16,24 +16,28 @@ the constructor.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, Optional, Sequence, Tuple, Union
+from typing import Callable, Optional, Protocol, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
 
 from ..errors import OptionError
-from ..linalg import LinearOperator
+from ..linalg import BatchGroup, LinearOperator
 from .function import KINDS
-
-if TYPE_CHECKING:  # engines import this module
-    from .engine import _Engine
-    from .stacked import StackedJacobians
 
 __all__ = ["BlockJacobian", "StackedBlockJacobian", "JacobianProduct", "KINDS",
            "SINGLE_QUERY_MODES"]
 
 SINGLE_QUERY_MODES = ("split", "concat", None)
 _Fn = Callable[[Tensor], Tensor]
+
+
+class JacobianEngine(Protocol):
+    """What an operator's engine provides (``engine._Engine``): batched JVPs and VJPs."""
+
+    def jvp(self, V: Tensor) -> Tensor: ...
+
+    def vjp(self, U: Tensor) -> Tensor: ...
 
 
 def _positions(positions: Union[Tensor, Sequence[int]]) -> Tuple[int, ...]:
@@ -58,13 +62,13 @@ class BlockJacobian(LinearOperator):
     positions: Tuple[int, ...]
     kind: str
     single_query_mode: Optional[str]
-    engine: Union["_Engine", "StackedJacobians"]
+    engine: Union[JacobianEngine, BatchGroup]
 
     def __init__(self, n: int, *, matvec: _Fn, rmatvec: _Fn, matmat: _Fn, rmatmat: _Fn,
                  dtype: torch.dtype, device: Union[str, torch.device], name: str, layer: int,
                  sample: int, positions: Union[Tensor, Sequence[int]], kind: str,
                  single_query_mode: Optional[str],
-                 engine: Union["_Engine", "StackedJacobians"],
+                 engine: Union[JacobianEngine, BatchGroup],
                  block_size: Optional[int] = None) -> None:
         if kind not in KINDS:
             raise OptionError("kind", kind, f"one of {KINDS}")
@@ -90,10 +94,10 @@ class StackedBlockJacobian(BlockJacobian):
     """Slot ``batch_index`` of a stacked engine: a token Jacobian that ``linalg.eigs`` applies
     together with its siblings (one ``matmat_all`` per Krylov step)."""
 
-    batch_group: "StackedJacobians"
+    batch_group: BatchGroup
     batch_index: int
 
-    def __init__(self, n: int, *, batch_group: "StackedJacobians", batch_index: int,
+    def __init__(self, n: int, *, batch_group: BatchGroup, batch_index: int,
                  **fields) -> None:
         super().__init__(n, engine=batch_group, **fields)
         self.batch_group, self.batch_index = batch_group, int(batch_index)

@@ -272,7 +272,7 @@ class Report:
             return render_html(self, figures=figures)
         return write_html(self, path, figures=figures)
 
-    def plot(self, name: str):
+    def plot(self, name: str) -> Any:
         """One figure by name (see `spectral_hooks.report.plots.FIGURES`)."""
         from .plots import figure
 
