@@ -61,6 +61,18 @@ method above, step for step. A block space needs more matvecs than a single-vect
 the same accuracy, so the speed-up comes from cheaper columns only; the default ``ncv`` grows
 with b (see :func:`eigs`).
 
+Multiplicity, zeros, invariant subspaces (issue 12). A single Krylov space sees one copy of a
+repeated eigenvalue; the probe sees the next (it is an eigenvalue of the deflated operator), and
+a set a probe challenged is only accepted again as the same *multiset*. A breakdown (new vector
+below 1e-13 ||A|| off the basis) is an exact invariant subspace: the cycle stops there once
+k + 2 columns exist, its Ritz pairs are exact. Ritz values below 1e-12 ||A|| are exact zeros
+(returned as 0, residual ||A x|| / ||A||), so a rank-deficient operator ends as soon as its
+range is spanned. Bounded cost (``_dense.py``): a basis that would pass n / 2 is replaced by a
+dense eig of the materialised operator (n matvecs), checked with fresh matvecs; so is a run
+whose explicit residual stops improving over three tightenings of the internal tolerance
+(never below 10 eps), for n <= 2048; beyond, it ends with ``converged=False`` and the residual
+attained.
+
 Otherwise, after ``max_restarts``, ``converged`` is False and a warning says why; eigs never
 raises on non-convergence. ``k`` must satisfy 1 <= k <= n - 2 (as in ARPACK); for the full
 spectrum of a small matrix use ``torch.linalg.eig``.
