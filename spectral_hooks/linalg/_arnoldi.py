@@ -19,12 +19,27 @@ from ._batch import OpBatch
 __all__ = ["extend"]
 
 
+def _scale(Hb: Tensor, j: int, w0: Tensor) -> Tensor:
+    """A lower bound on ||A||: the largest ||A v_i|| seen (column norms of Hb) and ||A v_j||."""
+    if j == 0:
+        return w0
+    return torch.maximum(torch.linalg.vector_norm(Hb[:, :, :j], dim=1).amax(dim=1), w0)
+
+
 def extend(batch: OpBatch, V: Tensor, Hb: Tensor, p: List[int], done: List[bool], m: int,
-            bs: int, randn) -> None:
-    """Arnoldi steps j = p_b .. m-1 for every member still running (masked lockstep)."""
+           bs: int, randn, stop_at: int = 0) -> List[int]:
+    """Arnoldi steps j = p_b .. m-1 for every member still running (masked lockstep).
+
+    A breakdown (the new vector's part orthogonal to the basis is below 1e-13 ||A||: an exact
+    invariant subspace, e.g. the range of a rank-deficient operator) continues with a random
+    orthogonal vector and a zero coupling. Single-vector mode with ``stop_at`` > 0: a member
+    whose breakdown leaves it with at least ``stop_at`` columns stops there (its Ritz pairs are
+    exact); returns each member's size (m, or the size where it stopped)."""
     if bs > 1:
-        return _extend_block(batch, V, Hb, p, done, m, bs, randn)
+        _extend_block(batch, V, Hb, p, done, m, bs, randn)
+        return [m] * len(p)
     active = [not d for d in done]
+    size = [m] * len(p)
     j0 = min(pb for pb, a in zip(p, active) if a)
     for j in range(j0, m):
         mask = [a and j >= pb for a, pb in zip(active, p)]
@@ -32,7 +47,7 @@ def extend(batch: OpBatch, V: Tensor, Hb: Tensor, p: List[int], done: List[bool]
             continue
         w = batch.apply(V[:, :, j:j + 1], mask)[:, :, 0]
         Vj = V[:, :, :j + 1]
-        w0 = torch.linalg.vector_norm(w, dim=1)
+        w0 = _scale(Hb, j, torch.linalg.vector_norm(w, dim=1))
         c = (Vj.mH @ w.unsqueeze(2)).squeeze(2)
         w = w - (Vj @ c.unsqueeze(2)).squeeze(2)
         c2 = (Vj.mH @ w.unsqueeze(2)).squeeze(2)
@@ -53,6 +68,11 @@ def extend(batch: OpBatch, V: Tensor, Hb: Tensor, p: List[int], done: List[bool]
         Hb[:, :j + 1, j] = torch.where(keep.unsqueeze(1), c, Hb[:, :j + 1, j])
         Hb[:, j + 1, j] = torch.where(keep, beta.to(Hb.dtype), Hb[:, j + 1, j])
         V[:, :, j + 1] = torch.where(keep.unsqueeze(1), w, V[:, :, j + 1])
+        if stop_at and j + 1 < m:
+            for b, (mk, br) in enumerate(zip(mask, broke.tolist())):
+                if mk and br and j + 1 >= stop_at:
+                    active[b], size[b] = False, j + 1
+    return size
 
 
 def _extend_block(batch: OpBatch, V: Tensor, Hb: Tensor, p: List[int], done: List[bool],
@@ -90,6 +110,8 @@ def _orthonormalise_chunk(V: Tensor, Hb: Tensor, j: int, c: int, bs: int, W: Ten
     top = j + bs
     O = V[:, :top]
     w0 = torch.linalg.vector_norm(W, dim=0)
+    if j > 0:
+        w0 = torch.clamp(w0, min=float(torch.linalg.vector_norm(Hb[:, :j], dim=0).max()))
     C1 = O.mH @ W
     Q1, R1 = torch.linalg.qr(W - O @ C1)
     C2 = O.mH @ Q1
@@ -110,6 +132,8 @@ def _orthonormalise_columns(V: Tensor, Hb: Tensor, j: int, c: int, bs: int, W: T
         Q = V[:, :j + bs + i]
         w = W[:, i]
         w0 = float(torch.linalg.vector_norm(w))
+        if j + i > 0:
+            w0 = max(w0, float(torch.linalg.vector_norm(Hb[:, :j + i], dim=0).max()))
         coef = torch.zeros(Q.shape[1], dtype=V.dtype, device=V.device)
         for _ in range(2):
             cc = Q.mH @ w

@@ -15,6 +15,7 @@ from ._batch import OpBatch
 
 logger = logging.getLogger("spectral_hooks.linalg.krylov")
 _KEEP = 0.5  # share of the unconverged part of the space kept at a restart (tuned: 0.3-0.85)
+ZETA = 1e-12  # |theta| <= ZETA ||A||: an exact zero (rounding allows no relative accuracy)
 
 
 def _real_basis(Y: Tensor, theta: Tensor) -> Tensor:
@@ -40,12 +41,12 @@ def restart(b: int, st: dict, V: Tensor, Hb: Tensor, p: List[int], m: int, bs: i
         keep = keep + 1 if keep + 1 <= m - 1 else keep - 1
     X = _real_basis(Y[:, :keep], theta[:keep]) if real else Y[:, :keep]
     W = torch.linalg.qr(X.to(V.dtype)).Q
-    H, R = Hb[b, :m, :m].clone(), Hb[b, m:, :m].clone()
+    H, R = Hb[b, :m, :m].clone(), Hb[b, m:m + bs, :m].clone()
     S = W.mH @ H @ W
     if logger.isEnabledFor(logging.DEBUG):
         err = torch.linalg.matrix_norm(H @ W - W @ S) / torch.linalg.matrix_norm(H)
         logger.debug("eigs restart: keep %d of %d, invariance error %.1e", keep, m, float(err))
-    residual = V[b, :, m:].clone()
+    residual = V[b, :, m:m + bs].clone()
     V[b, :, :keep] = V[b, :, :m] @ W
     V[b, :, keep:keep + bs] = residual
     V[b, :, keep + bs:] = 0
@@ -69,34 +70,45 @@ def inject(b: int, V: Tensor, Hb: Tensor, kw: int, bs: int, randn) -> None:
 
 
 def same_set(st: dict, previous: Optional[Tensor], tol: float) -> bool:
-    """The checked wanted values equal a previously checked set (conjugate-invariant)."""
+    """The checked wanted values equal a previously checked set *as multisets*: each previous
+    value is matched once (so {1, 1, 1, 0.5} is not the same set as {1, 1, 0.5, 0.45})."""
     if previous is None or previous.shape[0] != st["kw"]:
         return False
-    theta = st["theta"][:st["kw"]]
-    cand = torch.cat([previous, previous.conj()])
-    dist = (theta[:, None] - cand[None, :]).abs().min(dim=1).values
-    return bool((dist <= min(1e3 * tol, 1e-3) * theta.abs()).all())
+    theta = st["theta"][:st["kw"]].tolist()
+    free = previous.tolist()
+    for t in theta:
+        d = [min(abs(t - c), abs(t - c.conjugate())) for c in free]
+        j = min(range(len(d)), key=d.__getitem__)
+        if d[j] > max(min(1e3 * tol, 1e-3) * abs(t), ZETA * st.get("scale", 0.0)):
+            return False
+        free.pop(j)
+    return True
 
 
-def final_check(batch: OpBatch, V: Tensor, members: List[int], out: List[dict], m: int,
-                 real: bool) -> None:
-    """Residuals ||A x - theta x|| / |theta| of the wanted Ritz pairs, with fresh matvecs."""
+def final_check(batch: OpBatch, V: Tensor, members: List[int], out: List[dict],
+                real: bool) -> None:
+    """Residuals of the wanted Ritz pairs of each member (its space: st["m"] columns)."""
+    for b in members:
+        st = out[b]
+        Y = st["Y"][:, :st["kw"]]
+        x = V[b, :, :st["m"]].to(Y.dtype) @ Y
+        st["x"] = x / torch.linalg.vector_norm(x, dim=0, keepdim=True)
+    fresh_residuals(batch, members, out, real)
+
+
+def fresh_residuals(batch: OpBatch, members: List[int], out: List[dict], real: bool) -> None:
+    """st["resid"] = ||A x - theta x|| / |theta| with fresh matvecs, for unit vectors st["x"];
+    an exact zero (|theta| <= ZETA ||A||) becomes 0 and its residual is ||A x|| / ||A||."""
     B, n = batch.B, batch.shape[0]
     cols = {}
     for b in members:
         st = out[b]
-        theta, Y = st["theta"][:st["kw"]], st["Y"][:, :st["kw"]]
-        x = V[b, :, :m].to(Y.dtype) @ Y
-        x = x / torch.linalg.vector_norm(x, dim=0, keepdim=True)
-        st["x"] = x
-        if real:  # conjugate pairs share a matvec pair: A Re x, A Im x
-            cols[b] = _real_basis(x, theta)
-        else:
-            cols[b] = x
+        theta, x = st["theta"][:st["kw"]], st["x"]
+        cols[b] = _real_basis(x, theta) if real else x  # a conjugate pair shares A Re x, A Im x
     c = max(X.shape[1] for X in cols.values())
-    X = torch.zeros(B, n, c, dtype=V.dtype, device=V.device)
+    X = torch.zeros(B, n, c, dtype=batch.wdtype, device=batch.device)
     for b, Xb in cols.items():
-        X[b, :, :Xb.shape[1]] = Xb
+        X[b, :, :Xb.shape[1]] = Xb.to(X.dtype)
     AX = batch.apply(X, [b in cols for b in range(B)])
     for b in members:
         st = out[b]
@@ -114,5 +126,9 @@ def final_check(batch: OpBatch, V: Tensor, members: List[int], out: List[dict], 
             Ax = torch.stack(Ax, dim=1)
         else:
             Ax = AX[b, :, :x.shape[1]]
+        scale = max(st["scale"], float(torch.linalg.vector_norm(Ax, dim=0).max()))
+        zero = theta.abs() <= ZETA * scale
+        theta = torch.where(zero, torch.zeros_like(theta), theta)
+        st["theta"] = torch.cat([theta, st["theta"][st["kw"]:]])
         r = torch.linalg.vector_norm(Ax - x * theta, dim=0)
-        st["resid"] = r / theta.abs().clamp(min=1e-300)
+        st["resid"] = torch.where(zero, r / scale, r / theta.abs().clamp(min=1e-300))

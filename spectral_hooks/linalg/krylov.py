@@ -61,6 +61,18 @@ method above, step for step. A block space needs more matvecs than a single-vect
 the same accuracy, so the speed-up comes from cheaper columns only; the default ``ncv`` grows
 with b (see :func:`eigs`).
 
+Multiplicity, zeros, invariant subspaces (issue 12). A single Krylov space sees one copy of a
+repeated eigenvalue; the probe sees the next (it is an eigenvalue of the deflated operator), and
+a set a probe challenged is only accepted again as the same *multiset*. A breakdown (new vector
+below 1e-13 ||A|| off the basis) is an exact invariant subspace: the cycle stops there once
+k + 2 columns exist, its Ritz pairs are exact. Ritz values below 1e-12 ||A|| are exact zeros
+(returned as 0, residual ||A x|| / ||A||), so a rank-deficient operator ends as soon as its
+range is spanned. Bounded cost (``_dense.py``): a basis that would pass n / 2 is replaced by a
+dense eig of the materialised operator (n matvecs), checked with fresh matvecs; so is a run
+whose explicit residual stops improving over three tightenings of the internal tolerance
+(never below 10 eps), for n <= 2048; beyond, it ends with ``converged=False`` and the residual
+attained.
+
 Otherwise, after ``max_restarts``, ``converged`` is False and a warning says why; eigs never
 raises on non-convergence. ``k`` must satisfy 1 <= k <= n - 2 (as in ARPACK); for the full
 spectrum of a small matrix use ``torch.linalg.eig``.
@@ -69,15 +81,22 @@ spectrum of a small matrix use ``torch.linalg.eig``.
 from __future__ import annotations
 
 import logging
-import warnings
 from typing import List, Optional
 
 import torch
 from torch import Tensor
 
-from ..errors import ConvergenceWarning, OptionError
+from ..errors import OptionError
 from ._arnoldi import extend as _extend
 from ._batch import OpBatch
+from ._dense import DENSE_MAX, DENSE_SHARE, dense_members
+from ._eigs_parts import assemble as _assemble
+from ._eigs_parts import key as _key
+from ._eigs_parts import order as _order
+from ._eigs_parts import ritz as _ritz
+from ._eigs_parts import unreachable as _unreachable
+from ._eigs_parts import warn_unconverged as _warn_unconverged
+from ._eigs_parts import why as _why
 from ._schur_restart import final_check as _final_check
 from ._schur_restart import inject as _inject
 from ._schur_restart import restart as _restart
@@ -87,23 +106,8 @@ from .results import EigResult
 __all__ = ["eigs"]
 
 logger = logging.getLogger(__name__)
-_EPS = torch.finfo(torch.float64).eps
 _WHICH = ("LM", "LR", "SM")
 _STALL = 40  # restarts without convergence before the Krylov space is enlarged
-
-
-def _order(theta: Tensor, which: str) -> Tensor:
-    """Permutation sorting Ritz values by ``which``, conjugate pairs adjacent, +imag first."""
-    mod, re, im = theta.abs(), theta.real, theta.imag
-    primary = {"LM": -mod, "LR": -re, "SM": mod}[which]
-    idx = torch.arange(theta.shape[0], device=theta.device)
-    for key in (-im, -re, -im.abs(), primary):  # least significant first, stable sorts
-        idx = idx[torch.sort(key[idx], stable=True).indices]
-    return idx
-
-
-def _key(theta: Tensor, which: str) -> Tensor:
-    return {"LM": theta.abs(), "LR": theta.real, "SM": -theta.abs()}[which]
 
 
 def _block_size(batch: OpBatch, block_size: Optional[int]) -> int:
@@ -195,38 +199,45 @@ def eigs(op, k: int, *, which: str = "LM", tol: float = 1e-10, max_restarts: int
     out: List[Optional[dict]] = [None] * B
     probing = [False] * B   # the current cycle is a verification probe (see module doc)
     kw_prev = [0] * B       # size of the checked wanted set the probe is testing
+    kth_prev = [0.0] * B    # and the key of its k-th value
     rivalled: List[Optional[Tensor]] = [None] * B  # a checked set a probe has challenged
-    unconverged: List[str] = []  # why each member that ran out of restarts did not converge
+    best = [float("inf")] * B  # best explicit residual of a check that failed
+    stale = [0] * B            # failed checks in a row that did not halve it
+    unconverged: List[str] = []  # why each member that ended unconverged did
 
+    def finish(members: List[int]) -> None:  # dense eig of the materialised operators
+        dense_members(batch, members, out, k, which, real, _order)
+        for b in members:
+            st, done[b] = out[b], True
+            st["verified"] = st["converged"] = bool((st["resid"] <= tol).all())
+            if not st["converged"]:
+                unconverged.append(_why(batch.names[b], st, tol, max_restarts))
+
+    if m > DENSE_SHARE * n:
+        finish(list(range(B)))
     while not all(done):
-        _extend(batch, V, Hb, p, done, m, bs, randn)
-        H, R = Hb[:, :m, :m], Hb[:, m:, :m]
-        theta_all, Y_all = torch.linalg.eig(H)
-        est_all = torch.linalg.vector_norm(R.to(Y_all.dtype) @ Y_all, dim=1)
-        hnorm = torch.linalg.matrix_norm(H).tolist()
+        size = _extend(batch, V, Hb, p, done, m, bs, randn, stop_at=k + 2 if bs == 1 else 0)
         checks = []
         grow = False
         for b in range(B):
             if done[b]:
                 continue
-            idx = _order(theta_all[b], which)
-            theta, Y, est = theta_all[b][idx], Y_all[b][:, idx], est_all[b][idx]
-            kw = k + 1 if (real and theta[k - 1].imag > 0) else k
-            denom = torch.clamp(theta.abs(), min=_EPS ** (2 / 3) * hnorm[b])
-            conv = (est <= tol_int[b] * denom).tolist()
-            nconv = sum(conv[:kw])
-            key = _key(theta, which)
-            gap_ok = bool(conv[kw] or key[kw] + est[kw] < key[kw - 1])
-            st = dict(theta=theta, Y=Y, est=est, kw=kw, gap_ok=gap_ok, nconv=nconv)
-            passed = nconv == kw and gap_ok
+            st = _ritz(Hb[b], size[b], bs, k, which, real, tol_int[b])
+            theta, Y, kw = st["theta"], st["Y"], st["kw"]
+            passed = st["nconv"] == kw and st["gap_ok"]
             if probing[b]:
                 probing[b] = False
                 # The probe's own Ritz values are unconverged after one short cycle, so their
                 # residual bounds say little; what counts is whether one of them beats the
-                # k-th value outright: then a wanted Ritz vector has a component in the probe
-                # block (for a normal operator this proves a missed eigenvalue, as Ritz values
-                # lie in the convex hull of the deflated operator's spectrum).
-                if float(Y[kw_prev[b]:, :kw].abs().max()) <= 1e-8 and kw == kw_prev[b]:
+                # checked k-th value outright (ties, as among exact zeros, are no rival): then
+                # a wanted Ritz vector has a component in the probe block (for a normal
+                # operator this proves a missed eigenvalue, as Ritz values lie in the convex
+                # hull of the deflated operator's spectrum).
+                key = _key(theta[:kw], which)
+                part = Y[kw_prev[b]:, :kw].abs().amax(dim=0)
+                margin = 1e-8 * abs(kth_prev[b]) if kth_prev[b] else tol * st["scale"]
+                rival = bool(((part > 1e-8) & (key > kth_prev[b] + margin)).any())
+                if not rival and kw == kw_prev[b]:
                     done[b] = True  # the checked result from before the probe stands
                     continue
                 # the probe saw a rival of the k-th value: iterate on with the probe's vectors
@@ -240,43 +251,59 @@ def eigs(op, k: int, *, which: str = "LM", tol: float = 1e-10, max_restarts: int
                 checks.append(b)
                 out[b] = st
             else:
-                _restart(b, st, V, Hb, p, m, bs, real)
+                _restart(b, st, V, Hb, p, st["m"], bs, real)
                 restarts[b] += 1
         if checks:
-            _final_check(batch, V, checks, out, m, real)
+            _final_check(batch, V, checks, out, real)
             for b in checks:
                 st = out[b]
                 ok = bool((st["resid"] <= tol).all()) and st["nconv"] == st["kw"] and st["gap_ok"]
                 st["verified"] = ok and restarts[b] < max_restarts
                 st["converged"] = st["verified"]
                 if st["verified"] and _same_set(st, rivalled[b], tol):
-                    # a probe challenged this very set, the iteration went on with the rival's
-                    # vectors in its basis, and the rival did not converge into the top k: it
-                    # was a Ritz value of the non-normal deflated operator, not an eigenvalue
+                    # a probe challenged this very set (as a multiset), the iteration went on
+                    # with the rival's vectors in its basis, and the rival did not converge
+                    # into the top k: it was a Ritz value of the non-normal deflated operator
                     done[b] = True
                 elif ok and restarts[b] < max_restarts:
                     # probe: keep only the checked wanted set (Q), restart from a fresh random
                     # vector orthogonal to it; the result stands unless the probe beats it
-                    _restart(b, st, V, Hb, p, m, bs, real, keep=st["kw"])
+                    _restart(b, st, V, Hb, p, st["m"], bs, real, keep=st["kw"])
                     _inject(b, V, Hb, st["kw"], bs, randn)
                     probing[b], kw_prev[b] = True, st["kw"]
+                    kth_prev[b] = float(_key(st["theta"], which)[st["kw"] - 1])
                     rivalled[b] = st["theta"][:st["kw"]].clone()
                     restarts[b] += 1
                 elif restarts[b] >= max_restarts:
                     done[b] = True
                     unconverged.append(_why(batch.names[b], st, tol, max_restarts))
+                elif _unreachable(b, st, best, stale, tol_int):
+                    # the explicit residual no longer improves as the internal tolerance is
+                    # tightened (rounding in the operator, or eigenvalues so ill-conditioned
+                    # that Ritz vectors wander): the dense eig where n allows, else end
+                    # honestly with the residual attained
+                    if n <= DENSE_MAX:
+                        finish([b])
+                    else:
+                        done[b], st["stalled"] = True, True
+                        unconverged.append(_why(batch.names[b], st, tol, max_restarts))
                 else:  # estimates said converged, fresh matvecs disagree: tighten and go on
                     tol_int[b] /= 10.0
                     logger.debug("eigs: %s explicit residual %.2e > tol; tightening to %.1e",
                                  batch.names[b], float(st["resid"].max()), tol_int[b])
-                    _restart(b, st, V, Hb, p, m, bs, real)
+                    _restart(b, st, V, Hb, p, st["m"], bs, real)
                     restarts[b] += 1
-        if grow and m < n - bs and not all(done):
+        if grow and not all(done):
             # A failed probe means the Krylov space was too small to see the whole top of a
             # clustered spectrum (the case where restarted Arnoldi converges to a wrong set):
-            # enlarge it, keeping every member's current decomposition.
+            # enlarge it, keeping every member's current decomposition; past DENSE_SHARE of
+            # n, the dense eig of the operator is cheaper (and bounded): switch to it.
             # at most n - bs: the residual block must stay orthogonal to the basis
             m2 = min(n - bs, m + max(m // 2, k))
+            if m2 > DENSE_SHARE * n:
+                logger.debug("eigs: Krylov space would reach %d of n=%d: dense eig", m2, n)
+                finish([b for b in range(B) if not done[b]])
+                continue
             logger.debug("eigs: Krylov space enlarged, ncv %d -> %d", m, m2)
             V2 = torch.zeros(B, n, m2 + bs, dtype=dt, device=dev)
             H2 = torch.zeros(B, m2 + bs, m2, dtype=dt, device=dev)
@@ -285,50 +312,3 @@ def eigs(op, k: int, *, which: str = "LM", tol: float = 1e-10, max_restarts: int
             V, Hb, m = V2, H2, m2
     _warn_unconverged(unconverged, max_restarts)
     return _assemble(batch, out, return_vectors)
-
-
-def _why(name: str, st: dict, tol: float, max_restarts: int) -> str:
-    why = []
-    if st["nconv"] < st["kw"]:
-        why.append(f"only {st['nconv']} of {st['kw']} Ritz pairs reached tol={tol:g}")
-    if not bool((st["resid"] <= tol).all()):
-        why.append(f"max explicit residual {float(st['resid'].max()):.2e} > tol={tol:g}")
-    if not st["gap_ok"]:
-        why.append("the k-th Ritz value is not separated from the next one")
-    if not st.get("verified", True):
-        why.append("no verification probe (fresh random start, deflated) has passed")
-    return f"{name}: " + ("; ".join(why) or "restart budget exhausted")
-
-
-def _warn_unconverged(reasons: List[str], max_restarts: int) -> None:
-    """One ConvergenceWarning per eigs call, naming every unconverged operator."""
-    if reasons:
-        message = (f"eigs did not converge after max_restarts={max_restarts} for "
-                   f"{len(reasons)} operator(s): " + " | ".join(reasons))
-        logger.warning("%s", message)
-        warnings.warn(message, ConvergenceWarning, stacklevel=3)
-
-
-def _assemble(batch: OpBatch, out: List[dict], return_vectors: bool) -> EigResult:
-    B, n, dev = batch.B, batch.shape[0], batch.device
-    K = max(st["kw"] for st in out)
-    nan = float("nan")
-    vals = torch.full((B, K), complex(nan, nan), dtype=torch.complex128, device=dev)
-    res = torch.full((B, K), nan, dtype=torch.float64, device=dev)
-    vecs = torch.full((B, n, K), complex(nan, nan), dtype=torch.complex128, device=dev) \
-        if return_vectors else None
-    for b, st in enumerate(out):
-        kw = st["kw"]
-        vals[b, :kw] = st["theta"][:kw]
-        res[b, :kw] = st["resid"]
-        if vecs is not None:
-            vecs[b, :, :kw] = st["x"]
-    conv = torch.tensor([st["converged"] for st in out], device=dev)
-    bs = batch.batch_shape
-    return EigResult(
-        values=vals.reshape(*bs, K),
-        vectors=None if vecs is None else vecs.reshape(*bs, n, K),
-        residuals=res.reshape(*bs, K),
-        converged=conv.reshape(bs),
-        n_matvecs=max(batch.counts),
-    )

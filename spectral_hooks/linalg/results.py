@@ -19,7 +19,8 @@ class EigResult:
                k' = k, or k + 1 when the k-th and (k+1)-th are a conjugate pair. In a batch,
                rows with fewer values are padded with NaN.
     vectors:   complex [..., n, k'] unit-norm eigenvectors (NaN-padded), or None.
-    residuals: real [..., k'], ||A v - lambda v|| / |lambda| computed with fresh matvecs.
+    residuals: real [..., k'], ||A v - lambda v|| / |lambda| computed with fresh matvecs
+               (for an exact zero, |lambda| <= 1e-12 ||A||, returned as 0: ||A v|| / ||A||).
     converged: bool [...] per operator: every residual <= tol, the k-th value separated from
                the next Ritz value, and the restart budget not exhausted.
     n_matvecs: applications of the operator (max over the batch), final check included.

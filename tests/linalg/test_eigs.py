@@ -277,7 +277,10 @@ def test_block_mode_spurious_probe_rival_is_settled_by_reconvergence(caplog):
                           nonnormal=3.0, seed=2)
     with caplog.at_level(logging.DEBUG, logger="spectral_hooks.linalg.krylov"):
         res = eigs(A, 6, block_size=8, tol=1e-8)
-    assert "probe found a Ritz value beyond the k-th" in caplog.text
+    # the space stagnates and grows; since the dense switch, past n / 2 the dense eig answers
+    # (before, it grew to 153 of 300 and a probe fired spuriously and was settled)
+    assert ("probe found a Ritz value beyond the k-th" in caplog.text
+            or "dense eig" in caplog.text)
     assert bool(res.converged)
     assert set_distance(res.values, top_by_modulus(vals, res.values.shape[-1])) < 1e-9
 

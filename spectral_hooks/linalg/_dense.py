@@ -1,0 +1,57 @@
+"""The dense end of :func:`~.krylov.eigs`: materialise the operator and take its full eig.
+
+Example (internal; eigs calls it)::
+
+    >>> import torch
+    >>> from spectral_hooks.linalg import eigs
+    >>> A = torch.randn(30, 30, dtype=torch.float64)
+    >>> eigs(A, 12).n_matvecs >= 30  # ncv 36 > n / 2: cheaper done densely
+    True
+
+A Krylov basis of m vectors costs m matvecs a cycle and O(n m^2) to keep orthogonal; once m
+would pass ``n / 2`` (``DENSE_SHARE``), n matvecs (the operator applied to the identity, in
+chunks) and one dense eig (backward stable: its eigenvalues are those of a matrix within
+~eps ||A|| of the operator, which is all rounding allows on a strongly non-normal operator) are
+cheaper and bounded. The same switch ends a run whose explicit residual stops improving above
+tol (eigenvalues too ill-conditioned for Ritz vectors to settle), up to n = ``DENSE_MAX``;
+beyond, that run ends with ``converged=False`` and the residual attained. The returned pairs
+are still checked with fresh matvecs, so an operator that is not linear to working precision
+(a float32 norm inside a float64 block) ends with ``converged=False`` and its attained
+residual.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, List
+
+import torch
+
+from ._batch import OpBatch
+from ._schur_restart import fresh_residuals
+
+DENSE_SHARE = 0.5  # a basis of more than this share of n is done densely
+DENSE_MAX = 2048   # largest n densified when the residual stalls above tol (n matvecs)
+_CHUNK = 64        # identity columns per application when materialising
+
+
+def dense_members(batch: OpBatch, members: List[int], out: List[dict], k: int, which: str,
+                  real: bool, order: Callable) -> None:
+    """Fill out[b] for each member b from a dense eig of its materialised operator."""
+    n = batch.shape[0]
+    mask = [b in members for b in range(batch.B)]
+    A = torch.zeros(batch.B, n, n, dtype=batch.wdtype, device=batch.device)
+    for c0 in range(0, n, _CHUNK):
+        c1 = min(n, c0 + _CHUNK)
+        E = torch.zeros(batch.B, n, c1 - c0, dtype=batch.wdtype, device=batch.device)
+        E[:, c0:c1, :] = torch.eye(c1 - c0, dtype=batch.wdtype, device=batch.device)
+        A[:, :, c0:c1] = batch.apply(E, mask)
+    for b in members:
+        theta, Y = torch.linalg.eig(A[b])
+        idx = order(theta, which)
+        theta, Y = theta[idx], Y[:, idx]
+        kw = k + 1 if (real and theta[k - 1].imag > 0) else k
+        x = Y[:, :kw] / torch.linalg.vector_norm(Y[:, :kw], dim=0, keepdim=True)
+        scale = float(torch.linalg.vector_norm(A[b], dim=0).max())
+        out[b] = dict(theta=theta, x=x, kw=kw, nconv=kw, gap_ok=True, dense=True,
+                      scale=scale)
+    fresh_residuals(batch, members, out, real)

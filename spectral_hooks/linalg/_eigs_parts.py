@@ -1,0 +1,130 @@
+"""Pieces of :func:`~.krylov.eigs` (internal): Ritz pairs and their tests, stop rules, result.
+
+Example::
+
+    >>> import torch
+    >>> order(torch.tensor([1 + 0j, -3 + 0j, 2j, -2j]), "LM").tolist()
+    [1, 2, 3, 0]
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import List
+
+import torch
+from torch import Tensor
+
+from ..errors import ConvergenceWarning
+from ._batch import OpBatch
+from ._schur_restart import ZETA
+from .results import EigResult
+
+logger = logging.getLogger("spectral_hooks.linalg.krylov")
+_EPS = torch.finfo(torch.float64).eps
+_STALE = 3  # failed explicit checks in a row that do not halve the residual: unreachable
+
+
+def order(theta: Tensor, which: str) -> Tensor:
+    """Permutation sorting Ritz values by ``which``, conjugate pairs adjacent, +imag first."""
+    mod, re, im = theta.abs(), theta.real, theta.imag
+    primary = {"LM": -mod, "LR": -re, "SM": mod}[which]
+    idx = torch.arange(theta.shape[0], device=theta.device)
+    for key in (-im, -re, -im.abs(), primary):  # least significant first, stable sorts
+        idx = idx[torch.sort(key[idx], stable=True).indices]
+    return idx
+
+
+def key(theta: Tensor, which: str) -> Tensor:
+    return {"LM": theta.abs(), "LR": theta.real, "SM": -theta.abs()}[which]
+
+
+def ritz(Hb: Tensor, s: int, bs: int, k: int, which: str, real: bool, tol: float) -> dict:
+    """Ritz pairs of one member's space of s columns, sorted, with their convergence tests.
+
+    A pair converges when its residual estimate ||R^T y|| <= tol |theta| (|theta| clamped to
+    eps^(2/3) ||H||, as ARPACK); an exact zero (|theta| <= ZETA ||A||, e.g. the null space of
+    a rank-deficient operator) when ||R^T y|| <= tol ||A||. The k-th value is separated when
+    the next one is converged, cannot reach it within its residual, or both are exact zeros.
+    """
+    H, R = Hb[:s, :s], Hb[s:s + bs, :s]
+    theta, Y = torch.linalg.eig(H)
+    est = torch.linalg.vector_norm(R.to(Y.dtype) @ Y, dim=0)
+    scale = float(torch.linalg.vector_norm(Hb[:s + bs, :s], dim=0).max())
+    idx = order(theta, which)
+    theta, Y, est = theta[idx], Y[:, idx], est[idx]
+    kw = k + 1 if (real and theta[k - 1].imag > 0) else k
+    zero = theta.abs() <= ZETA * scale
+    floor = _EPS ** (2 / 3) * float(torch.linalg.matrix_norm(H))
+    denom = torch.where(zero, torch.full_like(est, scale), theta.abs().clamp(min=floor))
+    conv = (est <= tol * denom).tolist()
+    kv = key(theta, which)
+    gap_ok = bool(conv[kw] or kv[kw] + est[kw] < kv[kw - 1]
+                  or (which == "LM" and zero[kw - 1] and zero[kw]))
+    return dict(theta=theta, Y=Y, est=est, kw=kw, gap_ok=gap_ok, nconv=sum(conv[:kw]), m=s,
+                scale=scale)
+
+
+def unreachable(b: int, st: dict, best: List[float], stale: List[int],
+                tol_int: List[float]) -> bool:
+    """A failed explicit check: is tol out of reach (the attained residual stopped improving
+    over _STALE tightenings of the internal tolerance, or that would go below rounding)?"""
+    r = float(st["resid"].max())
+    if r < 0.5 * best[b]:
+        best[b], stale[b] = r, 0
+    else:
+        stale[b] += 1
+    return stale[b] >= _STALE or tol_int[b] / 10 < 10 * _EPS
+
+
+def why(name: str, st: dict, tol: float, max_restarts: int) -> str:
+    why = []
+    if st["nconv"] < st["kw"]:
+        why.append(f"only {st['nconv']} of {st['kw']} Ritz pairs reached tol={tol:g}")
+    if not bool((st["resid"] <= tol).all()):
+        why.append(f"max explicit residual {float(st['resid'].max()):.2e} > tol={tol:g}")
+    if not st["gap_ok"]:
+        why.append("the k-th Ritz value is not separated from the next one")
+    if st.get("stalled"):
+        why.append("the explicit residual stopped improving: rounding in the operator makes "
+                   "tol unreachable (the residual attained is returned)")
+    elif st.get("dense"):
+        why.append("dense eig of the materialised operator")
+    elif not st.get("verified", True):
+        why.append("no verification probe (fresh random start, deflated) has passed")
+    return f"{name}: " + ("; ".join(why) or "restart budget exhausted")
+
+
+def warn_unconverged(reasons: List[str], max_restarts: int) -> None:
+    """One ConvergenceWarning per eigs call, naming every unconverged operator."""
+    if reasons:
+        message = (f"eigs did not converge (max_restarts={max_restarts}) for "
+                   f"{len(reasons)} operator(s): " + " | ".join(reasons))
+        logger.warning("%s", message)
+        warnings.warn(message, ConvergenceWarning, stacklevel=3)
+
+
+def assemble(batch: OpBatch, out: List[dict], return_vectors: bool) -> EigResult:
+    B, n, dev = batch.B, batch.shape[0], batch.device
+    K = max(st["kw"] for st in out)
+    nan = float("nan")
+    vals = torch.full((B, K), complex(nan, nan), dtype=torch.complex128, device=dev)
+    res = torch.full((B, K), nan, dtype=torch.float64, device=dev)
+    vecs = torch.full((B, n, K), complex(nan, nan), dtype=torch.complex128, device=dev) \
+        if return_vectors else None
+    for b, st in enumerate(out):
+        kw = st["kw"]
+        vals[b, :kw] = st["theta"][:kw]
+        res[b, :kw] = st["resid"]
+        if vecs is not None:
+            vecs[b, :, :kw] = st["x"]
+    conv = torch.tensor([st["converged"] for st in out], device=dev)
+    bs = batch.batch_shape
+    return EigResult(
+        values=vals.reshape(*bs, K),
+        vectors=None if vecs is None else vecs.reshape(*bs, n, K),
+        residuals=res.reshape(*bs, K),
+        converged=conv.reshape(bs),
+        n_matvecs=max(batch.counts),
+    )
