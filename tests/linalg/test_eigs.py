@@ -11,15 +11,9 @@ from spectral_hooks.linalg import DenseOperator, LinearOperator, eigs
 
 from ._spectra import make_matrix, set_distance, top_by_modulus
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # small dense eig / matmul calls: a second BLAS thread only adds contention on a shared
-    # 2-core machine (seen: 0.1 s -> 30 s for the batched test with 2 threads)
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+# small dense eig / matmul calls: a second BLAS thread only adds contention on a shared
+# 2-core machine (seen: 0.1 s -> 30 s for the batched test with 2 threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _check(res, vals, k, tol=1e-8):

@@ -15,12 +15,9 @@ from . import _hard_cases as hc
 TOL = 1e-10
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    old = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(old)
+# small dense eig / matmul calls: a second BLAS thread only adds contention on a shared
+# 2-core machine (seen: 0.1 s -> 30 s for the batched test with 2 threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _hold(A, k, *, accuracy=1e-8, tol=TOL):
