@@ -90,7 +90,7 @@ def test_tolerance_below_rounding_ends_unconverged_in_seconds():
     t0 = time.perf_counter()
     with pytest.warns(ConvergenceWarning, match="max explicit residual"):
         res = eigs(A, 8, tol=1e-20)
-    assert time.perf_counter() - t0 < 20
+    assert time.perf_counter() - t0 < 60  # "no case over a minute" (a loaded 2-core box)
     assert not bool(res.converged)
     assert float(res.residuals.max()) < 1e-10  # the attained residual is reported
 
@@ -109,7 +109,7 @@ def test_noisy_operator_ends_unconverged_with_attained_residual():
     t0 = time.perf_counter()
     with pytest.warns(ConvergenceWarning, match="max explicit residual"):
         res = eigs(op, 4, tol=1e-11)
-    assert time.perf_counter() - t0 < 30
+    assert time.perf_counter() - t0 < 60  # "no case over a minute" (a loaded 2-core box)
     assert not bool(res.converged)
     assert 1e-11 < float(res.residuals.max()) < 1e-6
     K = res.values.shape[-1]
