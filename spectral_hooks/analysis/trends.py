@@ -1,4 +1,5 @@
-"""Section ``trends``: Spearman depth trends of per-layer Jacobian and power metrics.
+"""Section ``trends``: Spearman depth trends of per-layer Jacobian and power metrics (the power
+metrics under the report's own ``iterate`` and ``fold_norm``).
 
     >>> trends_section(subject, AnalyzeOptions(jacobian={"k": 8}))   # doctest: +SKIP
 """
@@ -21,5 +22,5 @@ POWER_TREND_METRICS = ("gap_ratio", "gamma", "lift", "mean_cos", "erank")
 def trends_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame:
     jacobian = JacobianView(subject, options.jacobian_options).table()
     frames = [trends_table(jacobian, JACOBIAN_TREND_METRICS),
-              trends_table(power_section(subject, AnalyzeOptions()), POWER_TREND_METRICS)]
+              trends_table(power_section(subject, options), POWER_TREND_METRICS)]
     return pd.concat(frames, ignore_index=True)
