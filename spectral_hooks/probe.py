@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import warnings
 from typing import Any, Iterable, Optional, Sequence
 
 import torch
@@ -219,9 +220,15 @@ class Probe(BlockJacobians):
         read; keywords are the fields of :class:`~spectral_hooks.analysis.AnalyzeOptions`
         (``power``, ``iterate``, ``fold_norm``, ``jacobian``, ``bottleneck``, ``reinit``,
         ``topology``). Results are cached until the weights or the recording change."""
+        resolved = AnalyzeOptions.resolve(options, **keywords)
+        nan_reason = _preflight(self.recording, resolved)
         subject = Subject(anatomy=self.anatomy, recording=self.recording, cache=self._cache,
                           record_on=self.record_on)
-        return analyze(subject, AnalyzeOptions.resolve(options, **keywords))
+        report = analyze(subject, resolved)
+        if nan_reason is not None:
+            report.metadata.setdefault("nan_reasons", {})["power"] = {
+                "columns": list(TOKEN_COLUMNS), "reason": nan_reason}
+        return report
 
     def __enter__(self) -> "Probe":
         return self
@@ -233,6 +240,44 @@ class Probe(BlockJacobians):
         state = "attached" if self.attached else "removed"
         return (f"Probe({self.anatomy.family}, layers={list(self.layers)}, {state}, "
                 f"{self.recording!r})")
+
+
+#: Power-table columns computed from recorded tokens: NaN, with a reason, when there are none.
+TOKEN_COLUMNS = ("gamma_in", "gamma", "lift", "gamma2_in", "gamma2", "rho", "rho_pvalue",
+                 "mean_cos", "collapse_residual", "erank")
+
+
+class TokenColumnsWarning(UserWarning):
+    """The power table's token columns will be NaN (the reason is in metadata["nan_reasons"])."""
+
+
+def _preflight(recording: Recording, options: AnalyzeOptions) -> Optional[str]:
+    """Refuse a recording that cannot support the analysis; the reason token columns are NaN.
+
+    All-padding input (attention_mask all zeros) is an error: no token to measure or linearize
+    at. store="stats" keeps no per-token states: the power table's `TOKEN_COLUMNS` are NaN, with
+    a TokenColumnsWarning and ``report.metadata["nan_reasons"]["power"]``.
+    """
+    if recording.n_samples == 0:
+        raise RecordingError("nothing recorded yet: run the model inside the probe (with "
+                             "probe: model(**batch)) before probe.analyze()")
+    real = recording.mask.sum(dim=1)
+    if int(real.sum()) == 0:
+        raise RecordingError("every recorded position is padding (attention_mask is all zeros): "
+                             "there is no token to analyse; pass a mask with a 1 per real token")
+    needs_rows = options.jacobian is not None or options.bottleneck or options.topology
+    empty = [int(i) for i in torch.nonzero(real == 0).flatten()]
+    if needs_rows and empty:
+        raise RecordingError(f"sample(s) {empty[:8]} are all padding (attention_mask all zeros "
+                             "on those rows): the Jacobian view needs a real token in every "
+                             "recorded sample; drop those rows before running the model")
+    if options.power and recording.store == "stats":
+        reason = ("store='stats' keeps running statistics only, no per-token states: the "
+                  "token columns need instrument(store='device') or store='cpu'")
+        warnings.warn(f"power table: {', '.join(TOKEN_COLUMNS)} will be NaN: {reason}",
+                      TokenColumnsWarning, stacklevel=3)
+        return reason
+    return None
 
 
 def instrument(model: nn.Module, *, layers: Optional[Iterable[int]] = None,
