@@ -9,7 +9,7 @@ DOC = (ROOT / "docs" / "reliability.md").read_text()
 
 def test_every_named_test_exists():
     named = re.findall(r"`(?:tests/reliability/)?(test_\w+\.py)(?:::(\w+))?`", DOC)
-    assert len(named) > 20
+    assert len(named) >= 15
     for filename, name in named:
         source = (ROOT / "tests" / "reliability" / filename).read_text()
         if name:
