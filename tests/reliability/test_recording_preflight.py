@@ -79,3 +79,16 @@ def test_analyze_before_recording_is_a_clear_error():
     with sh.instrument(model) as probe:
         with pytest.raises(RecordingError, match="nothing recorded yet"):
             probe.analyze(power=True)
+
+
+@pytest.mark.parametrize("kwargs,option", [
+    ({"dtype": torch.int64}, "dtype=torch.int64"), ({"dtype": "float32"}, "dtype='float32'"),
+    ({"store": "disk"}, "store='disk'"), ({"capture": ["bogus"]}, "capture="),
+    ({"layers": []}, "layers=[]"),
+])
+def test_instrument_arguments_are_checked(kwargs, option):
+    model = make_model("gpt2", dtype=torch.float32)
+    with pytest.raises(ValueError) as info:
+        sh.instrument(model, **kwargs)
+    assert str(info.value).startswith(option) and "expected" in str(info.value)
+    assert sum(len(m._forward_hooks) for m in model.modules()) == 0
