@@ -4,15 +4,21 @@
     spectral-hooks analyze --model ./my-model --text "Hello there." --out out/
     spectral-hooks compare out_after/ out_before/
 
-Exit codes: 0 success, 1 analysis failed, 2 bad usage or input (one clear line on stderr).
+Exit codes: 0 success (also when a solver did not converge: the report says
+``converged=False`` and a warning is printed), 2 bad usage or input -- options, missing or
+corrupt model files, an unsupported architecture, an unwritable output, a damaged saved report --
+and 1 an internal error. Every failure is one line on stderr; ``--debug`` adds the traceback.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
+import traceback
+import warnings
 from pathlib import Path
 from typing import Optional, Sequence
 
@@ -30,6 +36,35 @@ DEFAULT_SENTENCES = (
 
 class UsageError(Exception):
     """A problem with the command line or its inputs (exit code 2)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a bad option as one UsageError line, not usage + exit."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise UsageError(f"{message} (see {self.prog} --help)")
+
+
+def _int_at_least(low: int):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"{value} is too small: expected an integer >= {low}")
+        return value
+    parse.__name__ = f"integer >= {low}"
+    return parse
+
+
+def _bad_input_errors() -> tuple:
+    """Exceptions that mean bad input (exit 2) rather than a bug (exit 1)."""
+    from .errors import OptionError, RecordingError, UnsupportedModelError
+    from .report.integrity import ReportIntegrityError
+
+    return (OptionError, UnsupportedModelError, RecordingError, ReportIntegrityError,
+            OSError)
 
 
 def _default_model_path() -> str:
@@ -53,14 +88,42 @@ def _load(model_arg: Optional[str], device: str, dtype: str):
         raise UsageError(f"model '{path}' not found: {hint}")
     torch_dtype = {"float32": torch.float32, "float64": torch.float64,
                    "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    if Path(path).is_dir() and not (Path(path) / "config.json").is_file():
+        raise UsageError(f"model directory '{path}' has no config.json: pass the directory "
+                         "written by save_pretrained")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-        model = AutoModel.from_pretrained(path, local_files_only=True, dtype=torch_dtype)
-    except (OSError, ValueError) as err:
-        raise UsageError(f"cannot load a model from '{path}': {str(err).splitlines()[0]}") from err
+        with _quiet_transformers():
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+            model = AutoModel.from_pretrained(path, local_files_only=True, dtype=torch_dtype)
+    except (OSError, ValueError, KeyError, RuntimeError) as err:
+        raise UsageError(f"cannot load a model from '{path}': {_first_line(err)}") from err
+    except Exception as err:  # noqa: BLE001 -- safetensors' own error type derives from Exception
+        if type(err).__name__ != "SafetensorError":
+            raise
+        raise UsageError(f"cannot load a model from '{path}': corrupt weights file "
+                         f"({_first_line(err)})") from err
     if device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA device is available")
     return model.to(device).eval(), tokenizer, path
+
+
+@contextlib.contextmanager
+def _quiet_transformers():
+    """No loading progress bars on stderr (restored afterwards: main() may run in-process)."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return (text.splitlines()[0] if text else "") or type(err).__name__
 
 
 def _texts(args) -> list[str]:
@@ -80,6 +143,8 @@ def _texts(args) -> list[str]:
 
 
 def _check_out(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"output '{out}' exists and is not a directory")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -106,6 +171,10 @@ def analyze(args) -> int:
     texts = _texts(args)
     _check_out(out)
     model, tokenizer, path = _load(args.model, args.device, args.dtype)
+    special = tokenizer.num_special_tokens_to_add(pair=False)
+    if args.max_length <= special:
+        raise UsageError(f"--max-length {args.max_length} leaves no room for text: this "
+                         f"tokenizer adds {special} special tokens, use at least {special + 1}")
     batch = tokenizer(texts, padding=True, truncation=True, max_length=args.max_length,
                       return_tensors="pt").to(args.device)
     with sh.instrument(model) as probe, torch.no_grad():
@@ -123,11 +192,23 @@ def analyze(args) -> int:
     report.metadata["texts"] = texts
     for name in report.sections:  # compute with a progress bar
         report[name]
+    _warn_not_converged(report)
     report.save(out)
     report.to_html(out / "report.html")
     print(_summary(report))
     print(f"\nreport written to {out / 'report.html'}")
     return 0
+
+
+def _warn_not_converged(report) -> None:
+    """Not converging is not a failure: say how many rows carry converged=False."""
+    for name in report.sections:
+        table = report[name]
+        if table is not None and "converged" in table.columns:
+            bad = int((table["converged"] == False).sum())  # noqa: E712 (NaN rows are not False)
+            if bad:
+                _say("warning", f"{bad} row(s) of section '{name}' did not converge "
+                                "(converged=False in the report); consider a larger --k budget")
 
 
 def compare(args) -> int:
@@ -136,6 +217,8 @@ def compare(args) -> int:
     for d in (args.a, args.b):
         if not (Path(d) / "metadata.json").is_file():
             raise UsageError(f"'{d}' is not a saved report (no metadata.json)")
+    if args.out:
+        _check_out(Path(args.out))
     diff = Report.load(args.a).compare(Report.load(args.b))
     for name in diff.sections:
         print(f"== {name} ({args.a} minus {args.b})")
@@ -146,9 +229,11 @@ def compare(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="spectral-hooks", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="spectral-hooks", description=__doc__.split("\n")[0])
+    parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     a = sub.add_parser("analyze", help="record a model on some text and write a report")
+    a.add_argument("--debug", action="store_true", default=argparse.SUPPRESS)
     a.add_argument("--model", help="local model directory (default: bundled MiniLM-L6)")
     src = a.add_mutually_exclusive_group()
     src.add_argument("--text", action="append", help="a sentence (repeatable)")
@@ -158,8 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--jacobian", action="store_true", help="Jacobian spectra per layer")
     a.add_argument("--bottleneck", action="store_true", help="end-to-end bottleneck (+ init)")
     a.add_argument("--topology", action="store_true", help="residual-unit topology")
-    a.add_argument("--k", type=int, default=16, help="eigenvalues per Jacobian")
-    a.add_argument("--max-length", type=int, default=128)
+    a.add_argument("--k", type=_int_at_least(1), default=16, help="eigenvalues per Jacobian")
+    a.add_argument("--max-length", type=_int_at_least(2), default=128,
+                   help="tokens per text, special tokens included")
     a.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     a.add_argument("--dtype", choices=("float32", "float64", "bfloat16", "float16"),
                    default="float32")
@@ -168,21 +254,48 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("a")
     c.add_argument("b")
     c.add_argument("--out", help="save the difference report here")
+    c.add_argument("--debug", action="store_true", default=argparse.SUPPRESS)
     c.set_defaults(run=compare)
     return parser
 
 
+def _say(kind: str, message: str) -> None:
+    print(f"spectral-hooks: {kind}: {' '.join(message.split())}", file=sys.stderr)
+
+
+def _one_line_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    _say("warning", f"{message} [{category.__name__}]")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the command; the exit code (see the module docstring)."""
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    args = build_parser().parse_args(argv)
-    try:
-        return args.run(args)
-    except UsageError as err:
-        print(f"spectral-hooks: error: {err}", file=sys.stderr)
-        return 2
-    except (NotImplementedError, ValueError, RuntimeError) as err:
-        print(f"spectral-hooks: analysis failed: {err}", file=sys.stderr)
-        return 1
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    with warnings.catch_warnings():
+        warnings.showwarning = _one_line_warning
+        try:
+            args = build_parser().parse_args(argv)
+            return args.run(args)
+        except UsageError as err:
+            return _fail(err, "error", 2, debug)
+        except KeyboardInterrupt as err:
+            return _fail(err, "interrupted", 130, debug)
+        except Exception as err:  # noqa: BLE001 -- the CLI's one place to turn errors into codes
+            if isinstance(err, _bad_input_errors()):
+                return _fail(err, "error", 2, debug)
+            return _fail(err, "internal error", 1, debug,
+                         hint=" (a bug: run with --debug and report the traceback)")
+
+
+def _fail(err: BaseException, kind: str, code: int, debug: bool, *, hint: str = "") -> int:
+    if debug:
+        traceback.print_exception(err, file=sys.stderr)
+    text = str(err).strip() or type(err).__name__
+    if code == 1:
+        text = f"{type(err).__name__}: {text}"
+    _say(kind, text + hint)
+    return code
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -46,8 +46,10 @@ class Probe(BlockJacobians):
             raise OptionError("capture", capture, f"a non-empty subset of {CAPTURES}")
         if store not in STORES:
             raise OptionError("store", store, f"one of {STORES}")
-        if dtype is not None and not isinstance(dtype, torch.dtype):
-            raise OptionError("dtype", dtype, "a torch.dtype or None")
+        if dtype is not None and (not isinstance(dtype, torch.dtype)
+                                  or not dtype.is_floating_point):
+            raise OptionError("dtype", dtype, "a floating torch.dtype (e.g. torch.float32) or "
+                              "None", hint="recorded states are cast to it")
         self.layers = fc.recorded_layers(self.anatomy, layers)
         self.recording = Recording(n_layers=self.anatomy.n_layers, layers=self.layers,
                                    capture=capture, store=store, dtype=dtype)

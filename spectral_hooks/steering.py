@@ -6,23 +6,37 @@
 
 The edit W_O' = W_O + alpha u w^T (METRICS.md section 1) makes F' = F + alpha u u_r^T, where
 u_r is the part of u the value projection can reach (all of u unless GQA limits it).
-The original weight is kept and copied back bit-exactly by ``remove()`` (also on exceptions).
+
+Stack-safe: edits of one weight form a stack. Removing the newest edit copies back, bit-exactly,
+the weight it found; removing an older one first leaves the weight as if only the remaining
+edits had been applied (each keeps its own delta: it is not re-solved), and once every edit of a
+weight is removed the original weight is back bit-exactly, whatever the order. Each removal
+first checks that the weight still holds what the last edit wrote; if something else changed it
+meanwhile, :class:`SteeringStateError` is raised before any weight is touched
+(``remove(force=True)`` restores anyway).
 """
 
 from __future__ import annotations
 
+import math
+import threading
+import weakref
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor, nn
 
 from .anatomy import anatomy_of
-from .errors import OptionError, UnsupportedModelError
+from .errors import OptionError, SpectralHooksError, UnsupportedModelError
 from .metrics.steering_math import rank1_output_edit
 
 
-@dataclass
+class SteeringStateError(SpectralHooksError, RuntimeError):
+    """A steered weight was changed by something else while the edit was active."""
+
+
+@dataclass(eq=False)
 class Steering:
     """An applied steering edit and what it achieved (eigenvalues of the steered layer's F)."""
 
@@ -37,25 +51,96 @@ class Steering:
     residual_gap_before: float
     residual_gap_after: float
     _param: Optional[nn.Parameter] = field(default=None, repr=False)
-    _original: Optional[Tensor] = field(default=None, repr=False)
+    _original: Optional[Tensor] = field(default=None, repr=False)  # the weight it found
+    _delta: Optional[Tensor] = field(default=None, repr=False)  # float64, W_O layout
+    _to_param: Optional[Callable[[Tensor], Tensor]] = field(default=None, repr=False)
 
     @property
     def active(self) -> bool:
         return self._param is not None
 
-    def remove(self) -> None:
-        """Restore the original weight exactly. Safe to call twice."""
+    def remove(self, *, force: bool = False) -> None:
+        """Undo this edit (see the module docstring for any order). Safe to call twice.
+
+        Raises SteeringStateError, touching nothing, when the weight no longer holds what the
+        last edit wrote (changed by something else); ``force=True`` restores anyway.
+        """
         if self._param is None:
             return
-        with torch.no_grad():
-            self._param.copy_(self._original)
-        self._param = self._original = None
+        with _LOCK:
+            _stack_of(self._param).remove(self, force=force)
+        self._param = self._original = self._delta = None
 
     def __enter__(self) -> "Steering":
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.remove()
+
+
+class _Stack:
+    """The active edits of one parameter, oldest first."""
+
+    def __init__(self, param: nn.Parameter, base64: Tensor) -> None:
+        self.param_ref = weakref.ref(param)
+        self.base64 = base64  # W_O (float64) under the oldest edit
+        self.edits: list[Steering] = []
+        self.written: Optional[Tensor] = None  # what the last write put in the parameter
+
+    def check(self, param: nn.Parameter, what: str) -> None:
+        if self.written is not None and not torch.equal(param.detach(), self.written):
+            raise SteeringStateError(
+                f"cannot {what}: layer {self.edits[-1].layer}'s output projection was changed "
+                "by something else while a steering edit was active (an optimizer step, a load, "
+                "another edit); nothing was touched. Call remove(force=True) to restore the "
+                "weight found before steering anyway")
+
+    def push(self, edit: Steering, param: nn.Parameter, new: Tensor) -> None:
+        self.check(param, "apply a second edit")
+        with torch.no_grad():
+            param.copy_(new)
+        self.edits.append(edit)
+        self.written = param.detach().clone()
+
+    def remove(self, edit: Steering, *, force: bool) -> None:
+        param = self.param_ref()
+        if param is None or edit not in self.edits:
+            return
+        if not force:
+            self.check(param, f"remove the steering edit of layer {edit.layer}")
+        i = self.edits.index(edit)
+        with torch.no_grad():
+            param.copy_(edit._original)  # the weight this edit found, bit-exactly
+            acc = self.base64 + sum(e._delta for e in self.edits[:i]) if i else self.base64
+            for later in self.edits[i + 1:]:  # out of order: replay the later edits' deltas
+                later._original = param.detach().clone()
+                acc = acc + later._delta
+                param.copy_(later._to_param(acc).to(param.dtype).to(param.device))
+        del self.edits[i]
+        self.written = param.detach().clone()
+        if not self.edits:
+            _STACKS.pop(id(param), None)
+
+
+_LOCK = threading.RLock()
+_STACKS: dict[int, _Stack] = {}
+
+
+def _stack_of(param: nn.Parameter) -> _Stack:
+    stack = _STACKS.get(id(param))
+    if stack is None or stack.param_ref() is not param:
+        raise SteeringStateError("this steering edit is not registered on its weight")
+    return stack
+
+
+def _check_options(alpha: Optional[float], gap: float) -> None:
+    if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not 0 < gap < 1:
+        raise OptionError("gap", gap, "a float in (0, 1): the target |lambda2|/|lambda1|",
+                          hint="gap >= 1 holds for every matrix and would edit nothing")
+    if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float))
+                              or not math.isfinite(alpha) or alpha < 0):
+        raise OptionError("alpha", alpha, "None (solve for the gap) or a finite float >= 0",
+                          hint="a negative alpha pushes tokens away from the direction")
 
 
 def steer(model: nn.Module, direction: Tensor, *, layer: int = -1, alpha: Optional[float] = None,
@@ -65,8 +150,11 @@ def steer(model: nn.Module, direction: Tensor, *, layer: int = -1, alpha: Option
     ``alpha=None`` picks the smallest alpha giving |lambda2|/|lambda1| <= ``gap`` with a real
     positive lambda1 whose eigenvector aligns with ``direction``, for F and for the residual
     update I + F alike (see :func:`~spectral_hooks.metrics.steering_math.rank1_output_edit`).
-    ``gap_*`` report F's ratio, ``residual_gap_*`` that of I + F.
+    ``gap`` is in (0, 1); ``alpha``, when given, is finite and >= 0.
+    ``gap_*`` report F's ratio, ``residual_gap_*`` that of I + F. Edits nest and interleave
+    safely (module docstring).
     """
+    _check_options(alpha, gap)
     anatomy = anatomy_of(model)
     index = anatomy.layer_index(layer)
     part = anatomy.layers[index]
@@ -78,17 +166,22 @@ def steer(model: nn.Module, direction: Tensor, *, layer: int = -1, alpha: Option
     if part.output is None or part.output.to_param is None:
         raise UnsupportedModelError(f"{anatomy.family}: the output projection of layer {index} "
                                     "cannot be written back; steering needs a writable W_O")
-    edit = rank1_output_edit(W_V.to("cpu", torch.float64), W_O.to("cpu", torch.float64),
+    W_O64 = W_O.to("cpu", torch.float64)
+    edit = rank1_output_edit(W_V.to("cpu", torch.float64), W_O64,
                              direction.to("cpu", torch.float64), alpha=alpha, gap=gap)
     param = part.output.param
-    original = param.detach().clone()
-    new_w = W_O.to("cpu", torch.float64) + edit.delta_W_O
-    with torch.no_grad():
-        param.copy_(part.output.to_param(new_w).to(param.dtype).to(param.device))
-    return Steering(layer=index, direction=direction.detach().clone(), alpha=edit.alpha,
-                    reachable_fraction=edit.reachable_fraction,
-                    lambda1_before=edit.lambda1_before, lambda1_after=edit.lambda1_after,
-                    gap_before=edit.gap_before, gap_after=edit.gap_after,
-                    residual_gap_before=edit.residual_gap_before,
-                    residual_gap_after=edit.residual_gap_after, _param=param,
-                    _original=original)
+    new = part.output.to_param(W_O64 + edit.delta_W_O).to(param.dtype).to(param.device)
+    result = Steering(layer=index, direction=direction.detach().clone(), alpha=edit.alpha,
+                      reachable_fraction=edit.reachable_fraction,
+                      lambda1_before=edit.lambda1_before, lambda1_after=edit.lambda1_after,
+                      gap_before=edit.gap_before, gap_after=edit.gap_after,
+                      residual_gap_before=edit.residual_gap_before,
+                      residual_gap_after=edit.residual_gap_after, _param=param,
+                      _original=param.detach().clone(), _delta=edit.delta_W_O,
+                      _to_param=part.output.to_param)
+    with _LOCK:
+        stack = _STACKS.get(id(param))
+        if stack is None or stack.param_ref() is not param:
+            stack = _STACKS[id(param)] = _Stack(param, W_O64)
+        stack.push(result, param, new)
+    return result

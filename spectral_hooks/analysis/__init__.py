@@ -29,6 +29,7 @@ from .jacobian import JacobianView, jacobian_section
 from .metadata import metadata
 from .options import AnalyzeOptions, JacobianOptions
 from .power import power_section
+from .preflight import TOKEN_COLUMNS, TokenColumnsWarning, preflight
 from .reinit import init_subject
 from .shared_weights import shared_weights_section
 from .spectra import spectra_section
@@ -36,7 +37,8 @@ from .subject import Subject
 from .topology import topology_section, units_section
 from .trends import trends_section
 
-__all__ = ["AnalyzeOptions", "JacobianOptions", "AnalysisCache", "Subject", "analyze"]
+__all__ = ["AnalyzeOptions", "JacobianOptions", "AnalysisCache", "Subject", "analyze",
+           "TOKEN_COLUMNS", "TokenColumnsWarning"]
 
 Section = Callable[[], pd.DataFrame]
 
@@ -101,7 +103,10 @@ def analyze(subject: Subject, options: AnalyzeOptions) -> Report:
     """A :class:`Report` whose sections are computed when first read."""
     if not subject.recording.steps:
         raise RecordingError("nothing recorded yet: run the model inside the probe first")
+    nan_reason = preflight(subject.recording, options)
     meta = metadata(subject, options)
+    if nan_reason is not None:
+        meta["nan_reasons"] = {"power": {"columns": list(TOKEN_COLUMNS), "reason": nan_reason}}
     skipped: dict[str, str] = {}
     sections: dict[str, Section] = {}
     if options.power:

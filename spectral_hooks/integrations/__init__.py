@@ -18,6 +18,7 @@ from .loggers import (
     JSONLLogger,
     MetricsLogger,
     TensorBoardLogger,
+    TornLineWarning,
     WandbLogger,
     flatten_power,
 )
@@ -25,7 +26,7 @@ from .loggers import (
 _LAZY = {"SpectralCallback": "hf_trainer", "all_reduce_stats": "distributed"}
 
 __all__ = ["CSVLogger", "JSONLLogger", "MetricsLogger", "POWER_COLUMNS", "SpectralCallback",
-           "TensorBoardLogger", "WandbLogger", "all_reduce_stats", "flatten_power"]
+           "TensorBoardLogger", "TornLineWarning", "WandbLogger", "all_reduce_stats", "flatten_power"]
 
 
 def __getattr__(name: str) -> Any:

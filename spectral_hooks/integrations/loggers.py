@@ -7,14 +7,21 @@
 Every logger has ``log(metrics, step)`` and ``close()`` (the :class:`MetricsLogger` protocol)
 and is a context manager. Optional dependencies (tensorboard, wandb) are imported when a
 logger that needs them is created, with an ImportError that says what to install.
+
+The JSONL and CSV loggers are crash-safe: each ``log`` call is written as whole lines in one
+``write`` and then flushed and ``fsync``-ed, so a killed process leaves at most a torn last line,
+and opening the file again with ``append=True`` truncates that torn line (with a warning) instead
+of gluing the next record onto it.
 """
 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 import os
+import warnings
 from typing import Any, Iterable, Mapping, Optional, Protocol, Union, runtime_checkable
 
 POWER_COLUMNS = ("gap_ratio", "gamma", "lift", "abs_lambda1", "erank")
@@ -124,52 +131,112 @@ def _json_number(value: float) -> Optional[float]:
     return value if math.isfinite(value) else None
 
 
-class JSONLLogger(_Base):
+class TornLineWarning(UserWarning):
+    """``append=True`` found a torn last line (a killed writer) and truncated it."""
+
+
+def _repair_tail(path: str) -> bool:
+    """Truncate an unterminated last line of ``path``; True when something was cut."""
+    with open(path, "rb+") as fh:
+        size = fh.seek(0, os.SEEK_END)
+        if size == 0:
+            return False
+        fh.seek(size - 1)
+        if fh.read(1) == b"\n":
+            return False
+        start = max(0, size - (1 << 16))
+        while True:  # find the last newline, reading backwards in blocks
+            fh.seek(start)
+            block = fh.read(size - start)
+            cut = block.rfind(b"\n")
+            if cut >= 0:
+                keep = start + cut + 1
+                break
+            if start == 0:
+                keep = 0
+                break
+            start = max(0, start - (1 << 16))
+        fh.truncate(keep)
+        fh.flush()
+        os.fsync(fh.fileno())
+    warnings.warn(f"{path}: the last line was torn (a writer was killed mid-line); truncated "
+                  f"{size - keep} bytes before appending", TornLineWarning, stacklevel=4)
+    return True
+
+
+class _LineFile(_Base):
+    """An append-only text file written in whole lines: one ``os.write`` + ``fsync`` per event."""
+
+    def __init__(self, path: Union[str, os.PathLike], *, append: bool, fsync: bool) -> None:
+        self.path = os.fspath(path)
+        self._fsync = bool(fsync)
+        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
+        if append and os.path.exists(self.path):
+            _repair_tail(self.path)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | (0 if append else os.O_TRUNC)
+        self._fd: Optional[int] = os.open(self.path, flags, 0o644)
+        self.fresh = os.fstat(self._fd).st_size == 0
+
+    @property
+    def closed(self) -> bool:
+        return self._fd is None
+
+    def _write_lines(self, text: str) -> None:
+        if self._fd is None:
+            raise ValueError(f"{type(self).__name__}({self.path!r}) is closed")
+        data = memoryview(text.encode("utf-8"))
+        while data:  # one write for a regular file; loop only on a short write
+            data = data[os.write(self._fd, data):]
+        if self._fsync:
+            os.fsync(self._fd)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+class JSONLLogger(_LineFile):
     """One JSON object per ``log`` call: ``{"step": 100, "spectral/layer_00/gamma": 0.2, ...}``.
 
     Strict JSON: non-finite values are written as ``null``. ``append=True`` keeps an existing
-    file (resuming a run); the default starts a new one. Each line is flushed when written.
+    file (resuming a run; a torn last line is truncated with a :class:`TornLineWarning`); the
+    default starts a new one. Each line is written whole, flushed and fsync-ed (``fsync=False``
+    skips the fsync: faster, still never a torn line from a Python-level crash).
     """
 
-    def __init__(self, path: Union[str, os.PathLike], *, append: bool = False) -> None:
-        self.path = os.fspath(path)
-        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-        self._file = open(self.path, "a" if append else "w", encoding="utf-8")
+    def __init__(self, path: Union[str, os.PathLike], *, append: bool = False,
+                 fsync: bool = True) -> None:
+        super().__init__(path, append=append, fsync=fsync)
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         _check(metrics, step)
         record = {"step": step, **{k: _json_number(v) for k, v in metrics.items()}}
-        self._file.write(json.dumps(record, allow_nan=False) + "\n")
-        self._file.flush()
-
-    def close(self) -> None:
-        if not self._file.closed:
-            self._file.close()
+        self._write_lines(json.dumps(record, allow_nan=False) + "\n")
 
 
-class CSVLogger(_Base):
+class CSVLogger(_LineFile):
     """Long ("tidy") CSV: one ``step,name,value`` row per metric, so the set of names may change
     between calls. ``pandas.read_csv(path).pivot(index="step", columns="name", values="value")``
-    gives the wide table. ``append=True`` keeps an existing file (no second header)."""
+    gives the wide table. ``append=True`` keeps an existing file (no second header; a torn last
+    row is truncated with a :class:`TornLineWarning`). The rows of one ``log`` call are written
+    in one write, then flushed and fsync-ed (``fsync=False`` skips the fsync)."""
 
     HEADER = ("step", "name", "value")
 
-    def __init__(self, path: Union[str, os.PathLike], *, append: bool = False) -> None:
-        self.path = os.fspath(path)
-        os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
-        fresh = not append or not os.path.exists(self.path) or os.path.getsize(self.path) == 0
-        self._file = open(self.path, "a" if append else "w", encoding="utf-8", newline="")
-        self._writer = csv.writer(self._file)
-        if fresh:
-            self._writer.writerow(self.HEADER)
-            self._file.flush()
+    def __init__(self, path: Union[str, os.PathLike], *, append: bool = False,
+                 fsync: bool = True) -> None:
+        super().__init__(path, append=append, fsync=fsync)
+        if self.fresh:
+            self._write_lines(self._rows([self.HEADER]))
+
+    @staticmethod
+    def _rows(rows: Iterable[tuple]) -> str:
+        buf = io.StringIO()
+        csv.writer(buf, lineterminator="\n").writerows(rows)
+        return buf.getvalue()
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         _check(metrics, step)
-        for name, value in metrics.items():
-            self._writer.writerow((step, name, repr(float(value))))
-        self._file.flush()
-
-    def close(self) -> None:
-        if not self._file.closed:
-            self._file.close()
+        self._write_lines(self._rows((step, name, repr(float(value)))
+                                     for name, value in metrics.items()))

@@ -9,11 +9,12 @@
 """
 
 from .core import KEY_COLUMNS, SCHEMA_VERSION, SECTION_NAMES, Report
+from .integrity import ReportIntegrityError
 from .schema import Column, SchemaError, SectionSchema
 
 __all__ = [
     "Report", "SECTION_NAMES", "KEY_COLUMNS", "SCHEMA_VERSION", "Column", "SectionSchema",
-    "SchemaError", "figures", "render_html", "write_html",
+    "SchemaError", "ReportIntegrityError", "figures", "render_html", "write_html",
 ]
 
 

@@ -232,9 +232,17 @@ class Report:
         return save_tables(self.items(), self.metadata, directory, format=format)
 
     @classmethod
-    def load(cls, directory: str | os.PathLike[str]) -> Report:
-        """Read a report written by `save` (no pickle involved)."""
-        sections, metadata = load_tables(directory)
+    def load(cls, directory: str | os.PathLike[str], *, verify: bool = True) -> Report:
+        """Read a report written by `save` (no pickle involved).
+
+        >>> Report.load("out/")                       # doctest: +SKIP
+
+        Each file's size and SHA-256 and the manifest's own checksum are verified: a truncated,
+        corrupted or edited report raises `ReportIntegrityError` (a ValueError) naming the file.
+        ``verify=False`` skips the checksums (a report edited on purpose); row counts and column
+        dtypes are still checked against the manifest.
+        """
+        sections, metadata = load_tables(directory, verify=verify)
         return cls(sections, metadata)
 
     # ------------------------------------------------------------------ compare

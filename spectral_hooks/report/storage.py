@@ -1,9 +1,12 @@
 """Saving and loading reports: one file per section plus ``metadata.json``.
 
 `save_tables` writes one file per section (Parquet when pyarrow is importable, CSV otherwise)
-plus ``metadata.json`` holding the metadata, a schema version and the exact dtype of every
-column; `load_tables` reads them back exactly -- bool, integer, float (NaN included), complex,
-string, categorical and nullable columns -- without pickle. `spectral_hooks.report.Report.save`
+plus ``metadata.json`` holding the metadata, a schema version, the row count and exact dtype of
+every column, and the size and SHA-256 of every file; `load_tables` verifies them and reads the
+tables back exactly -- bool, integer, float (NaN included), complex, string, categorical and
+nullable columns -- without pickle. Every file is written atomically (temp file, fsync, rename;
+see `spectral_hooks.report.integrity`), and a damaged or edited report is refused with a
+`ReportIntegrityError` unless loaded with ``verify=False``. `spectral_hooks.report.Report.save`
 and `spectral_hooks.report.Report.load` are the public entry points.
 """
 
@@ -29,9 +32,19 @@ from .encoding import (
     _to_jsonable,
     _unjson_cell,
 )
+from .integrity import (
+    MANIFEST_CHECKSUM_KEY,
+    ReportIntegrityError,
+    atomic_write_bytes,
+    check_shape,
+    check_structure,
+    manifest_checksum,
+    verify_file,
+    verify_manifest,
+)
 
 #: Version of the on-disk layout written by `Report.save`.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: file sizes, SHA-256s and the manifest checksum (1 loads unverified)
 FORMAT_NAME = "spectral_hooks.report"
 METADATA_FILE = "metadata.json"
 
@@ -94,13 +107,21 @@ def save_tables(
         info = _write_table(df, out / filename, format, name)
         info["file"] = filename
         manifest["sections"][name] = info
+    manifest[MANIFEST_CHECKSUM_KEY] = manifest_checksum(manifest)
     text = json.dumps(manifest, indent=2, allow_nan=True, ensure_ascii=False)
-    _write_text(out / METADATA_FILE, text)
+    atomic_write_bytes(out / METADATA_FILE, text.encode("utf-8"))  # last: the commit point
     return out
 
 
-def load_tables(directory: str | os.PathLike[str]) -> tuple[dict[str, pd.DataFrame], Any]:
-    """(sections, metadata) of a report written by `save_tables` (no pickle involved)."""
+def load_tables(directory: str | os.PathLike[str], *,
+                verify: bool = True) -> tuple[dict[str, pd.DataFrame], Any]:
+    """(sections, metadata) of a report written by `save_tables` (no pickle involved).
+
+    ``verify=True`` checks the manifest's own checksum and each file's size and SHA-256 and
+    raises `ReportIntegrityError` naming the damaged file; ``verify=False`` skips those checks
+    (for a report edited on purpose) but still refuses a file whose row count or column dtypes
+    do not match the manifest.
+    """
     root = Path(directory)
     meta_path = root / METADATA_FILE
     if not root.is_dir():
@@ -111,8 +132,9 @@ def load_tables(directory: str | os.PathLike[str]) -> tuple[dict[str, pd.DataFra
         )
     try:
         manifest = json.loads(meta_path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{meta_path}: not valid JSON ({exc})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ReportIntegrityError(f"{meta_path}: not valid JSON ({exc}); the manifest is "
+                                   "damaged, save the report again") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
         raise ValueError(f"{meta_path}: not a spectral_hooks report manifest")
     version = manifest.get("schema_version")
@@ -121,13 +143,22 @@ def load_tables(directory: str | os.PathLike[str]) -> tuple[dict[str, pd.DataFra
             f"{meta_path}: schema version {version!r} is newer than this spectral_hooks "
             f"understands ({SCHEMA_VERSION}); upgrade spectral_hooks"
         )
-    sections: dict[str, pd.DataFrame] = {}
-    for name, info in manifest.get("sections", {}).items():
+    check_structure(manifest, meta_path)
+    for name, info in manifest["sections"].items():
         _check_section_name(name)
-        filename = info.get("file", "")
-        if not isinstance(filename, str) or Path(filename).name != filename or filename in ("", ".", ".."):
+        filename = info["file"]
+        if Path(filename).name != filename or filename in ("", ".", ".."):
             raise ValueError(f"{meta_path}: section {name!r} names an invalid file {filename!r}")
-        sections[name] = _read_table(root / filename, info, name)
+    if verify and version >= 2:
+        verify_manifest(manifest, meta_path)
+    sections: dict[str, pd.DataFrame] = {}
+    for name, info in manifest["sections"].items():
+        path = root / info["file"]
+        if not path.is_file():
+            raise FileNotFoundError(f"report section {name!r}: file {str(path)!r} is missing")
+        if verify and version >= 2:
+            verify_file(path, info, name)
+        sections[name] = _read_table(path, info, name)
     return sections, manifest.get("metadata", {})
 
 
@@ -146,16 +177,6 @@ def _prepare_dir(out: Path) -> None:
     except OSError as exc:
         raise OSError(exc.errno, f"cannot save report: directory {str(out)!r} is not writable "
                                  f"({exc.strerror})") from None
-
-
-def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError as exc:
-        raise OSError(exc.errno, f"cannot save report: cannot write {str(path)!r} ({exc.strerror})") from None
-
 
 
 # ---------------------------------------------------------------------- helpers: tables
@@ -223,13 +244,8 @@ def _write_table(df: pd.DataFrame, path: Path, format: str, section: str) -> dic
                 encoded[col] = s.reset_index(drop=True)
     table = pd.DataFrame(encoded, index=pd.RangeIndex(len(flat)))
     if format == "csv":
-        try:
-            if len(table.columns) == 0:
-                path.write_text("", encoding="utf-8")
-            else:
-                table.to_csv(path, index=False, lineterminator="\n")
-        except OSError as exc:
-            raise OSError(exc.errno, f"cannot save report: cannot write {str(path)!r} ({exc.strerror})") from None
+        text = "" if len(table.columns) == 0 else table.to_csv(index=False, lineterminator="\n")
+        data = text.encode("utf-8")
     else:
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -243,51 +259,55 @@ def _write_table(df: pd.DataFrame, path: Path, format: str, section: str) -> dic
                 arrays[col] = pa.array(s.array)
             else:
                 arrays[col] = pa.array(s.to_numpy(), from_pandas=False)
-        try:
-            pq.write_table(pa.table(arrays) if arrays else pa.table({}), path)
-        except OSError as exc:
-            raise OSError(exc.errno, f"cannot save report: cannot write {str(path)!r} ({exc})") from None
+        sink = pa.BufferOutputStream()
+        pq.write_table(pa.table(arrays) if arrays else pa.table({}), sink)
+        data = sink.getvalue().to_pybytes()
+    digest = atomic_write_bytes(path, data)
     return {"format": format, "n_rows": int(len(df)), "columns": columns, "index": index_info,
-            "dtypes": {e["name"]: e["dtype"] for e in columns}}
+            "dtypes": {e["name"]: e["dtype"] for e in columns}, "size": len(data),
+            "sha256": digest}
 
 
-def _read_table(path: Path, info: Mapping[str, Any], section: str) -> pd.DataFrame:
-    fmt = info.get("format")
-    if not path.is_file():
-        raise FileNotFoundError(f"report section {section!r}: file {str(path)!r} is missing")
-    columns = info.get("columns", [])
-    n_rows = int(info.get("n_rows", 0))
+def _read_raw(path: Path, fmt: Any, n_rows: int, section: str) -> pd.DataFrame:
+    where = f"report section {section!r} ({str(path)!r})"
     if fmt == "csv":
         if path.stat().st_size == 0:
-            raw = pd.DataFrame(index=pd.RangeIndex(n_rows))
-        else:
-            raw = pd.read_csv(path, dtype=object, keep_default_na=False, na_filter=False)
-    elif fmt == "parquet":
+            return pd.DataFrame(index=pd.RangeIndex(n_rows))
+        try:
+            return pd.read_csv(path, dtype=object, keep_default_na=False, na_filter=False)
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+            raise ReportIntegrityError(f"{where}: not a readable CSV file ({exc})") from None
+    if fmt == "parquet":
         if not _HAVE_PYARROW:
             raise ImportError(f"report section {section!r} is stored as Parquet; reading it needs pyarrow")
         import pyarrow.parquet as pq
 
-        raw = pq.read_table(path).to_pandas()  # plain columns only: pandas metadata not used
-    else:
-        raise ValueError(f"report section {section!r}: unknown storage format {fmt!r}")
+        try:  # plain columns only: pandas metadata not used
+            return pq.read_table(path).to_pandas()
+        except (OSError, ValueError) as exc:  # pyarrow.ArrowInvalid is a ValueError
+            raise ReportIntegrityError(f"{where}: not a readable Parquet file ({exc})") from None
+    raise ReportIntegrityError(f"report section {section!r}: unknown storage format {fmt!r}")
 
+
+def _read_table(path: Path, info: Mapping[str, Any], section: str) -> pd.DataFrame:
+    fmt = info["format"]
+    columns = info["columns"]
+    n_rows = info["n_rows"]
+    raw = _read_raw(path, fmt, n_rows, section)
+    check_shape(len(raw), n_rows, section, path)
     data: dict[str, pd.Series] = {}
     for entry in columns:
-        name, kind, dtype = entry["name"], entry["kind"], entry["dtype"]
-        if fmt == "csv":
-            cells = raw[name].tolist() if n_rows else []
-            data[name] = _decode_csv_column(cells, kind, dtype, entry)
-        else:
-            if kind == "complex":
-                re_ = raw[_COMPLEX_RE_PREFIX + name].to_numpy()
-                im_ = raw[_COMPLEX_IM_PREFIX + name].to_numpy()
-                data[name] = pd.Series(re_ + 1j * im_, dtype=dtype)
-            elif kind in ("text", "category"):
-                cells = [_unjson_cell(x) for x in raw[name].tolist()]
-                data[name] = _finish_text(cells, kind, dtype, entry)
-            else:
-                s = raw[name]
-                data[name] = s if str(s.dtype) == dtype else s.astype(dtype)
+        try:
+            data[entry["name"]] = _decode_column(raw, entry, fmt, n_rows)
+        except (KeyError, ValueError, TypeError, OverflowError) as exc:
+            raise ReportIntegrityError(
+                f"report section {section!r} ({str(path)!r}), column {entry['name']!r}: cannot "
+                f"be read as {entry['dtype']} ({type(exc).__name__}: {exc})") from None
+        got = str(data[entry["name"]].dtype)
+        if got != entry["dtype"]:
+            raise ReportIntegrityError(
+                f"report section {section!r} ({str(path)!r}), column {entry['name']!r}: "
+                f"read as {got}, the manifest says {entry['dtype']}")
     df = pd.DataFrame({k: v.reset_index(drop=True) for k, v in data.items()}, index=pd.RangeIndex(n_rows))
     df = df[[e["name"] for e in columns]] if columns else df
     index_info = info.get("index")
@@ -298,3 +318,24 @@ def _read_table(path: Path, info: Mapping[str, Any], section: str) -> pd.DataFra
         df.index = df.index.set_names(names if len(names) > 1 else names[0])
     return df
 
+
+_NUMERIC_KINDS = ("bool", "int", "float", "complex")
+
+
+def _decode_column(raw: pd.DataFrame, entry: Mapping[str, Any], fmt: str, n_rows: int) -> pd.Series:
+    name, kind, dtype = entry["name"], entry["kind"], entry["dtype"]
+    declared = _column_kind(pd.Series([], dtype=dtype))  # a cast would silently change values
+    if declared != kind and (declared in _NUMERIC_KINDS or kind in _NUMERIC_KINDS):
+        raise TypeError(f"the manifest stores it as {kind!r} values but declares dtype {dtype}")
+    if fmt == "csv":
+        cells = raw[name].tolist() if n_rows else []
+        return _decode_csv_column(cells, kind, dtype, entry)
+    if kind == "complex":
+        re_ = raw[_COMPLEX_RE_PREFIX + name].to_numpy()
+        im_ = raw[_COMPLEX_IM_PREFIX + name].to_numpy()
+        return pd.Series(re_ + 1j * im_, dtype=dtype)
+    if kind in ("text", "category"):
+        cells = [_unjson_cell(x) for x in raw[name].tolist()]
+        return _finish_text(cells, kind, dtype, entry)
+    s = raw[name]
+    return s if str(s.dtype) == dtype else s.astype(dtype)
