@@ -33,15 +33,28 @@ from torch import Tensor
 
 from spectral_hooks.linalg.ranks import effective_rank
 from spectral_hooks.metrics.nulls import gamma_null, rho_test
-from spectral_hooks.metrics.spectrum import (  # re-exported: power.py was their home
+from spectral_hooks.metrics.spectrum import (  # noqa: F401  (re-exported: power.py was their home)
+    _CACHE_SIZE,
+    _EIGS_KW,
     DENSE_LIMIT,
+    ITERATES,
     TOP_K,
     LayerSpectrum,
+    _cache,
+    _cache_lock,
     _check_iterate,
     _check_options,
     _check_square,
+    _eig_sorted,
+    _eig_topk,
+    _fingerprint,
     _layer_spectra,
+    _plane,
+    _realify,
+    _spectrum_one,
+    _tidy,
     clear_spectrum_cache,
+    logger,
     spectrum,
 )
 
