@@ -164,11 +164,15 @@ def farthest_from(values, found) -> float:
 # ------------------------------------------------------------------------ Jacobian metrics
 
 
-def rotation_stats(mu) -> tuple[float, float]:
-    """(frac_complex, mean_abs_angle) of the rotation spectrum ``mu`` (eigenvalues of J - I)."""
-    mu = np.asarray(mu, dtype=complex)
-    frac = float(np.mean(np.abs(mu.imag) > 1e-6 * np.abs(mu)))
-    return frac, float(np.sum(np.abs(mu) * np.abs(np.angle(mu))) / np.sum(np.abs(mu)))
+def rotation_stats(lam) -> tuple[float, float, float]:
+    """(frac_complex, mean_abs_angle, frac_negative) of eigenvalues ``lam`` of J: the angle is
+    |lambda|-weighted over the complex ones only (NaN if none); real negatives are reflections."""
+    lam = np.asarray(lam, dtype=complex)
+    cplx = np.abs(lam.imag) > 1e-6 * np.abs(lam)
+    neg = ~cplx & (lam.real < 0)
+    a = np.abs(lam[cplx])
+    angle = float(np.sum(a * np.abs(np.angle(lam[cplx]))) / np.sum(a)) if cplx.any() else np.nan
+    return float(cplx.mean()), angle, float(neg.mean())
 
 
 def sym_energy(D: np.ndarray) -> float:
@@ -177,10 +181,15 @@ def sym_energy(D: np.ndarray) -> float:
     return float(np.sum(S ** 2) / np.sum(D ** 2))
 
 
+def commutator(D: np.ndarray) -> float:
+    """||D^T D - D D^T||_F / ||D||_F^2."""
+    return float(np.linalg.norm(D.T @ D - D @ D.T) / np.sum(D ** 2))
+
+
 def henrici_departure(J: np.ndarray) -> float:
-    """||strict upper triangle of the complex Schur form||_F / ||J||_F."""
+    """||strict upper triangle of the complex Schur form||_F (unnormalised)."""
     T, _ = scipy.linalg.schur(np.asarray(J).astype(complex), output="complex")
-    return float(np.linalg.norm(np.triu(T, 1)) / np.linalg.norm(J))
+    return float(np.linalg.norm(np.triu(T, 1)))
 
 
 def self_alignment(D: np.ndarray, k: int) -> float:
@@ -190,13 +199,20 @@ def self_alignment(D: np.ndarray, k: int) -> float:
 
 
 def jacobian_metrics_oracle(J, k: int) -> dict[str, Any]:
-    """The dense Jacobian-view metrics of ``J`` (METRICS.md section 2), plus its spectrum."""
+    """The exact Jacobian-view metrics of ``J`` (METRICS.md section 2), as named in the jacobian
+    table, plus its spectrum ``lam``."""
     J = np.asarray(J, dtype=np.float64)
     delta = J - np.eye(J.shape[0])
     lam = np.linalg.eigvals(J)
-    frac, angle = rotation_stats(lam - 1)
-    return {"frac_complex": frac, "mean_abs_angle": angle, "sym_energy": sym_energy(delta),
-            "departure": henrici_departure(J), "self_alignment": self_alignment(delta, k),
+    frac, angle, neg = rotation_stats(lam)
+    tfrac, tangle, tneg = rotation_stats(top_k_by_modulus(lam, k))
+    dep = henrici_departure(J)
+    return {"frac_complex": frac, "mean_abs_angle": angle, "frac_negative": neg,
+            f"frac_complex_top{k}": tfrac, f"mean_abs_angle_top{k}": tangle,
+            f"frac_negative_top{k}": tneg, "sym_energy": sym_energy(delta),
+            "commutator": commutator(delta), "departure": dep,
+            "departure_rel": dep / np.linalg.norm(delta),
+            f"self_alignment_top{k}": self_alignment(delta, k),
             "top_eig_abs": float(np.abs(lam).max()), "lam": lam}
 
 

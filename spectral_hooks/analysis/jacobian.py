@@ -7,6 +7,13 @@
 Every operator, dense matrix and metric is computed once per state of the weights and the
 recording (``subject.memo``) and shared by the sections that need it (jacobian, spectra,
 trends, bottleneck, topology).
+
+Exact or matrix-free (``JacobianOptions.dense``): None (the default) computes exactly - the
+full J, then dense linear algebra - where d_model <= DENSE_AUTO_MAX_D and matrix-free above.
+The threshold is a constant, calibrated once by ``benchmarks/dense_threshold.py`` (where the
+exact computation stops costing about as much as the Krylov run), never a timing taken at run
+time. Each row says which was used (``dense``); the metadata's ``jacobian`` entry says why and
+which exact-only columns a matrix-free table lacks.
 """
 
 from __future__ import annotations
@@ -21,15 +28,31 @@ from tqdm.auto import tqdm
 from ..linalg import IdentityOperator, LinearOperator
 from ..linearize import block_jacobian, dense_block_jacobian
 from ..metrics.jacobian import (
+    MATRIX_FREE_ABSENT,
     SCHUR_MAX_D,
     JacobianMetrics,
     eigen_rows,
     jacobian_metrics,
     jacobian_row,
 )
+from ..metrics.jacobian_nulls import NULL_MC_MAX_D
 from ..metrics.topology import amplification
 from .options import JacobianOptions
 from .subject import Subject
+
+#: d_model up to which ``dense=None`` computes exactly (benchmarks/dense_threshold.py)
+DENSE_AUTO_MAX_D = 1024
+#: default eigensolver tolerance by operator precision (``tol=None``)
+DEFAULT_TOL = {torch.float64: 1e-8, torch.float32: 1e-4}
+
+
+def resolve_dense(dense: bool | None, d: int) -> bool:
+    """The computation ``dense`` asks for at width d: None -> d <= DENSE_AUTO_MAX_D.
+
+    >>> resolve_dense(None, 384), resolve_dense(None, 4096), resolve_dense(False, 384)
+    (True, False, False)
+    """
+    return d <= DENSE_AUTO_MAX_D if dense is None else bool(dense)
 
 
 class JacobianView:
@@ -37,13 +60,29 @@ class JacobianView:
 
     def __init__(self, subject: Subject, options: JacobianOptions) -> None:
         d = subject.anatomy.d_model
-        if options.k >= d and not options.dense:
+        self.exact = resolve_dense(options.dense, d)
+        if options.k >= d or (options.k > d - 2 and not self.exact):
             from ..errors import OptionError
 
-            raise OptionError("jacobian.k", options.k, f"an int below d_model={d}",
-                              hint="use dense=True for every eigenvalue")
+            raise OptionError("jacobian.k", options.k, f"an int below d_model={d}" + (
+                "" if self.exact else f", at most d_model - 2 = {d - 2} matrix-free"),
+                hint="the exact computation (dense=True) reports every eigenvalue anyway")
         self.subject, self.options = subject, options
         self.label = subject.label
+        self.tol = options.tol if options.tol is not None else DEFAULT_TOL[torch.float64]
+
+    def describe(self) -> dict:
+        """The ``jacobian`` entry of the report metadata: which computation, and why."""
+        o, d = self.options, self.subject.anatomy.d_model
+        out = {"computation": "exact" if self.exact else "matrix-free",
+               "dense_option": o.dense, "dense_auto_max_d": DENSE_AUTO_MAX_D, "d_model": d,
+               "tol": self.tol}
+        if not self.exact:
+            out["absent_columns"] = dict(MATRIX_FREE_ABSENT)
+        if d > NULL_MC_MAX_D:
+            out["top_k_null"] = (f"frac_complex_top{o.k}_null is NaN: its Monte Carlo null is "
+                                 f"computed on demand only for d <= {NULL_MC_MAX_D}")
+        return out
 
     @property
     def layers(self) -> tuple[int, ...]:
@@ -74,11 +113,11 @@ class JacobianView:
         o = self.options
 
         def compute() -> JacobianMetrics:
-            J = self.dense(layer, position) if o.dense else self.operator(layer, position)
-            return jacobian_metrics(J, k=o.k, dense=o.dense, n_samples=o.n_samples,
-                                    seed=o.seed, tol=o.tol)
-        return self._memo(("metrics", layer, position, o.k, o.dense, o.n_samples, o.seed, o.tol),
-                          compute)
+            J = self.dense(layer, position) if self.exact else self.operator(layer, position)
+            return jacobian_metrics(J, k=o.k, dense=self.exact, n_samples=o.n_samples,
+                                    seed=o.seed, tol=self.tol)
+        return self._memo(("metrics", layer, position, o.k, self.exact, o.n_samples, o.seed,
+                           self.tol), compute)
 
     def row_position(self, layer: int, position: int) -> int:
         """The recording row a position spec resolves to (-1: the last real token)."""
@@ -94,8 +133,8 @@ class JacobianView:
                 rows.append({"variant": self.label, **row})
             return pd.DataFrame(rows)
         o = self.options
-        return self._memo(("table", o.positions, o.k, o.dense, o.n_samples, o.seed, o.tol),
-                          compute)
+        return self._memo(("table", o.positions, o.k, self.exact, o.n_samples, o.seed,
+                           self.tol), compute)
 
     def eigen_table(self) -> pd.DataFrame:
         rows = []
@@ -127,7 +166,7 @@ class JacobianView:
 
     def amplification(self, layer: int) -> Tensor:
         o = self.options
-        if o.dense or self.dense_products:
+        if self.exact or self.dense_products:
             J = self.dense(layer, -1)
             eye = torch.eye(J.shape[0], dtype=J.dtype, device=J.device)
             return amplification(J - eye, dense=True)[0]

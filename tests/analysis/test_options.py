@@ -66,7 +66,10 @@ def test_report_metadata_stores_the_resolved_options():
     report = probe.analyze(jacobian={"k": 4, "positions": [1, 2]}, iterate="I+F")
     options = report.metadata["options"]
     assert options["iterate"] == "I+F" and options["jacobian"]["k"] == 4
-    assert options["jacobian"]["positions"] == [1, 2] and options["jacobian"]["tol"] == 1e-8
+    assert options["jacobian"]["positions"] == [1, 2] and options["jacobian"]["tol"] is None
+    assert options["jacobian"]["dense"] is None  # automatic: the computation used is below
+    assert report.metadata["jacobian"]["tol"] == 1e-8  # float64 operator
+    assert report.metadata["jacobian"]["computation"] == "exact"  # d = 32 <= the threshold
     assert report.metadata["fallbacks"] == [] and report.metadata["timings_s"] == {}
     again = probe.analyze(AnalyzeOptions(jacobian=JacobianOptions(k=4, positions=[1, 2]),
                                          iterate="I+F"))
@@ -97,6 +100,10 @@ def test_jacobian_spectra_survive_power_false():
     model = make_model("gpt2")
     with sh.instrument(model) as probe, torch.no_grad():
         model(torch.randint(0, 100, (1, 5)))
-    report = probe.analyze(power=False, jacobian={"k": 3})
+    report = probe.analyze(power=False, jacobian={"k": 3, "dense": False})
     assert "power" not in report.sections
-    assert set(report.spectra.source) == {"jacobian"} and len(report.spectra) == 2 * 3
+    assert set(report.spectra.source) == {"jacobian"}
+    assert len(report.spectra) == report.jacobian.n_eigenvalues.sum()  # 3, or 4 for a pair
+    assert set(report.jacobian.n_eigenvalues) <= {3, 4}
+    exact = probe.analyze(power=False, jacobian={"k": 3})  # automatic: exact, all d of them
+    assert len(exact.spectra) == 2 * model.config.n_embd
