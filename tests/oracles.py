@@ -14,7 +14,9 @@ Spectra and metrics: numpy / scipy on the dense matrix (METRICS.md section 2 def
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import types
 from typing import Any
 
 import numpy as np
@@ -42,24 +44,58 @@ def _float64(value: Any, keep: torch.Tensor) -> Any:
     return value
 
 
+@contextlib.contextmanager
+def _softmax_in_input_dtype():
+    """Eager attention (Gemma 2) calls softmax(..., dtype=torch.float32): in the oracle a
+    float64 input keeps float64, as in the library's float64 replay."""
+    original = torch.nn.functional.softmax
+
+    def softmax(x, dim=None, _stacklevel=3, dtype=None):
+        if dtype is not None and x.dtype == torch.float64:
+            dtype = torch.float64
+        return original(x, dim=dim, dtype=dtype)
+    torch.nn.functional.softmax = softmax
+    try:
+        yield
+    finally:
+        torch.nn.functional.softmax = original
+
+
 def block_output(block: torch.nn.Module, call: Any, hidden: torch.Tensor) -> torch.Tensor:
     """The block's hidden-state output [1, L, d] for ``hidden`` [1, L, d], the rest of the
     recorded call (masks, rotary embeddings, ...) as float64 copies."""
     if any(p.dtype != torch.float64 for p in block.parameters()):
         raise TypeError("float64 blocks only: see recorded_block for a float64 copy")
     args, kwargs = call.with_hidden(hidden)
-    out = block(*_float64(args, hidden), **_float64(kwargs, hidden))
+    with _softmax_in_input_dtype():
+        out = block(*_float64(args, hidden), **_float64(kwargs, hidden))
     return out[0] if isinstance(out, tuple) else out
 
 
+def _rms_norm_float64(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Hugging Face's RMSNorm written out in the input's dtype (HF computes it in float32):
+    x / sqrt(mean(x^2) + eps) times w, or times (1 + w) for Gemma's."""
+    eps = getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6))
+    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    w = module.weight
+    return y * (1.0 + w) if type(module).__name__.startswith("Gemma") else w * y
+
+
+def float64_norms(block: torch.nn.Module) -> torch.nn.Module:
+    """``block`` with every RMSNorm replaced, in place, by :func:`_rms_norm_float64`."""
+    for module in block.modules():
+        if type(module).__name__.endswith("RMSNorm"):
+            module.forward = types.MethodType(_rms_norm_float64, module)
+    return block
+
+
 def recorded_block(probe: Any, layer: int, sample: int = 0):
-    """(block module, recorded call, float64 copy of its hidden input [L, d]). The block is
-    the model's own module when the model is float64, else a float64 deep copy of it."""
+    """(block module, recorded call, float64 copy of its hidden input [L, d]). The block is a
+    float64 deep copy of the model's own, its RMSNorms computing in float64
+    (:func:`float64_norms`), as the library's float64 replay does."""
     call = probe.recording.block_input(layer, sample)
     hidden = call.hidden.detach().to(torch.float64).clone()[0]
-    block = probe.anatomy.layers[layer].block
-    if any(p.dtype != torch.float64 for p in block.parameters()):
-        block = copy.deepcopy(block).to(torch.float64)
+    block = float64_norms(copy.deepcopy(probe.anatomy.layers[layer].block).to(torch.float64))
     return block, call, hidden
 
 
