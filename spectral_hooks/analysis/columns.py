@@ -160,6 +160,10 @@ BOTTLENECK = SectionSchema("bottleneck", (
     _bottleneck("n_singular", "int", "number of singular values the ranks use"),
     _bottleneck("truncated", "bool", "the ranks come from a truncated spectrum (estimates)"),
     _bottleneck("n_matvecs", "int", "operator applications spent on this variant up to this depth"),
+    _bottleneck("computation", "category", "end_to_end: P_l by JVPs through the whole stack "
+                "(bidirectional models, trained/init); product: J_l ... J_1 of per-position "
+                "blocks (exact for causal models; the symmetric/schur ablations)",
+                categories=("end_to_end", "product")),
 ), key_columns=("variant", "depth"))
 
 PROPAGATION = SectionSchema("propagation", (

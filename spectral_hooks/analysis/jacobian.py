@@ -18,6 +18,7 @@ which exact-only columns a matrix-free table lacks.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Iterable, Union
 
 import pandas as pd
@@ -26,7 +27,8 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..linalg import IdentityOperator, LinearOperator
-from ..linearize import block_jacobian, dense_block_jacobian
+from ..linearize import block_jacobian
+from ..linearize.end_to_end import end_to_end_jacobians, end_to_end_operators
 from ..metrics.jacobian import (
     MATRIX_FREE_ABSENT,
     SCHUR_MAX_D,
@@ -105,17 +107,20 @@ class JacobianView:
             s.anatomy, s.recording, layer, position=position, sample=self.options.sample))
 
     def dense(self, layer: int, position: int) -> Tensor:
-        s = self.subject
-        return self._memo(("dense", layer, position), lambda: dense_block_jacobian(
-            s.anatomy, s.recording, layer, position=position, sample=self.options.sample))
+        """The full J: d batched JVPs of the block operator (single-query where it applies)."""
+        return self._memo(("dense", layer, position), lambda: self.operator(
+            layer, position).to_dense().to(torch.float64))
 
     def metrics(self, layer: int, position: int) -> JacobianMetrics:
         o = self.options
 
         def compute() -> JacobianMetrics:
-            J = self.dense(layer, position) if self.exact else self.operator(layer, position)
-            return jacobian_metrics(J, k=o.k, dense=self.exact, n_samples=o.n_samples,
-                                    seed=o.seed, tol=self.tol)
+            if not self.exact:
+                return jacobian_metrics(self.operator(layer, position), k=o.k, dense=False,
+                                        n_samples=o.n_samples, seed=o.seed, tol=self.tol)
+            J = self.dense(layer, position)  # formed once, shared with other sections
+            return replace(jacobian_metrics(J, k=o.k, dense=True, seed=o.seed),
+                           n_matvecs=J.shape[0])
         return self._memo(("metrics", layer, position, o.k, self.exact, o.n_samples, o.seed,
                            self.tol), compute)
 
@@ -160,6 +165,16 @@ class JacobianView:
         so that every variant, schur included, is ranked from the same full spectrum."""
         choice = self.options.bottleneck_dense
         return self.subject.anatomy.d_model <= SCHUR_MAX_D if choice is None else choice
+
+    def end_to_end(self, dense: bool) -> list:
+        """P_1..P_L at the last real token through the whole stack (bidirectional models)."""
+        s, o = self.subject, self.options
+        if dense:
+            P = self._memo(("end_to_end",), lambda: end_to_end_jacobians(
+                s.anatomy, s.recording, layers=self.layers, sample=o.sample, position=-1))
+            return list(P)
+        return end_to_end_operators(s.anatomy, s.recording, layers=self.layers,
+                                    sample=o.sample, position=-1)
 
     def dense_chain(self) -> list[Tensor]:
         return [self.dense(layer, -1) for layer in self.bar(self.layers, "dense Jacobians")]
