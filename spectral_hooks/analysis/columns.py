@@ -99,7 +99,8 @@ JACOBIAN = SectionSchema("jacobian", (
     _jacobian("variant", "category", "trained, or init (a fresh initialisation of the same config)",
               categories=JACOBIAN_VARIANTS),
     _jacobian("layer", "int", "block index l"),
-    _jacobian("position", "int", "token position p of the Jacobian"),
+    _jacobian("position", "int", "token position p of the Jacobian (a row of the recording)"),
+    _jacobian("sample", "int", "the batch row (sequence) the position belongs to (option sample)"),
     _jacobian("top_eig_abs", "float", "modulus of the largest eigenvalue of J"),
     _jacobian("frac_complex_top*_null_se", "float", "Monte Carlo standard error of "
               "frac_complex_top{k}_null"),

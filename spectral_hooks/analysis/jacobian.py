@@ -135,7 +135,7 @@ class JacobianView:
             for layer, position in self.bar(items, f"Jacobian spectra ({self.label})"):
                 row = jacobian_row(self.metrics(layer, position), layer=layer,
                                    position=self.row_position(layer, position))
-                rows.append({"variant": self.label, **row})
+                rows.append({"variant": self.label, **row, "sample": self.options.sample})
             return pd.DataFrame(rows)
         o = self.options
         return self._memo(("table", o.positions, o.k, self.exact, o.n_samples, o.seed,

@@ -57,13 +57,13 @@ def frac_complex_null(d: int) -> float:
     return 1.0 - expected_real_eigenvalues(d) / d
 
 
-@lru_cache(maxsize=64)
 def frac_complex_top_null(d: int, k: int, *, seed: int = 0,
                           n_draws: int = NULL_MC_DRAWS) -> tuple[float, float]:
     """(mean, Monte Carlo standard error) of the share of complex eigenvalues among the top-k by
     modulus (k + 1 when a conjugate pair straddles k, as the Jacobian view counts them) of a
     real Gaussian d x d matrix; ``n_draws`` matrices from a private generator seeded ``seed``.
-    (NaN, NaN) for d > NULL_MC_MAX_D (too costly to compute on demand).
+    (NaN, NaN) for d > NULL_MC_MAX_D (too costly to compute on demand). Cached per
+    (d, k, seed, n_draws) for the life of the process.
 
     >>> frac_complex_top_null(4096, 16)
     (nan, nan)
@@ -72,7 +72,12 @@ def frac_complex_top_null(d: int, k: int, *, seed: int = 0,
         raise ValueError(f"frac_complex_top_null: need ints 1 <= k <= d, got d={d!r}, k={k!r}")
     if d > NULL_MC_MAX_D:
         return float("nan"), float("nan")
-    g = torch.Generator().manual_seed(int(seed))
+    return _top_null(int(d), int(k), int(seed), int(n_draws))
+
+
+@lru_cache(maxsize=64)
+def _top_null(d: int, k: int, seed: int, n_draws: int) -> tuple[float, float]:
+    g = torch.Generator().manual_seed(seed)
     fracs = torch.empty(n_draws, dtype=torch.float64)
     for i in range(n_draws):
         lam = torch.linalg.eigvals(torch.randn(d, d, generator=g, dtype=torch.float64))
