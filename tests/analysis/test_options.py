@@ -107,3 +107,16 @@ def test_jacobian_spectra_survive_power_false():
     assert set(report.jacobian.n_eigenvalues) <= {3, 4}
     exact = probe.analyze(power=False, jacobian={"k": 3})  # automatic: exact, all d of them
     assert len(exact.spectra) == 2 * model.config.n_embd
+
+
+def test_dense_none_is_a_fixed_width_threshold_documented_in_metrics_md():
+    from pathlib import Path
+
+    from spectral_hooks.analysis.jacobian import DENSE_AUTO_MAX_D, resolve_dense
+
+    assert resolve_dense(None, DENSE_AUTO_MAX_D) and not resolve_dense(None, DENSE_AUTO_MAX_D + 1)
+    assert resolve_dense(True, 10 ** 5) and not resolve_dense(False, 8)
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
+    assert f"d_model <= {DENSE_AUTO_MAX_D}" in docs and "benchmarks/dense_threshold.py" in docs
+    with pytest.raises(OptionError, match="jacobian.dense"):
+        JacobianOptions(dense="auto")
