@@ -44,6 +44,8 @@ from .subject import Subject
 
 #: d_model up to which ``dense=None`` computes exactly (benchmarks/dense_threshold.py)
 DENSE_AUTO_MAX_D = 1024
+#: columns per batched JVP when J is formed
+DENSE_CHUNK = 64
 #: default eigensolver tolerance by operator precision (``tol=None``)
 DEFAULT_TOL = {torch.float64: 1e-8, torch.float32: 1e-4}
 
@@ -107,9 +109,15 @@ class JacobianView:
             s.anatomy, s.recording, layer, position=position, sample=self.options.sample))
 
     def dense(self, layer: int, position: int) -> Tensor:
-        """The full J: d batched JVPs of the block operator (single-query where it applies)."""
-        return self._memo(("dense", layer, position), lambda: self.operator(
-            layer, position).to_dense().to(torch.float64))
+        """The full J: d batched JVPs of the block operator (single-query where it applies),
+        DENSE_CHUNK columns at a time (a full-sequence JVP holds [columns, L, d] activations)."""
+        def compute() -> Tensor:
+            op = self.operator(layer, position)
+            d = op.shape[1]
+            eye = torch.eye(d, dtype=op.dtype, device=op.device)
+            return torch.cat([op.matmat(eye[:, i:i + DENSE_CHUNK])
+                              for i in range(0, d, DENSE_CHUNK)], dim=1).to(torch.float64)
+        return self._memo(("dense", layer, position), compute)
 
     def metrics(self, layer: int, position: int) -> JacobianMetrics:
         o = self.options
