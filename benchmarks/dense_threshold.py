@@ -1,7 +1,7 @@
 """Calibrates ``DENSE_AUTO_MAX_D`` (spectral_hooks/analysis/jacobian.py): the d_model up to which
 ``JacobianOptions(dense=None)`` computes the Jacobian view exactly.
 
-    python benchmarks/dense_threshold.py                  # ~5 min on 2 cores
+    python benchmarks/dense_threshold.py                  # ~8 min on 2 cores
     python benchmarks/dense_threshold.py --widths 128 256  # a subset
 
 For each width d: a 1-layer GPT-2 config (d/64 heads), a float32 model, one 32-token sequence;
@@ -14,9 +14,12 @@ the last token's block Jacobian, per layer (what one row of ``report.jacobian`` 
 
 Timed interleaved (exact, matrix-free, exact, ...), one torch thread, median of ``--rounds``;
 the Monte Carlo null of the top-k (the same in both) is computed before timing. The threshold
-is a constant chosen from this table once (the widest d where exact costs at most ~2x the
-matrix-free run, rounded to a power of two), never a timing taken at run time. Writes
-benchmarks/results/dense_threshold.md.
+is a constant chosen from this table once, never a timing taken at run time: the widest power
+of two where the exact computation costs at most ~0.6x the matrix-free run (a margin for the
+Krylov solver getting cheaper, and for the d^3 growth of the dense eig and of memory beyond).
+2026-12-03 (2 shared cores, a golden-report run on the other core): ratio 0.33 / 0.33 / 0.34 /
+0.54 / 0.75 at d = 128 / 256 / 512 / 1024 / 1536 -> DENSE_AUTO_MAX_D = 1024 (crossover near
+d ~ 2000 by extrapolation). Writes benchmarks/results/dense_threshold.md.
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ def _matrix_free(probe) -> tuple[float, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--widths", type=int, nargs="*", default=[128, 256, 512, 768, 1024])
+    parser.add_argument("--widths", type=int, nargs="*", default=[128, 256, 512, 1024, 1536])
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(1)
