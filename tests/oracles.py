@@ -14,7 +14,9 @@ Spectra and metrics: numpy / scipy on the dense matrix (METRICS.md section 2 def
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import types
 from typing import Any
 
 import numpy as np
@@ -42,24 +44,58 @@ def _float64(value: Any, keep: torch.Tensor) -> Any:
     return value
 
 
+@contextlib.contextmanager
+def _softmax_in_input_dtype():
+    """Eager attention (Gemma 2) calls softmax(..., dtype=torch.float32): in the oracle a
+    float64 input keeps float64, as in the library's float64 replay."""
+    original = torch.nn.functional.softmax
+
+    def softmax(x, dim=None, _stacklevel=3, dtype=None):
+        if dtype is not None and x.dtype == torch.float64:
+            dtype = torch.float64
+        return original(x, dim=dim, dtype=dtype)
+    torch.nn.functional.softmax = softmax
+    try:
+        yield
+    finally:
+        torch.nn.functional.softmax = original
+
+
 def block_output(block: torch.nn.Module, call: Any, hidden: torch.Tensor) -> torch.Tensor:
     """The block's hidden-state output [1, L, d] for ``hidden`` [1, L, d], the rest of the
     recorded call (masks, rotary embeddings, ...) as float64 copies."""
     if any(p.dtype != torch.float64 for p in block.parameters()):
         raise TypeError("float64 blocks only: see recorded_block for a float64 copy")
     args, kwargs = call.with_hidden(hidden)
-    out = block(*_float64(args, hidden), **_float64(kwargs, hidden))
+    with _softmax_in_input_dtype():
+        out = block(*_float64(args, hidden), **_float64(kwargs, hidden))
     return out[0] if isinstance(out, tuple) else out
 
 
+def _rms_norm_float64(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """Hugging Face's RMSNorm written out in the input's dtype (HF computes it in float32):
+    x / sqrt(mean(x^2) + eps) times w, or times (1 + w) for Gemma's."""
+    eps = getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6))
+    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    w = module.weight
+    return y * (1.0 + w) if type(module).__name__.startswith("Gemma") else w * y
+
+
+def float64_norms(block: torch.nn.Module) -> torch.nn.Module:
+    """``block`` with every RMSNorm replaced, in place, by :func:`_rms_norm_float64`."""
+    for module in block.modules():
+        if type(module).__name__.endswith("RMSNorm"):
+            module.forward = types.MethodType(_rms_norm_float64, module)
+    return block
+
+
 def recorded_block(probe: Any, layer: int, sample: int = 0):
-    """(block module, recorded call, float64 copy of its hidden input [L, d]). The block is
-    the model's own module when the model is float64, else a float64 deep copy of it."""
+    """(block module, recorded call, float64 copy of its hidden input [L, d]). The block is a
+    float64 deep copy of the model's own, its RMSNorms computing in float64
+    (:func:`float64_norms`), as the library's float64 replay does."""
     call = probe.recording.block_input(layer, sample)
     hidden = call.hidden.detach().to(torch.float64).clone()[0]
-    block = probe.anatomy.layers[layer].block
-    if any(p.dtype != torch.float64 for p in block.parameters()):
-        block = copy.deepcopy(block).to(torch.float64)
+    block = float64_norms(copy.deepcopy(probe.anatomy.layers[layer].block).to(torch.float64))
     return block, call, hidden
 
 
@@ -164,11 +200,15 @@ def farthest_from(values, found) -> float:
 # ------------------------------------------------------------------------ Jacobian metrics
 
 
-def rotation_stats(mu) -> tuple[float, float]:
-    """(frac_complex, mean_abs_angle) of the rotation spectrum ``mu`` (eigenvalues of J - I)."""
-    mu = np.asarray(mu, dtype=complex)
-    frac = float(np.mean(np.abs(mu.imag) > 1e-6 * np.abs(mu)))
-    return frac, float(np.sum(np.abs(mu) * np.abs(np.angle(mu))) / np.sum(np.abs(mu)))
+def rotation_stats(lam) -> tuple[float, float, float]:
+    """(frac_complex, mean_abs_angle, frac_negative) of eigenvalues ``lam`` of J: the angle is
+    |lambda|-weighted over the complex ones only (NaN if none); real negatives are reflections."""
+    lam = np.asarray(lam, dtype=complex)
+    cplx = np.abs(lam.imag) > 1e-6 * np.abs(lam)
+    neg = ~cplx & (lam.real < 0)
+    a = np.abs(lam[cplx])
+    angle = float(np.sum(a * np.abs(np.angle(lam[cplx]))) / np.sum(a)) if cplx.any() else np.nan
+    return float(cplx.mean()), angle, float(neg.mean())
 
 
 def sym_energy(D: np.ndarray) -> float:
@@ -177,10 +217,15 @@ def sym_energy(D: np.ndarray) -> float:
     return float(np.sum(S ** 2) / np.sum(D ** 2))
 
 
+def commutator(D: np.ndarray) -> float:
+    """||D^T D - D D^T||_F / ||D||_F^2."""
+    return float(np.linalg.norm(D.T @ D - D @ D.T) / np.sum(D ** 2))
+
+
 def henrici_departure(J: np.ndarray) -> float:
-    """||strict upper triangle of the complex Schur form||_F / ||J||_F."""
+    """||strict upper triangle of the complex Schur form||_F (unnormalised)."""
     T, _ = scipy.linalg.schur(np.asarray(J).astype(complex), output="complex")
-    return float(np.linalg.norm(np.triu(T, 1)) / np.linalg.norm(J))
+    return float(np.linalg.norm(np.triu(T, 1)))
 
 
 def self_alignment(D: np.ndarray, k: int) -> float:
@@ -190,13 +235,20 @@ def self_alignment(D: np.ndarray, k: int) -> float:
 
 
 def jacobian_metrics_oracle(J, k: int) -> dict[str, Any]:
-    """The dense Jacobian-view metrics of ``J`` (METRICS.md section 2), plus its spectrum."""
+    """The exact Jacobian-view metrics of ``J`` (METRICS.md section 2), as named in the jacobian
+    table, plus its spectrum ``lam``."""
     J = np.asarray(J, dtype=np.float64)
     delta = J - np.eye(J.shape[0])
     lam = np.linalg.eigvals(J)
-    frac, angle = rotation_stats(lam - 1)
-    return {"frac_complex": frac, "mean_abs_angle": angle, "sym_energy": sym_energy(delta),
-            "departure": henrici_departure(J), "self_alignment": self_alignment(delta, k),
+    frac, angle, neg = rotation_stats(lam)
+    tfrac, tangle, tneg = rotation_stats(top_k_by_modulus(lam, k))
+    dep = henrici_departure(J)
+    return {"frac_complex": frac, "mean_abs_angle": angle, "frac_negative": neg,
+            f"frac_complex_top{k}": tfrac, f"mean_abs_angle_top{k}": tangle,
+            f"frac_negative_top{k}": tneg, "sym_energy": sym_energy(delta),
+            "commutator": commutator(delta), "departure": dep,
+            "departure_rel": dep / np.linalg.norm(delta),
+            f"self_alignment_top{k}": self_alignment(delta, k),
             "top_eig_abs": float(np.abs(lam).max()), "lam": lam}
 
 

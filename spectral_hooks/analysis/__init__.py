@@ -113,6 +113,7 @@ def analyze(subject: Subject, options: AnalyzeOptions) -> Report:
         sections.update(_power_sections(subject, options, skipped))
     if options.jacobian_view:
         sections.update(_jacobian_sections(subject, options))
+        meta["jacobian"] = JacobianView(subject, options.jacobian_options).describe()
     _merge_spectra(sections)
     if skipped:
         meta["sections_skipped"] = skipped

@@ -1,4 +1,4 @@
-"""Sections ``bottleneck`` (end-to-end products, ablations, init control) and ``propagation``.
+"""Sections ``bottleneck`` (end-to-end Jacobians, ablations, init control) and ``propagation``.
 
     >>> bottleneck_section(subject, AnalyzeOptions(bottleneck=True))   # doctest: +SKIP
 """
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ..errors import OptionError, fallback
-from ..metrics.bottleneck import bottleneck_table, propagation_table
+from ..metrics.bottleneck import bottleneck_table, end_to_end_table, propagation_table
 from ..metrics.jacobian import SCHUR_MAX_D
 from .jacobian import JacobianView
 from .options import AnalyzeOptions
@@ -17,15 +17,26 @@ from .subject import Subject
 
 
 def _variant_table(view: JacobianView, variant: str) -> pd.DataFrame:
+    """One variant's rows. trained/init: the end-to-end Jacobian P_l itself for a
+    bidirectional model (JVPs through the whole stack), the product of per-position blocks for
+    a causal one (where it is exact); the ablations are products of modified blocks. The
+    ``computation`` column says which."""
     o, d = view.options, view.subject.anatomy.d_model
     if variant == "schur" and d > SCHUR_MAX_D:
         raise OptionError("jacobian.ablations", o.ablations,
                           f"no 'schur' above d_model={SCHUR_MAX_D} (this model: {d})",
                           hint="the schur ablation needs dense Jacobians")
     dense = variant == "schur" or view.dense_products
+    k = min(o.bottleneck_k, d - 2)
+    if variant in ("trained", "init") and not view.subject.anatomy.causal:
+        table = end_to_end_table(view.end_to_end(dense), k=k, variant=variant, dense=dense,
+                                 seed=o.seed)
+        table["computation"] = "end_to_end"
+        return table
     operators = view.dense_chain() if dense else view.chain()
-    return bottleneck_table(operators, k=min(o.bottleneck_k, d - 2), variant=variant,
-                            dense=dense, seed=o.seed)
+    table = bottleneck_table(operators, k=k, variant=variant, dense=dense, seed=o.seed)
+    table["computation"] = "product"
+    return table
 
 
 def bottleneck_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame:

@@ -99,24 +99,47 @@ JACOBIAN = SectionSchema("jacobian", (
     _jacobian("variant", "category", "trained, or init (a fresh initialisation of the same config)",
               categories=JACOBIAN_VARIANTS),
     _jacobian("layer", "int", "block index l"),
-    _jacobian("position", "int", "token position p of the Jacobian"),
-    _jacobian("frac_complex", "float", "share of the computed eigenvalues of Delta J that are complex"),
-    _jacobian("frac_complex_null", "float", "the same share for a real Gaussian matrix of the same size"),
-    _jacobian("mean_abs_angle", "float", "sum |lambda| |arg lambda| / sum |lambda| (radians)"),
+    _jacobian("position", "int", "token position p of the Jacobian (a row of the recording)"),
+    _jacobian("sample", "int", "the batch row (sequence) the position belongs to (option sample)"),
+    _jacobian("top_eig_abs", "float", "modulus of the largest eigenvalue of J"),
+    _jacobian("frac_complex_top*_null_se", "float", "Monte Carlo standard error of "
+              "frac_complex_top{k}_null"),
+    _jacobian("frac_complex_top*_null", "float", "frac_complex_top{k} of a real Gaussian d x d "
+              "matrix (Monte Carlo; NaN above the on-demand size limit)"),
+    _jacobian("frac_complex_top*", "float", "share of complex eigenvalues among the top-k of J by "
+              "modulus (k + 1 when a conjugate pair straddles k); both computations"),
+    _jacobian("mean_abs_angle_top*", "float", "sum |lambda| |arg lambda| / sum |lambda| over the "
+              "complex eigenvalues of the top-k of J (radians)"),
+    _jacobian("frac_negative_top*", "float", "share of real negative eigenvalues (reflections) "
+              "among the top-k of J"),
+    _jacobian("self_alignment_top*", "float", "(1/k) ||U_k^T V_k||_F^2 of the top-k singular "
+              "subspaces of Delta J"),
+    _jacobian("frac_complex", "float", "share of all d eigenvalues of J that are complex (exact "
+              "computation only)", optional=True),
+    _jacobian("frac_complex_null", "float", "the same share for a real Gaussian matrix of the same "
+              "size (Edelman-Kostlan-Shub; exact computation only)", optional=True),
+    _jacobian("mean_abs_angle", "float", "sum |lambda| |arg lambda| / sum |lambda| over the "
+              "complex eigenvalues of J (radians; exact computation only)", optional=True),
+    _jacobian("frac_negative", "float", "share of real negative eigenvalues of J (reflections; "
+              "exact computation only)", optional=True),
     _jacobian("sym_energy", "float", "||S||_F^2 / ||Delta J||_F^2, S the symmetric part of Delta J"),
     _jacobian("sym_energy_se", "float", "standard error of the Hutchinson estimate of sym_energy "
-              "(0 in dense mode)"),
-    _jacobian("departure", "float", "Henrici departure from normality, divided by ||J||_F"),
-    _jacobian("departure_is_bound", "bool", "departure is an upper bound from the top-k eigenvalues"),
-    _jacobian("self_alignment", "float", "(1/k) ||U_k^T V_k||_F^2 of the top-k singular subspaces "
-              "of Delta J"),
-    _jacobian("top_eig_abs", "float", "modulus of the largest eigenvalue of J"),
+              "(0 when exact)"),
+    _jacobian("commutator", "float", "||Delta J^T Delta J - Delta J Delta J^T||_F / "
+              "||Delta J||_F^2 (non-normality; 0 = normal)"),
+    _jacobian("commutator_se", "float", "standard error of the Hutchinson estimate of commutator "
+              "(0 when exact)"),
+    _jacobian("departure", "float", "Henrici departure from normality sqrt(||J||_F^2 - sum "
+              "|lambda_i|^2) (exact computation only)", optional=True),
+    _jacobian("departure_rel", "float", "departure / ||Delta J||_F (exact computation only)",
+              optional=True),
     _jacobian("n_matvecs", "int", "Jacobian-vector products spent"),
     _jacobian("k", "int", "number of top eigenvalues / singular values asked for"),
     _jacobian("n_eigenvalues", "int", "number of eigenvalues computed (k, k + 1 for a conjugate "
               "pair, d dense)"),
     _jacobian("d", "int", "size of J (d_model)"),
-    _jacobian("dense", "bool", "J was materialised and analysed densely (exact mode)"),
+    _jacobian("dense", "bool", "the exact computation was used (J materialised, dense linear "
+              "algebra); False: matrix-free"),
     _jacobian("converged", "bool", "False when an eigs/svds run did not converge"),
 ), key_columns=("variant", "layer", "position"))
 
@@ -138,6 +161,10 @@ BOTTLENECK = SectionSchema("bottleneck", (
     _bottleneck("n_singular", "int", "number of singular values the ranks use"),
     _bottleneck("truncated", "bool", "the ranks come from a truncated spectrum (estimates)"),
     _bottleneck("n_matvecs", "int", "operator applications spent on this variant up to this depth"),
+    _bottleneck("computation", "category", "end_to_end: P_l by JVPs through the whole stack "
+                "(bidirectional models, trained/init); product: J_l ... J_1 of per-position "
+                "blocks (exact for causal models; the symmetric/schur ablations)",
+                categories=("end_to_end", "product")),
 ), key_columns=("variant", "depth"))
 
 PROPAGATION = SectionSchema("propagation", (

@@ -7,10 +7,18 @@
 Every operator, dense matrix and metric is computed once per state of the weights and the
 recording (``subject.memo``) and shared by the sections that need it (jacobian, spectra,
 trends, bottleneck, topology).
+
+Exact or matrix-free (``JacobianOptions.dense``): None (the default) computes exactly - the
+full J, then dense linear algebra - where d_model <= DENSE_AUTO_MAX_D and matrix-free above.
+The threshold is a constant, calibrated once by ``benchmarks/dense_threshold.py`` (where the
+exact computation stops costing about as much as the Krylov run), never a timing taken at run
+time. Each row says which was used (``dense``); the metadata's ``jacobian`` entry says why and
+which exact-only columns a matrix-free table lacks.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Iterable, Union
 
 import pandas as pd
@@ -19,17 +27,36 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..linalg import IdentityOperator, LinearOperator
-from ..linearize import block_jacobian, dense_block_jacobian
+from ..linearize import block_jacobian
+from ..linearize.end_to_end import end_to_end_jacobians, end_to_end_operators
 from ..metrics.jacobian import (
+    MATRIX_FREE_ABSENT,
     SCHUR_MAX_D,
     JacobianMetrics,
     eigen_rows,
     jacobian_metrics,
     jacobian_row,
 )
+from ..metrics.jacobian_nulls import NULL_MC_MAX_D
 from ..metrics.topology import amplification
 from .options import JacobianOptions
 from .subject import Subject
+
+#: d_model up to which ``dense=None`` computes exactly (benchmarks/dense_threshold.py)
+DENSE_AUTO_MAX_D = 1024
+#: columns per batched JVP when J is formed
+DENSE_CHUNK = 64
+#: default eigensolver tolerance by operator precision (``tol=None``)
+DEFAULT_TOL = {torch.float64: 1e-8, torch.float32: 1e-4}
+
+
+def resolve_dense(dense: bool | None, d: int) -> bool:
+    """The computation ``dense`` asks for at width d: None -> d <= DENSE_AUTO_MAX_D.
+
+    >>> resolve_dense(None, 384), resolve_dense(None, 4096), resolve_dense(False, 384)
+    (True, False, False)
+    """
+    return d <= DENSE_AUTO_MAX_D if dense is None else bool(dense)
 
 
 class JacobianView:
@@ -37,13 +64,29 @@ class JacobianView:
 
     def __init__(self, subject: Subject, options: JacobianOptions) -> None:
         d = subject.anatomy.d_model
-        if options.k >= d and not options.dense:
+        self.exact = resolve_dense(options.dense, d)
+        if options.k >= d or (options.k > d - 2 and not self.exact):
             from ..errors import OptionError
 
-            raise OptionError("jacobian.k", options.k, f"an int below d_model={d}",
-                              hint="use dense=True for every eigenvalue")
+            raise OptionError("jacobian.k", options.k, f"an int below d_model={d}" + (
+                "" if self.exact else f", at most d_model - 2 = {d - 2} matrix-free"),
+                hint="the exact computation (dense=True) reports every eigenvalue anyway")
         self.subject, self.options = subject, options
         self.label = subject.label
+        self.tol = options.tol if options.tol is not None else DEFAULT_TOL[torch.float64]
+
+    def describe(self) -> dict:
+        """The ``jacobian`` entry of the report metadata: which computation, and why."""
+        o, d = self.options, self.subject.anatomy.d_model
+        out = {"computation": "exact" if self.exact else "matrix-free",
+               "dense_option": o.dense, "dense_auto_max_d": DENSE_AUTO_MAX_D, "d_model": d,
+               "tol": self.tol}
+        if not self.exact:
+            out["absent_columns"] = dict(MATRIX_FREE_ABSENT)
+        if d > NULL_MC_MAX_D:
+            out["top_k_null"] = (f"frac_complex_top{o.k}_null is NaN: its Monte Carlo null is "
+                                 f"computed on demand only for d <= {NULL_MC_MAX_D}")
+        return out
 
     @property
     def layers(self) -> tuple[int, ...]:
@@ -66,19 +109,28 @@ class JacobianView:
             s.anatomy, s.recording, layer, position=position, sample=self.options.sample))
 
     def dense(self, layer: int, position: int) -> Tensor:
-        s = self.subject
-        return self._memo(("dense", layer, position), lambda: dense_block_jacobian(
-            s.anatomy, s.recording, layer, position=position, sample=self.options.sample))
+        """The full J: d batched JVPs of the block operator (single-query where it applies),
+        DENSE_CHUNK columns at a time (a full-sequence JVP holds [columns, L, d] activations)."""
+        def compute() -> Tensor:
+            op = self.operator(layer, position)
+            d = op.shape[1]
+            eye = torch.eye(d, dtype=op.dtype, device=op.device)
+            return torch.cat([op.matmat(eye[:, i:i + DENSE_CHUNK])
+                              for i in range(0, d, DENSE_CHUNK)], dim=1).to(torch.float64)
+        return self._memo(("dense", layer, position), compute)
 
     def metrics(self, layer: int, position: int) -> JacobianMetrics:
         o = self.options
 
         def compute() -> JacobianMetrics:
-            J = self.dense(layer, position) if o.dense else self.operator(layer, position)
-            return jacobian_metrics(J, k=o.k, dense=o.dense, n_samples=o.n_samples,
-                                    seed=o.seed, tol=o.tol)
-        return self._memo(("metrics", layer, position, o.k, o.dense, o.n_samples, o.seed, o.tol),
-                          compute)
+            if not self.exact:
+                return jacobian_metrics(self.operator(layer, position), k=o.k, dense=False,
+                                        n_samples=o.n_samples, seed=o.seed, tol=self.tol)
+            J = self.dense(layer, position)  # formed once, shared with other sections
+            return replace(jacobian_metrics(J, k=o.k, dense=True, seed=o.seed),
+                           n_matvecs=J.shape[0])
+        return self._memo(("metrics", layer, position, o.k, self.exact, o.n_samples, o.seed,
+                           self.tol), compute)
 
     def row_position(self, layer: int, position: int) -> int:
         """The recording row a position spec resolves to (-1: the last real token)."""
@@ -91,11 +143,11 @@ class JacobianView:
             for layer, position in self.bar(items, f"Jacobian spectra ({self.label})"):
                 row = jacobian_row(self.metrics(layer, position), layer=layer,
                                    position=self.row_position(layer, position))
-                rows.append({"variant": self.label, **row})
+                rows.append({"variant": self.label, **row, "sample": self.options.sample})
             return pd.DataFrame(rows)
         o = self.options
-        return self._memo(("table", o.positions, o.k, o.dense, o.n_samples, o.seed, o.tol),
-                          compute)
+        return self._memo(("table", o.positions, o.k, self.exact, o.n_samples, o.seed,
+                           self.tol), compute)
 
     def eigen_table(self) -> pd.DataFrame:
         rows = []
@@ -122,12 +174,22 @@ class JacobianView:
         choice = self.options.bottleneck_dense
         return self.subject.anatomy.d_model <= SCHUR_MAX_D if choice is None else choice
 
+    def end_to_end(self, dense: bool) -> list:
+        """P_1..P_L at the last real token through the whole stack (bidirectional models)."""
+        s, o = self.subject, self.options
+        if dense:
+            P = self._memo(("end_to_end",), lambda: end_to_end_jacobians(
+                s.anatomy, s.recording, layers=self.layers, sample=o.sample, position=-1))
+            return list(P)
+        return end_to_end_operators(s.anatomy, s.recording, layers=self.layers,
+                                    sample=o.sample, position=-1)
+
     def dense_chain(self) -> list[Tensor]:
         return [self.dense(layer, -1) for layer in self.bar(self.layers, "dense Jacobians")]
 
     def amplification(self, layer: int) -> Tensor:
         o = self.options
-        if o.dense or self.dense_products:
+        if self.exact or self.dense_products:
             J = self.dense(layer, -1)
             eye = torch.eye(J.shape[0], dtype=J.dtype, device=J.device)
             return amplification(J - eye, dense=True)[0]

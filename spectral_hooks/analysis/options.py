@@ -58,12 +58,16 @@ class JacobianOptions:
         k: eigenvalues per block Jacobian (top by modulus).
         positions: "last" (the last real token of ``sample``), "all" (every real prefill
             token of ``sample``) or a list of recording rows.
-        dense: exact dense Jacobians (small models) instead of matrix-free operators.
+        dense: None (automatic: exact where d_model <= DENSE_AUTO_MAX_D, a fixed threshold
+            calibrated in benchmarks/dense_threshold.py; matrix-free above), True (force the
+            exact, dense computation) or False (force matrix-free). Each row of the jacobian
+            table says which was used (``dense``).
         sample: the batch row whose tokens are linearised.
         n_samples: Hutchinson probes of the matrix-free estimators.
         seed: seeds every random draw (start vectors, probes, nulls, community detection).
         init_seed: the seed of the freshly initialised model (``reinit=True``).
-        tol: eigensolver tolerance (relative residual).
+        tol: eigensolver tolerance (relative residual); None follows the precision of the
+            operator (1e-8 in float64, 1e-4 in float32).
         bottleneck_k: singular values kept per depth in matrix-free bottleneck products.
         bottleneck_dense: exact bottleneck products; None: exact up to SCHUR_MAX_D.
         ablations: bottleneck ablations, any of "symmetric", "schur".
@@ -72,12 +76,12 @@ class JacobianOptions:
 
     k: int = 16
     positions: Union[str, tuple[int, ...]] = "last"
-    dense: bool = False
+    dense: Optional[bool] = None
     sample: int = 0
     n_samples: int = 64
     seed: int = 0
     init_seed: int = 1
-    tol: float = 1e-8
+    tol: Optional[float] = None
     bottleneck_k: int = 32
     bottleneck_dense: Optional[bool] = None
     ablations: tuple[str, ...] = ABLATIONS
@@ -89,12 +93,12 @@ class JacobianOptions:
         for name in ("seed", "init_seed"):
             if not _is_int(getattr(self, name)):
                 raise OptionError(f"jacobian.{name}", getattr(self, name), "an int")
-        _check_bool("jacobian.dense", self.dense)
+        _check_optional_bool("jacobian.dense", self.dense)
         _check_optional_bool("jacobian.bottleneck_dense", self.bottleneck_dense)
         _check_optional_bool("jacobian.progress", self.progress)
-        if isinstance(self.tol, bool) or not isinstance(self.tol, (int, float)) or \
-                not 0 < self.tol < 1:
-            raise OptionError("jacobian.tol", self.tol, "a float in (0, 1)")
+        if self.tol is not None and (isinstance(self.tol, bool) or not isinstance(
+                self.tol, (int, float)) or not 0 < self.tol < 1):
+            raise OptionError("jacobian.tol", self.tol, "None or a float in (0, 1)")
         object.__setattr__(self, "positions", _positions(self.positions))
         ablations = (self.ablations,) if isinstance(self.ablations, str) else self.ablations
         ablations = tuple(ablations)

@@ -14,13 +14,17 @@ from .options import AnalyzeOptions
 from .power import power_section
 from .subject import Subject
 
-JACOBIAN_TREND_METRICS = ("frac_complex", "mean_abs_angle", "sym_energy", "departure",
-                          "self_alignment", "top_eig_abs")
+JACOBIAN_TREND_METRICS = ("frac_complex", "mean_abs_angle", "frac_negative",
+                          "frac_complex_top{k}", "mean_abs_angle_top{k}", "frac_negative_top{k}",
+                          "sym_energy", "commutator", "departure_rel", "self_alignment_top{k}",
+                          "top_eig_abs")
 POWER_TREND_METRICS = ("gap_ratio", "gamma", "lift", "mean_cos", "erank")
 
 
 def trends_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame:
-    jacobian = JacobianView(subject, options.jacobian_options).table()
-    frames = [trends_table(jacobian, JACOBIAN_TREND_METRICS),
+    o = options.jacobian_options
+    jacobian = JacobianView(subject, o).table()
+    names = [m.format(k=o.k) for m in JACOBIAN_TREND_METRICS]  # exact-only ones: when present
+    frames = [trends_table(jacobian, [m for m in names if m in jacobian.columns]),
               trends_table(power_section(subject, options), POWER_TREND_METRICS)]
     return pd.concat(frames, ignore_index=True)

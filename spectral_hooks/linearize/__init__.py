@@ -30,13 +30,15 @@ HF ``cache``; a JVP then costs ~1/L of a full-sequence one. It is used only afte
 against the full-sequence block (else the full sequence runs): GPT-2, GPT-Neo, GPT-NeoX, the
 Llama family, Gemma 2/3 and OLMo2 blocks qualify; BERT/ALBERT (bidirectional) and TL bridges run
 the full sequence. Where the HF attention core is pluggable and the check passes ("split" mode:
-GPT-2, GPT-NeoX, the Llama family, Gemma 3, OLMo2), the query row is scored against the fixed
+GPT-2, GPT-NeoX, the Llama family, Gemma 2/3, OLMo2), the query row is scored against the fixed
 keys and its own key separately, 32 rows run at once, and one traced JVP graph
 (:mod:`.shared`) serves every block of the same structure; such operators carry
 ``block_size=32`` and ``eigs`` defaults to block Krylov on them.
 
-Note: HF's Llama-family RMSNorm computes in float32 even in a float64 model
-(``anatomy.norm_upcasts``), so float64 Jacobians of those blocks carry ~1e-8 relative rounding.
+Norms in the analysis dtype: HF's Llama-family RMSNorms (and Gemma 2's eager softmax) compute
+in float32 even in a float64 model (``anatomy.norm_upcasts``); every replay runs under a torch
+function mode that keeps float64 tensors float64 (``function._KeepFloat64``), so a float64
+operator is linear to rounding (~1e-16) whatever the model's own dtype.
 
 Operators say what they are (:mod:`.operator`): :class:`BlockJacobian` (``layer``, ``sample``,
 ``positions``, ``kind``, ``single_query_mode``, ``engine``), :class:`JacobianProduct`

@@ -31,11 +31,43 @@ def _sdpa_math_kernel():
     return sdpa_kernel(SDPBackend.MATH)
 
 
+_LOWER_FLOATS = (torch.float32, torch.float16, torch.bfloat16)
+_DOWNCASTS = {Tensor.float, Tensor.half, Tensor.bfloat16}
+
+
+def _keep(value):
+    return torch.float64 if value in _LOWER_FLOATS else value
+
+
+class _KeepFloat64(torch.overrides.TorchFunctionMode):
+    """Within a replay, a float64 tensor is never cast down: ``x.to(torch.float32)``,
+    ``x.float()``, ``x.type(torch.float32)`` and a ``dtype=torch.float32`` keyword (softmax,
+    mean, ...) keep float64. Hugging Face's RMSNorms (Llama, Mistral, Qwen2/3, Gemma's (1 + w),
+    OLMo2's post-norms; ``anatomy.norm_upcasts``) compute in float32 whatever the model dtype,
+    which would make a float64 operator linear only to ~1e-8; under this mode every norm (and an
+    eager softmax's float32 upcast) runs in the analysis dtype. Float32 work is untouched."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        x = args[0] if args else None
+        if isinstance(x, Tensor) and x.dtype == torch.float64:
+            if func in _DOWNCASTS:
+                return x  # what x.float() returns for a float32 x: x itself
+            if func is Tensor.to or func is Tensor.type:
+                args = (x,) + tuple(_keep(a) for a in args[1:])
+                if "dtype" in kwargs:
+                    kwargs = {**kwargs, "dtype": _keep(kwargs["dtype"])}
+            elif kwargs.get("dtype") in _LOWER_FLOATS:
+                kwargs = {**kwargs, "dtype": torch.float64}
+        return func(*args, **kwargs)
+
+
 @contextlib.contextmanager
 def _math_sdpa():
     """Every block replay runs here: under the math SDPA kernel (fused kernels have no forward
-    AD) and with probes suspended, so replays are never recorded as model calls."""
-    with suspended(), _sdpa_math_kernel():
+    AD), with float64 kept float64 (:class:`_KeepFloat64`: norms in the analysis dtype) and
+    with probes suspended, so replays are never recorded as model calls."""
+    with suspended(), _sdpa_math_kernel(), _KeepFloat64():
         yield
 
 

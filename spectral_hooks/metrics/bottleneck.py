@@ -43,7 +43,7 @@ from spectral_hooks.linalg import (
 from spectral_hooks.metrics.jacobian import SCHUR_MAX_D, schur_diagonal, symmetric_part
 from spectral_hooks.metrics.nulls import gamma_null
 
-__all__ = ["bottleneck_table", "propagation_table", "VARIANTS", "BOTTLENECK_COLUMNS",
+__all__ = ["bottleneck_table", "end_to_end_table", "propagation_table", "VARIANTS", "BOTTLENECK_COLUMNS",
            "PROPAGATION_COLUMNS"]
 
 VARIANTS = ("trained", "init", "symmetric", "schur")
@@ -156,6 +156,35 @@ def bottleneck_table(operators: Sequence[_Op], *, k: int = 32, variant: str = "t
         P = o if P is None else o @ P
         res = svds(P, k, method=method, tol=tol, seed=seed + depth, return_vectors=False)
         rows.append(_rank_row(variant, depth, res.S, tau, k < d, _count(operators) - start))
+    return pd.DataFrame(rows, columns=list(BOTTLENECK_COLUMNS))
+
+
+def end_to_end_table(products: Sequence[_Op], *, k: int = 32, variant: str = "trained",
+                     dense: bool = False, seed: int = 0, tau: float = 1e-2,
+                     method: str = "lanczos", tol: float = 1e-8) -> pd.DataFrame:
+    """The ranks of :func:`bottleneck_table` from the end-to-end Jacobians P_1, ..., P_L
+    themselves (``linearize.end_to_end``: exact for bidirectional models, where the product of
+    per-position blocks is not P_l).
+
+    >>> P = [torch.diag(torch.tensor([1.0, 0.5, 0.0])).double()] * 2
+    >>> end_to_end_table(P, dense=True)["surviving"].tolist()
+    [2, 2]
+    """
+    what = "end_to_end_table"
+    d = _dims(products, what)
+    if variant not in ("trained", "init"):
+        raise ValueError(f"{what}: variant must be 'trained' or 'init', got {variant!r}")
+    rows = []
+    for depth, P in enumerate(products, start=1):
+        if dense:
+            s, truncated = torch.linalg.svdvals(_as_dense(P)), False
+        else:
+            if isinstance(k, bool) or not isinstance(k, int) or not (1 <= k <= d):
+                raise ValueError(f"{what}: k must be an int with 1 <= k <= d = {d}, got {k!r}")
+            op = _as_op(P)
+            s = svds(op, k, method=method, tol=tol, seed=seed + depth, return_vectors=False).S
+            truncated = k < d
+        rows.append(_rank_row(variant, depth, s, tau, truncated, _count(products)))
     return pd.DataFrame(rows, columns=list(BOTTLENECK_COLUMNS))
 
 

@@ -8,58 +8,81 @@ Example::
     >>> J = torch.eye(64, dtype=torch.float64) + torch.randn(64, 64, generator=g,
     ...                                                     dtype=torch.float64) / 8
     >>> m = jacobian_metrics(DenseOperator(J), k=8, n_samples=64)     # matrix-free
-    >>> m.eigenvalues.shape[0] >= 8, m.departure_is_bound
+    >>> m.eigenvalues.shape[0] >= 8, m.departure is None
     (True, True)
-    >>> exact = jacobian_metrics(J, dense=True)                        # all 64 eigenvalues
-    >>> exact.eigenvalues.shape[0], exact.departure_is_bound
-    (64, False)
-    >>> round(frac_complex_null(4096), 3)                              # the random baseline
-    0.987
+    >>> exact = jacobian_metrics(J, k=8, dense=True)                   # all 64 eigenvalues
+    >>> exact.eigenvalues.shape[0], exact.departure is not None
+    (64, True)
+    >>> sorted(jacobian_row(m, layer=0, position=0))[:4]
+    ['commutator', 'commutator_se', 'converged', 'd']
 
-``J`` is the block Jacobian (d x d, real) as a LinearOperator with ``rmatvec`` (a VJP) or a
-dense tensor; Delta J = J - I. Matrix-free mode uses restarted Arnoldi (``linalg.eigs``),
-Lanczos bidiagonalisation (``linalg.svds``) and Hutchinson probes; dense mode (``dense=True``)
-forms J (d matvecs for an operator) and computes everything exactly. Everything is float64.
+One definition, two computations (the contract of docs/metrics.md). ``J`` is the block Jacobian
+(d x d, real) as a LinearOperator with ``rmatvec`` (a VJP), or a dense tensor; Delta J = J - I.
 
-Rotation metrics use the eigenvalues of Delta J. Dense: all d of them (= eig(J) - 1).
-Matrix-free (``delta_spectrum="eigs"``, the default): the top-k of Delta J by modulus from a
-second Arnoldi run on J - I; ``"shift"`` reuses the top-k of J minus 1 instead (no extra
-matvecs, but it selects the eigenvalues of Delta J with the largest |1 + mu|, which favours
-Re mu > 0 and so biases the angles towards 0).
+* Rotation is read from the eigenvalues of J (not of Delta J: in a post-LN model the top of
+  J - I is the directions the norm removes, J ~ 0 there, so J - I ~ -1: a reflection that an
+  angle statistic would read as maximal rotation). The top-k versions (``*_top{k}``) are
+  computed in both modes, from the exact top-k in dense mode; the full-spectrum versions only
+  in dense mode.
+* Non-normality: the commutator ||Delta J^T Delta J - Delta J Delta J^T||_F / ||Delta J||_F^2
+  (exact dense; a Hutchinson estimate with its standard error matrix-free) and Henrici's
+  departure, unnormalised and divided by ||Delta J||_F (dense mode only: None matrix-free).
+* sym_energy: exact dense, a Hutchinson ratio with its standard error matrix-free.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Union
+from typing import Optional, Union
 
 import torch
 from torch import Tensor
 
 from spectral_hooks.errors import OptionError
 from spectral_hooks.linalg import DenseOperator, IdentityOperator, LinearOperator, eigs, svds
-from spectral_hooks.metrics.jacobian_nulls import expected_real_eigenvalues, frac_complex_null
+from spectral_hooks.metrics.jacobian_nulls import (
+    expected_real_eigenvalues,
+    frac_complex_null,
+    frac_complex_top_null,
+)
+from spectral_hooks.metrics.rotation import (
+    COMPLEX_RTOL,
+    RotationStats,
+    rotation_stats,
+    top_k_by_modulus,
+)
 from spectral_hooks.metrics.schur import SCHUR_MAX_D, schur_diagonal, symmetric_part
 
 __all__ = ["JacobianMetrics", "jacobian_metrics", "jacobian_row", "eigen_rows",
-           "frac_complex_null", "expected_real_eigenvalues", "symmetric_part",
-           "schur_diagonal", "SCHUR_MAX_D", "COMPLEX_RTOL"]
+           "frac_complex_null", "frac_complex_top_null", "expected_real_eigenvalues",
+           "symmetric_part", "schur_diagonal", "SCHUR_MAX_D", "COMPLEX_RTOL",
+           "MATRIX_FREE_ABSENT"]
 
-COMPLEX_RTOL = 1e-6  # an eigenvalue mu counts as complex when |Im mu| > COMPLEX_RTOL |mu|
+#: columns of the exact (dense) table that the matrix-free one does not have, and why
+MATRIX_FREE_ABSENT = {
+    "frac_complex": "full-spectrum share of complex eigenvalues: needs every eigenvalue of J",
+    "frac_complex_null": "the EKS null of the full-spectrum frac_complex",
+    "mean_abs_angle": "full-spectrum mean rotation angle: needs every eigenvalue of J",
+    "frac_negative": "full-spectrum share of reflections: needs every eigenvalue of J",
+    "departure": "Henrici departure needs every eigenvalue; the top-k bound "
+                 "sqrt(||J||_F^2 - sum_top-k |lambda|^2) is uninformative for k << d and no "
+                 "estimator with a sound error bar is known",
+    "departure_rel": "as departure",
+}
 
 
 @dataclass(frozen=True)
 class JacobianMetrics:
     """Per-(layer, position) Jacobian metrics; see :func:`jacobian_metrics`.
 
-    eigenvalues / eig_residuals: top-k' of J by modulus (k' = k, or k + 1 when the k-th and
-    (k+1)-th are a conjugate pair; dense: all d) and ||J v - lambda v|| / |lambda|.
-    delta_eigenvalues: the eigenvalues of Delta J the rotation metrics use.
-    singular_values / delta_singular_values: top-k of J and of Delta J (dense: all d).
-    sym_energy_se: standard error of the Hutchinson ratio (0 in dense mode).
-    frob_sq: ||J||_F^2 (estimated matrix-free). departure_is_bound: departure is the upper
-    bound from the top-k eigenvalues (matrix-free) rather than the exact value (dense).
+    eigenvalues / eig_residuals: matrix-free, the top-k' of J by modulus (k' = k, or k + 1 when
+    a conjugate pair straddles k) and ||J v - lambda v|| / |lambda|; dense, all d.
+    top: rotation statistics of the top-k' eigenvalues (both modes); full: of all d (dense
+    only, else None). top_null / top_null_se: Monte Carlo null of top.frac_complex for the same
+    (d, k). singular_values / delta_singular_values: top-k of J and Delta J (dense: all d).
+    ``*_se``: standard errors of the Hutchinson estimates (0 in dense mode). departure,
+    departure_rel: Henrici's departure and its ratio to ||Delta J||_F (None matrix-free).
     """
 
     d: int
@@ -67,33 +90,27 @@ class JacobianMetrics:
     dense: bool
     eigenvalues: Tensor
     eig_residuals: Tensor
-    delta_eigenvalues: Tensor
     converged: bool
     singular_values: Tensor
     delta_singular_values: Tensor
-    frac_complex: float
-    frac_complex_null: float
-    mean_abs_angle: float
+    top: RotationStats
+    top_null: float
+    top_null_se: float
+    full: Optional[RotationStats]
+    frac_complex_null: Optional[float]
     sym_energy: float
     sym_energy_se: float
-    frob_sq: float
-    departure: float
-    departure_is_bound: bool
+    commutator: float
+    commutator_se: float
+    departure: Optional[float]
+    departure_rel: Optional[float]
     self_alignment: float
     top_eig_abs: float
+    frob_sq: float
     n_matvecs: int
 
 
-# --------------------------------------------------------------------------- metrics
-
-
-def _rotation(mu: Tensor) -> tuple[float, float]:
-    """frac_complex and mean_abs_angle of eigenvalues mu (of Delta J)."""
-    a = mu.abs()
-    frac = float((mu.imag.abs() > COMPLEX_RTOL * a).to(torch.float64).mean())
-    tot = float(a.sum())
-    ang = float((a * torch.angle(mu).abs()).sum()) / tot if tot > 0 else float("nan")
-    return frac, ang
+# --------------------------------------------------------------------------- dense
 
 
 def _self_alignment(U: Tensor, Vh: Tensor, k: int) -> float:
@@ -104,149 +121,185 @@ def _ratio(num: float, den: float) -> float:
     return num / den if den > 0 else float("nan")
 
 
-def _dense(J: Tensor, k: int, n_matvecs: int) -> JacobianMetrics:
-    d = J.shape[0]
-    I = torch.eye(d, dtype=torch.float64, device=J.device)
-    D = J - I
+def _sorted_eig(J: Tensor) -> tuple[Tensor, Tensor]:
     lam, V = torch.linalg.eig(J)
     order = torch.argsort(lam.abs(), descending=True, stable=True)
     lam, V = lam[order], V[:, order]
     res = torch.linalg.vector_norm(J.to(V.dtype) @ V - V * lam, dim=0) / lam.abs().clamp(
         min=1e-300)
-    s = torch.linalg.svdvals(J)
+    return lam, res
+
+
+def _dense(J: Tensor, k: int, seed: int, n_matvecs: int) -> JacobianMetrics:
+    d = J.shape[0]
+    D = J - torch.eye(d, dtype=torch.float64, device=J.device)
+    lam, res = _sorted_eig(J)
     U, sd, Vh = torch.linalg.svd(D)
-    frac, ang = _rotation(lam - 1)
     fro_d = float(torch.linalg.matrix_norm(D) ** 2)
     sym = float(torch.linalg.matrix_norm(0.5 * (D + D.T)) ** 2)
-    fro = float(torch.linalg.matrix_norm(J) ** 2)
-    dep = math.sqrt(max(0.0, fro - float((lam.abs() ** 2).sum()))) / math.sqrt(fro) \
-        if fro > 0 else float("nan")
+    comm = float(torch.linalg.matrix_norm(D.T @ D - D @ D.T))
+    dep = math.sqrt(max(0.0, fro_d - float(((lam - 1).abs() ** 2).sum())))
+    kk = min(k, d)
+    null, null_se = frac_complex_top_null(d, kk, seed=seed)
     return JacobianMetrics(
-        d=d, k=d, dense=True, eigenvalues=lam, eig_residuals=res, delta_eigenvalues=lam - 1,
-        converged=True, singular_values=s, delta_singular_values=sd, frac_complex=frac,
-        frac_complex_null=frac_complex_null(d), mean_abs_angle=ang,
-        sym_energy=_ratio(sym, fro_d), sym_energy_se=0.0, frob_sq=fro, departure=dep,
-        departure_is_bound=False, self_alignment=_self_alignment(U, Vh, min(k, d)),
-        top_eig_abs=float(lam[0].abs()), n_matvecs=n_matvecs)
+        d=d, k=kk, dense=True, eigenvalues=lam, eig_residuals=res, converged=True,
+        singular_values=torch.linalg.svdvals(J), delta_singular_values=sd,
+        top=rotation_stats(top_k_by_modulus(lam, kk)), top_null=null, top_null_se=null_se,
+        full=rotation_stats(lam), frac_complex_null=frac_complex_null(d),
+        sym_energy=_ratio(sym, fro_d), sym_energy_se=0.0, commutator=_ratio(comm, fro_d),
+        commutator_se=0.0, departure=dep, departure_rel=_ratio(dep, math.sqrt(fro_d)),
+        self_alignment=_self_alignment(U, Vh, kk), top_eig_abs=float(lam[0].abs()),
+        frob_sq=float(torch.linalg.matrix_norm(J) ** 2), n_matvecs=n_matvecs)
 
 
-def _hutchinson(J: LinearOperator, n_samples: int, seed: int) -> tuple[float, float, float]:
-    """sym_energy, its standard error and ||J||_F^2 from shared Rademacher probes z:
-    Y = Delta J z, W = Delta J^T z; ||S z||^2 = ||Y + W||^2 / 4 estimates ||S||_F^2 and
-    (||Y||^2 + ||W||^2) / 2 estimates ||Delta J||_F^2; ||z + Y||^2 estimates ||J||_F^2."""
+# --------------------------------------------------------------------------- matrix-free
+
+
+def _ratio_se(num: Tensor, den: Tensor) -> tuple[float, float]:
+    """mean(num) / mean(den) and its delta-method standard error."""
+    n, a, b = num.numel(), float(num.mean()), float(den.mean())
+    r = _ratio(a, b)
+    se = float((num - r * den).std(correction=1)) / math.sqrt(n) / b if n > 1 and b > 0 \
+        else float("nan")
+    return r, se
+
+
+def _sqrt_ratio_se(num: Tensor, den: Tensor) -> tuple[float, float]:
+    """sqrt(mean(num)) / mean(den) and its delta-method standard error."""
+    n, a, b = num.numel(), float(num.mean()), float(den.mean())
+    if not (a > 0 and b > 0):
+        return (0.0 if a == 0 and b > 0 else float("nan")), float("nan")
+    c = math.sqrt(a) / b
+    lin = num / (2 * math.sqrt(a) * b) - math.sqrt(a) * den / b ** 2
+    return c, float(lin.std(correction=1)) / math.sqrt(n) if n > 1 else float("nan")
+
+
+def _hutchinson(J: LinearOperator, n_samples: int, seed: int) -> dict:
+    """sym_energy, commutator (each with its standard error) and ||J||_F^2 from shared
+    Rademacher probes z: Y = Delta J z, W = Delta J^T z estimate ||Delta J||_F^2 by
+    (||Y||^2 + ||W||^2) / 2 and ||S||_F^2 by ||Y + W||^2 / 4; C z = Delta J^T Y - Delta J W
+    estimates ||C||_F^2 by ||C z||^2 (C the commutator); ||z + Y||^2 estimates ||J||_F^2."""
     g = torch.Generator().manual_seed(int(seed))
     Z = (torch.randint(0, 2, (J.shape[1], n_samples), generator=g) * 2 - 1).to(
         device=J.device, dtype=torch.float64)
-    JZ = J.matmat(Z.to(J.dtype)).to(torch.float64)
-    JtZ = J.rmatmat(Z.to(J.dtype)).to(torch.float64)
-    if not bool(torch.isfinite(JZ).all() and torch.isfinite(JtZ).all()):
-        raise FloatingPointError("jacobian_metrics: operator returned NaN or Inf")
+
+    def apply(f, X: Tensor) -> Tensor:
+        out = f(X.to(J.dtype)).to(torch.float64)
+        if not bool(torch.isfinite(out).all()):
+            raise FloatingPointError("jacobian_metrics: operator returned NaN or Inf")
+        return out
+    JZ, JtZ = apply(J.matmat, Z), apply(J.rmatmat, Z)
     Y, W = JZ - Z, JtZ - Z
-    num = ((Y + W) ** 2).sum(0) / 4
+    CZ = (apply(J.rmatmat, Y) - Y) - (apply(J.matmat, W) - W)
     den = ((Y ** 2).sum(0) + (W ** 2).sum(0)) / 2
-    r = _ratio(float(num.mean()), float(den.mean()))
-    se = float((num - r * den).std(correction=1)) / math.sqrt(n_samples) / float(den.mean()) \
-        if n_samples > 1 and float(den.mean()) > 0 else float("nan")
-    return r, se, float((JZ ** 2).sum(0).mean())
+    sym, sym_se = _ratio_se(((Y + W) ** 2).sum(0) / 4, den)
+    comm, comm_se = _sqrt_ratio_se((CZ ** 2).sum(0), den)
+    return dict(sym_energy=sym, sym_energy_se=sym_se, commutator=comm, commutator_se=comm_se,
+                frob_sq=float((JZ ** 2).sum(0).mean()))
 
 
-def jacobian_metrics(J: Union[LinearOperator, Tensor], *, k: int = 16, dense: bool = False,
-                     n_samples: int = 64, seed: int = 0, tol: float = 1e-8,
-                     delta_spectrum: str = "eigs") -> JacobianMetrics:
-    """All section-2 metrics of one block Jacobian J (d x d, real).
+def _matrix_free(op: LinearOperator, k: int, n_samples: int, seed: int, tol: float,
+                 start: int) -> JacobianMetrics:
+    d = op.shape[0]
+    op._need_adjoint()
+    delta = op - IdentityOperator(d, dtype=op.dtype, device=op.device)
+    ej = eigs(op, k, tol=tol, seed=seed, return_vectors=False)
+    sj = svds(op, k, tol=tol, seed=seed + 2, return_vectors=False)
+    sd = svds(delta, k, tol=tol, seed=seed + 3)
+    conv = bool(ej.converged) and bool(sj.converged) and bool(sd.converged)
+    hutch = _hutchinson(op, n_samples, seed + 4)
+    lam = top_k_by_modulus(ej.values, k)
+    null, null_se = frac_complex_top_null(d, k, seed=seed)
+    return JacobianMetrics(
+        d=d, k=k, dense=False, eigenvalues=ej.values, eig_residuals=ej.residuals,
+        converged=conv, singular_values=sj.S, delta_singular_values=sd.S,
+        top=rotation_stats(lam), top_null=null, top_null_se=null_se, full=None,
+        frac_complex_null=None, departure=None, departure_rel=None,
+        self_alignment=_self_alignment(sd.U, sd.Vh, k), top_eig_abs=float(lam[0].abs()),
+        n_matvecs=op.n_matvecs - start, **hutch)
 
-    >>> m = jacobian_metrics(torch.eye(8, dtype=torch.float64) * 2, dense=True)
-    >>> m.sym_energy, round(m.departure, 6), m.frac_complex
-    (1.0, 0.0, 0.0)
 
-    Matrix-free (default): needs ``1 <= k <= d - 2`` (Arnoldi keeps k + 2 Krylov vectors);
-    sym_energy and ||J||_F^2 come from ``n_samples`` shared Rademacher probes (one matmat with J
-    and one with J^T), ``departure`` is the upper bound sqrt(||J||_F^2 - sum_top-k |lambda|^2)
-    / ||J||_F (clipped at 0, ``departure_is_bound=True``), ``self_alignment`` uses the top-k
-    singular pairs of Delta J. Dense (``dense=True``): all d eigenvalues and singular values,
-    exact sym_energy and departure (from ||J||_F^2 - sum |lambda|^2, so a normal J gives ~1e-8,
-    the square root of rounding); ``k`` is then used only for ``self_alignment``
-    (min(k, d) singular pairs). ``tol`` is the eigs/svds tolerance; ``seed`` fixes every
-    random start vector and probe. ``converged`` is False when any eigs/svds run was not.
-    """
+def _as_operator(J: Union[LinearOperator, Tensor]) -> LinearOperator:
     if isinstance(J, Tensor):
         if J.ndim != 2 or J.shape[0] != J.shape[1]:
             raise ValueError(f"jacobian_metrics: J must be square [d, d], got {tuple(J.shape)}")
         if J.is_complex():
             raise ValueError("jacobian_metrics: J must be real")
-        J = J.to(torch.float64)
-        op = DenseOperator(J, name="J")
-    elif isinstance(J, LinearOperator):
+        return DenseOperator(J.to(torch.float64), name="J")
+    if isinstance(J, LinearOperator):
         if J.shape[0] != J.shape[1]:
             raise ValueError(f"jacobian_metrics: J must be square, got shape {J.shape}")
         if J.dtype.is_complex:
             raise ValueError("jacobian_metrics: J must be real")
-        op = J
-    else:
-        raise TypeError(f"jacobian_metrics: J must be a LinearOperator or a tensor [d, d], got "
-                        f"{type(J).__name__}")
+        return J
+    raise TypeError(f"jacobian_metrics: J must be a LinearOperator or a tensor [d, d], got "
+                    f"{type(J).__name__}")
+
+
+def jacobian_metrics(J: Union[LinearOperator, Tensor], *, k: int = 16, dense: bool = False,
+                     n_samples: int = 64, seed: int = 0, tol: float = 1e-8) -> JacobianMetrics:
+    """All section-2 metrics of one block Jacobian J (d x d, real).
+
+    >>> m = jacobian_metrics(torch.eye(8, dtype=torch.float64) * 2, k=2, dense=True)
+    >>> m.sym_energy, round(m.departure, 6), m.commutator, m.top.frac_complex
+    (1.0, 0.0, 0.0, 0.0)
+
+    Matrix-free (default): needs ``1 <= k <= d - 2``; top-k eigenvalues by ``linalg.eigs``,
+    top-k singular values of J and Delta J by ``linalg.svds``, sym_energy, commutator and
+    ||J||_F^2 from ``n_samples`` shared Rademacher probes (2 products with J and 2 with J^T
+    each); no full-spectrum statistic and no Henrici departure (None). Dense (``dense=True``):
+    every eigenvalue and singular value, exact everything (Henrici's departure from
+    ||Delta J||_F^2 - sum |lambda - 1|^2: accurate to ~sqrt(eps) ||Delta J||_F); the top-k
+    statistics are taken from the exact top-k. ``tol``: eigs/svds tolerance; ``seed`` fixes
+    every start vector, probe and the Monte Carlo null. ``converged`` is False when any eigs/svds run was not.
+    """
+    op = _as_operator(J)
     d = op.shape[0]
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise OptionError("k", k, "an int >= 1", hint="jacobian_metrics")
-    if delta_spectrum not in ("eigs", "shift"):
-        raise OptionError("delta_spectrum", delta_spectrum, "'eigs' or 'shift'",
-                          hint="jacobian_metrics")
     start = op.n_matvecs
     if dense:
         if d > SCHUR_MAX_D:
             raise ValueError(f"jacobian_metrics: dense mode needs d <= SCHUR_MAX_D = "
                              f"{SCHUR_MAX_D}, got d = {d}")
-        Jd = J if isinstance(J, Tensor) else op.to_dense().to(torch.float64)
-        return _dense(Jd, k, op.n_matvecs - start)
+        Jd = J.to(torch.float64) if isinstance(J, Tensor) else op.to_dense().to(torch.float64)
+        return _dense(Jd, k, seed, op.n_matvecs - start)
     if k > d - 2:
         raise OptionError("k", k, f"k <= d - 2 = {d - 2} in matrix-free mode",
                           hint=f"jacobian_metrics: d = {d}; use dense=True for the full spectrum")
     if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 2:
         raise OptionError("n_samples", n_samples, "an int >= 2", hint="jacobian_metrics")
-    op._need_adjoint()
-    delta = op - IdentityOperator(d, dtype=op.dtype, device=op.device)
-    ej = eigs(op, k, tol=tol, seed=seed, return_vectors=False)
-    conv = bool(ej.converged)
-    if delta_spectrum == "eigs":
-        ed = eigs(delta, k, tol=tol, seed=seed + 1, return_vectors=False)
-        mu, conv = ed.values, conv and bool(ed.converged)
-    else:
-        mu = ej.values - 1
-    sj = svds(op, k, tol=tol, seed=seed + 2, return_vectors=False)
-    sd = svds(delta, k, tol=tol, seed=seed + 3)
-    conv = conv and bool(sj.converged) and bool(sd.converged)
-    sym, sym_se, fro = _hutchinson(op, n_samples, seed + 4)
-    lam = ej.values
-    frac, ang = _rotation(mu)
-    dep = math.sqrt(max(0.0, fro - float((lam.abs() ** 2).sum()))) / math.sqrt(fro) \
-        if fro > 0 else float("nan")
-    return JacobianMetrics(
-        d=d, k=k, dense=False, eigenvalues=lam, eig_residuals=ej.residuals,
-        delta_eigenvalues=mu, converged=conv, singular_values=sj.S,
-        delta_singular_values=sd.S, frac_complex=frac, frac_complex_null=frac_complex_null(d),
-        mean_abs_angle=ang, sym_energy=sym, sym_energy_se=sym_se, frob_sq=fro, departure=dep,
-        departure_is_bound=True, self_alignment=_self_alignment(sd.U, sd.Vh, k),
-        top_eig_abs=float(lam[0].abs()), n_matvecs=op.n_matvecs - start)
+    return _matrix_free(op, k, n_samples, seed, tol, start)
 
 
 # --------------------------------------------------------------------------- rows
 
 
 def jacobian_row(metrics: JacobianMetrics, *, layer: int, position: int) -> dict:
-    """One row of ``report.jacobian``.
+    """One row of ``report.jacobian``: top-k statistics carry ``_top{k}`` in their names; the
+    full-spectrum ones and Henrici's departure appear only in dense mode.
 
-    >>> row = jacobian_row(jacobian_metrics(torch.eye(4) * 2, dense=True), layer=0, position=3)
-    >>> row["layer"], row["position"], row["departure_is_bound"]
-    (0, 3, False)
+    >>> row = jacobian_row(jacobian_metrics(torch.eye(4) * 2, k=2, dense=True), layer=0,
+    ...                    position=3)
+    >>> row["layer"], row["position"], row["frac_complex_top2"], round(row["departure"], 6)
+    (0, 3, 0.0, 0.0)
     """
-    m = metrics
-    return dict(layer=int(layer), position=int(position), frac_complex=m.frac_complex,
-                frac_complex_null=m.frac_complex_null, mean_abs_angle=m.mean_abs_angle,
-                sym_energy=m.sym_energy, sym_energy_se=m.sym_energy_se, departure=m.departure,
-                departure_is_bound=m.departure_is_bound, self_alignment=m.self_alignment,
-                top_eig_abs=m.top_eig_abs, n_matvecs=int(m.n_matvecs), k=int(m.k),
-                n_eigenvalues=int(m.eigenvalues.shape[0]), d=int(m.d), dense=bool(m.dense),
-                converged=bool(m.converged))
+    m, t = metrics, f"_top{metrics.k}"
+    row = dict(layer=int(layer), position=int(position), top_eig_abs=m.top_eig_abs)
+    row.update({f"frac_complex{t}": m.top.frac_complex, f"mean_abs_angle{t}": m.top.mean_abs_angle,
+                f"frac_negative{t}": m.top.frac_negative, f"frac_complex{t}_null": m.top_null,
+                f"frac_complex{t}_null_se": m.top_null_se})
+    if m.full is not None:
+        row.update(frac_complex=m.full.frac_complex, frac_complex_null=m.frac_complex_null,
+                   mean_abs_angle=m.full.mean_abs_angle, frac_negative=m.full.frac_negative)
+    row.update(sym_energy=m.sym_energy, sym_energy_se=m.sym_energy_se, commutator=m.commutator,
+               commutator_se=m.commutator_se)
+    if m.departure is not None:
+        row.update(departure=m.departure, departure_rel=m.departure_rel)
+    row.update({f"self_alignment{t}": m.self_alignment})
+    row.update(n_matvecs=int(m.n_matvecs), k=int(m.k), n_eigenvalues=int(m.eigenvalues.shape[0]),
+               d=int(m.d), dense=bool(m.dense), converged=bool(m.converged))
+    return row
 
 
 def eigen_rows(metrics: JacobianMetrics, *, layer: int, position: int) -> list[dict]:

@@ -59,6 +59,31 @@ def _check_dense_square(J: Tensor, what: str) -> Tensor:
     return J.to(torch.complex128 if J.is_complex() else torch.float64)
 
 
+TIE_RTOL = 1e-12  # moduli within this relative distance are a tie in the canonical order
+
+
+def canonical_order(lam: Tensor, indices: list[int] | None = None) -> list[int]:
+    """Indices of ``lam`` in the canonical Schur order: descending modulus; moduli within
+    TIE_RTOL (relative) tie, and ties go by descending real part, then descending imaginary
+    part (so a conjugate pair is adjacent, + first).
+
+    >>> canonical_order(torch.tensor([1j, -1.0 + 0j, 1.0 + 0j, -1j, 2.0 + 0j]))
+    [4, 2, 0, 3, 1]
+    """
+    idx = list(range(lam.shape[0])) if indices is None else list(indices)
+    idx.sort(key=lambda i: -float(lam[i].abs()))
+    out: list[int] = []
+    start = 0
+    for end in range(1, len(idx) + 1):
+        if end == len(idx) or float(lam[idx[start]].abs() - lam[idx[end]].abs()) > \
+                TIE_RTOL * max(float(lam[idx[start]].abs()), 1e-300):
+            group = idx[start:end]
+            group.sort(key=lambda i: (-float(lam[i].real), -float(lam[i].imag)))
+            out += group
+            start = end
+    return out
+
+
 def schur_diagonal(J: Tensor, *, real: Union[bool, None] = None,
                    check_tol: float = 1e-6) -> Tensor:
     """The normal part of J: J = Q T Q^* -> Q diag(T) Q^* (same eigenvalues, departure 0).
@@ -71,6 +96,8 @@ def schur_diagonal(J: Tensor, *, real: Union[bool, None] = None,
     No QR algorithm: for a diagonalisable J = V Lambda V^-1 with V = Q R (QR of the
     eigenvector matrix, eigenvalues by descending modulus), J = Q (R Lambda R^-1) Q^* and
     R Lambda R^-1 is upper triangular with diagonal Lambda, so Q is a complex Schur basis.
+    The Schur form is taken in the canonical order of :func:`canonical_order` (the result
+    depends on it: Q changes with the order of the diagonal).
 
     ``real=False`` (default for complex J) returns Q diag(Lambda) Q^*. For real J with
     complex eigenvalues that matrix is in general NOT real (its imaginary part vanishes only
@@ -92,7 +119,7 @@ def schur_diagonal(J: Tensor, *, real: Union[bool, None] = None,
     d = J.shape[0]
     lam, V = torch.linalg.eig(J)
     if not real:
-        order = torch.argsort(lam.abs(), descending=True, stable=True)
+        order = torch.tensor(canonical_order(lam), dtype=torch.long)
         lam, V = lam[order], V[:, order]
         Q = torch.linalg.qr(V).Q
         T = Q.mH @ J.to(Q.dtype) @ Q
@@ -100,8 +127,7 @@ def schur_diagonal(J: Tensor, *, real: Union[bool, None] = None,
         N = (Q * lam) @ Q.mH
     else:
         # LAPACK returns real eigenvalues with Im == 0 exactly and conjugate pairs adjacent
-        reps = [i for i in range(d) if lam[i].imag >= 0]
-        reps.sort(key=lambda i: -float(lam[i].abs()))
+        reps = canonical_order(lam, [i for i in range(d) if lam[i].imag >= 0])
         cols, blocks = [], []
         for i in reps:
             if lam[i].imag == 0:

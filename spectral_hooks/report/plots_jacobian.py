@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 from matplotlib.figure import Figure
@@ -26,17 +27,20 @@ from .figure_tools import (
 
 # ---------------------------------------------------------------------- Jacobian view
 def rotation_symmetry_vs_depth(report) -> Figure:
-    """frac_complex and sym_energy of ΔJ vs depth, each with its null."""
+    """frac_complex of J (full spectrum, else its top-k) and sym_energy of ΔJ vs depth, each with
+    its null."""
     df = _section(report, "jacobian", ("layer",))
-    agg = _per_layer(df, "layer", ["frac_complex", "frac_complex_null", "sym_energy"])
+    top = sorted(c for c in df.columns if re.fullmatch(r"frac_complex_top\d+", c))
+    fc = "frac_complex" if "frac_complex" in df.columns or not top else top[0]
+    agg = _per_layer(df, "layer", [fc, fc + "_null", "sym_energy"])
     x = agg.index.to_numpy(dtype=float)
     fig = _new_figure(8.5, 6.4)
     ax, ax2 = fig.subplots(2, 1, sharex=True)
     fig.suptitle("Rotation vs symmetry of the block Jacobians through depth")
     multi = len(df) > len(agg)
     for a, col, null_val, null_col, ylabel, title in (
-        (ax, "frac_complex", None, "frac_complex_null", "share of complex eigenvalues of ΔJ",
-         "frac_complex" + _trend_label(report, "frac_complex")),
+        (ax, fc, None, fc + "_null", "share of complex eigenvalues of J",
+         fc + _trend_label(report, fc)),
         (ax2, "sym_energy", 0.5, None, "symmetric energy ‖S‖²_F / ‖ΔJ‖²_F",
          "sym_energy" + _trend_label(report, "sym_energy")),
     ):
@@ -50,7 +54,9 @@ def rotation_symmetry_vs_depth(report) -> Figure:
             _no_data(a)
         if null_col is not None and null_col in agg and _finite(agg[null_col].to_numpy()):
             a.plot(x, agg[null_col], color="#d62728", ls="--", lw=1,
-                   label="null: random real Gaussian matrix (Edelman–Kostlan–Shub)")
+                   label="null: random real Gaussian matrix" + (
+                       " (Edelman–Kostlan–Shub)" if null_col == "frac_complex_null"
+                       else ", same top-k (Monte Carlo)"))
         if null_val is not None:
             a.axhline(null_val, color="#d62728", ls="--", lw=1, label="null: random matrix (0.5)")
             a.axhline(1.0, color="#7f7f7f", ls=":", lw=0.8, label="1 = symmetric")

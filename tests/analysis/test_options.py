@@ -66,7 +66,10 @@ def test_report_metadata_stores_the_resolved_options():
     report = probe.analyze(jacobian={"k": 4, "positions": [1, 2]}, iterate="I+F")
     options = report.metadata["options"]
     assert options["iterate"] == "I+F" and options["jacobian"]["k"] == 4
-    assert options["jacobian"]["positions"] == [1, 2] and options["jacobian"]["tol"] == 1e-8
+    assert options["jacobian"]["positions"] == [1, 2] and options["jacobian"]["tol"] is None
+    assert options["jacobian"]["dense"] is None  # automatic: the computation used is below
+    assert report.metadata["jacobian"]["tol"] == 1e-8  # float64 operator
+    assert report.metadata["jacobian"]["computation"] == "exact"  # d = 32 <= the threshold
     assert report.metadata["fallbacks"] == [] and report.metadata["timings_s"] == {}
     again = probe.analyze(AnalyzeOptions(jacobian=JacobianOptions(k=4, positions=[1, 2]),
                                          iterate="I+F"))
@@ -97,9 +100,23 @@ def test_jacobian_spectra_survive_power_false():
     model = make_model("gpt2")
     with sh.instrument(model) as probe, torch.no_grad():
         model(torch.randint(0, 100, (1, 5)))
-    report = probe.analyze(power=False, jacobian={"k": 3})
+    report = probe.analyze(power=False, jacobian={"k": 3, "dense": False})
     assert "power" not in report.sections
-    spectra = report.spectra
-    assert set(spectra.source) == {"jacobian"}
-    # k values per layer, k + 1 where the k-th and (k+1)-th are a conjugate pair
-    assert set(spectra.groupby("layer").size()) <= {3, 4} and set(spectra.layer) == {0, 1}
+    assert set(report.spectra.source) == {"jacobian"}
+    assert len(report.spectra) == report.jacobian.n_eigenvalues.sum()  # 3, or 4 for a pair
+    assert set(report.jacobian.n_eigenvalues) <= {3, 4}
+    exact = probe.analyze(power=False, jacobian={"k": 3})  # automatic: exact, all d of them
+    assert len(exact.spectra) == 2 * model.config.n_embd
+
+
+def test_dense_none_is_a_fixed_width_threshold_documented_in_metrics_md():
+    from pathlib import Path
+
+    from spectral_hooks.analysis.jacobian import DENSE_AUTO_MAX_D, resolve_dense
+
+    assert resolve_dense(None, DENSE_AUTO_MAX_D) and not resolve_dense(None, DENSE_AUTO_MAX_D + 1)
+    assert resolve_dense(True, 10 ** 5) and not resolve_dense(False, 8)
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text()
+    assert f"d_model <= {DENSE_AUTO_MAX_D}" in docs and "benchmarks/dense_threshold.py" in docs
+    with pytest.raises(OptionError, match="jacobian.dense"):
+        JacobianOptions(dense="auto")

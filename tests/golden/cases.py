@@ -22,11 +22,12 @@ SENTENCES = ["The cat sat on the mat.", "Eigenvalues of attention layers.",
 MINILM_CASES = {
     "minilm_dense": dict(power=True, jacobian={"k": 8, "dense": True}, bottleneck=True,
                          reinit=True, topology=True),
-    "minilm_matrix_free": dict(power=True, jacobian={"k": 8}, iterate="I+F", fold_norm=True),
+    "minilm_matrix_free": dict(power=True, jacobian={"k": 8, "dense": False}, iterate="I+F",
+                               fold_norm=True),
 }
 TINY_OPTIONS = dict(power=True, jacobian={"k": 4, "dense": True, "positions": "all"},
                     bottleneck=True)
-TINY_MATRIX_FREE = dict(power=True, jacobian={"k": 4})
+TINY_MATRIX_FREE = dict(power=True, jacobian={"k": 4, "dense": False})
 
 
 def tiny_batch(vocab: int = 100) -> dict:

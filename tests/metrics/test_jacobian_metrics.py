@@ -20,6 +20,7 @@ from spectral_hooks.metrics.jacobian import (
     eigen_rows,
     expected_real_eigenvalues,
     frac_complex_null,
+    frac_complex_top_null,
     jacobian_metrics,
     jacobian_row,
     schur_diagonal,
@@ -33,9 +34,12 @@ from spectral_hooks.metrics.trends import (
 )
 from tests.oracles import (
     assert_same_spectrum,
+    commutator,
     henrici_departure,
+    jacobian_metrics_oracle,
     rotation_stats,
     self_alignment,
+    sym_energy,
     top_k_by_modulus,
 )
 
@@ -77,27 +81,43 @@ def _mlp_block(d: int, seed: int):
 @pytest.mark.parametrize("source", ["random", "mlp"])
 def test_dense_mode_exact(source):
     J = _random_J(24, 1) if source == "random" else _mlp_block(32, 2)[0]
-    d = J.shape[0]
+    d, k = J.shape[0], 5
     D = J - np.eye(d)
-    m = jacobian_metrics(torch.as_tensor(J), dense=True, k=5)
-    assert m.dense and not m.departure_is_bound and m.converged and m.eigenvalues.shape == (d,)
+    m = jacobian_metrics(torch.as_tensor(J), dense=True, k=k)
+    assert m.dense and m.converged and m.eigenvalues.shape == (d,)
     assert_same_spectrum(m.eigenvalues.numpy(), np.linalg.eigvals(J), 1e-9)
     assert float(m.eig_residuals.max()) < 1e-10
     np.testing.assert_allclose(m.singular_values.numpy(), np.linalg.svd(J, compute_uv=False),
                                rtol=1e-12)
     np.testing.assert_allclose(m.delta_singular_values.numpy(),
                                np.linalg.svd(D, compute_uv=False), rtol=1e-10, atol=1e-13)
-    frac, ang = rotation_stats(np.linalg.eigvals(D))
-    assert m.frac_complex == pytest.approx(frac, abs=1e-12)
-    assert m.mean_abs_angle == pytest.approx(ang, rel=1e-9)
-    S = (D + D.T) / 2
-    assert m.sym_energy == pytest.approx(np.sum(S ** 2) / np.sum(D ** 2), rel=1e-12)
+    want = jacobian_metrics_oracle(J, k)
+    row = jacobian_row(m, layer=0, position=0)
+    for name in ("frac_complex", "mean_abs_angle", "frac_negative", f"frac_complex_top{k}",
+                 f"mean_abs_angle_top{k}", f"frac_negative_top{k}", "sym_energy", "commutator",
+                 f"self_alignment_top{k}", "top_eig_abs"):
+        assert row[name] == pytest.approx(want[name], rel=1e-9, abs=1e-12, nan_ok=True), name
     assert m.departure == pytest.approx(henrici_departure(J), rel=1e-6, abs=1e-7)
-    assert m.self_alignment == pytest.approx(self_alignment(D, 5), rel=1e-8)
-    assert m.top_eig_abs == pytest.approx(np.abs(np.linalg.eigvals(J)).max(), rel=1e-12)
+    assert m.departure_rel == pytest.approx(henrici_departure(J) / np.linalg.norm(D), rel=1e-6)
+    assert m.sym_energy_se == 0.0 and m.commutator_se == 0.0
     assert m.frac_complex_null == pytest.approx(frac_complex_null(d))
     # an operator in dense mode is formed with d matvecs
     assert jacobian_metrics(_op(J), dense=True).n_matvecs == d
+
+
+def test_departure_is_shift_invariant_and_normalised_by_delta():
+    """Henrici's departure of J and of J + c I is the same; departure_rel divides by ||J - I||_F,
+    so a near-identity block does not look normal because of the identity."""
+    rng = np.random.default_rng(2)
+    d = 40
+    N = np.triu(rng.standard_normal((d, d)), 1) * 0.05
+    J = np.eye(d) + np.diag(rng.uniform(-0.1, 0.1, d)) + N
+    m = jacobian_metrics(torch.as_tensor(J), k=4, dense=True)
+    m2 = jacobian_metrics(torch.as_tensor(J + 3 * np.eye(d)), k=4, dense=True)
+    assert m.departure == pytest.approx(np.linalg.norm(N), rel=1e-6)
+    assert m2.departure == pytest.approx(m.departure, rel=1e-6)
+    assert m.departure_rel > 0.9  # N dominates Delta J
+    assert m.departure / np.linalg.norm(J) < 0.25  # what the old ||J||_F normalisation read
 
 
 # ----------------------------------------------------------------------------- matrix-free
@@ -113,7 +133,8 @@ def test_matrix_free_vs_dense(source):
     d, k = J.shape[0], 8
     D = J - np.eye(d)
     m = jacobian_metrics(op, k=k, n_samples=256, seed=1)
-    assert m.converged and m.departure_is_bound and not m.dense
+    assert m.converged and not m.dense
+    assert m.departure is None and m.full is None and m.frac_complex_null is None
     ref = top_k_by_modulus(np.linalg.eigvals(J), k)
     assert_same_spectrum(m.eigenvalues.numpy(), ref, 1e-7)
     assert float(m.eig_residuals.max()) < 1e-7
@@ -121,27 +142,46 @@ def test_matrix_free_vs_dense(source):
     np.testing.assert_allclose(m.singular_values.numpy(), s_ref[:k], rtol=1e-8)
     np.testing.assert_allclose(m.delta_singular_values.numpy(),
                                np.linalg.svd(D, compute_uv=False)[:k], rtol=1e-8)
-    mu_ref = top_k_by_modulus(np.linalg.eigvals(D), k)  # top-k of Delta J itself
-    assert_same_spectrum(m.delta_eigenvalues.numpy(), mu_ref, 1e-7)
-    frac, ang = rotation_stats(mu_ref)
-    assert m.frac_complex == pytest.approx(frac, abs=1e-12)
-    assert m.mean_abs_angle == pytest.approx(ang, rel=1e-6)
-    sym_ref = np.sum(((D + D.T) / 2) ** 2) / np.sum(D ** 2)
-    assert abs(m.sym_energy - sym_ref) < 0.05
-    assert abs(m.sym_energy - sym_ref) < 4 * m.sym_energy_se
+    frac, ang, neg = rotation_stats(ref)  # the top-k of J itself
+    assert m.top.frac_complex == frac and m.top.frac_negative == neg
+    assert m.top.mean_abs_angle == pytest.approx(ang, rel=1e-6, nan_ok=True)
+    for name, value, se, exact in (("sym_energy", m.sym_energy, m.sym_energy_se, sym_energy(D)),
+                                   ("commutator", m.commutator, m.commutator_se, commutator(D))):
+        assert 0 < se < 0.05 * value, name
+        assert abs(value - exact) < 4 * se, name
     fro = np.sum(J ** 2)
     assert abs(m.frob_sq - fro) < 0.05 * fro
-    bound = math.sqrt(max(0.0, fro - np.sum(np.abs(ref) ** 2))) / math.sqrt(fro)
-    assert m.departure == pytest.approx(bound, abs=0.03)
-    # an upper bound, up to the Frobenius estimate
-    assert m.departure >= henrici_departure(J) - 0.03
     assert m.self_alignment == pytest.approx(self_alignment(D, k), abs=1e-6)
     assert m.top_eig_abs == pytest.approx(np.abs(ref[0]), rel=1e-9)
-    assert m.n_matvecs == op.n_matvecs > 2 * 256
-    # "shift": the rotation spectrum is J's top-k minus 1, no second Arnoldi run
-    s = jacobian_metrics(op, k=k, n_samples=256, seed=1, delta_spectrum="shift")
-    assert_same_spectrum(s.delta_eigenvalues.numpy(), ref - 1, 1e-7)
-    assert s.n_matvecs < m.n_matvecs
+    assert m.n_matvecs == op.n_matvecs > 4 * 256
+    # dense mode computes the same top-k statistics from its exact top-k
+    e = jacobian_metrics(torch.as_tensor(J), k=k, dense=True, seed=1)
+    assert (e.top.frac_complex, e.top.frac_negative) == (frac, neg)
+    assert (e.top_null, e.top_null_se) == (m.top_null, m.top_null_se)
+
+
+def test_commutator_standard_error_covers_the_exact_value():
+    """Over independent probe sets the Hutchinson commutator lands within 2 standard errors of
+    the exact value about 95% of the time (a calibrated error bar, not just a small one)."""
+    J = _random_J(40, 9, scale=0.3)
+    exact = commutator(J - np.eye(40))
+    z = []
+    for seed in range(40):
+        m = jacobian_metrics(_op(J), k=2, n_samples=32, seed=seed)
+        z.append((m.commutator - exact) / m.commutator_se)
+    z = np.asarray(z)
+    assert np.mean(np.abs(z) < 2) > 0.8 and abs(np.mean(z)) < 0.6
+
+
+def test_top_k_null_vs_direct_monte_carlo():
+    """frac_complex_top{k}_null against an independent numpy Monte Carlo of the same (d, k)."""
+    d, k = 48, 6
+    mean, se = frac_complex_top_null(d, k, seed=3)
+    rng = np.random.default_rng(0)
+    fr = np.array([rotation_stats(top_k_by_modulus(np.linalg.eigvals(
+        rng.standard_normal((d, d))), k))[0] for _ in range(400)])
+    assert abs(mean - fr.mean()) < 4 * math.hypot(se, fr.std(ddof=1) / math.sqrt(len(fr)))
+    assert 0 < se < 0.1
 
 
 def test_conjugate_pair_at_the_boundary_returns_k_plus_1():
@@ -171,37 +211,51 @@ def test_symmetric_J(dense):
     J = np.eye(40) + (A + A.T) / 10
     m = jacobian_metrics(torch.as_tensor(J) if dense else _op(J), k=6, dense=dense)
     assert m.sym_energy == pytest.approx(1.0, abs=1e-12)
-    assert m.frac_complex == 0.0
-    mu = np.linalg.eigvalsh(J - np.eye(40))  # real: angles 0 or pi
+    assert m.commutator == pytest.approx(0.0, abs=1e-12)
+    assert m.top.frac_complex == 0.0 and math.isnan(m.top.mean_abs_angle)
+    lam = np.linalg.eigvalsh(J)
+    assert m.top.frac_negative == rotation_stats(top_k_by_modulus(lam, 6))[2]
     if dense:
-        assert m.mean_abs_angle == pytest.approx(rotation_stats(mu.astype(complex))[1], rel=1e-10)
-    if dense:
+        assert m.full.frac_complex == 0.0 and m.full.frac_negative == np.mean(lam < 0)
         assert m.departure < 1e-6
         assert m.self_alignment == pytest.approx(self_alignment(J - np.eye(40), 6), rel=1e-8)
 
 
+def test_reflections_are_not_rotation():
+    """J ~ 0 on the directions a norm removes: J - I ~ -1 there. The top-k of J - I would read
+    angle pi; the top-k of J (what is reported) reads the rotation of the signal directions."""
+    rng = np.random.default_rng(8)
+    d = 30
+    th = 0.2
+    rot = 2.0 * np.array([[math.cos(th), -math.sin(th)], [math.sin(th), math.cos(th)]])
+    T = scipy.linalg.block_diag(rot, np.diag([1.5, -1.2]), np.diag(np.linspace(0.9, 0.5, d - 6)),
+                                np.zeros((2, 2)))
+    Q, _ = np.linalg.qr(rng.standard_normal((d, d)))
+    J = Q @ T @ Q.T
+    for dense in (True, False):
+        m = jacobian_metrics(torch.as_tensor(J) if dense else _op(J), k=4, dense=dense)
+        assert m.top.frac_complex == 0.5 and m.top.frac_negative == 0.25
+        assert m.top.mean_abs_angle == pytest.approx(th, rel=1e-8)
+
+
 @pytest.mark.parametrize("dense", [True, False])
 def test_rotation_J(dense):
-    """J = I + R, R = Q blockdiag(rot(theta_j)) Q^T orthogonal: Delta J = R has eigenvalues
-    e^{+-i theta_j}: frac_complex 1, mean_abs_angle = mean theta, sym_energy = mean cos^2."""
+    """J = 2 R, R = Q blockdiag(rot(theta_j)) Q^T orthogonal: the eigenvalues of J are
+    2 e^{+-i theta_j}: every one complex, mean_abs_angle = mean theta, J normal."""
     rng = np.random.default_rng(7)
     d = 32
     th = rng.uniform(0.3, 2.8, d // 2)
     R = scipy.linalg.block_diag(*[np.array([[math.cos(t), -math.sin(t)],
                                             [math.sin(t), math.cos(t)]]) for t in th])
     Q, _ = np.linalg.qr(rng.standard_normal((d, d)))
-    J = np.eye(d) + Q @ R @ Q.T
+    J = 2 * Q @ R @ Q.T
     m = jacobian_metrics(torch.as_tensor(J) if dense else _op(J), k=6, dense=dense,
                          n_samples=256)
-    assert m.frac_complex == 1.0
+    assert m.top.frac_complex == 1.0 and m.top.frac_negative == 0.0
+    assert m.commutator == pytest.approx(0.0, abs=1e-10)
     if dense:
-        assert m.mean_abs_angle == pytest.approx(th.mean(), rel=1e-10)
-        assert m.sym_energy == pytest.approx(np.mean(np.cos(th) ** 2), rel=1e-10)
+        assert m.full.mean_abs_angle == pytest.approx(th.mean(), rel=1e-10)
         assert m.departure < 1e-6
-        N = schur_diagonal(torch.as_tensor(J)).numpy()  # J is normal: its own normal part
-        np.testing.assert_allclose(N, J, atol=1e-10)
-    else:
-        assert abs(m.sym_energy - np.mean(np.cos(th) ** 2)) < 0.05
 
 
 def test_antisymmetric_delta_has_zero_sym_energy():
@@ -288,11 +342,18 @@ def test_symmetric_part_operator():
 def test_rows_and_bad_input():
     m = jacobian_metrics(_op(_random_J(20, 11)), k=4, n_samples=16)
     row = jacobian_row(m, layer=3, position=-1)
-    for c in ("layer", "position", "frac_complex", "frac_complex_null", "mean_abs_angle",
-              "sym_energy", "departure", "departure_is_bound", "self_alignment", "top_eig_abs",
-              "n_matvecs", "k", "converged"):
+    for c in ("layer", "position", "frac_complex_top4", "frac_complex_top4_null",
+              "frac_complex_top4_null_se", "mean_abs_angle_top4", "frac_negative_top4",
+              "sym_energy", "sym_energy_se", "commutator", "commutator_se",
+              "self_alignment_top4", "top_eig_abs", "n_matvecs", "k", "converged", "dense"):
         assert c in row
-    assert row["layer"] == 3 and row["k"] == 4 and row["departure_is_bound"] is True
+    for c in ("frac_complex", "frac_complex_null", "mean_abs_angle", "departure",
+              "departure_rel"):
+        assert c not in row  # exact computation only
+    assert row["layer"] == 3 and row["k"] == 4 and row["dense"] is False
+    exact = jacobian_row(jacobian_metrics(torch.as_tensor(_random_J(20, 11)), k=4, dense=True), layer=3,
+                         position=-1)
+    assert set(row) <= set(exact)
     assert len(eigen_rows(m, layer=0, position=0)) == m.eigenvalues.shape[0]
     with pytest.raises(ValueError, match="d = 20"):
         jacobian_metrics(_op(_random_J(20, 0)), k=20)
@@ -303,8 +364,6 @@ def test_rows_and_bad_input():
     no_adj = LinearOperator((10, 10), matvec=lambda x: x, dtype=torch.float64, device="cpu")
     with pytest.raises(NotImplementedError, match="adjoint"):
         jacobian_metrics(no_adj, k=2)
-    with pytest.raises(ValueError, match="delta_spectrum"):
-        jacobian_metrics(_op(_random_J(20, 0)), k=2, delta_spectrum="nope")
 
 
 # ----------------------------------------------------------------------------- depth trends

@@ -1,0 +1,85 @@
+"""The end-to-end Jacobian P_l = d h_l[p] / d h_0[p] through the whole stack (METRICS.md,
+"Bottleneck"): exact for every model, bidirectional ones included.
+
+    >>> P = end_to_end_jacobians(anatomy, recording, sample=0, position=-1)  # doctest: +SKIP
+    >>> P.shape                                                               # doctest: +SKIP
+    torch.Size([6, 384, 384])
+
+The tangent enters at row p of the first recorded block's input; every block then runs on the
+full sequence (each with its own recorded mask, positions and rotary inputs), so a bidirectional
+model's other positions carry the perturbation back to p; P_l is read at row p of block l's
+output. For a causal model this equals the product J_l^(p) ... J_1^(p) of per-position blocks
+(rows before p do not depend on row p); for a bidirectional one the product of diagonal blocks
+is not the end-to-end Jacobian. ``end_to_end_operators`` gives the same maps matrix-free
+(matvec = JVP, rmatvec = VJP through the stack).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from ..errors import RecordingError
+from ..linalg import LinearOperator
+from .function import _math_sdpa, block_function
+
+__all__ = ["end_to_end_jacobians", "end_to_end_operators"]
+
+
+def _stack(anatomy, recording, layers: Sequence[int], sample: int, position: int):
+    layers = [anatomy.layer_index(layer) for layer in layers]
+    if layers != list(range(layers[0], layers[-1] + 1)):
+        raise RecordingError(f"the end-to-end Jacobian needs consecutive recorded layers, got "
+                             f"{layers}: instrument with layers=None")
+    fns = [block_function(anatomy, recording, layer, sample=sample, position=position)
+           for layer in layers]
+    first = fns[0]
+    p = first.positions
+
+    def outputs(x: Tensor, depth: int) -> list[Tensor]:
+        """Rows p of blocks 1..depth's outputs, the input's row p replaced by x [d]."""
+        H = first._base + first._scatter @ x[None]
+        rows = []
+        for fn in fns[:depth]:
+            H = fn.full(H)
+            rows.append(H.index_select(0, p)[0])
+        return rows
+    return fns, outputs
+
+
+def end_to_end_jacobians(anatomy, recording, *, layers: Sequence[int] | None = None,
+                         sample: int = 0, position: int = -1) -> Tensor:
+    """[L, d, d]: P_l for l = 1..L over ``layers`` (default: every recorded layer), float64,
+    by forward-mode AD (d JVPs through the stack, vectorised)."""
+    layers = list(recording.layers if layers is None else layers)
+    fns, outputs = _stack(anatomy, recording, layers, sample, position)
+    x0 = fns[0].x0[0]
+    with _math_sdpa(), torch.no_grad():
+        jac = torch.func.jacfwd(lambda x: torch.stack(outputs(x, len(fns))))(x0)
+    return jac.detach()
+
+
+def end_to_end_operators(anatomy, recording, *, layers: Sequence[int] | None = None,
+                         sample: int = 0, position: int = -1) -> list[LinearOperator]:
+    """P_1, ..., P_L as matrix-free operators (JVP / VJP through the first l blocks)."""
+    layers = list(recording.layers if layers is None else layers)
+    fns, outputs = _stack(anatomy, recording, layers, sample, position)
+    x0 = fns[0].x0[0]
+    d = x0.shape[0]
+
+    def make(depth: int) -> LinearOperator:
+        def g(x: Tensor) -> Tensor:
+            return outputs(x, depth)[-1]
+
+        def matvec(v: Tensor) -> Tensor:
+            with _math_sdpa():
+                return torch.func.jvp(g, (x0,), (v.to(x0.dtype),))[1]
+
+        def rmatvec(u: Tensor) -> Tensor:
+            with _math_sdpa():
+                return torch.func.vjp(g, x0)[1](u.to(x0.dtype))[0]
+        return LinearOperator((d, d), matvec=matvec, rmatvec=rmatvec, dtype=x0.dtype,
+                              device=x0.device, name=f"P[depth {depth}, end to end]")
+    return [make(depth) for depth in range(1, len(fns) + 1)]

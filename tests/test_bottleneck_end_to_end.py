@@ -1,0 +1,79 @@
+"""Bottleneck: the end-to-end Jacobian P_l = d h_l[p] / d h_0[p] itself for bidirectional models
+(against jacfwd through the chained blocks, tests/oracles.py), the per-position product for
+causal ones (where it is exact), and the Schur ablation's canonical order."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import spectral_hooks as sh
+from spectral_hooks.linearize.end_to_end import end_to_end_jacobians, end_to_end_operators
+from spectral_hooks.metrics.schur import canonical_order, schur_diagonal
+from tests.oracles import chained_token_jacobian, token_jacobian
+from tests.tiny_models import make_model
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def _recorded(family: str):
+    model = make_model(family)
+    with sh.instrument(model) as probe, torch.no_grad():
+        model(torch.randint(1, 100, (1, 6), generator=torch.Generator().manual_seed(0)))
+    return probe
+
+
+def test_bidirectional_end_to_end_is_exact_and_not_the_product():
+    probe = _recorded("bert")
+    L = probe.anatomy.n_layers
+    P = end_to_end_jacobians(probe.anatomy, probe.recording)
+    ops = end_to_end_operators(probe.anatomy, probe.recording)
+    g = torch.Generator().manual_seed(1)
+    v = torch.randn(P.shape[-1], generator=g, dtype=torch.float64)
+    product = torch.eye(P.shape[-1], dtype=torch.float64)
+    for l in range(L):
+        want = chained_token_jacobian(probe, 0, l)
+        assert float((P[l] - want).abs().max()) < 1e-10 * float(want.abs().max())
+        assert torch.allclose(ops[l].matvec(v), want @ v, rtol=1e-10, atol=1e-12)
+        assert torch.allclose(ops[l].rmatvec(v), want.T @ v, rtol=1e-10, atol=1e-12)
+        product = token_jacobian(probe, l, position=5) @ product
+    # a random tiny BERT couples positions weakly (~1e-5 here), far above rounding (~1e-14)
+    assert float((product - P[-1]).abs().max()) > 1e-8 * float(P[-1].abs().max())
+    report = probe.analyze(power=False, bottleneck=True, jacobian={"ablations": ()})
+    table = report.bottleneck
+    assert set(table.computation) == {"end_to_end"}
+    s = np.linalg.svd(P[-1].numpy(), compute_uv=False)
+    p = s / s.sum()
+    assert table.erank.iloc[-1] == pytest.approx(np.exp(-np.sum(p * np.log(p))), rel=1e-8)
+
+
+def test_causal_product_is_the_end_to_end_jacobian():
+    probe = _recorded("gpt2")
+    P = end_to_end_jacobians(probe.anatomy, probe.recording)
+    product = torch.eye(P.shape[-1], dtype=torch.float64)
+    for l in range(probe.anatomy.n_layers):
+        product = token_jacobian(probe, l, position=5) @ product
+        assert torch.allclose(product, P[l], rtol=1e-9, atol=1e-11)
+    table = probe.analyze(power=False, bottleneck=True).bottleneck
+    assert set(table.computation) == {"product"}
+
+
+def test_schur_ablation_order_is_canonical():
+    """Eigenvalues 2, +-1 (a tie that is not a conjugate pair), +-1.5i: the normal part is the
+    same whatever order LAPACK returns them in (similarity-covariant under a permutation)."""
+    lam = torch.tensor([2.0, 1.0, -1.0, 1.5j, -1.5j, 0.5])
+    assert canonical_order(lam) == [0, 3, 4, 1, 2, 5]
+    rng = np.random.default_rng(0)
+    d = 6
+    T = np.diag([2.0, 1.0, -1.0, 0.0, 0.0, 0.5]) + np.triu(rng.standard_normal((d, d)), 1)
+    T[3:5, 3:5] = [[0.0, 1.5], [-1.5, 0.0]]
+    T[4, 3] = -1.5
+    V = rng.standard_normal((d, d))
+    J = torch.as_tensor(V @ T @ np.linalg.inv(V))
+    N = schur_diagonal(J)
+    for seed in range(3):
+        perm = torch.as_tensor(np.random.default_rng(seed).permutation(d))
+        Pm = torch.eye(d, dtype=torch.float64)[perm]
+        N2 = schur_diagonal(Pm @ J @ Pm.T)
+        assert torch.allclose(Pm.T @ N2 @ Pm, N, atol=1e-8)

@@ -1,0 +1,80 @@
+"""Norms in the analysis dtype: Hugging Face's RMSNorms compute in float32 even in a float64
+model (``anatomy.norm_upcasts``); the float64 replay keeps them in float64, whatever the model's
+own dtype, so a float64 block operator is linear to rounding and equals the dense float64
+oracle (tests/oracles.py, whose RMSNorms are written out in float64)."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+import spectral_hooks as sh
+from spectral_hooks.linalg import eigs
+from spectral_hooks.linearize import block_jacobian
+from tests.golden.cases import tiny_batch
+from tests.oracles import last_real_position, token_jacobian
+from tests.tiny_models import make_model
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+UPCASTING = ("llama", "mistral", "qwen2", "gemma2", "gemma3", "olmo2")
+
+
+def _record(family: str, dtype: torch.dtype):
+    model = make_model(family, dtype=dtype)
+    batch = tiny_batch()
+    batch["attention_mask"][1] = 1
+    with sh.instrument(model) as probe, torch.no_grad():
+        model(**batch)
+    return probe
+
+
+def _hf_native_token_jacobian(probe, layer: int, p: int) -> torch.Tensor:
+    """The same Jacobian with the model's own (float32-computing) norms, for contrast."""
+    call = probe.recording.block_input(layer, 0)
+    H0 = call.hidden.detach().to(torch.float64)[0]
+    block = copy.deepcopy(probe.anatomy.layers[layer].block).to(torch.float64)
+
+    def f(x):
+        H = torch.cat([H0[:p], x[None], H0[p + 1:]], 0)[None]
+        args, kwargs = call.with_hidden(H)
+        cast = {k: v.to(torch.float64) if torch.is_tensor(v) and v.is_floating_point() else v
+                for k, v in kwargs.items()}
+        out = block(*args, **cast)
+        return (out[0] if isinstance(out, tuple) else out)[0, p]
+
+    with sdpa_kernel(SDPBackend.MATH), torch.no_grad():
+        return torch.func.jacfwd(f)(H0[p])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("family", ["llama", "gemma2", "olmo2", "qwen2"])
+def test_float64_operator_is_linear_and_exact(family, dtype):
+    probe = _record(family, dtype)
+    assert probe.anatomy.norm_upcasts
+    J = block_jacobian(probe.anatomy, probe.recording, 0)
+    assert J.dtype == torch.float64
+    g = torch.Generator().manual_seed(0)
+    x, y = (torch.randn(J.shape[0], generator=g, dtype=torch.float64) for _ in range(2))
+    defect = J.matvec(x + 1e-3 * y) - J.matvec(x) - 1e-3 * J.matvec(y)
+    assert float(defect.norm() / J.matvec(x).norm()) < 1e-12
+    p = last_real_position(probe)
+    want = token_jacobian(probe, 0, position=p)
+    got = J.to_dense()
+    assert float((got - want).abs().max()) < 1e-10 * float(want.abs().max())
+    if dtype == torch.float64:  # the model's own float32 norms would differ from float64 ones
+        native = _hf_native_token_jacobian(probe, 0, p)
+        assert float((native - want).abs().max()) > 1e-12 * float(want.abs().max())
+
+
+@pytest.mark.parametrize("family", UPCASTING)
+def test_matrix_free_eigs_converges_on_every_layer(family):
+    probe = _record(family, torch.float32)
+    for layer in probe.recording.layers:
+        J = block_jacobian(probe.anatomy, probe.recording, layer)
+        result = eigs(J, 4, tol=1e-8, seed=0, return_vectors=False)
+        assert result.converged, (family, layer)
+        assert J.n_matvecs < 400, (family, layer, J.n_matvecs)
