@@ -313,8 +313,9 @@ def test_split_single_query_batched_jvps_match_jacfwd(family):
         D = oracle(probe, layer, "token")
         g = torch.Generator().manual_seed(layer)
         X = torch.randn(32, 45, generator=g, dtype=torch.float64)  # a full and a padded chunk
-        # norms and softmax stay float64 in the replay (HF's own upcast them to float32)
-        exact = True
+        # norms and softmax stay float64 in the replay (HF's own upcast them to float32); the
+        # oracle runs GPT-Neo's own float32 query/key upcast, so it is the inexact side there
+        exact = family != "gpt_neo"
         tol = 1e-12 if exact else TOL
         assert rel(J.matmat(X), D @ X) < tol
         assert rel(J.matvec(X[:, 0]), D @ X[:, 0]) < tol

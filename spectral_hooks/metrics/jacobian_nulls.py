@@ -12,7 +12,6 @@ complex, over the full spectrum (exact, Edelman-Kostlan-Shub) and over its top-k
 from __future__ import annotations
 
 import math
-from functools import lru_cache
 
 import torch
 
@@ -72,10 +71,17 @@ def frac_complex_top_null(d: int, k: int, *, seed: int = 0,
         raise ValueError(f"frac_complex_top_null: need ints 1 <= k <= d, got d={d!r}, k={k!r}")
     if d > NULL_MC_MAX_D:
         return float("nan"), float("nan")
-    return _top_null(int(d), int(k), int(seed), int(n_draws))
+    key = (int(d), int(k), int(seed), int(n_draws))
+    if key not in _TOP_NULLS:
+        _TOP_NULLS[key] = _top_null(*key)
+    return _TOP_NULLS[key]
 
 
-@lru_cache(maxsize=64)
+#: (d, k, seed, n_draws) -> (mean, se): a pure function of its key (no model state), kept for
+#: the life of the process so each (d, k) costs its Monte Carlo run once
+_TOP_NULLS: dict[tuple[int, int, int, int], tuple[float, float]] = {}
+
+
 def _top_null(d: int, k: int, seed: int, n_draws: int) -> tuple[float, float]:
     g = torch.Generator().manual_seed(seed)
     fracs = torch.empty(n_draws, dtype=torch.float64)
