@@ -204,8 +204,9 @@ def rotation_stats(lam) -> tuple[float, float, float]:
     """(frac_complex, mean_abs_angle, frac_negative) of eigenvalues ``lam`` of J: the angle is
     |lambda|-weighted over the complex ones only (NaN if none); real negatives are reflections."""
     lam = np.asarray(lam, dtype=complex)
-    cplx = np.abs(lam.imag) > 1e-6 * np.abs(lam)
-    neg = ~cplx & (lam.real < 0)
+    zero = np.abs(lam) <= 1e-10 * np.abs(lam).max()  # numerical zeros: neither complex nor negative
+    cplx = (np.abs(lam.imag) > 1e-6 * np.abs(lam)) & ~zero
+    neg = ~cplx & ~zero & (lam.real < 0)
     a = np.abs(lam[cplx])
     angle = float(np.sum(a * np.abs(np.angle(lam[cplx]))) / np.sum(a)) if cplx.any() else np.nan
     return float(cplx.mean()), angle, float(neg.mean())

@@ -21,9 +21,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-__all__ = ["COMPLEX_RTOL", "RotationStats", "rotation_stats", "top_k_by_modulus"]
+__all__ = ["COMPLEX_RTOL", "ZERO_RTOL", "RotationStats", "rotation_stats", "top_k_by_modulus"]
 
 COMPLEX_RTOL = 1e-6  # an eigenvalue counts as complex when |Im| > COMPLEX_RTOL |lambda|
+# an eigenvalue with |lambda| <= ZERO_RTOL max |lambda| is a numerical zero (e.g. the direction a
+# LayerNorm removes): its sign and phase are rounding noise, so it is neither complex nor negative
+ZERO_RTOL = 1e-10
 
 
 @dataclass(frozen=True)
@@ -36,7 +39,12 @@ class RotationStats:
 
 
 def _is_complex(lam: Tensor) -> Tensor:
-    return lam.imag.abs() > COMPLEX_RTOL * lam.abs()
+    return (lam.imag.abs() > COMPLEX_RTOL * lam.abs()) & ~_is_zero(lam)
+
+
+def _is_zero(lam: Tensor) -> Tensor:
+    a = lam.abs()
+    return a <= ZERO_RTOL * a.max()
 
 
 def rotation_stats(lam: Tensor) -> RotationStats:
@@ -49,7 +57,7 @@ def rotation_stats(lam: Tensor) -> RotationStats:
     if lam.numel() == 0:
         return RotationStats(float("nan"), float("nan"), float("nan"))
     cplx = _is_complex(lam)
-    neg = ~cplx & (lam.real < 0)
+    neg = ~cplx & ~_is_zero(lam) & (lam.real < 0)
     a = lam.abs()
     tot = float(a[cplx].sum())
     angle = float((a[cplx] * torch.angle(lam[cplx]).abs()).sum()) / tot if tot > 0 \
