@@ -4,6 +4,7 @@ glued onto, and ``pandas.read_csv`` failed)."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -39,15 +40,24 @@ while True:
 """
 
 
+def _whole_lines(path: Path) -> io.BytesIO:
+    """The file without a torn last line. Linux may cut a write() at a page boundary when a
+    fatal signal (SIGKILL) is pending, so a kill can leave at most that one torn line, which
+    ``append=True`` truncates on the next open; every line before it is whole."""
+    data = path.read_bytes()
+    return io.BytesIO(data[:data.rfind(b"\n") + 1])
+
+
 def _check_files(csv_path: Path, jsonl_path: Path) -> int:
-    """Both files read with pandas; every row is a whole record; the last complete step."""
-    table = pd.read_csv(csv_path)
+    """Both files read with pandas; every whole row is a whole record; the last complete step."""
+    pd.read_csv(csv_path)  # the raw file, torn tail included, reads
+    table = pd.read_csv(_whole_lines(csv_path))
     assert list(table.columns) == ["step", "name", "value"]
     assert table["value"].dtype == np.float64 and table["step"].dtype == np.int64
     assert table["name"].str.fullmatch(r"spectral/layer_\d\d/gap_ratio").all()
     index = table["name"].str.slice(15, 17).astype(int)
     np.testing.assert_array_equal(table["value"].to_numpy(), table["step"] + index / 64)
-    records = pd.read_json(jsonl_path, lines=True)
+    records = pd.read_json(_whole_lines(jsonl_path), lines=True)
     if len(records):
         assert records.shape[1] == 41 and records.notna().all().all()
         assert (records["step"].diff().dropna() == 1).all()  # no step lost, none repeated
