@@ -40,8 +40,8 @@ def _fsync_dir(directory: Path) -> None:
         return
     try:
         os.fsync(fd)
-    except OSError:
-        pass
+    except OSError:  # no directory fsync on this file system: the rename is atomic regardless
+        return
     finally:
         os.close(fd)
 
