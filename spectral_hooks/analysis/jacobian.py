@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from ..errors import OptionError, RecordingError
 from ..linalg import IdentityOperator, LinearOperator
 from ..linearize import block_jacobian
 from ..linearize.end_to_end import end_to_end_jacobians, end_to_end_operators
@@ -66,8 +67,6 @@ class JacobianView:
         d = subject.anatomy.d_model
         self.exact = resolve_dense(options.dense, d)
         if options.k >= d or (options.k > d - 2 and not self.exact):
-            from ..errors import OptionError
-
             raise OptionError("jacobian.k", options.k, f"an int below d_model={d}" + (
                 "" if self.exact else f", at most d_model - 2 = {d - 2} matrix-free"),
                 hint="the exact computation (dense=True) reports every eigenvalue anyway")
@@ -161,8 +160,6 @@ class JacobianView:
         """Token Jacobians of every recorded layer in order at the last position."""
         layers = list(self.layers)
         if layers != list(range(layers[0], layers[-1] + 1)):
-            from ..errors import RecordingError
-
             raise RecordingError(f"the bottleneck needs consecutive recorded layers, got "
                                  f"{layers}: instrument with layers=None")
         return [self.operator(layer, -1) for layer in layers]
@@ -196,10 +193,6 @@ class JacobianView:
         J: Union[LinearOperator, Tensor] = self.operator(layer, -1)
         delta = J - IdentityOperator(J.shape[0], dtype=J.dtype, device=J.device)
         return amplification(delta, n_samples=o.n_samples, seed=o.seed)[0]
-
-
-def jacobian_view(subject: Subject, options: JacobianOptions) -> JacobianView:
-    return JacobianView(subject, options)
 
 
 def jacobian_section(subject: Subject, options, init: Subject | None = None) -> pd.DataFrame:

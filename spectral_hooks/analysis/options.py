@@ -16,7 +16,7 @@ metadata stores as its resolved options.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Union
 
 from ..errors import OptionError, UnknownOptionError
@@ -148,6 +148,9 @@ def _known(cls: type, values: Mapping, where: str) -> dict:
     return dict(values)
 
 
+_DEFAULT_JACOBIAN = JacobianOptions()
+
+
 @dataclass(frozen=True, kw_only=True)
 class AnalyzeOptions:
     """What ``probe.analyze(...)`` computes. Each keyword of ``analyze`` is a field here.
@@ -172,8 +175,6 @@ class AnalyzeOptions:
     bottleneck: bool = False
     reinit: bool = False
     topology: bool = False
-    _jacobian_default: JacobianOptions = field(default_factory=JacobianOptions, repr=False,
-                                               compare=False)
 
     def __post_init__(self) -> None:
         for name in ("power", "fold_norm", "bottleneck", "reinit", "topology"):
@@ -205,7 +206,7 @@ class AnalyzeOptions:
     @property
     def jacobian_options(self) -> JacobianOptions:
         """The Jacobian options in force (the defaults when ``jacobian`` is off)."""
-        return self.jacobian if self.jacobian is not None else self._jacobian_default
+        return self.jacobian if self.jacobian is not None else _DEFAULT_JACOBIAN
 
     def to_dict(self) -> dict:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
