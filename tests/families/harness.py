@@ -1,0 +1,122 @@
+"""The checks every registered family passes (issue 15), written once.
+
+    >>> from tests.families.harness import check_family
+    >>> check_family(model, ids, value_in="self_attn.v_proj", output="self_attn.o_proj")
+
+Each check compares the library against an oracle that does not use the library's code path:
+
+- the recording against the model's own ``output_hidden_states``;
+- F = sum_h W_O^h W_V^h against a least-squares fit of the raw modules (with one token,
+  attention weights are 1, so the output projection's output is W_O (W_V x + b_V) + b_O for
+  any input x fed to the value projection's input module ``value_in``);
+- the dense block Jacobian against ``torch.func.jacfwd`` of the real block (tests/oracles.py,
+  norms in float64), and the matrix-free top-k eigenvalues against the dense eig;
+- outputs bit-identical with and without the probe, and zero handles left.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+import torch
+
+import spectral_hooks as sh
+from spectral_hooks.linalg import eigs
+from spectral_hooks.linearize import block_jacobian
+from tests.oracles import assert_same_spectrum, eigvals_by_modulus, token_jacobian
+
+
+def _first(out):
+    if isinstance(out, torch.Tensor):
+        return out
+    if isinstance(out, (tuple, list)):
+        return out[0]
+    return out.last_hidden_state
+
+
+def check_recording(model, inputs: dict, *, atol: float = 1e-12):
+    """Recording equals ``output_hidden_states``; outputs bit-identical; no handle left."""
+    with torch.no_grad():
+        expected = model(**inputs, output_hidden_states=True)
+        with sh.instrument(model) as probe:
+            out = model(**inputs, output_hidden_states=True)
+    assert torch.equal(_first(out), _first(expected)), "the probe changed the model's output"
+    assert probe.n_handles == 0
+    hidden, rec, n = out.hidden_states, probe.recording, probe.anatomy.n_layers
+    assert n == len(hidden) - 1, (n, len(hidden))
+    for layer in range(n):
+        torch.testing.assert_close(rec.resid_pre[layer], hidden[layer], rtol=0, atol=atol)
+        if layer < n - 1:  # many families normalise the last hidden state
+            torch.testing.assert_close(rec.resid_post[layer], hidden[layer + 1], rtol=0,
+                                       atol=atol)
+    return probe
+
+
+def oracle_F(model, block, value_in: str, output: str, d_model: int, *,
+             call=None) -> torch.Tensor:
+    """Fit y = F x + c from one-token inputs through the raw modules of ``block``:
+    ``value_in`` is the module whose input feeds the value projection (the projection itself,
+    or a fused qkv), ``output`` the output projection. ``call(model)`` runs the model on a
+    batch of single tokens (default: ``model(input_ids [4d, 1])``)."""
+    v_mod, o_mod = block.get_submodule(value_in), block.get_submodule(output)
+    xs, ys = [], []
+
+    def random_input(module, args):
+        xs.append(torch.randn_like(args[0]))
+        return (xs[-1],) + tuple(args[1:])
+
+    h1 = v_mod.register_forward_pre_hook(random_input)
+    h2 = o_mod.register_forward_hook(lambda m, a, o: ys.append(_first(o).detach()))
+    try:
+        with torch.no_grad():
+            if call is None:
+                model(torch.randint(0, 100, (4 * d_model, 1)))
+            else:
+                call(model)
+    finally:
+        h1.remove(), h2.remove()
+    x, y = xs[0].reshape(-1, d_model), ys[0].reshape(-1, d_model)
+    design = torch.cat([x, torch.ones(len(x), 1, dtype=x.dtype)], dim=1)
+    return torch.linalg.lstsq(design, y).solution[:-1].T
+
+
+def check_F(model, value_in: str, output: str, *, call=None, tol: float = 1e-6):
+    anatomy = sh.anatomy_of(model)
+    for layer in sorted({0, anatomy.n_layers - 1}):
+        part = anatomy.layers[layer]
+        F = torch.einsum("hdk,hkm->dm", part.output_weights(), part.value_weights())
+        want = oracle_F(model, part.block, value_in, output, anatomy.d_model, call=call)
+        torch.testing.assert_close(F, want, rtol=tol, atol=tol)
+
+
+def check_jacobian(probe, *, k: int = 4, position: Optional[int] = None, tol: float = 1e-10):
+    """Dense block Jacobian = jacfwd of the real block (to ``tol`` of its largest entry) and
+    the matrix-free top-k eigenvalues = the dense eig's (1e-8), on every layer."""
+    L = probe.recording.mask.shape[1]
+    p = L - 1 if position is None else position
+    for layer in probe.recording.layers:
+        want = token_jacobian(probe, layer, position=p)
+        op = block_jacobian(probe.anatomy, probe.recording, layer, position=p)
+        got = op.to_dense()
+        scale = float(want.abs().max())
+        assert float((got - want).abs().max()) <= tol * scale, (layer, "dense Jacobian")
+        result = eigs(op, k, tol=1e-10, seed=0, return_vectors=False)
+        assert bool(result.converged), layer
+        got_values = np.asarray(result.values)
+        exact = eigvals_by_modulus(np.asarray(want))[:len(got_values)]
+        assert_same_spectrum(got_values, exact, 1e-8)
+
+
+def check_family(model, inputs: dict, *, value_in: str, output: str, causal: bool,
+                 family: Optional[str] = None, k: int = 4, f_call=None):
+    """Every check above on a float64 ``model``; returns the probe."""
+    anatomy = sh.anatomy_of(model)
+    if family is not None:
+        assert anatomy.family == family, anatomy.family
+    assert anatomy.causal == causal
+    assert not anatomy.family.startswith("generic"), "a registered family was expected"
+    probe = check_recording(model, inputs)
+    check_F(model, value_in, output, call=f_call)
+    check_jacobian(probe, k=k)
+    return probe
