@@ -187,7 +187,7 @@ def analyze(args) -> int:
         options["reinit"] = True
     if args.topology:
         options["topology"] = True
-    report = probe.analyze(**options)
+    report = probe.analyze(tokenizer=tokenizer, **options)
     report.metadata["name_or_path"] = path
     report.metadata["texts"] = texts
     for name in report.sections:  # compute with a progress bar

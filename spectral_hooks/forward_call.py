@@ -128,16 +128,34 @@ def bind_model_call(signature: inspect.Signature, args: tuple, kwargs: dict) -> 
     return bound
 
 
+def token_ids_of(bound: dict) -> Optional[Tensor]:
+    """The integer token ids [batch, pos] the model was called with, or None (embeddings,
+    strings)."""
+    for name in MODEL_INPUT_KWARGS:
+        value = bound.get(name)
+        if isinstance(value, Tensor) and not value.is_floating_point() and value.ndim in (1, 2):
+            return value if value.ndim == 2 else value[None]
+    return None
+
+
 class ForwardCall:
     """State of one forward of the model while it runs. ``implicit``: the blocks were called
     without the model's own forward (TL3's generate() calls ``forward`` directly)."""
 
-    def __init__(self, mask: Optional[Tensor], continues: bool, implicit: bool = False) -> None:
+    def __init__(self, mask: Optional[Tensor], continues: bool, implicit: bool = False,
+                 token_ids: Optional[Tensor] = None) -> None:
         self.mask, self.continues, self.implicit = mask, continues, implicit
+        self.token_ids = token_ids
         self.counts: dict = {}
         self.captured: dict = {}
         self.block_calls: dict = {}
         self.inputs: Optional[tuple] = None
+
+    @classmethod
+    def begin(cls, bound: dict) -> "ForwardCall":
+        """The state of a model call whose arguments are ``bound`` (see bind_model_call)."""
+        return cls(padding_mask(bound), continues=cache_length(bound) > 0,
+                   token_ids=token_ids_of(bound))
 
     def next_layer(self, key: tuple, order: list[int]) -> Optional[int]:
         """The layer of this application of a module (None past its last application)."""
@@ -153,3 +171,13 @@ class ForwardCall:
         if mask is not None and mask.shape[0] == batch and mask.shape[1] >= n_new:
             return mask[:, -n_new:]
         return torch.ones(batch, n_new, dtype=torch.long)
+
+    def new_token_ids(self) -> Optional[Tensor]:
+        """The token ids of the captured positions [batch, n_new] (None when the model got
+        embeddings, or ids of another shape)."""
+        sample = next(iter(self.captured.values()))
+        batch, n_new = sample.shape[0], sample.shape[1]
+        ids = self.token_ids
+        if ids is None or ids.shape[0] != batch or ids.shape[1] < n_new:
+            return None
+        return ids[:, -n_new:].detach().to("cpu", torch.long)

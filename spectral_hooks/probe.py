@@ -86,8 +86,7 @@ class Probe(BlockJacobians):
 
     # ---------------------------------------------------------------- hooks
     def _begin_call(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        bound = fc.bind_model_call(self._root_signature, args, kwargs)
-        self._call = fc.ForwardCall(fc.padding_mask(bound), continues=fc.cache_length(bound) > 0)
+        self._call = fc.ForwardCall.begin(fc.bind_model_call(self._root_signature, args, kwargs))
         if not self._call.continues:
             keep = lambda t: self.recording.to_store(t, copy=False)  # noqa: E731
             self._call.inputs = (map_tensors(tuple(args), keep),
@@ -104,7 +103,8 @@ class Probe(BlockJacobians):
                         "must all run in every call)", missing)
             return
         self.recording.commit(call.captured, call.batch_mask(), continues=call.continues,
-                              block_calls=call.block_calls, inputs=call.inputs)
+                              block_calls=call.block_calls, inputs=call.inputs,
+                              token_ids=call.new_token_ids())
 
     def _end_implicit_call(self, module: nn.Module, args: tuple, kwargs: dict,
                            output: Any) -> None:

@@ -128,6 +128,7 @@ class _Run:
     masks: list = field(default_factory=list)
     steps: list = field(default_factory=list)
     block_calls: dict = field(default_factory=dict)  # layer -> BlockCall (prefill only)
+    token_ids: list = field(default_factory=list)  # per step: Tensor[batch, n_new] or None
     inputs: Optional[tuple] = None  # the model call's (args, kwargs), caches removed
 
     @property
@@ -180,7 +181,8 @@ class Recording:
         return t.detach().to(device=device, dtype=dtype, copy=copy)
 
     def commit(self, captured: dict, mask: Tensor, *, continues: bool,
-               block_calls: dict, inputs: Optional[tuple] = None) -> None:
+               block_calls: dict, inputs: Optional[tuple] = None,
+               token_ids: Optional[Tensor] = None) -> None:
         """Add one forward call: ``captured[(capture, layer)] = Tensor[batch, pos, d]``."""
         self._cache.clear()
         self.generation += 1
@@ -204,6 +206,8 @@ class Recording:
             run.chunks.setdefault(key, []).append(tensor)
         run.masks.append(mask)
         run.steps.append(step)
+        run.token_ids.append(token_ids if token_ids is not None
+                             else torch.full_like(mask, -1))
         self._calls.append(StepInfo(len(self._calls), len(self._runs) - 1, step,
                                     mask.shape[1], not continues))
 
@@ -292,6 +296,17 @@ class Recording:
                   for run in self._runs]
         steps = self._padded(pieces, width, fill=-1)
         return steps.masked_fill(self.mask == 0, -1)
+
+    @property
+    def token_ids(self) -> Tensor:
+        """Tensor[batch, pos] (long): the token id at each recorded position; -1 for padding
+        and where the model was called with embeddings rather than ids."""
+        if not self._runs:
+            raise RecordingError("nothing recorded yet: run the model inside the probe first")
+        width = max(run.n_positions for run in self._runs)
+        ids = self._padded([torch.cat(run.token_ids, dim=1) for run in self._runs], width,
+                           fill=-1)
+        return ids.masked_fill(self.mask == 0, -1)
 
     def tokens(self, capture: str, layer: int) -> Tensor:
         """Tensor[n_tokens, d_model]: the real (non-padding) tokens of all rows."""

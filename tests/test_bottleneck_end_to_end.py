@@ -77,3 +77,53 @@ def test_schur_ablation_order_is_canonical():
         Pm = torch.eye(d, dtype=torch.float64)[perm]
         N2 = schur_diagonal(Pm @ J @ Pm.T)
         assert torch.allclose(Pm.T @ N2 @ Pm, N, atol=1e-8)
+
+
+def _erank(M: np.ndarray) -> float:
+    s = np.linalg.svd(M, compute_uv=False)
+    p = s / s.sum()
+    p = p[p > 0]
+    return float(np.exp(-np.sum(p * np.log(p))))
+
+
+def test_one_layer_at_a_time_ablation_is_its_end_to_end_effect():
+    """Causal models: the ablation of layer m alone, J_L ... A(J_m) ... J_1 at full depth,
+    against jacfwd blocks (tests/oracles.py) multiplied here, for A = symmetric part; the
+    schur rows equal the product with only that block replaced by its normal part."""
+    probe = _recorded("gpt2")
+    L = probe.anatomy.n_layers
+    J = [token_jacobian(probe, l, position=5).numpy() for l in range(L)]
+    report = probe.analyze(power=False, bottleneck=True, jacobian={"dense": True})
+    table = report.bottleneck
+    for variant in ("symmetric", "schur"):
+        rows = table[(table.variant == variant) & (table.ablated_layer >= 0)]
+        assert rows.ablated_layer.tolist() == list(range(L)) and set(rows.depth) == {L}
+        every = table[(table.variant == variant) & (table.ablated_layer == -1)]
+        assert every.depth.tolist() == list(range(1, L + 1))
+        for m in range(L):
+            if variant == "symmetric":
+                A = 0.5 * (J[m] + J[m].T)
+            else:
+                A = schur_diagonal(torch.as_tensor(J[m])).numpy()
+            P = np.eye(J[0].shape[0])
+            for l in range(L):
+                P = (A if l == m else J[l]) @ P
+            got = rows[rows.ablated_layer == m].erank.item()
+            assert got == pytest.approx(_erank(P), rel=1e-8), (variant, m)
+    trained = table[table.variant == "trained"]
+    assert set(trained.ablated_layer) == {-1}
+
+
+def test_one_layer_ablation_matrix_free_and_absent_for_bidirectional():
+    from spectral_hooks.metrics.bottleneck import single_layer_ablation_table
+
+    g = torch.Generator().manual_seed(3)
+    Js = [torch.eye(12, dtype=torch.float64) + torch.randn(12, 12, generator=g,
+                                                         dtype=torch.float64) / 4
+          for _ in range(3)]
+    exact = single_layer_ablation_table(Js, variant="symmetric", dense=True, layers=[4, 5, 6])
+    free = single_layer_ablation_table(Js, variant="symmetric", k=12, layers=[4, 5, 6])
+    assert exact.ablated_layer.tolist() == [4, 5, 6]
+    np.testing.assert_allclose(free.erank, exact.erank, rtol=1e-8)
+    table = _recorded("bert").analyze(power=False, bottleneck=True).bottleneck
+    assert set(table.ablated_layer) == {-1}  # the product is not P_L there: no per-layer rows

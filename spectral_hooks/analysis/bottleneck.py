@@ -8,7 +8,12 @@ from __future__ import annotations
 import pandas as pd
 
 from ..errors import OptionError, fallback
-from ..metrics.bottleneck import bottleneck_table, end_to_end_table, propagation_table
+from ..metrics.bottleneck import (
+    bottleneck_table,
+    end_to_end_table,
+    propagation_table,
+    single_layer_ablation_table,
+)
 from ..metrics.jacobian import SCHUR_MAX_D
 from .jacobian import JacobianView
 from .options import AnalyzeOptions
@@ -19,7 +24,9 @@ from .subject import Subject
 def _variant_table(view: JacobianView, variant: str) -> pd.DataFrame:
     """One variant's rows. trained/init: the end-to-end Jacobian P_l itself for a
     bidirectional model (JVPs through the whole stack), the product of per-position blocks for
-    a causal one (where it is exact); the ablations are products of modified blocks. The
+    a causal one (where it is exact); the ablations are products of modified blocks, every
+    layer at once (``ablated_layer`` -1, every depth) and, for causal models (where the product
+    is the end-to-end Jacobian), one layer at a time (its index, at full depth). The
     ``computation`` column says which."""
     o, d = view.options, view.subject.anatomy.d_model
     if variant == "schur" and d > SCHUR_MAX_D:
@@ -35,6 +42,10 @@ def _variant_table(view: JacobianView, variant: str) -> pd.DataFrame:
         return table
     operators = view.dense_chain() if dense else view.chain()
     table = bottleneck_table(operators, k=k, variant=variant, dense=dense, seed=o.seed)
+    if variant in ("symmetric", "schur") and view.subject.anatomy.causal:
+        table = pd.concat([table, single_layer_ablation_table(
+            operators, variant=variant, layers=view.layers, k=k, dense=dense, seed=o.seed)],
+            ignore_index=True)
     table["computation"] = "product"
     return table
 

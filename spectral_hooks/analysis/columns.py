@@ -101,6 +101,9 @@ JACOBIAN = SectionSchema("jacobian", (
     _jacobian("layer", "int", "block index l"),
     _jacobian("position", "int", "token position p of the Jacobian (a row of the recording)"),
     _jacobian("sample", "int", "the batch row (sequence) the position belongs to (option sample)"),
+    _jacobian("token_id", "int", "the token id at (sample, position); -1 where the model was "
+              "called with embeddings"),
+    _jacobian("token", "str", "the token's text (tokenizer.decode); empty without a tokenizer"),
     _jacobian("top_eig_abs", "float", "modulus of the largest eigenvalue of J"),
     _jacobian("frac_complex_top*_null_se", "float", "Monte Carlo standard error of "
               "frac_complex_top{k}_null"),
@@ -152,6 +155,8 @@ TRENDS = SectionSchema("trends", (
 
 BOTTLENECK = SectionSchema("bottleneck", (
     _bottleneck("variant", "category", "trained, init, symmetric or schur", categories=VARIANTS),
+    _bottleneck("ablated_layer", "int", "the one layer ablated (causal models, full depth), or "
+                "-1: every layer (or none, for trained and init)"),
     _bottleneck("depth", "int", "l, the number of blocks in the product P_l"),
     _bottleneck("erank", "float", "effective rank of P_l"),
     _bottleneck("participation_ratio", "float", "(sum sigma^2)^2 / sum sigma^4"),
@@ -165,7 +170,7 @@ BOTTLENECK = SectionSchema("bottleneck", (
                 "(bidirectional models, trained/init); product: J_l ... J_1 of per-position "
                 "blocks (exact for causal models; the symmetric/schur ablations)",
                 categories=("end_to_end", "product")),
-), key_columns=("variant", "depth"))
+), key_columns=("variant", "ablated_layer", "depth"))
 
 PROPAGATION = SectionSchema("propagation", (
     _propagation("layer", "int", "layer l the perturbation goes through (x_{l+1} = J_l x_l)"),

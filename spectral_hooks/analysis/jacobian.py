@@ -42,6 +42,7 @@ from ..metrics.jacobian_nulls import NULL_MC_MAX_D
 from ..metrics.topology import amplification
 from .options import JacobianOptions
 from .subject import Subject
+from .token_text import name_tokens
 
 #: d_model up to which ``dense=None`` computes exactly (benchmarks/dense_threshold.py)
 DENSE_AUTO_MAX_D = 1024
@@ -201,4 +202,7 @@ def jacobian_section(subject: Subject, options, init: Subject | None = None) -> 
     frames = [JacobianView(subject, o).table()]
     if init is not None:
         frames.append(JacobianView(init, o).table())
-    return pd.concat(frames, ignore_index=True)
+    tokenizer = options.tokenizer if options.tokenizer is not None \
+        else subject.anatomy.tokenizer
+    return name_tokens(pd.concat(frames, ignore_index=True), subject.recording.token_ids,
+                       tokenizer)

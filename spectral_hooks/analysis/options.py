@@ -166,6 +166,8 @@ class AnalyzeOptions:
         bottleneck: the end-to-end bottleneck and its ablations, and propagation.
         reinit: the same Jacobian analyses on a freshly initialised model, side by side.
         topology: residual-unit communities, bridges and amplification.
+        tokenizer: names the tokens of the Jacobian rows (column ``token``, decoded with its
+            ``decode``); None uses the tokenizer the model carries (TransformerLens), if any.
     """
 
     power: bool = True
@@ -175,10 +177,14 @@ class AnalyzeOptions:
     bottleneck: bool = False
     reinit: bool = False
     topology: bool = False
+    tokenizer: Any = None
 
     def __post_init__(self) -> None:
         for name in ("power", "fold_norm", "bottleneck", "reinit", "topology"):
             _check_bool(name, getattr(self, name))
+        if self.tokenizer is not None and not callable(getattr(self.tokenizer, "decode", None)):
+            raise OptionError("tokenizer", type(self.tokenizer).__name__,
+                              "None or a tokenizer with a decode(ids) method")
         if self.iterate not in ITERATES:
             raise OptionError("iterate", self.iterate, f"one of {ITERATES}")
         object.__setattr__(self, "jacobian", JacobianOptions.resolve(self.jacobian))
@@ -212,6 +218,7 @@ class AnalyzeOptions:
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                if not f.name.startswith("_")}
         out["jacobian"] = self.jacobian.to_dict() if self.jacobian is not None else None
+        out["tokenizer"] = None if self.tokenizer is None else type(self.tokenizer).__name__
         if self.jacobian is None and self.jacobian_view:
             out["jacobian_defaults_used"] = self.jacobian_options.to_dict()
         return out

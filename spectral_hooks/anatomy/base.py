@@ -153,6 +153,11 @@ class Anatomy:
     def n_layers(self) -> int:
         return len(self.layers)
 
+    @property
+    def tokenizer(self) -> Any:
+        """The tokenizer the model carries (TransformerLens models keep one), or None."""
+        return getattr(self.model, "tokenizer", None)
+
     def layer_index(self, layer: int) -> int:
         """Normalise a (possibly negative) layer index, with a clear error when out of range."""
         if not isinstance(layer, int) or isinstance(layer, bool):

@@ -38,7 +38,12 @@ decomposition beats the k-th value (every wanted Ritz vector lies in Q), the che
 is returned. Otherwise the probe found a rival: the iteration continues with the probe's
 vectors in the basis and ncv enlarged (by max(ncv/2, k), up to n), and a new probe is needed
 later. ncv is also enlarged after every 40 restarts without convergence (stagnation).
-Cost: ncv - k matvecs per probe (one probe when nothing is found), counted in n_matvecs.
+A probe lasts until its leading Ritz value (the first beyond the checked set) has a
+residual estimate below PROBE_TOL |theta| (thick restarts keep the checked set and the probe's
+best vectors), at most PROBE_MAX_CYCLES extra cycles: a missed eigenvalue at the edge of a
+cluster (MiniLM layer 3's J - I: the second copy of -1, next to values of modulus 0.98) climbs
+past the k-th value only after a few cycles. Cost: ncv - k matvecs per probe cycle (one cycle
+when its leading value settles at once), counted in n_matvecs.
 Which test is safe: the probe's Ritz values are unconverged after one cycle, so a
 residual-widened test (|theta'| + residual >= |lambda_k|) fires on almost every clustered
 spectrum and would double the cost; the probe uses "a Ritz value beats |lambda_k|"
@@ -46,8 +51,8 @@ instead. For a normal operator that proves a missed eigenvalue (Ritz values lie 
 hull of the deflated spectrum), so it never fires falsely; for a non-normal one it may fire
 without cause (costing matvecs, never correctness). What it cannot do: prove that nothing
 was missed. An eigenvalue whose eigenvector is nearly orthogonal to both the original start
-and the probe's random start, or that a single probe cycle approximates only from below
-|lambda_k|, can still be missed; the probe makes a silent miss require two independent
+and the probe's random start, or that the probe approximates only from below |lambda_k|
+until its leading value settles, can still be missed; the probe makes a silent miss require two independent
 random Krylov spaces to fail, and it catches the exactly-blind start (tested).
 
 Block mode (``block_size=b > 1``). The operator is applied to b columns at a time (one
@@ -108,6 +113,20 @@ __all__ = ["eigs"]
 logger = logging.getLogger(__name__)
 _WHICH = ("LM", "LR", "SM")
 _STALL = 40  # restarts without convergence before the Krylov space is enlarged
+
+
+#: a probe ends when its leading Ritz value (the first beyond the checked set) has a residual
+#: estimate below PROBE_TOL |theta|, or after PROBE_MAX_CYCLES extra cycles
+PROBE_TOL = 1e-3
+PROBE_MAX_CYCLES = 8
+
+
+def _probe_settled(st: dict, cycles: int) -> bool:
+    kw = st["kw"]
+    if cycles >= PROBE_MAX_CYCLES or kw >= st["theta"].shape[0]:
+        return True
+    return bool(st["est"][kw] <= PROBE_TOL * max(float(st["theta"][kw].abs()),
+                                                 1e-12 * st["scale"]))
 
 
 def _block_size(batch: OpBatch, block_size: Optional[int]) -> int:
@@ -199,6 +218,7 @@ def eigs(op, k: int, *, which: str = "LM", tol: float = 1e-10, max_restarts: int
     out: List[Optional[dict]] = [None] * B
     probing = [False] * B   # the current cycle is a verification probe (see module doc)
     kw_prev = [0] * B       # size of the checked wanted set the probe is testing
+    probe_cycles = [0] * B  # extra cycles of the current probe
     kth_prev = [0.0] * B    # and the key of its k-th value
     rivalled: List[Optional[Tensor]] = [None] * B  # a checked set a probe has challenged
     best = [float("inf")] * B  # best explicit residual of a check that failed
@@ -238,7 +258,17 @@ def eigs(op, k: int, *, which: str = "LM", tol: float = 1e-10, max_restarts: int
                 margin = 1e-8 * abs(kth_prev[b]) if kth_prev[b] else tol * st["scale"]
                 rival = bool(((part > 1e-8) & (key > kth_prev[b] + margin)).any())
                 if not rival and kw == kw_prev[b]:
-                    done[b] = True  # the checked result from before the probe stands
+                    if _probe_settled(st, probe_cycles[b]):
+                        done[b] = True  # the checked result from before the probe stands
+                        continue
+                    # the probe's leading Ritz value is still moving: a missed eigenvalue
+                    # may be climbing towards the k-th (a second copy of a semisimple one
+                    # sits at the edge of a cluster): restart thick, keeping the checked set
+                    # and the probe's best vectors, and look again
+                    probe_cycles[b] += 1
+                    probing[b] = True
+                    _restart(b, st, V, Hb, p, st["m"], bs, real)
+                    restarts[b] += 1
                     continue
                 # the probe saw a rival of the k-th value: iterate on with the probe's vectors
                 # in the basis (and, single-vector mode, a wider space)
@@ -270,7 +300,7 @@ def eigs(op, k: int, *, which: str = "LM", tol: float = 1e-10, max_restarts: int
                     # vector orthogonal to it; the result stands unless the probe beats it
                     _restart(b, st, V, Hb, p, st["m"], bs, real, keep=st["kw"])
                     _inject(b, V, Hb, st["kw"], bs, randn)
-                    probing[b], kw_prev[b] = True, st["kw"]
+                    probing[b], kw_prev[b], probe_cycles[b] = True, st["kw"], 0
                     kth_prev[b] = float(_key(st["theta"], which)[st["kw"] - 1])
                     rivalled[b] = st["theta"][:st["kw"]].clone()
                     restarts[b] += 1

@@ -43,12 +43,16 @@ from spectral_hooks.linalg import (
 from spectral_hooks.metrics.jacobian import SCHUR_MAX_D, schur_diagonal, symmetric_part
 from spectral_hooks.metrics.nulls import gamma_null
 
-__all__ = ["bottleneck_table", "end_to_end_table", "propagation_table", "VARIANTS", "BOTTLENECK_COLUMNS",
-           "PROPAGATION_COLUMNS"]
+__all__ = ["bottleneck_table", "end_to_end_table", "single_layer_ablation_table",
+           "propagation_table", "VARIANTS", "BOTTLENECK_COLUMNS", "PROPAGATION_COLUMNS",
+           "ALL_LAYERS"]
 
 VARIANTS = ("trained", "init", "symmetric", "schur")
-BOTTLENECK_COLUMNS = ("variant", "depth", "erank", "participation_ratio", "stable_rank",
-                      "surviving", "sigma_max", "n_singular", "truncated", "n_matvecs")
+BOTTLENECK_COLUMNS = ("variant", "ablated_layer", "depth", "erank", "participation_ratio",
+                      "stable_rank", "surviving", "sigma_max", "n_singular", "truncated",
+                      "n_matvecs")
+#: ``ablated_layer`` of rows where every layer is ablated (or none: trained, init)
+ALL_LAYERS = -1
 PROPAGATION_COLUMNS = ("layer", "norm", "growth", "alignment_top", "alignment_in",
                        "alignment_null", "k")
 
@@ -92,8 +96,9 @@ def _count(ops: Sequence[_Op]) -> int:
 
 
 def _rank_row(variant: str, depth: int, s: Tensor, tau: float, truncated: bool,
-              n_matvecs: int) -> dict:
-    return dict(variant=variant, depth=depth, erank=float(effective_rank(s)),
+              n_matvecs: int, ablated_layer: int = ALL_LAYERS) -> dict:
+    return dict(variant=variant, ablated_layer=int(ablated_layer), depth=depth,
+                erank=float(effective_rank(s)),
                 participation_ratio=float(participation_ratio(s)),
                 stable_rank=float(stable_rank(s)), surviving=int(surviving(s, tau)),
                 sigma_max=float(s.max()), n_singular=int(s.shape[0]), truncated=bool(truncated),
@@ -125,13 +130,7 @@ def bottleneck_table(operators: Sequence[_Op], *, k: int = 32, variant: str = "t
     if variant not in VARIANTS:
         raise ValueError(f"{what}: variant must be one of {VARIANTS}, got {variant!r}")
     if variant == "schur":
-        if not all(isinstance(o, Tensor) for o in operators):
-            raise ValueError(f"{what}: the schur ablation needs dense [d, d] tensors (dense "
-                             f"mode, d <= SCHUR_MAX_D = {SCHUR_MAX_D}); got LinearOperators "
-                             f"- pass op.to_dense() for small d")
-        if d > SCHUR_MAX_D:
-            raise ValueError(f"{what}: the schur ablation is dense-mode only and d = {d} "
-                             f"exceeds the size limit SCHUR_MAX_D = {SCHUR_MAX_D}")
+        _check_schur(operators, d, what)
         operators = [schur_diagonal(o.to(torch.float64)) for o in operators]
         dense = True
     start = _count(operators)
@@ -156,6 +155,87 @@ def bottleneck_table(operators: Sequence[_Op], *, k: int = 32, variant: str = "t
         P = o if P is None else o @ P
         res = svds(P, k, method=method, tol=tol, seed=seed + depth, return_vectors=False)
         rows.append(_rank_row(variant, depth, res.S, tau, k < d, _count(operators) - start))
+    return pd.DataFrame(rows, columns=list(BOTTLENECK_COLUMNS))
+
+
+def _check_schur(operators: Sequence[_Op], d: int, what: str) -> None:
+    if not all(isinstance(o, Tensor) for o in operators):
+        raise ValueError(f"{what}: the schur ablation needs dense [d, d] tensors (dense "
+                         f"mode, d <= SCHUR_MAX_D = {SCHUR_MAX_D}); got LinearOperators "
+                         f"- pass op.to_dense() for small d")
+    if d > SCHUR_MAX_D:
+        raise ValueError(f"{what}: the schur ablation is dense-mode only and d = {d} "
+                         f"exceeds the size limit SCHUR_MAX_D = {SCHUR_MAX_D}")
+
+
+def _ablated(o: _Op, variant: str, dense: bool) -> _Op:
+    if variant == "schur":
+        return schur_diagonal(o.to(torch.float64))
+    if dense:
+        M = _as_dense(o)
+        return 0.5 * (M + M.T)
+    return symmetric_part(_as_op(o))
+
+
+def single_layer_ablation_table(operators: Sequence[_Op], *, variant: str,
+                                layers: Optional[Sequence[int]] = None, k: int = 32,
+                                dense: bool = False, seed: int = 0, tau: float = 1e-2,
+                                method: str = "lanczos", tol: float = 1e-8) -> pd.DataFrame:
+    """The end-to-end effect of ablating one layer at a time: for each m, the ranks of
+    P_L^(m) = J_L ... A(J_m) ... J_1 (A: ``variant``, "symmetric" or "schur" as in
+    :func:`bottleneck_table`), one row per m at depth L, ``ablated_layer`` = ``layers[m]``
+    (default: m). Exact for causal models, where the product of per-position blocks is P_L.
+
+    >>> A = torch.diag(torch.tensor([1.0, 0.5, 0.0])).double(); A[0, 1] = 3.0
+    >>> t = single_layer_ablation_table([A, torch.eye(3).double()], variant="schur",
+    ...                                 dense=True)
+    >>> t["ablated_layer"].tolist(), t["surviving"].tolist()
+    ([0, 1], [2, 2])
+
+    Dense: prefix and suffix products are formed once (3L matrix products in all).
+    Matrix-free (symmetric only): one composed operator and one ``svds`` per layer.
+    """
+    what = "single_layer_ablation_table"
+    d = _dims(operators, what)
+    if variant not in ("symmetric", "schur"):
+        raise ValueError(f"{what}: variant must be 'symmetric' or 'schur', got {variant!r}")
+    layers = list(range(len(operators))) if layers is None else list(layers)
+    if len(layers) != len(operators):
+        raise ValueError(f"{what}: {len(layers)} layer labels for {len(operators)} operators")
+    if variant == "schur":
+        _check_schur(operators, d, what)
+        dense = True
+    if dense:
+        return _single_layer_dense(operators, variant, layers, tau)
+    if isinstance(k, bool) or not isinstance(k, int) or not (1 <= k <= d):
+        raise ValueError(f"{what}: k must be an int with 1 <= k <= d = {d}, got {k!r}")
+    rows, ops, start = [], [_as_op(o) for o in operators], _count(operators)
+    for m, layer in enumerate(layers):
+        chain = ops[:m] + [_ablated(ops[m], variant, dense=False)] + ops[m + 1:]
+        P = chain[0]
+        for o in chain[1:]:
+            P = o @ P
+        res = svds(P, k, method=method, tol=tol, seed=seed + m, return_vectors=False)
+        rows.append(_rank_row(variant, len(ops), res.S, tau, k < d,
+                              _count(operators) - start, ablated_layer=layer))
+    return pd.DataFrame(rows, columns=list(BOTTLENECK_COLUMNS))
+
+
+def _single_layer_dense(operators: Sequence[_Op], variant: str, layers: list[int],
+                        tau: float) -> pd.DataFrame:
+    mats = [_as_dense(o) for o in operators]
+    eye = torch.eye(mats[0].shape[0], dtype=torch.float64, device=mats[0].device)
+    before = [eye]  # before[m] = J_{m-1} ... J_1 (applied first)
+    for M in mats[:-1]:
+        before.append(M @ before[-1])
+    after = [eye]  # after[j] = J_L ... J_{L-j+1}
+    for M in reversed(mats[1:]):
+        after.append(after[-1] @ M)
+    rows = []
+    for m, layer in enumerate(layers):
+        P = after[len(mats) - 1 - m] @ _ablated(mats[m], variant, dense=True) @ before[m]
+        rows.append(_rank_row(variant, len(mats), torch.linalg.svdvals(P), tau, False, 0,
+                              ablated_layer=layer))
     return pd.DataFrame(rows, columns=list(BOTTLENECK_COLUMNS))
 
 

@@ -114,3 +114,45 @@ def test_noisy_operator_ends_unconverged_with_attained_residual():
     assert 1e-11 < float(res.residuals.max()) < 1e-6
     K = res.values.shape[-1]
     assert hc.multiset_error(res.values.numpy(), hc.dense_top(A, K), 1.0) < 1e-6
+
+
+def test_minilm_layer3_J_minus_I_double_minus_one(minilm):
+    """Issue 12, point 1: MiniLM layer 3 (post-LayerNorm, J has a 2-D null space), J - I has
+    the eigenvalue -1 twice; the matrix-free top-k reaching down to it returns both copies,
+    converged=True, the dense oracle's multiset (jacfwd of the real block), within 2x
+    ARPACK's matvecs. (Which k reaches -1 depends on the token: k is read from the oracle.)"""
+    import numpy as np
+
+    import spectral_hooks as sh
+    from spectral_hooks.linalg import IdentityOperator
+    from spectral_hooks.linearize import block_jacobian
+    from tests.golden.cases import SENTENCES
+    from tests.oracles import last_real_position, token_jacobian
+
+    model, tokenizer = minilm
+    model = model.double()
+    try:
+        batch = tokenizer(SENTENCES, padding=True, return_tensors="pt")
+        with sh.instrument(model) as probe, torch.no_grad():
+            model(**batch)
+        p = last_real_position(probe, 1)
+        J = block_jacobian(probe.anatomy, probe.recording, 3, position=p, sample=1)
+        D = J - IdentityOperator(J.shape[0], dtype=J.dtype)
+        dense = token_jacobian(probe, 3, position=p, sample=1) - torch.eye(J.shape[0],
+                                                                          dtype=J.dtype)
+    finally:
+        model.float()
+    spectrum = hc.dense_top(dense, dense.shape[0])
+    minus_one = np.flatnonzero(np.abs(spectrum + 1) < 1e-8)
+    assert len(minus_one) == 2  # the oracle's double -1 (J's 2-D null space)
+    k = int(minus_one[-1]) + 1
+    want = spectrum[:k]
+    w, n_arpack = hc.arpack(dense, k, 1e-10)
+    res = eigs(D, k, tol=1e-10, seed=0)
+    got = res.values.numpy()
+    scale = float(torch.linalg.matrix_norm(dense, 2))
+    assert bool(res.converged)
+    assert hc.multiset_error(got, hc.dense_top(dense, len(got)), scale) <= 1e-8
+    assert int((np.abs(got + 1) < 1e-8).sum()) == 2
+    if hc.multiset_error(w, want, scale) <= 1e-8:
+        assert res.n_matvecs <= 2 * n_arpack, (res.n_matvecs, n_arpack)
