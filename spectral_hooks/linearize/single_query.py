@@ -167,7 +167,7 @@ class SingleQueryFunction:
         self._tensor_slots: List[int] = []
         args, kwargs = _slice_call(full.call, L, slice(0, p), slice(0, p),
                                    full.hidden[:, :p], self.cache, self._slot)
-        with torch.no_grad(), _math_sdpa():
+        with torch.no_grad(), _math_sdpa(), self.convention.replaying(self.block):
             torch.func.functional_call(self.block, self.params, args, kwargs)
         if self.cache.keys is None:
             raise RuntimeError("the block did not call cache.update")
@@ -204,7 +204,7 @@ class SingleQueryFunction:
             leaves[i] = t
         args, kwargs = tree_unflatten(leaves, self._spec)
         _PENDING.set(None)
-        with _math_sdpa(), self._core():
+        with _math_sdpa(), self._core(), self.convention.replaying(self.block):
             out = torch.func.functional_call(self.block, params, args, kwargs)
         return _first(out)
 
