@@ -14,7 +14,7 @@ scaling=, dropout=, softcap=, **kwargs)``, returning ``(output [b, q, h, d_head]
 ``score_modifier_kwargs`` name the keyword inputs of that core that change the scores beyond
 mask, scaling and softcap (a replacement core must refuse them). ``replay_context(block)``,
 where set, is entered around every replay of ``block`` (``linearize``): it switches the block,
-for the duration, to implementations a float64 forward-AD replay can run (grouped-matmul
+for the duration, to implementations a float64 forward-AD replay can trace (grouped-matmul
 mixture-of-experts kernels take neither float64 nor forward AD; BLOOM's GeLU is an
 ``autograd.Function`` without a forward-AD rule) and restores the user's settings on exit.
 """
