@@ -122,6 +122,8 @@ def _slice_call(call, L: int, rows: slice, cols: slice, hidden: Tensor, cache,
     def cut(t: Tensor) -> Tensor:
         if t.ndim == 4 and t.shape[-1] == L and t.shape[-2] == L:  # [b, h, q, k] mask
             return t[..., rows, cols]
+        if t.ndim == 3 and t.shape[-2] == 1 and t.shape[-1] == L:  # [b h, 1, k] key bias
+            return t[..., cols]  # (ALiBi: BLOOM, Falcon); the replay is checked regardless
         if t.ndim >= 2 and t.shape[1] == L:  # position ids, rotary cos/sin [b, L, ...]
             return t[:, rows]
         return t

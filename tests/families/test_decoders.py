@@ -7,8 +7,9 @@ import pytest
 import torch
 
 import spectral_hooks as sh
+from spectral_hooks.linearize import block_jacobian
 from tests.families.configs_decoders import DECODERS, make
-from tests.families.harness import check_family, oracle_F
+from tests.families.harness import check_family, check_jacobian, oracle_F
 
 # The modules whose input feeds the value projection and whose output is W_O(.) + b_O,
 # written out from the HF modelling code (independently of spectral_hooks.anatomy).
@@ -64,3 +65,15 @@ def test_power_view_on_fused_layouts(name):
         F = oracle_F(model, part.block, value_in, output, 32)
         want = np.abs(np.linalg.eigvals(F.numpy())).max()
         assert power.abs_lambda1[layer] == pytest.approx(want, rel=1e-6)
+
+
+@pytest.mark.parametrize("name", ["bloom", "falcon"])
+def test_own_attention_replays_single_query_on_concatenated_keys(name):
+    """BLOOM (ALiBi) and Falcon compute attention in their own code: never the split core
+    (which knows no ALiBi); the concatenated-keys replay is exact at an interior token too."""
+    model = make(name)
+    with sh.instrument(model) as probe, torch.no_grad():
+        model(**_ids(length=6))
+    op = block_jacobian(probe.anatomy, probe.recording, 0, position=2)
+    assert op.single_query_mode == "concat"
+    check_jacobian(probe, k=2, position=2, oracle_mode=ORACLE_MODE.get(name, "forward"))
