@@ -53,6 +53,22 @@ def _configs():
                                               num_attention_heads=HEADS, multi_query=True,
                                               parallel_attn=True, ffn_hidden_size=48,
                                               max_position_embeddings=64), tf.FalconModel),
+        # the classic layout with ALiBi: per-head interleaved qkv, sequential attention/MLP
+        "falcon_alibi": lambda: (tf.FalconConfig(**_IDS, vocab_size=VOCAB, hidden_size=D,
+                                                 num_hidden_layers=LAYERS,
+                                                 num_attention_heads=HEADS, alibi=True,
+                                                 multi_query=False, parallel_attn=False,
+                                                 ffn_hidden_size=48, max_position_embeddings=64,
+                                                 bias=True), tf.FalconModel),
+        # OPT-350m's post-norm blocks; GPT-BigCode without multi-query (per-head interleaved)
+        "opt_post": lambda: (tf.OPTConfig(**_IDS, vocab_size=VOCAB, hidden_size=D,
+                                          num_hidden_layers=LAYERS, ffn_dim=48,
+                                          num_attention_heads=HEADS, max_position_embeddings=64,
+                                          do_layer_norm_before=False), tf.OPTModel),
+        "gpt_bigcode_mha": lambda: (tf.GPTBigCodeConfig(**_IDS, vocab_size=VOCAB, n_embd=D,
+                                                        n_layer=LAYERS, n_head=HEADS, n_inner=48,
+                                                        n_positions=64, multi_query=False),
+                                    tf.GPTBigCodeModel),
         "phi": lambda: (tf.PhiConfig(**_llama_like(partial_rotary_factor=0.5)), tf.PhiModel),
         "phi3": lambda: (tf.Phi3Config(**_llama_like(num_key_value_heads=2)), tf.Phi3Model),
         "stablelm": lambda: (tf.StableLmConfig(**_llama_like(num_key_value_heads=2,
@@ -93,6 +109,7 @@ def _configs():
 DECODERS = ("gptj", "opt", "bloom", "falcon", "falcon_mq", "phi", "phi3", "stablelm", "cohere",
             "granite", "starcoder2", "gpt_bigcode", "mpt", "nemotron")
 MOE = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
+VARIANTS = ("falcon_alibi", "opt_post", "gpt_bigcode_mha")  # layouts checked more cheaply
 
 
 def make(name: str, *, seed: int = 0, dtype: torch.dtype = torch.float64,

@@ -8,8 +8,8 @@ import torch
 
 import spectral_hooks as sh
 from spectral_hooks.linearize import block_jacobian
-from tests.families.configs_decoders import DECODERS, make
-from tests.families.harness import check_family, check_jacobian, oracle_F
+from tests.families.configs_decoders import DECODERS, VARIANTS, make
+from tests.families.harness import check_F, check_family, check_jacobian, oracle_F
 
 # The modules whose input feeds the value projection and whose output is W_O(.) + b_O,
 # written out from the HF modelling code (independently of spectral_hooks.anatomy).
@@ -19,6 +19,9 @@ RAW = {
     "bloom": ("self_attention.query_key_value", "self_attention.dense"),
     "falcon": ("self_attention.query_key_value", "self_attention.dense"),
     "falcon_mq": ("self_attention.query_key_value", "self_attention.dense"),
+    "falcon_alibi": ("self_attention.query_key_value", "self_attention.dense"),
+    "opt_post": ("self_attn.v_proj", "self_attn.out_proj"),
+    "gpt_bigcode_mha": ("attn.c_attn", "attn.c_proj"),
     "phi": ("self_attn.v_proj", "self_attn.dense"),
     "phi3": ("self_attn.qkv_proj", "self_attn.o_proj"),
     "gpt_bigcode": ("attn.c_attn", "attn.c_proj"),
@@ -40,6 +43,18 @@ def test_decoder_family(name):
     value_in, output = RAW.get(name, ("self_attn.v_proj", "self_attn.o_proj"))
     check_family(model, _ids(), value_in=value_in, output=output, causal=True,
                  family=FAMILY.get(name, name), k=2, oracle_mode=ORACLE_MODE.get(name, "forward"))
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_config_variants(name):
+    """Layouts a config switches: Falcon's classic interleaved qkv (with ALiBi), OPT-350m's
+    post-norm, GPT-BigCode without multi-query: F against the raw-weight oracle."""
+    model = make(name)
+    anatomy = sh.anatomy_of(model)
+    assert anatomy.n_kv_heads == 4
+    if name == "opt_post":
+        assert anatomy.norm_placement == "post" and anatomy.layers[0].attn_norm is None
+    check_F(model, *RAW[name])
 
 
 def test_fused_layouts_read_kv_groups():
@@ -67,10 +82,10 @@ def test_power_view_on_fused_layouts(name):
         assert power.abs_lambda1[layer] == pytest.approx(want, rel=1e-6)
 
 
-@pytest.mark.parametrize("name", ["bloom", "falcon"])
+@pytest.mark.parametrize("name", ["bloom", "falcon_alibi"])
 def test_own_attention_replays_single_query_on_concatenated_keys(name):
-    """BLOOM (ALiBi) and Falcon compute attention in their own code: never the split core
-    (which knows no ALiBi); the concatenated-keys replay is exact at an interior token too."""
+    """BLOOM and Falcon (here with ALiBi) compute attention in their own code: never the split
+    core (which knows no ALiBi); the concatenated-keys replay is exact at an interior token."""
     model = make(name)
     with sh.instrument(model) as probe, torch.no_grad():
         model(**_ids(length=6))
