@@ -1,10 +1,11 @@
 """Mixture-of-experts families (issue 15): Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE.
 
 The block Jacobian at a point goes through the router: the top-k choice is locally constant,
-the mixing weights are differentiated; the oracle is jacfwd of the real HF block. HF's default
-grouped-matmul experts refuse float64 and forward AD: the replay must switch to the eager
-experts for its duration (anatomy ``call_convention.replay_context``) and restore the user's
-setting, which the float32 test checks against a float64 oracle."""
+the mixing weights are differentiated; the oracle is jacfwd of the real HF block (its "eager"
+experts). HF's default grouped-matmul experts refuse float64 and forward AD: the replay must
+switch to a traceable implementation for its duration (anatomy
+``call_convention.replay_context``) and restore the user's setting, which the float32 test
+checks against a float64 oracle."""
 
 import pytest
 import torch
