@@ -106,10 +106,11 @@ def _configs():
     }
 
 
-DECODERS = ("gptj", "opt", "bloom", "falcon", "falcon_mq", "phi", "phi3", "stablelm", "cohere",
-            "granite", "starcoder2", "gpt_bigcode", "mpt", "nemotron")
+DECODERS = ("gptj", "opt", "bloom", "falcon", "phi", "phi3", "stablelm", "cohere", "granite",
+            "starcoder2", "gpt_bigcode", "mpt", "nemotron")
 MOE = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe")
-VARIANTS = ("falcon_alibi", "opt_post", "gpt_bigcode_mha")  # layouts checked more cheaply
+# layouts a config switches, checked more cheaply (F, kv groups, a Jacobian or two)
+VARIANTS = ("falcon_mq", "falcon_alibi", "opt_post", "gpt_bigcode_mha")
 
 
 def make(name: str, *, seed: int = 0, dtype: torch.dtype = torch.float64,

@@ -27,7 +27,6 @@ RAW = {
     "gpt_bigcode": ("attn.c_attn", "attn.c_proj"),
     "mpt": ("attn.Wqkv", "attn.out_proj"),
 }
-FAMILY = {"falcon_mq": "falcon"}
 # BLOOM's GeLU is an autograd.Function without forward AD: its oracle is reverse-mode autograd
 ORACLE_MODE = {"bloom": "autograd"}
 
@@ -42,16 +41,17 @@ def test_decoder_family(name):
     model = make(name)
     value_in, output = RAW.get(name, ("self_attn.v_proj", "self_attn.o_proj"))
     check_family(model, _ids(), value_in=value_in, output=output, causal=True,
-                 family=FAMILY.get(name, name), k=2, oracle_mode=ORACLE_MODE.get(name, "forward"))
+                 family=name, k=2, oracle_mode=ORACLE_MODE.get(name, "forward"))
 
 
 @pytest.mark.parametrize("name", VARIANTS)
 def test_config_variants(name):
-    """Layouts a config switches: Falcon's classic interleaved qkv (with ALiBi), OPT-350m's
-    post-norm, GPT-BigCode without multi-query: F against the raw-weight oracle."""
+    """Layouts a config switches: Falcon-7B's multi-query qkv and its classic interleaved one
+    (with ALiBi), OPT-350m's post-norm, GPT-BigCode without multi-query: F against the
+    raw-weight oracle."""
     model = make(name)
     anatomy = sh.anatomy_of(model)
-    assert anatomy.n_kv_heads == 4
+    assert anatomy.n_kv_heads == (1 if name == "falcon_mq" else 4)
     if name == "opt_post":
         assert anatomy.norm_placement == "post" and anatomy.layers[0].attn_norm is None
     check_F(model, *RAW[name])
@@ -61,7 +61,6 @@ def test_fused_layouts_read_kv_groups():
     """Falcon's grouped and multi-query layouts, Phi3's GQA and GPT-BigCode's multi-query
     expand to H heads (the F oracle above checks the values themselves)."""
     assert sh.anatomy_of(make("falcon")).n_kv_heads == 2
-    assert sh.anatomy_of(make("falcon_mq")).n_kv_heads == 1
     assert sh.anatomy_of(make("gpt_bigcode")).n_kv_heads == 1
     anat = sh.anatomy_of(make("phi3"))
     assert anat.n_kv_heads == 2 and anat.layers[0].value_weights().shape == (4, 8, 32)

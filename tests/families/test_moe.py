@@ -36,7 +36,7 @@ def test_float32_grouped_experts_replay_in_float64_through_the_router():
     with sh.instrument(model) as probe, torch.no_grad():
         model(**_ids())
     anatomy, rec = probe.anatomy, probe.recording
-    for layer in range(anatomy.n_layers):
+    for layer in (anatomy.n_layers - 1,):
         got = block_jacobian(anatomy, rec, layer, dtype=torch.float64).to_dense()
         assert config._experts_implementation == own  # restored after the replay
         assert got.dtype == torch.float64
