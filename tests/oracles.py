@@ -61,13 +61,31 @@ def _softmax_in_input_dtype():
         torch.nn.functional.softmax = original
 
 
+class _Float64Stays(torch.overrides.TorchFunctionMode):
+    """Casts of a float64 tensor down to float32 (``x.float()``, ``x.to(torch.float32)``: MPT's
+    softmax, Cohere's LayerNorm, ...) keep float64: the oracle block computes in float64
+    throughout, as the library's float64 replay does."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        x = args[0] if args else None
+        if isinstance(x, torch.Tensor) and x.dtype == torch.float64:
+            if func is torch.Tensor.float:
+                return x
+            if func in (torch.Tensor.to, torch.Tensor.type):
+                args = tuple(torch.float64 if a is torch.float32 else a for a in args)
+                if kwargs.get("dtype") is torch.float32:
+                    kwargs = {**kwargs, "dtype": torch.float64}
+        return func(*args, **kwargs)
+
+
 def block_output(block: torch.nn.Module, call: Any, hidden: torch.Tensor) -> torch.Tensor:
     """The block's hidden-state output [1, L, d] for ``hidden`` [1, L, d], the rest of the
     recorded call (masks, rotary embeddings, ...) as float64 copies."""
     if any(p.dtype != torch.float64 for p in block.parameters()):
         raise TypeError("float64 blocks only: see recorded_block for a float64 copy")
     args, kwargs = call.with_hidden(hidden)
-    with _softmax_in_input_dtype():
+    with _softmax_in_input_dtype(), _Float64Stays():
         out = block(*_float64(args, hidden), **_float64(kwargs, hidden))
     return out[0] if isinstance(out, tuple) else out
 
@@ -111,8 +129,11 @@ def full_jacobian(probe: Any, layer: int, *, sample: int = 0) -> torch.Tensor:
 
 
 def token_jacobian(probe: Any, layer: int, *, position: int | None = None,
-                   sample: int = 0) -> torch.Tensor:
-    """d block(H)[p] / d H[p] as [d, d]; ``position`` defaults to the last token."""
+                   sample: int = 0, mode: str = "forward") -> torch.Tensor:
+    """d block(H)[p] / d H[p] as [d, d]; ``position`` defaults to the last token.
+    ``mode="forward"``: torch.func.jacfwd; ``"autograd"``: torch.autograd.functional.jacobian
+    (reverse mode through each op's own backward, for blocks with an autograd.Function that
+    has no forward-AD rule, BLOOM's GeLU)."""
     block, call, H0 = recorded_block(probe, layer, sample)
     p = H0.shape[0] - 1 if position is None else position
 
@@ -120,6 +141,9 @@ def token_jacobian(probe: Any, layer: int, *, position: int | None = None,
         H = torch.cat([H0[:p], x[None], H0[p + 1:]], 0)
         return block_output(block, call, H[None])[0, p]
 
+    if mode == "autograd":
+        with sdpa_kernel(SDPBackend.MATH):
+            return torch.autograd.functional.jacobian(f, H0[p]).detach()
     with sdpa_kernel(SDPBackend.MATH), torch.no_grad():
         return torch.func.jacfwd(f)(H0[p]).detach()
 

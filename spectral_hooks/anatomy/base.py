@@ -196,13 +196,19 @@ def _expand_kv(w: Tensor, n_heads: int) -> Tensor:
 
 
 def value_heads(module: nn.Module, n_heads: int, d_head: int, *, rows: slice = slice(None),
-                fused_neox: bool = False) -> HeadWeights:
-    """Value projection (nn.Linear or Conv1D), optionally a slice of a fused QKV projection."""
+                fused_neox: bool = False, fused_groups: int = 0) -> HeadWeights:
+    """Value projection (nn.Linear or Conv1D), optionally a slice of a fused QKV projection.
+
+    ``fused_neox``: rows laid out (head, [q|k|v], d_head). ``fused_groups=G``: rows laid out
+    (group, [q_1..q_{H/G}|k|v], d_head), the value the last slot of each of G KV groups
+    (Falcon's new decoder architecture)."""
 
     def read() -> Tensor:
         w = column_weight(module)
         if fused_neox:
             w = w.reshape(n_heads, 3, d_head, w.shape[-1])[:, 2]
+        elif fused_groups:
+            w = w.reshape(fused_groups, -1, d_head, w.shape[-1])[:, -1]
         else:
             w = w[rows]
             w = w.reshape(-1, d_head, w.shape[-1])
@@ -213,7 +219,12 @@ def value_heads(module: nn.Module, n_heads: int, d_head: int, *, rows: slice = s
         if b is None:
             return None
         b = b.detach()
-        b = b.reshape(n_heads, 3, d_head)[:, 2] if fused_neox else b[rows].reshape(-1, d_head)
+        if fused_neox:
+            b = b.reshape(n_heads, 3, d_head)[:, 2]
+        elif fused_groups:
+            b = b.reshape(fused_groups, -1, d_head)[:, -1]
+        else:
+            b = b[rows].reshape(-1, d_head)
         return _expand_kv(b, n_heads)
 
     return HeadWeights(param=module.weight, read=read, bias=bias)

@@ -12,14 +12,19 @@ at call time in HF's ``AttentionInterface`` (see :func:`~spectral_hooks.anatomy.
 attention_implementation`) and called as ``core(module, query, key, value, attention_mask,
 scaling=, dropout=, softcap=, **kwargs)``, returning ``(output [b, q, h, d_head], weights)``;
 ``score_modifier_kwargs`` name the keyword inputs of that core that change the scores beyond
-mask, scaling and softcap (a replacement core must refuse them).
+mask, scaling and softcap (a replacement core must refuse them). ``replay_context(block)``,
+where set, is entered around every replay of ``block`` (``linearize``): it switches the block,
+for the duration, to implementations a float64 forward-AD replay can trace (grouped-matmul
+mixture-of-experts kernels take neither float64 nor forward AD; BLOOM's GeLU is an
+``autograd.Function`` without a forward-AD rule) and restores the user's settings on exit.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, ContextManager, Optional
 
 from torch import nn
 
@@ -49,6 +54,13 @@ class BlockCallConvention:
     pluggable_attention: bool = True
     score_modifier_kwargs: tuple[str, ...] = ("softmax_scale_bias", "position_bias", "s_aux",
                                               "sinks")
+    replay_context: Optional[Callable[[nn.Module], ContextManager]] = None
+
+    def replaying(self, block: nn.Module) -> ContextManager:
+        """The context every replay of ``block`` runs in (``replay_context``; else nothing)."""
+        if self.replay_context is None:
+            return contextlib.nullcontext()
+        return self.replay_context(block)
 
     def cache_slot(self, block: nn.Module) -> Optional[tuple[str, Optional[int]]]:
         """(keyword, positional index or None) of ``block``'s KV-cache parameter, or None

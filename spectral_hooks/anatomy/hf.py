@@ -8,8 +8,9 @@ are unwrapped with ``model.base_model``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from torch import nn
 
@@ -33,9 +34,15 @@ class HFFamily:
 
     ``value`` is a path from the block to the value projection; with ``qkv="gpt2"`` it is the
     fused c_attn (values are its last third), with ``qkv="neox"`` the per-head interleaved fused
-    projection. ``attn_out`` names the module whose output is the attention contribution.
+    projection, with ``qkv="q_k_v"`` a fused projection stacked [q (H d_head) | k | v
+    (n_kv d_head each)] (Phi3, multi-query GPT-BigCode and Falcon, MPT), with
+    ``qkv="grouped"`` one laid out per KV group [q_1..q_g | k | v] (Falcon's new decoder
+    architecture). ``attn_out`` names the module whose output is the attention contribution.
     ``norm_upcasts``: the family's norms compute in float32 whatever the model dtype.
-    ``call_convention``: how its blocks are called (see :mod:`.calls`).
+    ``call_convention``: how its blocks are called (see :mod:`.calls`). ``n_kv_heads``: the
+    number of key/value groups where the config does not state it as ``num_key_value_heads``.
+    ``variant(config)``: field overrides for configs that change the layout (Falcon's three
+    attention layouts, OPT's post-norm variant), applied before the anatomy is built.
     """
 
     name: str
@@ -54,6 +61,8 @@ class HFFamily:
     norm_upcasts: bool = False
     call_convention: BlockCallConvention = HF_CALLS
     block_order: Optional[Callable[[nn.Module], list[nn.Module]]] = None
+    n_kv_heads: Optional[int] = None
+    variant: Optional[Callable[[Any], dict]] = None
 
 
 def base_model_of(model: nn.Module) -> nn.Module:
@@ -85,16 +94,25 @@ def _projections(family: HFFamily, block: nn.Module, n_heads: int, n_kv: int, d_
     if family.qkv == "gpt2":
         rows = slice(2 * n_heads * d_head, 3 * n_heads * d_head)
         value = value_heads(v_mod, n_heads, d_head, rows=rows)
+    elif family.qkv == "q_k_v":
+        rows = slice((n_heads + n_kv) * d_head, (n_heads + 2 * n_kv) * d_head)
+        value = value_heads(v_mod, n_heads, d_head, rows=rows)
     elif family.qkv == "neox":
         value = value_heads(v_mod, n_heads, d_head, fused_neox=True)
-    else:
+    elif family.qkv == "grouped":
+        value = value_heads(v_mod, n_heads, d_head, fused_groups=n_kv)
+    elif family.qkv == "separate":
         value = value_heads(v_mod, n_heads, d_head)
+    else:
+        raise UnsupportedModelError(f"{family.name}: unknown fused qkv layout {family.qkv!r}")
     return value, output_heads(o_mod, n_heads, d_head)
 
 
 def build(model: nn.Module, family: HFFamily) -> Anatomy:
     base = base_model_of(model)
     config = model.config
+    if family.variant is not None:
+        family = dataclasses.replace(family, **family.variant(config))
     container = get_path(base, family.blocks)
     if container is None:
         raise UnsupportedModelError(f"{type(model).__name__}: expected blocks at "
@@ -102,6 +120,7 @@ def build(model: nn.Module, family: HFFamily) -> Anatomy:
                          f"for the {family.name} family")
     blocks = family.block_order(base) if family.block_order else list(container)
     d_model, n_heads, n_kv, d_head = _dims(config, 0)
+    n_kv = family.n_kv_heads or n_kv
     layers, seen = [], {}
     for index, block in enumerate(blocks):
         attention = get_path(block, family.attention)
@@ -173,3 +192,27 @@ def attention_implementation(block: nn.Module, name: str):
     finally:
         for key, c in configs.items():
             c._attn_implementation_internal = old[key]
+
+
+# ---------------------------------------------------------------- experts dispatch
+# HF mixture-of-experts layers (``@use_experts_implementation``) pick their expert kernels at
+# call time from ``config._experts_implementation``; the default grouped-matmul kernels take
+# neither float64 nor forward AD, the "eager" loop over experts takes both.
+
+@contextlib.contextmanager
+def experts_implementation(block: nn.Module, name: str):
+    """Run the experts inside ``block`` with implementation ``name`` meanwhile (the user's
+    configs are restored afterwards); changes nothing in a block without such experts."""
+    configs = {}
+    for module in block.modules():
+        config = getattr(module, "config", None)
+        if config is not None and hasattr(config, "_experts_implementation_internal"):
+            configs[id(config)] = config
+    old = {key: c._experts_implementation_internal for key, c in configs.items()}
+    try:
+        for c in configs.values():
+            c._experts_implementation_internal = name
+        yield bool(configs)
+    finally:
+        for key, c in configs.items():
+            c._experts_implementation_internal = old[key]

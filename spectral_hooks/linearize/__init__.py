@@ -35,6 +35,11 @@ keys and its own key separately, 32 rows run at once, and one traced JVP graph
 (:mod:`.shared`) serves every block of the same structure; such operators carry
 ``block_size=32`` and ``eigs`` defaults to block Krylov on them.
 
+Implementations a replay can trace: a family's ``call_convention.replay_context`` (an anatomy
+fact) is entered around every call of its block, e.g. mixture-of-experts layers switch from
+grouped-matmul kernels (no float64, no forward AD) to batched matmuls, BLOOM's GeLU
+``autograd.Function`` to its formula; the user's settings are restored on exit.
+
 Norms in the analysis dtype: HF's Llama-family RMSNorms (and Gemma 2's eager softmax) compute
 in float32 even in a float64 model (``anatomy.norm_upcasts``); every replay runs under a torch
 function mode that keeps float64 tensors float64 (``function._KeepFloat64``), so a float64

@@ -127,7 +127,7 @@ class BlockFunction:
     def full(self, H: Tensor) -> Tensor:
         """The block on a full [L, d] input (no batch dimension); returns [L, d]."""
         args, kwargs = self.call.with_hidden(H[None])
-        with _math_sdpa():
+        with _math_sdpa(), self.convention.replaying(self.block):
             out = torch.func.functional_call(self.block, self.params, args, kwargs)
         return _first(out)[0]
 

@@ -122,6 +122,8 @@ def _slice_call(call, L: int, rows: slice, cols: slice, hidden: Tensor, cache,
     def cut(t: Tensor) -> Tensor:
         if t.ndim == 4 and t.shape[-1] == L and t.shape[-2] == L:  # [b, h, q, k] mask
             return t[..., rows, cols]
+        if t.ndim == 3 and t.shape[-2] == 1 and t.shape[-1] == L:  # [b h, 1, k] key bias
+            return t[..., cols]  # (ALiBi: BLOOM, Falcon); the replay is checked regardless
         if t.ndim >= 2 and t.shape[1] == L:  # position ids, rotary cos/sin [b, L, ...]
             return t[:, rows]
         return t
@@ -167,7 +169,7 @@ class SingleQueryFunction:
         self._tensor_slots: List[int] = []
         args, kwargs = _slice_call(full.call, L, slice(0, p), slice(0, p),
                                    full.hidden[:, :p], self.cache, self._slot)
-        with torch.no_grad(), _math_sdpa():
+        with torch.no_grad(), _math_sdpa(), self.convention.replaying(self.block):
             torch.func.functional_call(self.block, self.params, args, kwargs)
         if self.cache.keys is None:
             raise RuntimeError("the block did not call cache.update")
@@ -204,7 +206,7 @@ class SingleQueryFunction:
             leaves[i] = t
         args, kwargs = tree_unflatten(leaves, self._spec)
         _PENDING.set(None)
-        with _math_sdpa(), self._core():
+        with _math_sdpa(), self._core(), self.convention.replaying(self.block):
             out = torch.func.functional_call(self.block, params, args, kwargs)
         return _first(out)
 

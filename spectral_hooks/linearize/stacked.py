@@ -231,7 +231,7 @@ def stacked_block_jacobians(anatomy, recording, layers: Sequence[int], *, sample
         return _first(torch.func.functional_call(template, prm, a, kw))[0]
 
     def g(X: Tensor) -> Tensor:
-        with _math_sdpa():
+        with _math_sdpa(), ref.convention.replaying(template):
             return torch.vmap(one)(params, keys, values, X)
 
     x0 = torch.stack([sq.x0 for sq in sqs])  # [L, 1, d]

@@ -90,13 +90,16 @@ def check_F(model, value_in: str, output: str, *, call=None, tol: float = 1e-6):
         torch.testing.assert_close(F, want, rtol=tol, atol=tol)
 
 
-def check_jacobian(probe, *, k: int = 4, position: Optional[int] = None, tol: float = 1e-10):
+def check_jacobian(probe, *, k: int = 4, position: Optional[int] = None, tol: float = 1e-10,
+                   oracle_mode: str = "forward"):
     """Dense block Jacobian = jacfwd of the real block (to ``tol`` of its largest entry) and
-    the matrix-free top-k eigenvalues = the dense eig's (1e-8), on every layer."""
+    the matrix-free top-k eigenvalues = the dense eig's (1e-8), on every layer.
+    ``oracle_mode="autograd"``: the oracle by reverse-mode autograd (blocks without forward AD,
+    see tests/oracles.token_jacobian)."""
     L = probe.recording.mask.shape[1]
     p = L - 1 if position is None else position
     for layer in probe.recording.layers:
-        want = token_jacobian(probe, layer, position=p)
+        want = token_jacobian(probe, layer, position=p, mode=oracle_mode)
         op = block_jacobian(probe.anatomy, probe.recording, layer, position=p)
         got = op.to_dense()
         scale = float(want.abs().max())
@@ -109,7 +112,8 @@ def check_jacobian(probe, *, k: int = 4, position: Optional[int] = None, tol: fl
 
 
 def check_family(model, inputs: dict, *, value_in: str, output: str, causal: bool,
-                 family: Optional[str] = None, k: int = 4, f_call=None):
+                 family: Optional[str] = None, k: int = 4, f_call=None,
+                 oracle_mode: str = "forward", position: Optional[int] = None):
     """Every check above on a float64 ``model``; returns the probe."""
     anatomy = sh.anatomy_of(model)
     if family is not None:
@@ -118,5 +122,5 @@ def check_family(model, inputs: dict, *, value_in: str, output: str, causal: boo
     assert not anatomy.family.startswith("generic"), "a registered family was expected"
     probe = check_recording(model, inputs)
     check_F(model, value_in, output, call=f_call)
-    check_jacobian(probe, k=k)
+    check_jacobian(probe, k=k, oracle_mode=oracle_mode, position=position)
     return probe

@@ -1,0 +1,80 @@
+"""Decoders whose parts are plain paths: GPT-J, OPT, Phi, Phi3, StableLM, Cohere, Granite,
+Starcoder2, Nemotron, GPT-BigCode.
+
+All are pre-norm, causal and call their attention core through HF's AttentionInterface.
+Parallel blocks (attention and MLP both read one norm of the residual and add to it):
+GPT-J, Phi, Cohere (and StableLM with ``use_parallel_residual``). Fused value projections:
+Phi3's ``qkv_proj`` and multi-query GPT-BigCode's ``c_attn`` stack [q | k | v]; GPT-BigCode
+without multi-query interleaves per head like GPT-NeoX. Norm facts: Phi3 and Granite use
+RMSNorms and Cohere a LayerNorm that compute in float32 (``norm_upcasts``); Nemotron's
+LayerNorm1P scales by (1 + weight). Granite scales each sublayer's output by
+``config.residual_multiplier`` before the residual add: its recorded ``attn_out`` (the
+attention module's output) and F are before that scale.
+"""
+
+from .hf import HFFamily, register
+
+_LLAMA_PATHS = dict(blocks="layers", attention="self_attn", value="self_attn.v_proj",
+                    output="self_attn.o_proj", attn_out="self_attn",
+                    attn_norm="input_layernorm", norm_placement="pre", final_norm="norm")
+
+GPTJ = register(HFFamily(
+    name="gptj", model_types=("gptj",), blocks="h", attention="attn", value="attn.v_proj",
+    output="attn.out_proj", attn_out="attn", attn_norm="ln_1", norm_placement="pre",
+    final_norm="ln_f",
+))
+
+
+def _opt_variant(config) -> dict:
+    """OPT-350m normalises after each sublayer (``do_layer_norm_before=False``)."""
+    if getattr(config, "do_layer_norm_before", True):
+        return {}
+    return dict(norm_placement="post", attn_norm=None)
+
+
+OPT = register(HFFamily(
+    name="opt", model_types=("opt",), blocks="decoder.layers", attention="self_attn",
+    value="self_attn.v_proj", output="self_attn.out_proj", attn_out="self_attn",
+    attn_norm="self_attn_layer_norm", norm_placement="pre", final_norm="decoder.final_layer_norm",
+    variant=_opt_variant,
+))
+
+PHI = register(HFFamily(
+    name="phi", **{**_LLAMA_PATHS, "output": "self_attn.dense", "final_norm": "final_layernorm"},
+    model_types=("phi",),
+))
+
+PHI3 = register(HFFamily(
+    name="phi3", model_types=("phi3",), **{**_LLAMA_PATHS, "value": "self_attn.qkv_proj"},
+    qkv="q_k_v", norm_upcasts=True,
+))
+
+STABLELM = register(HFFamily(name="stablelm", model_types=("stablelm",), **_LLAMA_PATHS))
+
+STARCODER2 = register(HFFamily(name="starcoder2", model_types=("starcoder2",), **_LLAMA_PATHS))
+
+COHERE = register(HFFamily(
+    name="cohere", model_types=("cohere",), **_LLAMA_PATHS, norm_upcasts=True,
+))
+
+GRANITE = register(HFFamily(
+    name="granite", model_types=("granite",), **_LLAMA_PATHS, norm_upcasts=True,
+))
+
+NEMOTRON = register(HFFamily(
+    name="nemotron", model_types=("nemotron",), **_LLAMA_PATHS, norm_weight_offset=1.0,
+))
+
+
+def _bigcode_variant(config) -> dict:
+    """Multi-query: one key/value head after the queries; else per-head interleaved."""
+    if getattr(config, "multi_query", True):
+        return dict(qkv="q_k_v", n_kv_heads=1)
+    return dict(qkv="neox")
+
+
+GPT_BIGCODE = register(HFFamily(
+    name="gpt_bigcode", model_types=("gpt_bigcode",), blocks="h", attention="attn",
+    value="attn.c_attn", output="attn.c_proj", attn_out="attn", attn_norm="ln_1",
+    norm_placement="pre", final_norm="ln_f", variant=_bigcode_variant,
+))

@@ -1,0 +1,37 @@
+"""Mixtures of experts: Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE.
+
+Llama-style attention (q/k/v/o projections in ``self_attn``, RMSNorms computing in float32)
+followed by a routed MLP: a router scores the experts, the top k run, their outputs are mixed
+by the (renormalised) router weights; Qwen2-MoE adds a gated shared expert. F is read from the
+attention as for Llama. The block Jacobian at a point differentiates through the router: the
+top-k choice is locally constant (almost everywhere), the mixing weights are differentiable,
+which is exactly what forward AD through the block computes. HF's default grouped-matmul
+expert kernels take neither float64 nor forward AD, and its "eager" loop over the experts hit
+branches on tensor values (which ``torch.func.linearize``'s tracer refuses), so every replay
+runs the experts with HF's "batched_mm" implementation: each token's selected experts'
+weights gathered and applied by ``bmm``, no data-dependent control flow, any float dtype
+(the user's setting is restored afterwards: ``replay_context``).
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from .calls import BlockCallConvention
+from .hf import HFFamily, experts_implementation, register
+
+
+def traceable_experts(block: nn.Module):
+    """The replay context of a mixture-of-experts block: its experts run "batched_mm"."""
+    return experts_implementation(block, "batched_mm")
+
+
+_MOE = dict(blocks="layers", attention="self_attn", value="self_attn.v_proj",
+            output="self_attn.o_proj", attn_out="self_attn", attn_norm="input_layernorm",
+            norm_placement="pre", final_norm="norm", norm_upcasts=True,
+            call_convention=BlockCallConvention(replay_context=traceable_experts))
+
+MIXTRAL = register(HFFamily(name="mixtral", model_types=("mixtral",), **_MOE))
+QWEN2_MOE = register(HFFamily(name="qwen2_moe", model_types=("qwen2_moe",), **_MOE))
+QWEN3_MOE = register(HFFamily(name="qwen3_moe", model_types=("qwen3_moe",), **_MOE))
+OLMOE = register(HFFamily(name="olmoe", model_types=("olmoe",), **_MOE))
