@@ -1,0 +1,34 @@
+"""Vision towers (ViT, DeiT, CLIP, SigLIP; bidirectional, pixel_values in) and CLIP's text
+tower (causal) pass tests/families/harness.check_family; the Jacobian view's default
+position is the anatomy's (CLS for ViT/DeiT/CLIP, the centre patch for SigLIP)."""
+
+import pytest
+import torch
+
+import spectral_hooks as sh
+from tests.families.configs_encoders import CAUSAL, RAW, VISION, f_call, inputs_for, make
+from tests.families.harness import check_family
+
+DEFAULT_ROW = {"vit": 0, "deit": 0, "clip_vision": 0, "siglip_vision": 3, "clip_text": -1}
+
+
+@pytest.mark.parametrize("family", VISION)
+def test_tower_passes_the_family_checks(family):
+    model = make(family)
+    value_in, output = RAW[family]
+    probe = check_family(model, inputs_for(family), value_in=value_in, output=output,
+                         causal=CAUSAL.get(family, False), family=family,
+                         f_call=f_call(family))
+    assert probe.anatomy.default_position == DEFAULT_ROW[family]
+    assert bool(probe.recording.mask.all())  # patches: every position is real
+
+
+@pytest.mark.parametrize("family", ["vit", "siglip_vision"])
+def test_jacobian_view_linearises_at_the_default_position(family):
+    model = make(family)
+    with sh.instrument(model) as probe, torch.no_grad():
+        model(**inputs_for(family, batch=1))
+    table = probe.analyze(jacobian={"k": 2}).jacobian
+    assert set(table["position"]) == {DEFAULT_ROW[family]}
+    last = probe.analyze(jacobian={"k": 2, "positions": "last"}).jacobian
+    assert set(last["position"]) == {probe.recording.mask.shape[1] - 1}
