@@ -24,7 +24,7 @@ from . import forward_call as fc
 from .analysis import AnalysisCache, AnalyzeOptions, Subject, analyze
 from .anatomy import Anatomy, anatomy_of
 from .block_jacobians import BlockJacobians
-from .errors import OptionError, RecordingError
+from .errors import OptionError, RecordingError, UnsupportedModelError
 from .recording import CAPTURES, STORES, Recording, map_tensors
 from .report import Report
 from .suspend import is_suspended, suspended  # noqa: F401  (suspended: public re-export)
@@ -103,8 +103,20 @@ class Probe(BlockJacobians):
             log.warning("forward call not recorded: layers %s did not run (recorded layers "
                         "must all run in every call)", missing)
             return
+        if self.anatomy.verify is not None:
+            self._verify(call, output)
         self.recording.commit(call.captured, call.batch_mask(), continues=call.continues,
                               block_calls=call.block_calls, inputs=call.inputs)
+
+    def _verify(self, call: fc.ForwardCall, output: Any) -> None:
+        """Run the anatomy's pending check (generic fallback) on this call; on a refusal the
+        probe's hooks are removed before the error propagates out of the model call."""
+        try:
+            with suspended():
+                self.anatomy = self.anatomy.verify(self.anatomy, call, output)
+        except UnsupportedModelError:
+            self.remove()
+            raise
 
     def _end_implicit_call(self, module: nn.Module, args: tuple, kwargs: dict,
                            output: Any) -> None:
@@ -210,6 +222,10 @@ class Probe(BlockJacobians):
         read; keywords are the fields of :class:`~spectral_hooks.analysis.AnalyzeOptions`
         (``power``, ``iterate``, ``fold_norm``, ``jacobian``, ``bottleneck``, ``reinit``,
         ``topology``). Results are cached until the weights or the recording change."""
+        if self.anatomy.verify is not None:
+            raise RecordingError(f"the generic anatomy of {type(self.model).__name__} is "
+                                 "checked on a recorded batch of at least two real tokens, and "
+                                 "none was recorded yet: run the model inside the probe first")
         subject = Subject(anatomy=self.anatomy, recording=self.recording, cache=self._cache,
                           record_on=self.record_on)
         return analyze(subject, AnalyzeOptions.resolve(options, **keywords))

@@ -131,7 +131,9 @@ class Anatomy:
     carries ~1e-8 relative rounding); ``call_convention`` (how a block is called, see
     :mod:`spectral_hooks.anatomy.calls`); ``default_position`` (the recording row the
     Jacobian view linearises at by default: -1, the last real token, for text; 0, the CLS
-    token, for ViT-style vision towers; see each family file).
+    token, for ViT-style vision towers; see each family file); ``verify`` (None, or a check
+    still to run on the first recorded batch: ``verify(anatomy, forward_call, output)``
+    returns the checked anatomy or raises; the generic fallback's, see generic.py).
     """
 
     family: str
@@ -152,6 +154,7 @@ class Anatomy:
     norm_upcasts: bool = False
     call_convention: BlockCallConvention = HF_CALLS
     default_position: int = -1
+    verify: Optional[Callable[..., "Anatomy"]] = None
 
     @property
     def n_layers(self) -> int:
@@ -363,8 +366,10 @@ def family_infos() -> list[FamilyInfo]:
 def anatomy_of(model: nn.Module) -> Anatomy:
     """Describe ``model`` (HF transformers, TransformerLens 3 or 4) as an :class:`Anatomy`.
 
-    Raises TypeError for a non-module and :class:`~spectral_hooks.errors.UnsupportedModelError`
-    (a ValueError) naming the supported families when nothing recognises the model.
+    Raises TypeError for a non-module. A model no family recognises gets the generic
+    fallback (:mod:`.generic`: a :class:`~spectral_hooks.errors.GenericAnatomyWarning`, checked
+    on the first recorded batch) or :class:`~spectral_hooks.errors.UnsupportedModelError` (a
+    ValueError) that names ``spectral_hooks.register_anatomy``.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"expected a torch.nn.Module, got {type(model).__name__}")
@@ -375,11 +380,4 @@ def anatomy_of(model: nn.Module) -> Anatomy:
         anatomy = builder(model)
         if anatomy is not None:
             return anatomy
-    anatomy = generic_anatomy(model)
-    if anatomy is not None:
-        return anatomy
-    raise UnsupportedModelError(
-        f"{type(model).__name__} does not look like a transformer: no family recognises it "
-        f"(known: {', '.join(registered_families())}) and no list of repeated blocks was found. "
-        "Describe it with spectral_hooks.register_anatomy(name, builder)."
-    )
+    return generic_anatomy(model)
