@@ -356,11 +356,13 @@ def registered_families() -> list[str]:
     return [name for name, _ in _REGISTRY]
 
 
-def family_infos() -> list[FamilyInfo]:
-    """The declared facts of every registered family that declared them, in lookup order."""
+def family_infos(*, builtin: bool = False) -> list[FamilyInfo]:
+    """The declared facts of every registered family that declared them, in lookup order;
+    ``builtin``: only the families spectral_hooks itself registers."""
     from . import families  # noqa: F401  (registers the built-in families)
 
-    return [_INFOS[name] for name, _ in _REGISTRY if name in _INFOS]
+    return [_INFOS[name] for name, builder in _REGISTRY if name in _INFOS and (
+        not builtin or getattr(builder, "__module__", "").startswith(__package__))]
 
 
 def anatomy_of(model: nn.Module) -> Anatomy:

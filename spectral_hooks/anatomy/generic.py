@@ -40,7 +40,15 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import GenericAnatomyWarning, UnsupportedModelError
-from .base import Anatomy, LayerParts, config_int, config_layer_kinds, output_heads, value_heads
+from .base import (
+    Anatomy,
+    FamilyInfo,
+    LayerParts,
+    config_int,
+    config_layer_kinds,
+    output_heads,
+    value_heads,
+)
 
 _ATTN_NAMES = ("self_attn", "attn", "attention", "self_attention", "mixer")
 _QUERY_NAMES = ("q_proj", "query", "q", "q_lin", "query_proj")
@@ -48,6 +56,11 @@ _VALUE_NAMES = ("v_proj", "value", "v", "v_lin", "value_proj")
 _FUSED_NAMES = ("c_attn", "qkv", "Wqkv", "query_key_value", "qkv_proj")
 _OUTPUT_NAMES = ("o_proj", "out_proj", "dense", "c_proj", "o", "out_lin", "Wo")
 _REGISTER = "describe it with spectral_hooks.register_anatomy(name, builder)"
+GENERIC_INFO = FamilyInfo(
+    "generic fallback", ("any other",), causal="by behaviour (first batch)",
+    norm_placement="unknown", attention_type="any with q/v projections",
+    power_view="separate v/o projections only", jacobian_view="after the self-check",
+    tested_by="tests/families/test_generic.py")
 
 
 def refuse(model: nn.Module, why: str) -> UnsupportedModelError:
