@@ -93,14 +93,16 @@ def check_F(model, value_in: str, output: str, *, call=None, tol: float = 1e-6):
         torch.testing.assert_close(F, want, rtol=tol, atol=tol)
 
 
-def check_jacobian(probe, *, k: int = 4, position: Optional[int] = None, tol: float = 1e-10):
+def check_jacobian(probe, *, k: int = 4, position: Optional[int] = None, tol: float = 1e-10,
+                   layers: Optional[tuple[int, ...]] = None):
     """Dense block Jacobian = jacfwd of the real block (to ``tol`` of its largest entry) and
     the matrix-free top-k eigenvalues = the dense eig's (1e-8), on every layer. ``position``:
-    a recording row (default: the anatomy's default position, -1 counting from the end)."""
+    a recording row (default: the anatomy's default position, -1 counting from the end);
+    ``layers``: the layers checked (default: every recorded layer)."""
     L = probe.recording.mask.shape[1]
     p = probe.anatomy.default_position if position is None else position
     p = p % L
-    for layer in probe.recording.layers:
+    for layer in probe.recording.layers if layers is None else layers:
         want = token_jacobian(probe, layer, position=p)
         op = block_jacobian(probe.anatomy, probe.recording, layer, position=p)
         got = op.to_dense()
@@ -115,10 +117,11 @@ def check_jacobian(probe, *, k: int = 4, position: Optional[int] = None, tol: fl
 
 def check_family(model, inputs: dict, *, value_in: str, output: str, causal: bool,
                  family: Optional[str] = None, k: int = 4, f_call=None,
-                 position: Optional[int] = None):
+                 position: Optional[int] = None, layers: Optional[tuple[int, ...]] = None):
     """Every check above on a float64 ``model``; returns the probe. ``inputs``: the model's
     keyword inputs (``input_ids`` or ``pixel_values``, ...); ``f_call``: see :func:`oracle_F`;
-    ``position``: the Jacobian row (default: the anatomy's default position)."""
+    ``position``: the Jacobian row (default: the anatomy's default position); ``layers``: the
+    layers whose Jacobians are checked (default: all)."""
     anatomy = sh.anatomy_of(model)
     if family is not None:
         assert anatomy.family == family, anatomy.family
@@ -126,5 +129,5 @@ def check_family(model, inputs: dict, *, value_in: str, output: str, causal: boo
     assert not anatomy.family.startswith("generic"), "a registered family was expected"
     probe = check_recording(model, inputs)
     check_F(model, value_in, output, call=f_call)
-    check_jacobian(probe, k=k, position=position)
+    check_jacobian(probe, k=k, position=position, layers=layers)
     return probe

@@ -14,6 +14,8 @@ from tests.families.configs_encoders import ENCODERS, RAW, f_call, inputs_for, m
 from tests.families.harness import check_family
 
 FAMILY_NAME = {"electra": "bert", "xlm_roberta": "bert"}
+# Jacobians checked on the last layer (layers alike), on both for ModernBERT (global, local)
+JACOBIAN_LAYERS = {"modernbert": (0, 1)}
 
 
 @pytest.mark.parametrize("family", ENCODERS)
@@ -22,7 +24,7 @@ def test_encoder_passes_the_family_checks(family):
     value_in, output = RAW[family]
     probe = check_family(model, inputs_for(family), value_in=value_in, output=output,
                          causal=False, family=FAMILY_NAME.get(family, family),
-                         f_call=f_call(family))
+                         f_call=f_call(family), layers=JACOBIAN_LAYERS.get(family, (1,)))
     assert probe.anatomy.default_position == -1
 
 

@@ -6,6 +6,9 @@ import pytest
 import torch
 
 import spectral_hooks as sh
+from spectral_hooks.analysis import AnalysisCache, Subject
+from spectral_hooks.analysis.jacobian import JacobianView
+from spectral_hooks.analysis.options import JacobianOptions
 from tests.families.configs_encoders import CAUSAL, RAW, VISION, f_call, inputs_for, make
 from tests.families.harness import check_family
 
@@ -18,7 +21,7 @@ def test_tower_passes_the_family_checks(family):
     value_in, output = RAW[family]
     probe = check_family(model, inputs_for(family), value_in=value_in, output=output,
                          causal=CAUSAL.get(family, False), family=family,
-                         f_call=f_call(family))
+                         f_call=f_call(family), layers=(1,))
     assert probe.anatomy.default_position == DEFAULT_ROW[family]
     assert bool(probe.recording.mask.all())  # patches: every position is real
 
@@ -26,9 +29,12 @@ def test_tower_passes_the_family_checks(family):
 @pytest.mark.parametrize("family", ["vit", "siglip_vision"])
 def test_jacobian_view_linearises_at_the_default_position(family):
     model = make(family)
-    with sh.instrument(model) as probe, torch.no_grad():
+    with sh.instrument(model, layers=[1]) as probe, torch.no_grad():
         model(**inputs_for(family, batch=1))
     table = probe.analyze(jacobian={"k": 2}).jacobian
     assert set(table["position"]) == {DEFAULT_ROW[family]}
-    last = probe.analyze(jacobian={"k": 2, "positions": "last"}).jacobian
-    assert set(last["position"]) == {probe.recording.mask.shape[1] - 1}
+    subject = Subject(anatomy=probe.anatomy, recording=probe.recording,
+                      cache=AnalysisCache(model, probe.recording))
+    view = JacobianView(subject, JacobianOptions(k=2, positions="last"))
+    assert view.row_position(1, view.positions()[0]) == probe.recording.mask.shape[1] - 1
+    assert view.anchor == DEFAULT_ROW[family]  # chain, bottleneck and amplification
