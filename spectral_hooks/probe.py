@@ -9,6 +9,8 @@ Guarantees: the probe removes exactly the handles it registered (also when the f
 when used as a context manager), never changes a model output, records detached copies, counts
 applications of shared blocks (ALBERT), appends generate() decode steps, and ignores block calls
 outside a forward of the model (gradient-checkpointing recomputation during backward).
+An anatomy with a pending check (the generic fallback's, ``Anatomy.verify``) is checked on the
+first recorded call; the probe only delegates (the check lives in ``anatomy/generic.py``).
 """
 
 from __future__ import annotations

@@ -17,11 +17,18 @@ model's pooled output reads (``default_position``):
 
 CLIP's text tower is causal (a causal mask, though its config has no ``is_decoder``) and pools
 the end-of-text token; its default position is the last real token, as for every text model.
+
+A two-tower ``CLIPModel`` / ``SiglipModel`` is refused with a pointer to its towers
+(``model.vision_model``, ``model.text_model``), each a model of its own to instrument.
 """
 
-from typing import Any
+from typing import Any, Optional
 
-from .hf import HFFamily, register
+from torch import nn
+
+from ..errors import UnsupportedModelError
+from .base import Anatomy, FamilyInfo, register_anatomy
+from .hf import HFFamily, model_type_of, register
 
 _VIT = dict(blocks="layers", attention="attention", value="attention.v_proj",
             output="attention.o_proj", attn_out="attention", attn_norm="layernorm_before",
@@ -54,3 +61,19 @@ SIGLIP_VISION = register(HFFamily(
 CLIP_TEXT = register(HFFamily(
     name="clip_text", model_types=("clip_text_model",), final_norm="final_layer_norm",
     causal=True, **_CLIP))
+
+
+TWO_TOWERS = ("clip", "siglip")
+
+
+def _two_towers(model: nn.Module) -> Optional[Anatomy]:
+    if model_type_of(model) not in TWO_TOWERS:
+        return None
+    raise UnsupportedModelError(
+        f"{type(model).__name__} holds two towers: instrument model.vision_model or "
+        "model.text_model, each a model of its own")
+
+
+register_anatomy("clip/siglip two towers", _two_towers, first=False, info=FamilyInfo(
+    "clip/siglip two towers", TWO_TOWERS, causal="per tower", norm_placement="pre",
+    power_view="per tower", jacobian_view="per tower", tested_by="tests/families/test_vision.py"))

@@ -9,6 +9,7 @@ import spectral_hooks as sh
 from spectral_hooks.analysis import AnalysisCache, Subject
 from spectral_hooks.analysis.jacobian import JacobianView
 from spectral_hooks.analysis.options import JacobianOptions
+from spectral_hooks.errors import UnsupportedModelError
 from tests.families.configs_encoders import CAUSAL, RAW, VISION, f_call, inputs_for, make
 from tests.families.harness import check_family
 
@@ -38,3 +39,17 @@ def test_jacobian_view_linearises_at_the_default_position(family):
     view = JacobianView(subject, JacobianOptions(k=2, positions="last"))
     assert view.row_position(1, view.positions()[0]) == probe.recording.mask.shape[1] - 1
     assert view.anchor == DEFAULT_ROW[family]  # chain, bottleneck and amplification
+
+
+def test_two_tower_models_point_to_their_towers():
+    import transformers as tf
+
+    text = dict(vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                intermediate_size=64)
+    vision = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                  intermediate_size=64, image_size=8, patch_size=4)
+    model = tf.CLIPModel(tf.CLIPConfig(text_config=text, vision_config=vision))
+    with pytest.raises(UnsupportedModelError, match="model.vision_model or model.text_model"):
+        sh.anatomy_of(model)
+    assert sh.anatomy_of(model.vision_model).family == "clip_vision"
+    assert sh.anatomy_of(model.text_model).causal
