@@ -55,3 +55,17 @@ def test_deberta_power_view_is_the_content_path():
         model.encoder.layer[0].attention.self.pos_key_proj.weight.add_(1.0)
     after = torch.einsum("hdk,hkm->dm", part.output_weights(), part.value_weights())
     assert torch.equal(before, after)
+
+
+def test_block_jacobian_of_an_in_place_block_does_not_drift():
+    """MPNet adds its position bias in place (``scores += position_bias``): a JVP traced by
+    torch.func.linearize would add it again at every call unless re-traced functionally."""
+    from spectral_hooks.linearize import block_jacobian
+
+    model = make("mpnet")
+    with sh.instrument(model, layers=[0]) as probe, torch.no_grad():
+        model(**inputs_for("mpnet", batch=1))
+    op = block_jacobian(probe.anatomy, probe.recording, 0)
+    v = torch.randn(32, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    first = op.matvec(v)
+    assert torch.equal(op.matvec(v), first) and torch.equal(op.matvec(v), first)
