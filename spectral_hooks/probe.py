@@ -5,12 +5,9 @@
     >>> probe.recording.resid_post[2].shape        # doctest: +SKIP
     torch.Size([4, 12, 768])
 
-Guarantees: the probe removes exactly the handles it registered (also when the forward raises,
-when used as a context manager), never changes a model output, records detached copies, counts
-applications of shared blocks (ALBERT), appends generate() decode steps, and ignores block calls
-outside a forward of the model (gradient-checkpointing recomputation during backward).
-An anatomy with a pending check (the generic fallback's, ``Anatomy.verify``) is checked on the
-first recorded call; the probe only delegates (the check lives in ``anatomy/generic.py``).
+Guarantees: the probe removes exactly its own handles (also when the forward raises, in a
+``with``), never changes a model output, records detached copies, counts applications of shared
+blocks (ALBERT), appends generate() decode steps, ignores block calls outside a model forward.
 """
 
 from __future__ import annotations
@@ -26,7 +23,7 @@ from . import forward_call as fc
 from .analysis import AnalysisCache, AnalyzeOptions, Subject, analyze
 from .anatomy import Anatomy, anatomy_of
 from .block_jacobians import BlockJacobians
-from .errors import OptionError, RecordingError, UnsupportedModelError
+from .errors import OptionError, RecordingError
 from .recording import CAPTURES, STORES, Recording, map_tensors
 from .report import Report
 from .suspend import is_suspended, suspended  # noqa: F401  (suspended: public re-export)
@@ -105,20 +102,9 @@ class Probe(BlockJacobians):
             log.warning("forward call not recorded: layers %s did not run (recorded layers "
                         "must all run in every call)", missing)
             return
-        if self.anatomy.verify is not None:
-            self._verify(call, output)
+        self.anatomy = fc.verified(self.anatomy, call, output, on_refusal=self.remove)
         self.recording.commit(call.captured, call.batch_mask(), continues=call.continues,
                               block_calls=call.block_calls, inputs=call.inputs)
-
-    def _verify(self, call: fc.ForwardCall, output: Any) -> None:
-        """Run the anatomy's pending check (generic fallback) on this call; on a refusal the
-        probe's hooks are removed before the error propagates out of the model call."""
-        try:
-            with suspended():
-                self.anatomy = self.anatomy.verify(self.anatomy, call, output)
-        except UnsupportedModelError:
-            self.remove()
-            raise
 
     def _end_implicit_call(self, module: nn.Module, args: tuple, kwargs: dict,
                            output: Any) -> None:
@@ -224,10 +210,6 @@ class Probe(BlockJacobians):
         read; keywords are the fields of :class:`~spectral_hooks.analysis.AnalyzeOptions`
         (``power``, ``iterate``, ``fold_norm``, ``jacobian``, ``bottleneck``, ``reinit``,
         ``topology``). Results are cached until the weights or the recording change."""
-        if self.anatomy.verify is not None:
-            raise RecordingError(f"the generic anatomy of {type(self.model).__name__} is "
-                                 "checked on a recorded batch of at least two real tokens, and "
-                                 "none was recorded yet: run the model inside the probe first")
         subject = Subject(anatomy=self.anatomy, recording=self.recording, cache=self._cache,
                           record_on=self.record_on)
         return analyze(subject, AnalyzeOptions.resolve(options, **keywords))

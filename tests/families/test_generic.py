@@ -118,11 +118,15 @@ def test_llama_through_the_generic_fallback_is_causal_with_the_family_F():
 def test_analysis_waits_for_the_check():
     model = Stack().double()
     with pytest.warns(GenericAnatomyWarning), sh.instrument(model) as probe:
-        with pytest.raises(RecordingError, match="at least two real tokens"):
-            probe.analyze(power=True)
         with torch.no_grad():  # one token: causality cannot be decided yet
             model(inputs_embeds=torch.randn(1, 1, D, dtype=torch.float64))
         assert probe.anatomy.verify is not None
+        with pytest.raises(RecordingError, match="at least two real tokens"):
+            probe.analyze(power=True)
+        with torch.no_grad():
+            model(inputs_embeds=torch.randn(1, 3, D, dtype=torch.float64))
+        assert probe.anatomy.verify is None and not probe.anatomy.causal
+        assert len(probe.analyze(power=True).power) == 2
 
 
 def test_state_space_and_recurrent_models_are_refused():
