@@ -28,7 +28,9 @@ the recorded inputs, nothing is recorded meanwhile):
   are not trusted: ``ViTConfig`` has no ``is_decoder``).
 
 Until then ``anatomy.causal`` is provisional (False) and analysis refuses to run. A failed
-self-check removes the probe's hooks and raises :class:`UnsupportedModelError`.
+self-check removes the probe's hooks and raises :class:`UnsupportedModelError`. The fallback
+knows no CLS token: its default Jacobian position is the last real token (-1); pass
+``jacobian={"positions": [0]}`` for a vision tower's CLS.
 """
 
 from __future__ import annotations
