@@ -17,7 +17,7 @@ head count in its config is refused with one sentence that names
 
 Behaviour (at ``instrument``, on the first recorded batch of at least two real tokens, by
 :func:`verify`, which the probe calls through ``Anatomy.verify``; the blocks are replayed on
-the recorded inputs, nothing is recorded meanwhile):
+the recorded inputs, once: one extra forward of the recorded blocks; nothing is recorded):
 
 - self-check: replaying each recorded block on its recorded input reproduces its recorded
   output; each block's output is the next block's input (a residual stream, not a stack with
