@@ -57,4 +57,3 @@ def test_deberta_power_view_is_the_content_path():
         model.encoder.layer[0].attention.self.pos_key_proj.weight.add_(1.0)
     after = torch.einsum("hdk,hkm->dm", part.output_weights(), part.value_weights())
     assert torch.equal(before, after)
-
