@@ -66,7 +66,7 @@ def oracle_F(model, block, value_in: str, output: str, d_model: int, *,
 
     def random_input(module, args):  # one random vector per sequence, at every position:
         x = args[0]                      # equal values make any attention pattern exact
-        xs.append(torch.randn_like(x[:, :1]).expand_as(x))
+        xs.append(torch.randn_like(x[:, :1]).expand_as(x) if x.ndim == 3 else torch.randn_like(x))
         return (xs[-1],) + tuple(args[1:])
 
     h1 = v_mod.register_forward_pre_hook(random_input)
