@@ -74,6 +74,11 @@ class FallbackWarning(UserWarning):
     """A slower or approximate path was taken (the message says which and why)."""
 
 
+class GenericAnatomyWarning(UserWarning):
+    """No family knows the model: a generic anatomy, checked on the first recorded batch, is in
+    use (``spectral_hooks.register_anatomy`` describes the model exactly)."""
+
+
 class ConvergenceWarning(UserWarning):
     """An iterative solver stopped before reaching its tolerance (results say converged=False)."""
 

@@ -19,8 +19,9 @@ from torch import Tensor
 
 from .anatomy import Anatomy
 from .anatomy.base import CACHE_KWARGS, MASK_KWARG, MODEL_INPUT_KWARGS
-from .errors import OptionError, RecordingError
+from .errors import OptionError, RecordingError, UnsupportedModelError
 from .recording import BlockCall, map_tensors
+from .suspend import suspended
 
 
 def recorded_layers(anatomy: Anatomy, layers: Optional[Iterable[int]]) -> tuple[int, ...]:
@@ -101,6 +102,21 @@ def replayable_call(args: tuple, kwargs: dict, to_store: Callable[..., Tensor], 
     kwargs = map_tensors(kwargs, store)
     kwargs[hidden_kwarg] = to_store(kwargs[hidden_kwarg])
     return BlockCall(args, kwargs, False, hidden_kwarg=hidden_kwarg)
+
+
+def verified(anatomy: Anatomy, call: "ForwardCall", output: Any, *,
+             on_refusal: Callable[[], None]) -> Anatomy:
+    """``anatomy`` after its pending check (``Anatomy.verify``: the generic fallback's, see
+    anatomy/generic.py) on this recorded call, replays unrecorded; unchanged when none is
+    pending. On a refusal ``on_refusal()`` runs (the probe removes its hooks), then it raises."""
+    if anatomy.verify is None:
+        return anatomy
+    try:
+        with suspended():
+            return anatomy.verify(anatomy, call, output)
+    except UnsupportedModelError:
+        on_refusal()
+        raise
 
 
 def bind_model_call(signature: inspect.Signature, args: tuple, kwargs: dict) -> dict:

@@ -5,10 +5,9 @@
     >>> probe.recording.resid_post[2].shape        # doctest: +SKIP
     torch.Size([4, 12, 768])
 
-Guarantees: the probe removes exactly the handles it registered (also when the forward raises,
-when used as a context manager), never changes a model output, records detached copies, counts
-applications of shared blocks (ALBERT), appends generate() decode steps, and ignores block calls
-outside a forward of the model (gradient-checkpointing recomputation during backward).
+Guarantees: the probe removes exactly its own handles (also when the forward raises, in a
+``with``), never changes a model output, records detached copies, counts applications of shared
+blocks (ALBERT), appends generate() decode steps, ignores block calls outside a model forward.
 """
 
 from __future__ import annotations
@@ -102,6 +101,7 @@ class Probe(BlockJacobians):
             log.warning("forward call not recorded: layers %s did not run (recorded layers "
                         "must all run in every call)", missing)
             return
+        self.anatomy = fc.verified(self.anatomy, call, output, on_refusal=self.remove)
         self.recording.commit(call.captured, call.batch_mask(), continues=call.continues,
                               block_calls=call.block_calls, inputs=call.inputs,
                               token_ids=call.new_token_ids())

@@ -104,6 +104,10 @@ def analyze(subject: Subject, options: AnalyzeOptions) -> Report:
     if not subject.recording.steps:
         raise RecordingError("nothing recorded yet: run the model inside the probe first")
     nan_reason = preflight(subject.recording, options)
+    if subject.anatomy.verify is not None:  # the generic fallback, not yet checked
+        raise RecordingError(f"the generic anatomy of {type(subject.model).__name__} is checked "
+                             "on a recorded batch of at least two real tokens, and none was "
+                             "recorded yet: run the model on one inside the probe first")
     meta = metadata(subject, options)
     if nan_reason is not None:
         meta["nan_reasons"] = {"power": {"columns": list(TOKEN_COLUMNS), "reason": nan_reason}}

@@ -157,13 +157,19 @@ class JacobianView:
                                    position=self.row_position(layer, position))
         return pd.DataFrame(rows)
 
+    @property
+    def anchor(self) -> int:
+        """The row of the chain, bottleneck and amplification: the anatomy's default position
+        (the last real token of a text model, a vision tower's CLS token)."""
+        return self.subject.anatomy.default_position
+
     def chain(self) -> list[LinearOperator]:
-        """Token Jacobians of every recorded layer in order at the last position."""
+        """Token Jacobians of every recorded layer in order at the default position."""
         layers = list(self.layers)
         if layers != list(range(layers[0], layers[-1] + 1)):
             raise RecordingError(f"the bottleneck needs consecutive recorded layers, got "
                                  f"{layers}: instrument with layers=None")
-        return [self.operator(layer, -1) for layer in layers]
+        return [self.operator(layer, self.anchor) for layer in layers]
 
     @property
     def dense_products(self) -> bool:
@@ -173,25 +179,25 @@ class JacobianView:
         return self.subject.anatomy.d_model <= SCHUR_MAX_D if choice is None else choice
 
     def end_to_end(self, dense: bool) -> list:
-        """P_1..P_L at the last real token through the whole stack (bidirectional models)."""
+        """P_1..P_L at the default position through the whole stack (bidirectional models)."""
         s, o = self.subject, self.options
         if dense:
             P = self._memo(("end_to_end",), lambda: end_to_end_jacobians(
-                s.anatomy, s.recording, layers=self.layers, sample=o.sample, position=-1))
+                s.anatomy, s.recording, layers=self.layers, sample=o.sample, position=self.anchor))
             return list(P)
         return end_to_end_operators(s.anatomy, s.recording, layers=self.layers,
-                                    sample=o.sample, position=-1)
+                                    sample=o.sample, position=self.anchor)
 
     def dense_chain(self) -> list[Tensor]:
-        return [self.dense(layer, -1) for layer in self.bar(self.layers, "dense Jacobians")]
+        return [self.dense(layer, self.anchor) for layer in self.bar(self.layers, "dense Jacobians")]
 
     def amplification(self, layer: int) -> Tensor:
         o = self.options
         if self.exact or self.dense_products:
-            J = self.dense(layer, -1)
+            J = self.dense(layer, self.anchor)
             eye = torch.eye(J.shape[0], dtype=J.dtype, device=J.device)
             return amplification(J - eye, dense=True)[0]
-        J: Union[LinearOperator, Tensor] = self.operator(layer, -1)
+        J: Union[LinearOperator, Tensor] = self.operator(layer, self.anchor)
         delta = J - IdentityOperator(J.shape[0], dtype=J.dtype, device=J.device)
         return amplification(delta, n_samples=o.n_samples, seed=o.seed)[0]
 

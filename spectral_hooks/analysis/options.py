@@ -23,7 +23,7 @@ from ..errors import OptionError, UnknownOptionError
 
 ITERATES = ("F", "I+F")
 ABLATIONS = ("symmetric", "schur")
-POSITION_KEYWORDS = ("last", "all")
+POSITION_KEYWORDS = ("default", "last", "all")
 
 
 def _is_int(value: Any) -> bool:
@@ -56,8 +56,11 @@ class JacobianOptions:
 
     Attributes:
         k: eigenvalues per block Jacobian (top by modulus).
-        positions: "last" (the last real token of ``sample``), "all" (every real prefill
-            token of ``sample``) or a list of recording rows.
+        positions: "default" (the model's default position, ``anatomy.default_position``:
+            the last real token of a text model, the CLS token of a ViT/DeiT/CLIP vision
+            tower, the centre patch of a SigLIP one), "last" (the last real token of
+            ``sample``), "all" (every real prefill token of ``sample``) or a list of
+            recording rows.
         dense: None (automatic: exact where d_model <= DENSE_AUTO_MAX_D, a fixed threshold
             calibrated in benchmarks/dense_threshold.py; matrix-free above), True (force the
             exact, dense computation) or False (force matrix-free). Each row of the jacobian
@@ -75,7 +78,7 @@ class JacobianOptions:
     """
 
     k: int = 16
-    positions: Union[str, tuple[int, ...]] = "last"
+    positions: Union[str, tuple[int, ...]] = "default"
     dense: Optional[bool] = None
     sample: int = 0
     n_samples: int = 64
@@ -131,13 +134,15 @@ class JacobianOptions:
 def _positions(value: Any) -> Union[str, tuple[int, ...]]:
     if isinstance(value, str):
         if value not in POSITION_KEYWORDS:
-            raise OptionError("jacobian.positions", value, "'last', 'all' or a list of rows")
+            raise OptionError("jacobian.positions", value,
+                              "'default', 'last', 'all' or a list of rows")
         return value
     if _is_int(value):
         return (value,)
     if isinstance(value, Sequence) and value and all(_is_int(p) for p in value):
         return tuple(int(p) for p in value)
-    raise OptionError("jacobian.positions", value, "'last', 'all' or a non-empty list of ints")
+    raise OptionError("jacobian.positions", value,
+                      "'default', 'last', 'all' or a non-empty list of ints")
 
 
 def _known(cls: type, values: Mapping, where: str) -> dict:

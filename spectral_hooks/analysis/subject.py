@@ -69,8 +69,12 @@ class Subject:
         return [g for g in self.anatomy.shared_groups if set(g) <= set(rec.layers)]
 
     def positions(self, spec: str | tuple[int, ...], sample: int) -> list[int]:
-        """Recording rows to linearise at: "last" -> [-1] (the last real token), "all" ->
-        every real prefill position of ``sample`` (decode steps cannot be replayed)."""
+        """Recording rows to linearise at: "default" -> the anatomy's default position (the
+        last real token of a text model, -1; a vision tower's CLS token, 0), "last" -> [-1]
+        (the last real token), "all" -> every real prefill position of ``sample`` (decode
+        steps cannot be replayed)."""
+        if spec == "default":
+            return [self.anatomy.default_position]
         if spec == "last":
             return [-1]
         rec = self.recording

@@ -2,14 +2,17 @@
 
 from .base import (
                    Anatomy,
+                   FamilyInfo,
                    HeadWeights,
                    LayerParts,
                    MissingWeightsError,
                    anatomy_of,
+                   family_infos,
                    register_anatomy,
                    registered_families,
 )
 from .calls import BlockCallConvention
 
-__all__ = ["Anatomy", "HeadWeights", "LayerParts", "MissingWeightsError", "BlockCallConvention",
-           "anatomy_of", "register_anatomy", "registered_families"]
+__all__ = ["Anatomy", "FamilyInfo", "HeadWeights", "LayerParts", "MissingWeightsError",
+           "BlockCallConvention", "anatomy_of", "family_infos", "register_anatomy",
+           "registered_families"]

@@ -36,7 +36,8 @@ from .calls import (
 __all__ = ["Anatomy", "LayerParts", "HeadWeights", "BlockCallConvention", "MissingWeightsError",
            "UnsupportedModelError", "LayerIndexError", "CACHE_KWARGS", "HF_BLOCK_CACHE_KWARGS",
            "MODEL_INPUT_KWARGS", "MASK_KWARG", "anatomy_of", "register_anatomy",
-           "registered_families", "config_layer_kinds", "fresh_model"]
+           "registered_families", "config_layer_kinds", "fresh_model", "FamilyInfo",
+           "family_infos"]
 
 NORM_PLACEMENTS = ("pre", "post", "sandwich", "sublayer_post", "unknown")
 
@@ -128,7 +129,11 @@ class Anatomy:
     is alike or the config does not say); ``norm_upcasts`` (the block's norms compute in
     float32 whatever the model dtype, as HF's Llama-family RMSNorm does: a float64 replay then
     carries ~1e-8 relative rounding); ``call_convention`` (how a block is called, see
-    :mod:`spectral_hooks.anatomy.calls`).
+    :mod:`spectral_hooks.anatomy.calls`); ``default_position`` (the recording row the
+    Jacobian view linearises at by default: -1, the last real token, for text; 0, the CLS
+    token, for ViT-style vision towers; see each family file); ``verify`` (None, or a check
+    still to run on the first recorded batch: ``verify(anatomy, forward_call, output)``
+    returns the checked anatomy or raises; the generic fallback's, see generic.py).
     """
 
     family: str
@@ -148,6 +153,8 @@ class Anatomy:
     layer_kinds: Optional[tuple[str, ...]] = None
     norm_upcasts: bool = False
     call_convention: BlockCallConvention = HF_CALLS
+    default_position: int = -1
+    verify: Optional[Callable[..., "Anatomy"]] = None
 
     @property
     def n_layers(self) -> int:
@@ -307,14 +314,47 @@ def fresh_model(model: nn.Module, *, seed: int = 0) -> nn.Module:
 # Registry
 
 Builder = Callable[[nn.Module], Optional[Anatomy]]
+
+
+@dataclass(frozen=True)
+class FamilyInfo:
+    """What a family declares about itself, for people (README's table of supported models).
+
+        >>> FamilyInfo("gpt2", ("gpt2",), causal="yes", norm_placement="pre").row()[:3]
+        ('gpt2', 'gpt2', 'yes')
+
+    ``causal``: "yes", "no" or a sentence ("from the config", "checked by behaviour");
+    ``attention_type``: e.g. "full", "global/local", "disentangled relative";
+    ``power_view`` / ``jacobian_view``: "yes", "no" or what is left out; ``tested_by``: the
+    test file that checks the family against its oracles ("" where none does).
+    """
+
+    name: str
+    model_types: tuple[str, ...]
+    causal: str
+    norm_placement: str
+    attention_type: str = "full"
+    power_view: str = "yes"
+    jacobian_view: str = "yes"
+    tested_by: str = ""
+
+    def row(self) -> tuple[str, ...]:
+        return (self.name, ", ".join(self.model_types) or "-", self.causal, self.norm_placement,
+                self.attention_type, self.power_view, self.jacobian_view,
+                self.tested_by or "untested")
+
+
 _REGISTRY: list[tuple[str, Builder]] = []
+_INFOS: dict[str, FamilyInfo] = {}
 
 
-def register_anatomy(name: str, builder: Builder, *, first: bool = True) -> None:
+def register_anatomy(name: str, builder: Builder, *, first: bool = True,
+                     info: Optional[FamilyInfo] = None) -> None:
     """Teach spectral_hooks a new architecture.
 
     ``builder(model)`` returns an :class:`Anatomy` when it recognises ``model`` and None
     otherwise. User builders are tried before the built-in families (``first=True``).
+    ``info`` declares the family's facts for the table of supported models.
 
         >>> def my_builder(model):
         ...     return None            # inspect `model`, return Anatomy(...) when it is yours
@@ -324,17 +364,30 @@ def register_anatomy(name: str, builder: Builder, *, first: bool = True) -> None
         raise TypeError("builder must be callable: model -> Anatomy | None")
     entry = (name, builder)
     _REGISTRY.insert(0, entry) if first else _REGISTRY.append(entry)
+    if info is not None:
+        _INFOS[name] = info
 
 
 def registered_families() -> list[str]:
     return [name for name, _ in _REGISTRY]
 
 
+def family_infos(*, builtin: bool = False) -> list[FamilyInfo]:
+    """The declared facts of every registered family that declared them, in lookup order;
+    ``builtin``: only the families spectral_hooks itself registers."""
+    from . import families  # noqa: F401  (registers the built-in families)
+
+    return [_INFOS[name] for name, builder in _REGISTRY if name in _INFOS and (
+        not builtin or getattr(builder, "__module__", "").startswith(__package__))]
+
+
 def anatomy_of(model: nn.Module) -> Anatomy:
     """Describe ``model`` (HF transformers, TransformerLens 3 or 4) as an :class:`Anatomy`.
 
-    Raises TypeError for a non-module and :class:`~spectral_hooks.errors.UnsupportedModelError`
-    (a ValueError) naming the supported families when nothing recognises the model.
+    Raises TypeError for a non-module. A model no family recognises gets the generic
+    fallback (:mod:`.generic`: a :class:`~spectral_hooks.errors.GenericAnatomyWarning`, checked
+    on the first recorded batch) or :class:`~spectral_hooks.errors.UnsupportedModelError` (a
+    ValueError) that names ``spectral_hooks.register_anatomy``.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"expected a torch.nn.Module, got {type(model).__name__}")
@@ -345,11 +398,4 @@ def anatomy_of(model: nn.Module) -> Anatomy:
         anatomy = builder(model)
         if anatomy is not None:
             return anatomy
-    anatomy = generic_anatomy(model)
-    if anatomy is not None:
-        return anatomy
-    raise UnsupportedModelError(
-        f"{type(model).__name__} does not look like a transformer: no family recognises it "
-        f"(known: {', '.join(registered_families())}) and no list of repeated blocks was found. "
-        "Describe it with spectral_hooks.register_anatomy(name, builder)."
-    )
+    return generic_anatomy(model)

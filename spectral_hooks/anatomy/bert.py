@@ -9,6 +9,8 @@ BERT = register(HFFamily(
     blocks="encoder.layer", attention="attention", value="attention.self.value",
     output="attention.output.dense", attn_out="attention.output.dropout", attn_norm=None,
     norm_placement="post", causal=False,
+    tested_by="tests/test_probe_families.py (bert); tests/families/test_encoders.py (electra, "
+              "xlm-roberta)",
 ))
 
 
@@ -26,5 +28,5 @@ ALBERT = register(HFFamily(
     name="albert", model_types=("albert",), blocks="encoder.albert_layer_groups",
     attention="attention", value="attention.value", output="attention.dense",
     attn_out="attention.output_dropout", attn_norm=None, norm_placement="post", causal=False,
-    block_order=albert_application_order,
+    block_order=albert_application_order, tested_by="tests/test_probe_families.py",
 ))

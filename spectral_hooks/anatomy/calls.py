@@ -39,8 +39,9 @@ CACHE_KWARGS = ("cache", "past_key_values", "past_key_value", "layer_past",
                 "past_kv_cache_entry", "past_kv_cache")
 HF_BLOCK_CACHE_KWARGS = CACHE_KWARGS[:4]
 #: Keyword names under which a model receives its tokens, in order of preference: HF
-#: (``input_ids``, ``inputs_embeds``), TransformerLens (``input``, ``tokens``).
-MODEL_INPUT_KWARGS = ("input_ids", "inputs_embeds", "input", "tokens")
+#: (``input_ids``, ``inputs_embeds``; vision towers ``pixel_values`` [batch, channels, h, w],
+#: whose patches are the tokens, all real), TransformerLens (``input``, ``tokens``).
+MODEL_INPUT_KWARGS = ("input_ids", "inputs_embeds", "pixel_values", "input", "tokens")
 #: The keyword of the [batch, pos] padding mask (HF and TransformerLens alike).
 MASK_KWARG = "attention_mask"
 

@@ -10,11 +10,16 @@ from . import tlens  # noqa: F401
 from . import (  # noqa: F401
     alibi,
     bert,
+    deberta,
     decoders,
+    distilbert,
     falcon,
     gpt2,
     gpt_neo,
     gpt_neox,
     llama,
+    modernbert,
     moe,
+    mpnet,
+    vision,
 )

@@ -1,16 +1,73 @@
-"""Fallback for models no family knows: find the longest list of identical blocks."""
+"""Fallback for models no family knows: found by structure, then checked by behaviour.
+
+    >>> anatomy = anatomy_of(unknown_model)   # doctest: +SKIP
+    GenericAnatomyWarning: no family knows MyModel: a generic anatomy is in use ...
+    >>> with instrument(unknown_model) as probe:   # doctest: +SKIP
+    ...     unknown_model(**batch)   # the first batch checks the anatomy (or refuses the model)
+
+Structure (at ``anatomy_of``, cheap: no forward pass): the longest ``nn.ModuleList`` of blocks
+of one class is the stack, in list order; each block's attention is a child named like one
+(``self_attn``, ``attn``, ``attention``, ...), with query and value projections (``q_proj``,
+``v_proj``, ``value``, ...; or a fused qkv, whose values the fallback cannot split: no power
+view) and an output projection; sizes come from the config. A model without such a stack,
+without attention that has query and value projections (state-space and recurrent models:
+Mamba's mixer, RWKV's key/value/receptance time mixing), or without a
+head count in its config is refused with one sentence that names
+``spectral_hooks.register_anatomy``.
+
+Behaviour (at ``instrument``, on the first recorded batch of at least two real tokens, by
+:func:`verify`, which the probe calls through ``Anatomy.verify``; the blocks are replayed on
+the recorded inputs, once: one extra forward of the recorded blocks; nothing is recorded):
+
+- self-check: replaying each recorded block on its recorded input reproduces its recorded
+  output; each block's output is the next block's input (a residual stream, not a stack with
+  something between its blocks); the recorded inputs equal the model's own
+  ``hidden_states`` where its output offers them (``output_hidden_states=True``).
+- causality: a late token's input to the first recorded block is perturbed; if any earlier
+  position of that block's output moves, the model is bidirectional, else causal (configs
+  are not trusted: ``ViTConfig`` has no ``is_decoder``).
+
+Until then ``anatomy.causal`` is provisional (False) and analysis refuses to run. A failed
+self-check removes the probe's hooks and raises :class:`UnsupportedModelError`. The fallback
+knows no CLS token: its default Jacobian position is the last real token (-1); pass
+``jacobian={"positions": [0]}`` for a vision tower's CLS.
+"""
 
 from __future__ import annotations
 
-from typing import Optional
+import warnings
+from typing import Any, Optional
 
-from torch import nn
+import torch
+from torch import Tensor, nn
 
-from .base import Anatomy, LayerParts, config_int, config_layer_kinds, output_heads, value_heads
+from ..errors import GenericAnatomyWarning, UnsupportedModelError
+from .base import (
+    Anatomy,
+    FamilyInfo,
+    LayerParts,
+    config_int,
+    config_layer_kinds,
+    output_heads,
+    value_heads,
+)
 
 _ATTN_NAMES = ("self_attn", "attn", "attention", "self_attention", "mixer")
-_VALUE_NAMES = ("v_proj", "value", "v")
-_OUTPUT_NAMES = ("o_proj", "out_proj", "dense", "c_proj", "o")
+_QUERY_NAMES = ("q_proj", "query", "q", "q_lin", "query_proj")
+_VALUE_NAMES = ("v_proj", "value", "v", "v_lin", "value_proj")
+_FUSED_NAMES = ("c_attn", "qkv", "Wqkv", "query_key_value", "qkv_proj")
+_OUTPUT_NAMES = ("o_proj", "out_proj", "dense", "c_proj", "o", "out_lin", "Wo")
+_REGISTER = "describe it with spectral_hooks.register_anatomy(name, builder)"
+GENERIC_INFO = FamilyInfo(
+    "generic fallback", ("any other",), causal="by behaviour (first batch)",
+    norm_placement="unknown", attention_type="any with q/v projections",
+    power_view="separate v/o projections only", jacobian_view="after the self-check",
+    tested_by="tests/families/test_generic.py")
+
+
+def refuse(model: nn.Module, why: str) -> UnsupportedModelError:
+    return UnsupportedModelError(f"{type(model).__name__} cannot be described by the generic "
+                                 f"fallback ({why}): {_REGISTER}")
 
 
 def _block_list(model: nn.Module) -> Optional[nn.ModuleList]:
@@ -32,35 +89,130 @@ def _child(module: nn.Module, names: tuple[str, ...]) -> Optional[nn.Module]:
     return None
 
 
-def generic_anatomy(model: nn.Module) -> Optional[Anatomy]:
-    blocks = _block_list(model)
+def _has_weight(module: Optional[nn.Module]) -> bool:
+    return module is not None and isinstance(getattr(module, "weight", None), Tensor)
+
+
+def _layer(index: int, block: nn.Module, n_heads: int, d_head: int) -> LayerParts:
+    attn = _child(block, _ATTN_NAMES)
+    v_mod, o_mod = _child(attn, _VALUE_NAMES), _child(attn, _OUTPUT_NAMES)
+    ok = _has_weight(v_mod) and _has_weight(o_mod)
+    return LayerParts(
+        index=index, block=block, attention=attn, attn_out_module=attn,
+        value=value_heads(v_mod, n_heads, d_head) if ok else None,
+        output=output_heads(o_mod, n_heads, d_head) if ok else None,
+    )
+
+
+def _check_structure(model: nn.Module, blocks: Optional[nn.ModuleList]) -> nn.Module:
     if blocks is None:
-        return None
+        raise refuse(model, "it does not look like a transformer: no list of repeated blocks "
+                     "was found")
     attention = _child(blocks[0], _ATTN_NAMES)
-    if attention is None:
-        return None
+    separate = attention is not None and _child(attention, _QUERY_NAMES) is not None and \
+        _child(attention, _VALUE_NAMES) is not None
+    if not separate and (attention is None or _child(attention, _FUSED_NAMES) is None):
+        raise refuse(model, "its blocks have no attention with query and value projections, "
+                     "as state-space and recurrent models (Mamba, RWKV) have none")
+    return attention
+
+
+def generic_anatomy(model: nn.Module) -> Anatomy:
+    """The structural guess for ``model`` (see the module doc), with a
+    :class:`GenericAnatomyWarning`; raises :class:`UnsupportedModelError` when there is none."""
+    blocks = _block_list(model)
+    _check_structure(model, blocks)
     config = getattr(model, "config", None)
     d_model = config_int(config, "hidden_size", "n_embd", "d_model")
     n_heads = config_int(config, "num_attention_heads", "n_head", "num_heads")
     if d_model is None or n_heads is None:
-        return None
+        raise refuse(model, "its config states no hidden size and number of attention heads")
     n_kv = config_int(config, "num_key_value_heads") or n_heads
     d_head = config_int(config, "head_dim") or d_model // n_heads
-    layers = []
-    for index, block in enumerate(blocks):
-        attn = _child(block, _ATTN_NAMES)
-        v_mod, o_mod = _child(attn, _VALUE_NAMES), _child(attn, _OUTPUT_NAMES)
-        has_weights = all(getattr(m, "weight", None) is not None for m in (v_mod, o_mod) if m)
-        layers.append(LayerParts(
-            index=index, block=block, attention=attn, attn_out_module=attn,
-            value=value_heads(v_mod, n_heads, d_head) if v_mod is not None and has_weights
-            else None,
-            output=output_heads(o_mod, n_heads, d_head) if o_mod is not None and has_weights
-            else None,
-        ))
+    layers = tuple(_layer(i, block, n_heads, d_head) for i, block in enumerate(blocks))
+    warnings.warn(f"no family knows {type(model).__name__}: a generic anatomy is in use "
+                  f"({len(layers)} blocks of {type(blocks[0]).__name__}); its causality and "
+                  "residual stream are checked on the first recorded batch", GenericAnatomyWarning,
+                  stacklevel=3)
     return Anatomy(
-        family=f"generic/{type(model).__name__}", model=model, layers=tuple(layers),
-        d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv, d_head=d_head,
-        causal=bool(getattr(config, "is_decoder", True)), norm_placement="unknown",
-        call_root=model, config=config, layer_kinds=config_layer_kinds(config, len(layers)),
+        family=f"generic/{type(model).__name__}", model=model, layers=layers,
+        d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv, d_head=d_head, causal=False,
+        norm_placement="unknown", call_root=model, config=config,
+        layer_kinds=config_layer_kinds(config, len(layers)), verify=verify,
     )
+
+
+# ---------------------------------------------------------------- behaviour (first batch)
+
+
+def _replay(block: nn.Module, call: Any, hidden: Tensor) -> Tensor:
+    param = next(block.parameters())
+
+    def move(t: Any) -> Any:
+        if not isinstance(t, Tensor):
+            return t
+        return t.to(param.device, param.dtype) if t.is_floating_point() else t.to(param.device)
+
+    args, kwargs = call.with_hidden(move(hidden))
+    args = tuple(move(a) for a in args)
+    kwargs = {k: move(v) for k, v in kwargs.items()}
+    with torch.no_grad():
+        out = block(*args, **kwargs)
+    return (out[0] if isinstance(out, (tuple, list)) else out).detach().to(hidden)
+
+
+def _close(a: Tensor, b: Tensor) -> bool:
+    tol = 1e-9 if a.dtype == torch.float64 and b.dtype == torch.float64 else 1e-4
+    a, b = a.detach().to("cpu", torch.float64), b.detach().to("cpu", torch.float64)
+    scale = max(float(b.abs().max()), 1e-30)
+    return a.shape == b.shape and float((a - b).abs().max()) <= tol * scale
+
+
+def _self_check(anatomy: Anatomy, call: Any, output: Any) -> None:
+    layers = sorted(call.block_calls)
+    model_hidden = getattr(output, "hidden_states", None)
+    for layer in layers:
+        block_call = call.block_calls[layer]
+        out = _replay(anatomy.layers[layer].block, block_call, block_call.hidden)
+        recorded = call.captured.get(("resid_post", layer))
+        if recorded is not None and not _close(out, recorded):
+            raise refuse(anatomy.model, f"replaying block {layer} on its recorded input does "
+                         "not reproduce its recorded output")
+        if layer + 1 in call.block_calls and not _close(out, call.block_calls[layer + 1].hidden):
+            raise refuse(anatomy.model, f"block {layer}'s output is not block {layer + 1}'s "
+                         "input, so the blocks do not form one residual stream")
+        if isinstance(model_hidden, (tuple, list)) and len(model_hidden) == anatomy.n_layers + 1 \
+                and not _close(block_call.hidden, model_hidden[layer]):
+            raise refuse(anatomy.model, f"the recorded input of block {layer} differs from the "
+                         f"model's own hidden_states[{layer}]")
+
+
+def _causal(anatomy: Anatomy, call: Any) -> Optional[bool]:
+    """Perturb the last real token's input to the first recorded block: do earlier positions
+    of its output move? None when the batch has fewer than two real tokens."""
+    layer = min(call.block_calls)
+    block_call = call.block_calls[layer].select(0)
+    real = call.batch_mask()[0].nonzero().flatten().tolist()
+    if len(real) < 2 or block_call.hidden.shape[1] != call.batch_mask().shape[1]:
+        return None
+    block, hidden = anatomy.layers[layer].block, block_call.hidden
+    last, earlier = real[-1], real[:-1]
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    bump = torch.randn(hidden.shape[-1], generator=gen, dtype=torch.float64)
+    moved = hidden.clone()
+    moved[0, last] += (bump * float(hidden[0, last].abs().max() or 1.0)).to(moved)
+    base, pert = _replay(block, block_call, hidden), _replay(block, block_call, moved)
+    change = (pert - base).to(torch.float64).abs()
+    return float(change[0, earlier].max()) <= 1e-6 * float(change[0, last].max())
+
+
+def verify(anatomy: Anatomy, call: Any, output: Any) -> Anatomy:
+    """Check a generic ``anatomy`` on a recorded forward ``call`` (the probe's ForwardCall:
+    ``block_calls``, ``captured``, ``batch_mask()``) and the model's ``output``. Returns the
+    anatomy with ``causal`` decided and nothing left to verify, the same anatomy when this
+    batch cannot decide (fewer than two real tokens), or raises UnsupportedModelError."""
+    if not call.block_calls or call.continues:
+        return anatomy
+    _self_check(anatomy, call, output)
+    causal = _causal(anatomy, call)
+    return anatomy if causal is None else anatomy.replace(causal=causal, verify=None)

@@ -6,4 +6,5 @@ GPT2 = register(HFFamily(
     name="gpt2", model_types=("gpt2",), blocks="h", attention="attn",
     value="attn.c_attn", output="attn.c_proj", attn_out="attn", attn_norm="ln_1",
     norm_placement="pre", final_norm="ln_f", qkv="gpt2",
+    tested_by="tests/test_probe_families.py",
 ))

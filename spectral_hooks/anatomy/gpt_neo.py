@@ -9,4 +9,5 @@ GPT_NEO = register(HFFamily(
     value="attn.attention.v_proj", output="attn.attention.out_proj", attn_out="attn",
     attn_norm="ln_1", norm_placement="pre", final_norm="ln_f",
     call_convention=BlockCallConvention(pluggable_attention=False),  # its own attention code
+    attention_type="global/local alternating", tested_by="tests/test_probe_families.py",
 ))

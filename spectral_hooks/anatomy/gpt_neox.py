@@ -7,4 +7,5 @@ GPT_NEOX = register(HFFamily(
     value="attention.query_key_value", output="attention.dense",
     attn_out="post_attention_dropout", attn_norm="input_layernorm", norm_placement="pre",
     final_norm="final_layer_norm", qkv="neox",
+    tested_by="tests/test_probe_families.py",
 ))

@@ -10,13 +10,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from torch import nn
 
 from ..errors import UnsupportedModelError
 from .base import (
     Anatomy,
+    FamilyInfo,
     LayerParts,
     config_int,
     config_layer_kinds,
@@ -43,6 +44,12 @@ class HFFamily:
     number of key/value groups where the config does not state it as ``num_key_value_heads``.
     ``variant(config)``: field overrides for configs that change the layout (Falcon's three
     attention layouts, OPT's post-norm variant), applied before the anatomy is built.
+    ``call_convention``: how its blocks are called (see :mod:`.calls`).
+    ``default_position``: the row the Jacobian view linearises at by default (-1: the last
+    real token; 0: a CLS token), or a function of the config that returns it.
+    ``unsupported(config)``: a sentence saying why this config cannot be described, or None.
+    ``attention_type``, ``power_view``, ``jacobian_view``, ``tested_by``: declared facts for
+    the table of supported models (:class:`~.base.FamilyInfo`).
     """
 
     name: str
@@ -63,6 +70,25 @@ class HFFamily:
     block_order: Optional[Callable[[nn.Module], list[nn.Module]]] = None
     n_kv_heads: Optional[int] = None
     variant: Optional[Callable[[Any], dict]] = None
+    default_position: Union[int, Callable[[Any], int]] = -1
+    unsupported: Optional[Callable[[Any], Optional[str]]] = None
+    attention_type: str = "full"
+    power_view: str = "yes"
+    jacobian_view: str = "yes"
+    tested_by: str = ""
+
+    @property
+    def info(self) -> FamilyInfo:
+        return FamilyInfo(
+            self.name, self.model_types, causal="yes" if self.causal else "no",
+            norm_placement=self.norm_placement, attention_type=self.attention_type,
+            power_view=self.power_view, jacobian_view=self.jacobian_view,
+            tested_by=self.tested_by)
+
+    def position(self, config: Any) -> int:
+        """The default Jacobian position for ``config``."""
+        p = self.default_position
+        return p if isinstance(p, int) else int(p(config))
 
 
 def base_model_of(model: nn.Module) -> nn.Module:
@@ -113,6 +139,9 @@ def build(model: nn.Module, family: HFFamily) -> Anatomy:
     config = model.config
     if family.variant is not None:
         family = dataclasses.replace(family, **family.variant(config))
+    reason = family.unsupported(config) if family.unsupported is not None else None
+    if reason:
+        raise UnsupportedModelError(f"{type(model).__name__}: {reason}")
     container = get_path(base, family.blocks)
     if container is None:
         raise UnsupportedModelError(f"{type(model).__name__}: expected blocks at "
@@ -141,7 +170,7 @@ def build(model: nn.Module, family: HFFamily) -> Anatomy:
         norm_placement=family.norm_placement, call_root=base,
         final_norm=get_path(base, family.final_norm), shared_groups=shared, config=config,
         layer_kinds=config_layer_kinds(config, len(layers)), norm_upcasts=family.norm_upcasts,
-        call_convention=family.call_convention,
+        call_convention=family.call_convention, default_position=family.position(config),
     )
 
 
@@ -153,7 +182,7 @@ def register(family: HFFamily) -> HFFamily:
             return build(model, family)
         return None
 
-    register_anatomy(family.name, builder, first=False)
+    register_anatomy(family.name, builder, first=False, info=family.info)
     return family
 
 

@@ -14,6 +14,7 @@ _COMMON = dict(blocks="layers", attention="self_attn", value="self_attn.v_proj",
 LLAMA = register(HFFamily(
     name="llama", model_types=("llama", "mistral", "qwen2", "qwen3", "olmo"),
     attn_out="self_attn", attn_norm="input_layernorm", norm_placement="pre", **_COMMON,
+    tested_by="tests/test_probe_families.py (llama, mistral, qwen2)",
 ))
 
 GEMMA = register(HFFamily(
@@ -24,9 +25,11 @@ GEMMA = register(HFFamily(
 GEMMA2 = register(HFFamily(
     name="gemma2", model_types=("gemma2", "gemma3_text"), attn_out="post_attention_layernorm",
     attn_norm="input_layernorm", norm_placement="sandwich", norm_weight_offset=1.0, **_COMMON,
+    attention_type="sliding/global alternating", tested_by="tests/test_probe_families.py",
 ))
 
 OLMO2 = register(HFFamily(
     name="olmo2", model_types=("olmo2",), attn_out="post_attention_layernorm", attn_norm=None,
     norm_placement="sublayer_post", **_COMMON,
+    tested_by="tests/test_probe_families.py",
 ))

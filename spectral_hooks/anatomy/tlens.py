@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from .base import (
     Anatomy,
+    FamilyInfo,
     HeadWeights,
     LayerParts,
     _expand_kv,
@@ -95,5 +96,13 @@ def _transformer_bridge(model: nn.Module) -> Optional[Anatomy]:
                          call_root=model, shared_groups=(), call_convention=TL_BRIDGE_CALLS)
 
 
-register_anatomy("transformer_lens.TransformerBridge", _transformer_bridge, first=False)
-register_anatomy("transformer_lens.HookedTransformer", _hooked_transformer, first=False)
+register_anatomy("transformer_lens.TransformerBridge", _transformer_bridge, first=False,
+                 info=FamilyInfo("transformer_lens.TransformerBridge", ("any HF family below",),
+                                 causal="as the wrapped model", norm_placement="as wrapped",
+                                 attention_type="as wrapped",
+                                 tested_by="tests/test_real_and_tlens.py"))
+register_anatomy("transformer_lens.HookedTransformer", _hooked_transformer, first=False,
+                 info=FamilyInfo("transformer_lens.HookedTransformer", ("TL 3",),
+                                 causal="cfg.attention_dir", norm_placement="pre",
+                                 attention_type="cfg.attn_types",
+                                 tested_by="tests/tl3/ (own venv)"))

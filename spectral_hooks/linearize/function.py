@@ -79,16 +79,31 @@ def agreement_tol(dtype: torch.dtype) -> float:
     return min(1e3 * torch.finfo(dtype).eps, 5e-2)
 
 
+def _traced_jvp(f: Callable[[Tensor], Tensor], x0: Tensor) -> Callable[[Tensor], Tensor]:
+    with _math_sdpa(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_CONST_FOLD_NOISE, category=UserWarning)
+        _, jvp = torch.func.linearize(f, x0)
+    return jvp
+
+
 def linearize(f: Callable[[Tensor], Tensor], x0: Tensor) -> Callable[[Tensor], Tensor]:
     """v -> J_f(x0) v by ``torch.func.linearize`` (traced once), under the math SDPA kernel.
 
     torch.func.linearize const-folds its traced graph with torch.fx, which warns "Attempted to
     insert a get_attr Node with no underlying reference" for every constant it lifts (harmless:
-    the folded module holds the constant); that one message is silenced here, nothing else."""
-    with _math_sdpa(), warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=_CONST_FOLD_NOISE, category=UserWarning)
-        _, jvp = torch.func.linearize(f, x0)
-    return jvp
+    the folded module holds the constant); that one message is silenced here, nothing else.
+
+    Const-folding also makes an in-place op on a tensor that does not depend on x stateful:
+    MPNet's ``scores += position_bias`` (DeBERTa-v2 has the like) mutates the folded primal
+    scores, so every call adds the bias again and the JVP drifts. The traced JVP is therefore
+    called twice on one vector; unless both agree bit for bit, ``f`` is traced again through
+    ``torch.func.functionalize``, which replaces mutations by pure ops."""
+    jvp = _traced_jvp(f, x0)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    v = torch.randn(x0.shape, generator=gen, dtype=torch.float64).to(x0)
+    with _math_sdpa():
+        stateless = torch.equal(jvp(v), jvp(v))
+    return jvp if stateless else _traced_jvp(torch.func.functionalize(f), x0)
 
 
 def plain_jvp(f: Callable[[Tensor], Tensor], x0: Tensor) -> Callable[[Tensor], Tensor]:

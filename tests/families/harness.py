@@ -58,12 +58,15 @@ def oracle_F(model, block, value_in: str, output: str, d_model: int, *,
     """Fit y = F x + c from one-token inputs through the raw modules of ``block``:
     ``value_in`` is the module whose input feeds the value projection (the projection itself,
     or a fused qkv), ``output`` the output projection. ``call(model)`` runs the model on a
-    batch of single tokens (default: ``model(input_ids [4d, 1])``)."""
+    batch of at least d + 1 sequences (default: ``model(input_ids [4d, 1])``; vision towers:
+    ``pixel_values``): every position of a sequence gets the same random input, so the values
+    are equal and attention, whatever its weights, returns them."""
     v_mod, o_mod = block.get_submodule(value_in), block.get_submodule(output)
     xs, ys = [], []
 
-    def random_input(module, args):
-        xs.append(torch.randn_like(args[0]))
+    def random_input(module, args):  # one random vector per sequence, at every position:
+        x = args[0]                      # equal values make any attention pattern exact
+        xs.append(torch.randn_like(x[:, :1]).expand_as(x) if x.ndim == 3 else torch.randn_like(x))
         return (xs[-1],) + tuple(args[1:])
 
     h1 = v_mod.register_forward_pre_hook(random_input)
@@ -91,14 +94,17 @@ def check_F(model, value_in: str, output: str, *, call=None, tol: float = 1e-6):
 
 
 def check_jacobian(probe, *, k: int = 4, position: Optional[int] = None, tol: float = 1e-10,
-                   oracle_mode: str = "forward"):
+                   oracle_mode: str = "forward", layers: Optional[tuple[int, ...]] = None):
     """Dense block Jacobian = jacfwd of the real block (to ``tol`` of its largest entry) and
-    the matrix-free top-k eigenvalues = the dense eig's (1e-8), on every layer.
+    the matrix-free top-k eigenvalues = the dense eig's (1e-8), on every layer. ``position``:
+    a recording row (default: the anatomy's default position, -1 counting from the end);
+    ``layers``: the layers checked (default: every recorded layer);
     ``oracle_mode="autograd"``: the oracle by reverse-mode autograd (blocks without forward AD,
     see tests/oracles.token_jacobian)."""
     L = probe.recording.mask.shape[1]
-    p = L - 1 if position is None else position
-    for layer in probe.recording.layers:
+    p = probe.anatomy.default_position if position is None else position
+    p = p % L
+    for layer in probe.recording.layers if layers is None else layers:
         want = token_jacobian(probe, layer, position=p, mode=oracle_mode)
         op = block_jacobian(probe.anatomy, probe.recording, layer, position=p)
         got = op.to_dense()
@@ -113,8 +119,12 @@ def check_jacobian(probe, *, k: int = 4, position: Optional[int] = None, tol: fl
 
 def check_family(model, inputs: dict, *, value_in: str, output: str, causal: bool,
                  family: Optional[str] = None, k: int = 4, f_call=None,
-                 oracle_mode: str = "forward", position: Optional[int] = None):
-    """Every check above on a float64 ``model``; returns the probe."""
+                 oracle_mode: str = "forward", position: Optional[int] = None,
+                 layers: Optional[tuple[int, ...]] = None):
+    """Every check above on a float64 ``model``; returns the probe. ``inputs``: the model's
+    keyword inputs (``input_ids`` or ``pixel_values``, ...); ``f_call``: see :func:`oracle_F`;
+    ``position``: the Jacobian row (default: the anatomy's default position); ``layers``: the
+    layers whose Jacobians are checked (default: all); ``oracle_mode``: see check_jacobian."""
     anatomy = sh.anatomy_of(model)
     if family is not None:
         assert anatomy.family == family, anatomy.family
@@ -122,5 +132,5 @@ def check_family(model, inputs: dict, *, value_in: str, output: str, causal: boo
     assert not anatomy.family.startswith("generic"), "a registered family was expected"
     probe = check_recording(model, inputs)
     check_F(model, value_in, output, call=f_call)
-    check_jacobian(probe, k=k, oracle_mode=oracle_mode, position=position)
+    check_jacobian(probe, k=k, oracle_mode=oracle_mode, position=position, layers=layers)
     return probe

@@ -1,0 +1,142 @@
+"""The generic fallback never guesses silently: it warns, decides causality by behaviour,
+checks itself on the first recorded batch, and refuses (naming register_anatomy) otherwise."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+import spectral_hooks as sh
+from spectral_hooks.errors import GenericAnatomyWarning, RecordingError, UnsupportedModelError
+from tests.families.configs_encoders import inputs_for, make
+from tests.tiny_models import make_model
+
+D = 8
+
+
+class Attention(nn.Module):
+    def __init__(self, causal: bool) -> None:
+        super().__init__()
+        self.q_proj, self.k_proj = nn.Linear(D, D), nn.Linear(D, D)
+        self.v_proj, self.o_proj = nn.Linear(D, D), nn.Linear(D, D)
+        self.causal = causal
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        q, k, v = (p(x).view(b, n, 2, D // 2).transpose(1, 2)
+                   for p in (self.q_proj, self.k_proj, self.v_proj))
+        out = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=self.causal)
+        return self.o_proj(out.transpose(1, 2).reshape(b, n, D))
+
+
+class Block(nn.Module):
+    def __init__(self, causal: bool) -> None:
+        super().__init__()
+        self.attn, self.calls = Attention(causal), 0
+
+    def forward(self, x, drift: bool = False):
+        self.calls += 1
+        return x + self.attn(x) + (self.calls * 1e-3 if drift else 0.0)
+
+
+class Stack(nn.Module):
+    """A custom model no family knows: ``between`` applies tanh between blocks (not one
+    residual stream); ``drift`` makes every block call differ (a replay cannot reproduce it)."""
+
+    def __init__(self, *, causal=False, between=False, drift=False) -> None:
+        super().__init__()
+        self.config = SimpleNamespace(hidden_size=D, num_attention_heads=2)
+        self.blocks = nn.ModuleList([Block(causal) for _ in range(2)])
+        self.between, self.drift = between, drift
+
+    def forward(self, inputs_embeds):
+        x = inputs_embeds
+        for block in self.blocks:
+            x = block(x, drift=self.drift)
+            x = torch.tanh(x) if self.between else x
+        return x
+
+
+def _generic(model):
+    with pytest.warns(GenericAnatomyWarning, match="generic anatomy"):
+        anatomy = sh.anatomy_of(model)
+    assert anatomy.family.startswith("generic/") and anatomy.verify is not None
+    return anatomy
+
+
+def _run(model, **inputs):
+    with pytest.warns(GenericAnatomyWarning), sh.instrument(model) as probe, torch.no_grad():
+        model(**inputs)
+    return probe
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_custom_stack_causality_is_decided_by_behaviour(causal):
+    torch.manual_seed(0)
+    model = Stack(causal=causal).double()
+    _generic(model)
+    probe = _run(model, inputs_embeds=torch.randn(1, 5, D, dtype=torch.float64))
+    assert probe.anatomy.verify is None and probe.anatomy.causal is causal
+
+
+@pytest.mark.parametrize("kind, why", [("between", "one residual stream"),
+                                       ("drift", "does not reproduce")])
+def test_custom_stack_failing_the_self_check_is_refused(kind, why):
+    torch.manual_seed(0)
+    model = Stack(**{kind: True}).double()
+    with pytest.warns(GenericAnatomyWarning), sh.instrument(model) as probe:
+        with pytest.raises(UnsupportedModelError, match=f"{why}.*spectral_hooks.register_anatomy"):
+            model(inputs_embeds=torch.randn(1, 5, D, dtype=torch.float64))
+    assert probe.n_handles == 0 and len(probe.recording) == 0
+
+
+def test_vit_through_the_generic_fallback_is_bidirectional():
+    model = make("vit")
+    model.config.model_type = "unknown_vit"
+    assert not _generic(model).causal  # provisional until checked
+    with pytest.warns(GenericAnatomyWarning), sh.instrument(model) as probe, torch.no_grad():
+        out = model(**inputs_for("vit"), output_hidden_states=True)
+    assert probe.anatomy.verify is None and probe.anatomy.causal is False
+    for layer in range(probe.anatomy.n_layers):
+        torch.testing.assert_close(probe.recording.resid_pre[layer], out.hidden_states[layer],
+                                   rtol=0, atol=1e-12)
+
+
+def test_llama_through_the_generic_fallback_is_causal_with_the_family_F():
+    model = make_model("llama")
+    family = sh.anatomy_of(model)
+    model.config.model_type = "mystery"
+    generic = _generic(model)
+    for a, b in zip(family.layers, generic.layers):
+        torch.testing.assert_close(a.value_weights(), b.value_weights(), rtol=0, atol=0)
+        torch.testing.assert_close(a.output_weights(), b.output_weights(), rtol=0, atol=0)
+    probe = _run(model, input_ids=torch.randint(0, 100, (2, 5)), output_hidden_states=True)
+    assert probe.anatomy.causal is True
+
+
+def test_analysis_waits_for_the_check():
+    model = Stack().double()
+    with pytest.warns(GenericAnatomyWarning), sh.instrument(model) as probe:
+        with torch.no_grad():  # one token: causality cannot be decided yet
+            model(inputs_embeds=torch.randn(1, 1, D, dtype=torch.float64))
+        assert probe.anatomy.verify is not None
+        with pytest.raises(RecordingError, match="at least two real tokens"):
+            probe.analyze(power=True)
+        with torch.no_grad():
+            model(inputs_embeds=torch.randn(1, 3, D, dtype=torch.float64))
+        assert probe.anatomy.verify is None and not probe.anatomy.causal
+        assert len(probe.analyze(power=True).power) == 2
+
+
+def test_state_space_and_recurrent_models_are_refused():
+    import transformers as tf
+
+    mamba = tf.MambaModel(tf.MambaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                                         state_size=4, expand=2, conv_kernel=2))
+    rwkv = tf.RwkvModel(tf.RwkvConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                                      attention_hidden_size=32, intermediate_size=64))
+    for model in (mamba, rwkv):
+        with pytest.raises(UnsupportedModelError, match=r"\(Mamba, RWKV\).*spectral_hooks."
+                                                         "register_anatomy"):
+            sh.anatomy_of(model)
