@@ -10,6 +10,8 @@ from .base import (
                    registered_families,
 )
 from .calls import BlockCallConvention
+from .stacks import EncoderDecoderAnatomy, stack_of
 
 __all__ = ["Anatomy", "HeadWeights", "LayerParts", "MissingWeightsError", "BlockCallConvention",
-           "anatomy_of", "register_anatomy", "registered_families"]
+           "EncoderDecoderAnatomy", "anatomy_of", "register_anatomy", "registered_families",
+           "stack_of"]

@@ -23,7 +23,8 @@ from typing import Optional
 
 from torch import nn
 
-__all__ = ["BlockCallConvention", "HF_CALLS", "TL3_CALLS", "TL_BRIDGE_CALLS", "CACHE_KWARGS",
+__all__ = ["BlockCallConvention", "HF_CALLS", "HF_CROSS_CALLS", "TL3_CALLS", "TL_BRIDGE_CALLS",
+           "CACHE_KWARGS",
            "HF_BLOCK_CACHE_KWARGS", "MODEL_INPUT_KWARGS", "MASK_KWARG"]
 
 #: Keyword names under which models and blocks receive a KV cache: HF (``cache`` since
@@ -34,8 +35,9 @@ CACHE_KWARGS = ("cache", "past_key_values", "past_key_value", "layer_past",
                 "past_kv_cache_entry", "past_kv_cache")
 HF_BLOCK_CACHE_KWARGS = CACHE_KWARGS[:4]
 #: Keyword names under which a model receives its tokens, in order of preference: HF
-#: (``input_ids``, ``inputs_embeds``), TransformerLens (``input``, ``tokens``).
-MODEL_INPUT_KWARGS = ("input_ids", "inputs_embeds", "input", "tokens")
+#: (``input_ids``, ``inputs_embeds``, Whisper's encoder ``input_features``), TransformerLens
+#: (``input``, ``tokens``).
+MODEL_INPUT_KWARGS = ("input_ids", "inputs_embeds", "input_features", "input", "tokens")
 #: The keyword of the [batch, pos] padding mask (HF and TransformerLens alike).
 MASK_KWARG = "attention_mask"
 
@@ -65,6 +67,11 @@ class BlockCallConvention:
 
 #: Hugging Face ``transformers`` blocks (the default).
 HF_CALLS = BlockCallConvention()
+#: Decoder blocks of HF encoder-decoder models (T5, BART, Whisper): the one ``cache`` they take
+#: is also handed to the cross-attention (an ``EncoderDecoderCache`` holds both), so no
+#: single-query replay cache fits them: a replay runs the full decoder sequence, the encoder
+#: output and masks held fixed as recorded.
+HF_CROSS_CALLS = BlockCallConvention(cache_kwargs=())
 #: TransformerLens 3 ``TransformerBlock``: ``resid_pre`` and a TL cache entry (no HF cache).
 TL3_CALLS = BlockCallConvention(hidden_kwarg="resid_pre", cache_kwargs=(),
                                 pluggable_attention=False)

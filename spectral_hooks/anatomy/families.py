@@ -7,4 +7,4 @@ otherwise claim. The ``isort: split`` keeps the import sorter from merging the t
 from . import tlens  # noqa: F401
 
 # isort: split
-from . import bert, gpt2, gpt_neo, gpt_neox, llama  # noqa: F401
+from . import bert, gpt2, gpt_neo, gpt_neox, llama, seq2seq  # noqa: F401
