@@ -84,11 +84,36 @@ def linearize(f: Callable[[Tensor], Tensor], x0: Tensor) -> Callable[[Tensor], T
 
     torch.func.linearize const-folds its traced graph with torch.fx, which warns "Attempted to
     insert a get_attr Node with no underlying reference" for every constant it lifts (harmless:
-    the folded module holds the constant); that one message is silenced here, nothing else."""
+    the folded module holds the constant); that one message is silenced here, nothing else.
+    The folded graph is checked to be reproducible (:func:`_check_reproducible`); a RuntimeError
+    says it is not, and callers then use :func:`plain_jvp`."""
     with _math_sdpa(), warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=_CONST_FOLD_NOISE, category=UserWarning)
         _, jvp = torch.func.linearize(f, x0)
+    _check_reproducible(jvp, x0)
     return jvp
+
+
+def _check_reproducible(jvp: Callable[[Tensor], Tensor], x0: Tensor) -> None:
+    """Apply the traced JVP twice to one vector: the results must agree.
+
+    Const folding turns a tensor the block computes from constants into a stored constant; a
+    block that then updates it in place (T5's bidirectional relative-position buckets,
+    ``relative_buckets += ...``) mutates the stored constant on every call, so the second call
+    differs from the first (or indexes out of range): a silently drifting Jacobian. Raises
+    RuntimeError in that case."""
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    v = torch.randn(x0.shape, generator=gen, dtype=torch.float64).to(x0)
+    try:
+        with _math_sdpa():
+            first, second = jvp(v), jvp(v)
+    except IndexError as err:  # the drifted constant indexed out of range
+        raise RuntimeError(f"the traced linearisation is not reproducible ({err})") from err
+    err = float((first - second).norm() / first.norm().clamp_min(1e-300))
+    if not err <= agreement_tol(x0.dtype):
+        raise RuntimeError("the traced linearisation is not reproducible (two calls on one "
+                           f"vector differ by {err:.1e}: the block mutates a tensor the trace "
+                           "folded as a constant)")
 
 
 def plain_jvp(f: Callable[[Tensor], Tensor], x0: Tensor) -> Callable[[Tensor], Tensor]:

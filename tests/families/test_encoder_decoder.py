@@ -1,0 +1,203 @@
+"""Encoder-decoder models (issue 15): T5, BART, Whisper, each stack checked like a family.
+
+Tiny float64 configs built offline here (not in tests.tiny_models.FAMILIES: these models take
+two inputs). Per family and per stack: the recording equals the model's own
+``encoder_hidden_states`` / ``decoder_hidden_states``; self-attention F and (decoder)
+cross-attention F equal a least-squares fit of the raw modules; the dense block Jacobian equals
+``jacfwd`` of the real block (decoder blocks with the encoder output held fixed as recorded)
+and the matrix-free top-k agrees with it; outputs are bit-identical with the probe, and no
+handle is left, also when the body raises.
+"""
+
+import warnings
+
+import pytest
+import torch
+from transformers import BartConfig, BartModel, T5Config, T5Model, WhisperConfig, WhisperModel
+
+import spectral_hooks as sh
+from spectral_hooks.anatomy.calls import HF_CALLS
+from spectral_hooks.encoder_decoder import EncoderDecoderProbe
+from spectral_hooks.errors import (
+    FallbackWarning,
+    MissingWeightsError,
+    UnsupportedModelError,
+    collecting_fallbacks,
+)
+from spectral_hooks.linearize import block_jacobian
+from tests.families.harness import check_F, check_jacobian, check_recording
+from tests.oracles import token_jacobian
+
+D, N_MEL, SOURCE_POSITIONS = 32, 8, 6
+_SIZES = dict(d_model=D, vocab_size=100, encoder_layers=2, decoder_layers=2,
+              encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+              decoder_ffn_dim=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+              decoder_start_token_id=1, dropout=0.0, attention_dropout=0.0,
+              activation_dropout=0.0)
+CONFIGS = {
+    "t5": lambda: T5Model(T5Config(
+        d_model=D, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
+        vocab_size=100, relative_attention_num_buckets=8, dropout_rate=0.0)),
+    "bart": lambda: BartModel(BartConfig(max_position_embeddings=64, **_SIZES)),
+    "whisper": lambda: WhisperModel(WhisperConfig(
+        num_mel_bins=N_MEL, max_source_positions=SOURCE_POSITIONS, max_target_positions=32,
+        **_SIZES)),
+}
+# The raw modules (oracle knowledge, written out independently of spectral_hooks.anatomy):
+# the input of the first feeds the value projection, the second is the output projection.
+SELF = {"t5": ("layer.0.SelfAttention.v", "layer.0.SelfAttention.o")}
+CROSS = {"t5": ("layer.1.EncDecAttention.v", "layer.1.EncDecAttention.o")}
+SELF_BART = ("self_attn.v_proj", "self_attn.out_proj")
+CROSS_BART = ("encoder_attn.v_proj", "encoder_attn.out_proj")
+FAMILIES = tuple(CONFIGS)
+
+
+def make(family: str, seed: int = 0):
+    torch.manual_seed(seed)
+    return CONFIGS[family]().to(torch.float64).eval()
+
+
+def inputs(family: str) -> dict:
+    g = torch.Generator().manual_seed(1)
+    decoder_ids = torch.randint(3, 100, (2, 5), generator=g)
+    if family == "whisper":
+        features = torch.randn(2, N_MEL, 2 * SOURCE_POSITIONS, generator=g, dtype=torch.float64)
+        return {"input_features": features, "decoder_input_ids": decoder_ids}
+    return {"input_ids": torch.randint(3, 100, (2, 6), generator=g),
+            "decoder_input_ids": decoder_ids}
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def recorded(request):
+    """(family, model, composite probe) after checking the recording of both stacks."""
+    family = request.param
+    model = make(family)
+    probe = check_recording(model, inputs(family), stacks=("encoder", "decoder"))
+    return family, model, probe
+
+
+def _one_token_blocks(blocks, *, decoder: bool):
+    """The oracle's model call: every block on a batch of 4d single tokens (one key, so each
+    attention weight is 1), decoder blocks on a one-token encoder output."""
+    def call(_model):
+        for block in blocks:
+            h = torch.randn(4 * D, 1, D, dtype=torch.float64)
+            extra = {"encoder_hidden_states": torch.randn_like(h)} if decoder else {}
+            block(h, attention_mask=None, **extra)
+    return call
+
+
+def test_anatomy_one_per_stack(recorded):
+    family, model, probe = recorded
+    anatomy = sh.anatomy_of(model)
+    assert isinstance(anatomy, sh.EncoderDecoderAnatomy) and anatomy.family == family
+    assert isinstance(probe, EncoderDecoderProbe)
+    for stack, causal in (("encoder", False), ("decoder", True)):
+        part = anatomy[stack]
+        assert (part.stack, part.causal, part.n_layers) == (stack, causal, 2)
+        assert part.call_root is getattr(model, stack)
+    assert anatomy.decoder.layers[0].cross_value is not None
+    with pytest.raises(MissingWeightsError, match="no cross-attention"):
+        anatomy.encoder.layers[0].cross_value_weights()
+    with pytest.raises(UnsupportedModelError, match="encoder-decoder"):
+        sh.layer_matrices(model)
+
+
+def test_recording_names(recorded):
+    _, model, probe = recorded
+    rec = probe.recording
+    assert rec["encoder"] is probe.encoder.recording and rec.decoder is probe.decoder.recording
+    torch.testing.assert_close(rec["decoder.blocks.1.hook_resid_post"],
+                               probe.decoder.recording.resid_post[1], rtol=0, atol=0)
+    with pytest.raises(KeyError, match="encoder"):
+        rec["middle"]
+    assert rec.decoder.resid_pre[0].shape == (2, 5, D)
+
+
+@pytest.mark.parametrize("stack", ("encoder", "decoder"))
+def test_self_attention_F(recorded, stack):
+    family, model, probe = recorded
+    value_in, output = SELF.get(family, SELF_BART)
+    anatomy = probe.probes[stack].anatomy
+    blocks = [part.block for part in anatomy.layers]
+    check_F(model, value_in, output, anatomy=anatomy,
+            call=_one_token_blocks(blocks, decoder=stack == "decoder"))
+
+
+def test_cross_attention_F(recorded):
+    family, model, probe = recorded
+    value_in, output = CROSS.get(family, CROSS_BART)
+    anatomy = probe.decoder.anatomy
+    blocks = [part.block for part in anatomy.layers]
+    check_F(model, value_in, output, anatomy=anatomy, cross=True,
+            call=_one_token_blocks(blocks, decoder=True))
+    F = sh.layer_matrices(anatomy, attention="cross")
+    assert F.shape == (2, D, D) and not torch.allclose(F, sh.layer_matrices(anatomy))
+
+
+@pytest.mark.parametrize("stack", ("encoder", "decoder"))
+def test_block_jacobians(recorded, stack):
+    _, _, probe = recorded
+    check_jacobian(probe.probes[stack], k=4)
+
+
+def test_decoder_jacobian_depends_on_no_encoder_tangent(recorded):
+    """The encoder output is part of the recorded decoder call: perturbing the decoder input
+    only moves the decoder, and the operator's replay runs the full sequence quietly."""
+    _, _, probe = recorded
+    op = probe.decoder.jacobian(1)
+    assert op.single_query_mode is None and op.shape == (D, D)
+
+
+def test_t5_position_bias_refused_by_split_attention():
+    """Forcing the single-query replay on a T5 decoder block: the split core refuses the
+    relative position bias, so the replay falls back to the full block, and the Jacobian is
+    still jacfwd's."""
+    model = make("t5")
+    with torch.no_grad(), sh.instrument(model) as probe:
+        model(**inputs("t5"))
+    anatomy = probe.decoder.anatomy.replace(call_convention=HF_CALLS)
+    taken: list = []
+    with collecting_fallbacks(taken), warnings.catch_warnings():
+        warnings.simplefilter("ignore", FallbackWarning)  # warned once per process
+        op = block_jacobian(anatomy, probe.decoder.recording, 1, position=-1)
+    assert op.single_query_mode is None
+    assert "linearize.full_sequence" in taken
+    want = token_jacobian(probe.decoder, 1)
+    got = op.to_dense()
+    assert float((got - want).abs().max()) <= 1e-10 * float(want.abs().max())
+
+
+def test_split_attention_refuses_position_bias():
+    from spectral_hooks.linearize.single_query import _PENDING, _split_attention
+
+    q = torch.randn(1, 4, 1, 8, dtype=torch.float64)
+    _PENDING.set((torch.randn(1, 4, 3, 8, dtype=torch.float64),
+                  torch.randn(1, 4, 3, 8, dtype=torch.float64), ("position_bias",)))
+    with pytest.raises(NotImplementedError, match="position_bias"):
+        _split_attention(None, q, q, q, None, position_bias=torch.zeros(1, 4, 1, 4))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_no_handle_left_when_the_body_raises(family):
+    model = make(family)
+
+    def hooks():
+        return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+    before = hooks()
+    with pytest.raises(RuntimeError, match="boom"):
+        with sh.instrument(model) as probe:
+            assert probe.n_handles > 0 and hooks() == before + probe.n_handles
+            model(**inputs(family))
+            raise RuntimeError("boom")
+    assert probe.n_handles == 0 and hooks() == before
+    assert len(probe.encoder.recording) == 1 and len(probe.decoder.recording) == 1
+
+
+def test_analyze_gives_a_report_per_stack(recorded):
+    _, _, probe = recorded
+    reports = probe.analyze(power=True)
+    assert set(reports) == {"encoder", "decoder"}
+    for report in reports.values():
+        assert list(report.power["layer"]) == [0, 1]
