@@ -105,12 +105,14 @@ def check_F(model, value_in: str, output: str, *, call=None, tol: float = 1e-6,
         torch.testing.assert_close(F, want, rtol=tol, atol=tol)
 
 
-def check_jacobian(probe, *, k: int = 4, position: Optional[int] = None, tol: float = 1e-10):
+def check_jacobian(probe, *, k: int = 4, position: Optional[int] = None, tol: float = 1e-10,
+                   layers: Optional[tuple] = None):
     """Dense block Jacobian = jacfwd of the real block (to ``tol`` of its largest entry) and
-    the matrix-free top-k eigenvalues = the dense eig's (1e-8), on every layer."""
+    the matrix-free top-k eigenvalues = the dense eig's (1e-8), on every recorded layer (or
+    on ``layers``)."""
     L = probe.recording.mask.shape[1]
     p = L - 1 if position is None else position
-    for layer in probe.recording.layers:
+    for layer in probe.recording.layers if layers is None else layers:
         want = token_jacobian(probe, layer, position=p)
         op = block_jacobian(probe.anatomy, probe.recording, layer, position=p)
         got = op.to_dense()
