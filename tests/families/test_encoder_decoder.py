@@ -13,14 +13,25 @@ import warnings
 
 import pytest
 import torch
-from transformers import BartConfig, BartModel, T5Config, T5Model, WhisperConfig, WhisperModel
+from transformers import (
+    BartConfig,
+    BartModel,
+    T5Config,
+    T5EncoderModel,
+    T5ForConditionalGeneration,
+    T5Model,
+    WhisperConfig,
+    WhisperModel,
+)
 
 import spectral_hooks as sh
+from spectral_hooks.anatomy.base import fresh_model
 from spectral_hooks.anatomy.calls import HF_CALLS
 from spectral_hooks.encoder_decoder import EncoderDecoderProbe
 from spectral_hooks.errors import (
     FallbackWarning,
     MissingWeightsError,
+    RecordingError,
     UnsupportedModelError,
     collecting_fallbacks,
 )
@@ -216,3 +227,52 @@ def test_decoder_report_has_a_cross_power_section(recorded):
     torch.testing.assert_close(torch.tensor(cross["abs_lambda1"].to_numpy()),
                                torch.tensor(want, dtype=torch.float64), rtol=1e-10, atol=0)
     assert cross["gamma"].isna().all()
+
+
+def test_generate_appends_decoder_steps():
+    torch.manual_seed(0)
+    config = T5Config(d_model=D, d_kv=8, d_ff=64, num_layers=2, num_heads=4, vocab_size=100,
+                      relative_attention_num_buckets=8, dropout_rate=0.0,
+                      decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    model = T5ForConditionalGeneration(config).to(torch.float64).eval()
+    with sh.instrument(model) as probe:
+        model.generate(input_ids=torch.randint(3, 100, (2, 6)), max_new_tokens=3,
+                       min_new_tokens=3, do_sample=False)
+    assert len(probe.encoder.recording) == 1  # the encoder runs once
+    assert [s.step for s in probe.decoder.recording.steps] == [0, 1, 2]
+    assert probe.decoder.recording.resid_post[1].shape == (2, 3, D)
+    assert probe.n_handles == 0
+
+
+def test_encoder_only_model_is_one_stack():
+    torch.manual_seed(0)
+    model = T5EncoderModel(T5Config(d_model=D, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+                                    vocab_size=100, dropout_rate=0.0)).to(torch.float64).eval()
+    anatomy = sh.anatomy_of(model)
+    assert isinstance(anatomy, sh.Anatomy) and anatomy.stack == "encoder"
+    ids = torch.randint(3, 100, (2, 6))
+    with torch.no_grad(), sh.instrument(model) as probe:
+        out = model(input_ids=ids, output_hidden_states=True)
+    assert isinstance(probe, sh.Probe)
+    torch.testing.assert_close(probe.recording.resid_post[0], out.hidden_states[1], rtol=0,
+                               atol=0)
+
+
+def test_record_on_runs_each_stack_alone(recorded):
+    """The re-initialised control: a stack's inputs replayed through the same stack of a fresh
+    model (the decoder on the recorded encoder output)."""
+    family, model, probe = recorded
+    fresh = fresh_model(model, seed=3)
+    for stack in ("encoder", "decoder"):
+        anatomy, rec = probe.probes[stack].record_on(fresh)
+        assert anatomy.stack == stack and anatomy.model is fresh
+        mine = probe.probes[stack].recording.resid_post[1]
+        assert rec.resid_post[1].shape == mine.shape and not torch.allclose(rec.resid_post[1], mine)
+
+
+def test_whisper_empty_batch_is_refused():
+    model = make("whisper")
+    with pytest.raises(RecordingError, match="empty batch"), sh.instrument(model) as probe:
+        model(input_features=torch.zeros(0, N_MEL, 2 * SOURCE_POSITIONS, dtype=torch.float64),
+              decoder_input_ids=torch.zeros(0, 2, dtype=torch.long))
+    assert probe.n_handles == 0
