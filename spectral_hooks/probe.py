@@ -207,7 +207,8 @@ class Probe(BlockJacobians, RecordsOn):
 
     def __repr__(self) -> str:
         state = "attached" if self.attached else "removed"
-        return (f"Probe({self.anatomy.family}, layers={list(self.layers)}, {state}, "
+        name = self.anatomy.family + (f".{self.anatomy.stack}" if self.anatomy.stack else "")
+        return (f"Probe({name}, layers={list(self.layers)}, {state}, "
                 f"{self.recording!r})")
 
 

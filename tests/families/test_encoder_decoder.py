@@ -110,8 +110,10 @@ def test_anatomy_one_per_stack(recorded):
     assert anatomy.decoder.layers[0].cross_value is not None
     with pytest.raises(MissingWeightsError, match="no cross-attention"):
         anatomy.encoder.layers[0].cross_value_weights()
-    with pytest.raises(UnsupportedModelError, match="encoder-decoder"):
-        sh.layer_matrices(model)
+    for one_stack_only in (sh.layer_matrices, sh.Probe,
+                           lambda m: sh.steer(m, torch.ones(D, dtype=torch.float64))):
+        with pytest.raises(UnsupportedModelError, match="encoder-decoder"):
+            one_stack_only(model)
 
 
 def test_recording_names(recorded):
@@ -154,12 +156,22 @@ def test_block_jacobians(recorded, stack):
     check_jacobian(probe.probes[stack], k=4, layers=(0, 1) if family == "t5" else (1,))
 
 
-def test_decoder_jacobian_depends_on_no_encoder_tangent(recorded):
-    """The encoder output is part of the recorded decoder call: perturbing the decoder input
-    only moves the decoder, and the operator's replay runs the full sequence quietly."""
-    _, _, probe = recorded
-    op = probe.decoder.jacobian(1)
-    assert op.single_query_mode is None and op.shape == (D, D)
+def test_decoder_call_holds_the_encoder_output(recorded):
+    """The recorded decoder block call carries the encoder output (the stack's final output)
+    and a replay of it runs the full decoder sequence, quietly: no fallback is taken."""
+    family, model, probe = recorded
+    with torch.no_grad():
+        encoder_out = model(**inputs(family)).encoder_last_hidden_state
+    call = probe.decoder.recording.block_input(1, sample=1)
+    held = [t for t in (*call.args, *call.kwargs.values()) if isinstance(t, torch.Tensor)
+            and t.shape == (1, *encoder_out.shape[1:]) and torch.equal(t, encoder_out[1:2])]
+    assert held, "the encoder output is not part of the recorded decoder call"
+    taken: list = []
+    with collecting_fallbacks(taken):
+        op = probe.decoder.jacobian(1, sample=1, method="jvp")
+        op.matvec(torch.ones(D, dtype=torch.float64))
+    assert op.single_query_mode is None and op.shape == (D, D) and taken == []
+    assert probe.analyze(power=True)["decoder"].metadata["stack"] == "decoder"
 
 
 def test_t5_position_bias_refused_by_split_attention():
