@@ -38,8 +38,9 @@ class HFFamily:
     ``call_convention``: how its blocks are called (see :mod:`.calls`).
     One stack of an encoder-decoder model (see :mod:`.stacks`): ``call_root`` is the path to
     the stack module whose forward runs the blocks (default: the base model), ``heads`` the
-    config attribute holding the stack's number of heads, ``cross_value``/``cross_output``
-    the paths from a block to its cross-attention projections.
+    config attribute holding the stack's number of heads (as many key/value heads: these
+    families have no groups), ``cross_value``/``cross_output`` the paths from a block to its
+    cross-attention projections.
     """
 
     name: str
