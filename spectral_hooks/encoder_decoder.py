@@ -29,7 +29,6 @@ from torch import nn
 
 from .anatomy.stacks import STACKS, EncoderDecoderAnatomy
 from .errors import OptionError, RecordingKeyError
-from .probe import Probe
 from .recording import CAPTURES, Recording
 from .report import Report
 
@@ -87,30 +86,35 @@ def _stack_layers(layers: Layers, stack: str) -> Optional[Iterable[int]]:
 
 class EncoderDecoderProbe:
     """Hooks on both stacks of an encoder-decoder model; see the module doc. Attached and
-    removed together (context manager, :meth:`remove`), ``n_handles`` counts both."""
+    removed together (context manager, :meth:`remove`), ``n_handles`` counts both.
 
-    def __init__(self, model: nn.Module, anatomy: EncoderDecoderAnatomy, *,
+    ``probe_type`` is :class:`~spectral_hooks.probe.Probe` (passed in by ``instrument``, which
+    lives in probe.py: this module sits beside it and does not import it)."""
+
+    def __init__(self, model: nn.Module, anatomy: EncoderDecoderAnatomy, *, probe_type: type,
                  layers: Layers = None, capture: Sequence[str] = CAPTURES,
                  store: str = "device", dtype: Optional[torch.dtype] = None) -> None:
         self.model, self.anatomy = model, anatomy
-        self.probes: dict[str, Probe] = {}
+        self.probes: dict[str, Any] = {}  # stack -> Probe
         attached = False
         try:
             for name, stack in anatomy.stacks.items():
-                self.probes[name] = Probe(model, layers=_stack_layers(layers, name),
-                                          capture=capture, store=store, dtype=dtype,
-                                          anatomy=stack)
+                self.probes[name] = probe_type(model, layers=_stack_layers(layers, name),
+                                               capture=capture, store=store, dtype=dtype,
+                                               anatomy=stack)
             attached = True
         finally:
             if not attached:  # a bad option for the second stack: leave no hook behind
                 self.remove()
 
     @property
-    def encoder(self) -> Probe:
+    def encoder(self) -> Any:
+        """The encoder stack's :class:`~spectral_hooks.probe.Probe`."""
         return self.probes["encoder"]
 
     @property
-    def decoder(self) -> Probe:
+    def decoder(self) -> Any:
+        """The decoder stack's :class:`~spectral_hooks.probe.Probe`."""
         return self.probes["decoder"]
 
     @property

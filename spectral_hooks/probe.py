@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -24,14 +24,12 @@ from . import forward_call as fc
 from .analysis import AnalysisCache, AnalyzeOptions, Subject, analyze
 from .anatomy import Anatomy, EncoderDecoderAnatomy, anatomy_of, stack_of
 from .block_jacobians import BlockJacobians
+from .encoder_decoder import EncoderDecoderProbe
 from .errors import OptionError
 from .record_on import RecordsOn
 from .recording import CAPTURES, STORES, Recording, map_tensors
 from .report import Report
 from .suspend import is_suspended, suspended  # noqa: F401  (suspended: public re-export)
-
-if TYPE_CHECKING:
-    from .encoder_decoder import EncoderDecoderProbe
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +212,7 @@ class Probe(BlockJacobians, RecordsOn):
 
 def instrument(model: nn.Module, *, layers: Optional[Iterable[int]] = None,
                capture: Sequence[str] = CAPTURES, store: str = "device",
-               dtype: Optional[torch.dtype] = None) -> "Probe | EncoderDecoderProbe":
+               dtype: Optional[torch.dtype] = None) -> Probe | EncoderDecoderProbe:
     """Attach recording hooks to ``model`` and return the :class:`Probe` (for an
     encoder-decoder model, an :class:`~spectral_hooks.encoder_decoder.EncoderDecoderProbe`).
 
@@ -235,8 +233,7 @@ def instrument(model: nn.Module, *, layers: Optional[Iterable[int]] = None,
     """
     anatomy = anatomy_of(model)
     if isinstance(anatomy, EncoderDecoderAnatomy):
-        from .encoder_decoder import EncoderDecoderProbe  # it builds on Probe
-        return EncoderDecoderProbe(model, anatomy, layers=layers, capture=capture, store=store,
-                                   dtype=dtype)
+        return EncoderDecoderProbe(model, anatomy, probe_type=Probe, layers=layers,
+                                   capture=capture, store=store, dtype=dtype)
     return Probe(model, layers=layers, capture=capture, store=store, dtype=dtype,
                  anatomy=anatomy)
