@@ -35,7 +35,8 @@ from spectral_hooks.errors import (
     UnsupportedModelError,
     collecting_fallbacks,
 )
-from spectral_hooks.linearize import block_jacobian
+from spectral_hooks.linearize import block_function, block_jacobian
+from spectral_hooks.linearize.function import linearize
 from tests.families.harness import check_F, check_jacobian, check_recording
 from tests.oracles import token_jacobian
 
@@ -311,3 +312,20 @@ def test_layers_per_stack_and_no_hook_left_by_a_bad_one():
     with pytest.raises(ValueError, match="middle"):
         sh.instrument(model, layers={"middle": [0]})
     assert hooks() == before
+
+
+def test_t5_relative_buckets_make_a_traced_linearisation_drift():
+    """T5's bidirectional bucket computation updates a tensor in place that torch.func.linearize
+    folds as a constant: a second call of the traced JVP differs. ``linearize`` refuses such a
+    trace, so the operator of encoder layer 0 runs torch.func.jvp (checked = jacfwd above)."""
+    model = make("t5")
+    with torch.no_grad(), sh.instrument(model, layers={"encoder": [0], "decoder": [1]}) as probe:
+        model(**inputs("t5"))
+    fn = block_function(probe.encoder.anatomy, probe.encoder.recording, 0)
+    with pytest.raises(RuntimeError, match="not reproducible"):
+        linearize(fn, fn.x0)
+    op = probe.encoder.jacobian(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FallbackWarning)
+        op.matvec(torch.ones(D, dtype=torch.float64))
+    assert op.engine.method_used == "jvp"
