@@ -1,4 +1,4 @@
-"""Encoder-decoder models (issue 15): T5, BART, Whisper, each stack checked like a family.
+"""Encoder-decoder models (issue 15): T5, Flan-T5, BART, Whisper, each stack checked like a family.
 
 Tiny float64 configs built offline here (not in tests.tiny_models.FAMILIES: these models take
 two inputs). Per family and per stack: the recording equals the model's own
