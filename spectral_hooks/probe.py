@@ -21,9 +21,11 @@ from torch import Tensor, nn
 
 from . import forward_call as fc
 from .analysis import AnalysisCache, AnalyzeOptions, Subject, analyze
-from .anatomy import Anatomy, anatomy_of
+from .anatomy import Anatomy, EncoderDecoderAnatomy, anatomy_of, stack_of
 from .block_jacobians import BlockJacobians
-from .errors import OptionError, RecordingError
+from .encoder_decoder import EncoderDecoderProbe
+from .errors import OptionError
+from .record_on import RecordsOn
 from .recording import CAPTURES, STORES, Recording, map_tensors
 from .report import Report
 from .suspend import is_suspended, suspended  # noqa: F401  (suspended: public re-export)
@@ -31,14 +33,16 @@ from .suspend import is_suspended, suspended  # noqa: F401  (suspended: public r
 log = logging.getLogger(__name__)
 
 
-class Probe(BlockJacobians):
+class Probe(BlockJacobians, RecordsOn):
     """Hooks on one model; see :func:`instrument`. Block Jacobians at the recorded inputs:
-    ``jacobian``, ``jacobian_product``, ``dense_jacobian`` (:class:`BlockJacobians`)."""
+    ``jacobian``, ``jacobian_product``, ``dense_jacobian`` (:class:`BlockJacobians`); the
+    same inputs on another model: ``clone_on``, ``record_on`` (:class:`RecordsOn`)."""
 
     def __init__(self, model: nn.Module, *, layers: Optional[Iterable[int]] = None,
                  capture: Sequence[str] = CAPTURES, store: str = "device",
                  dtype: Optional[torch.dtype] = None, anatomy: Optional[Anatomy] = None) -> None:
-        self.anatomy = anatomy if anatomy is not None else anatomy_of(model)
+        self.anatomy = stack_of(anatomy if anatomy is not None else anatomy_of(model),
+                                what="Probe")
         self.model = model
         capture = (capture,) if isinstance(capture, str) else tuple(capture)
         if not capture or any(c not in CAPTURES for c in capture):
@@ -174,27 +178,6 @@ class Probe(BlockJacobians):
             self._handles.pop().remove()
         self._call = None
 
-    def clone_on(self, model: nn.Module) -> "Probe":
-        """A new probe with the same layers, captures and store on another model (e.g. a
-        re-initialised copy of this one)."""
-        rec = self.recording
-        return Probe(model, layers=self.layers, capture=rec.capture, store=rec.store,
-                     dtype=rec.dtype)
-
-    def record_on(self, model: nn.Module) -> tuple[Anatomy, Recording]:
-        """Run the recorded model inputs through ``model`` (same architecture) and return its
-        anatomy and recording (used for the re-initialised control)."""
-        inputs = self.recording.model_inputs
-        if not inputs or any(i is None for i in inputs):
-            raise RecordingError("reinit needs the model inputs of every recorded run; they "
-                                 "are missing (the model's forward was bypassed, e.g. TL3 "
-                                 "generate())")
-        device = next(model.parameters()).device
-        with self.clone_on(model) as other, torch.no_grad():
-            for args, kwargs in map_tensors(inputs, lambda t: t.to(device)):
-                model(*args, **kwargs)
-        return other.anatomy, other.recording
-
     def clear(self) -> None:
         """Forget the recording, keep the hooks."""
         self.recording.clear()
@@ -222,14 +205,16 @@ class Probe(BlockJacobians):
 
     def __repr__(self) -> str:
         state = "attached" if self.attached else "removed"
-        return (f"Probe({self.anatomy.family}, layers={list(self.layers)}, {state}, "
+        name = self.anatomy.family + (f".{self.anatomy.stack}" if self.anatomy.stack else "")
+        return (f"Probe({name}, layers={list(self.layers)}, {state}, "
                 f"{self.recording!r})")
 
 
 def instrument(model: nn.Module, *, layers: Optional[Iterable[int]] = None,
                capture: Sequence[str] = CAPTURES, store: str = "device",
-               dtype: Optional[torch.dtype] = None) -> Probe:
-    """Attach recording hooks to ``model`` and return the :class:`Probe`.
+               dtype: Optional[torch.dtype] = None) -> Probe | EncoderDecoderProbe:
+    """Attach recording hooks to ``model`` and return the :class:`Probe` (for an
+    encoder-decoder model, an :class:`~spectral_hooks.encoder_decoder.EncoderDecoderProbe`).
 
         >>> from transformers import GPT2Config, GPT2Model
         >>> import torch
@@ -246,4 +231,9 @@ def instrument(model: nn.Module, *, layers: Optional[Iterable[int]] = None,
             covariance only: constant memory for arbitrarily long runs).
         dtype: cast recorded tensors (e.g. torch.float32 for a bf16 model).
     """
-    return Probe(model, layers=layers, capture=capture, store=store, dtype=dtype)
+    anatomy = anatomy_of(model)
+    if isinstance(anatomy, EncoderDecoderAnatomy):
+        return EncoderDecoderProbe(model, anatomy, probe_type=Probe, layers=layers,
+                                   capture=capture, store=store, dtype=dtype)
+    return Probe(model, layers=layers, capture=capture, store=store, dtype=dtype,
+                 anatomy=anatomy)

@@ -27,7 +27,7 @@ from typing import Any, Callable, Optional
 import torch
 from torch import Tensor, nn
 
-from .anatomy import anatomy_of
+from .anatomy import anatomy_of, stack_of
 from .errors import OptionError, SpectralHooksError, UnsupportedModelError
 from .metrics.steering_math import rank1_output_edit
 
@@ -155,7 +155,7 @@ def steer(model: nn.Module, direction: Tensor, *, layer: int = -1, alpha: Option
     safely (module docstring).
     """
     _check_options(alpha, gap)
-    anatomy = anatomy_of(model)
+    anatomy = stack_of(anatomy_of(model), what="steer")
     index = anatomy.layer_index(layer)
     part = anatomy.layers[index]
     direction = torch.as_tensor(direction)

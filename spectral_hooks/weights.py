@@ -13,30 +13,47 @@ from typing import Union
 import torch
 from torch import Tensor, nn
 
-from .anatomy import Anatomy, anatomy_of
+from .anatomy import Anatomy, anatomy_of, stack_of
+from .errors import OptionError
+
+ATTENTIONS = ("self", "cross")
 
 
 def _anatomy(model_or_anatomy: Union[nn.Module, Anatomy]) -> Anatomy:
     if isinstance(model_or_anatomy, Anatomy):
         return model_or_anatomy
-    return anatomy_of(model_or_anatomy)
+    return stack_of(anatomy_of(model_or_anatomy), what="layer_matrices")
+
+
+def _weights(part, attention: str) -> tuple[Tensor, Tensor]:
+    if attention == "cross":
+        return part.cross_output_weights(), part.cross_value_weights()
+    return part.output_weights(), part.value_weights()
 
 
 def layer_matrices(model: Union[nn.Module, Anatomy], *, fold_norm: bool = False,
-                   dtype: torch.dtype = torch.float64) -> Tensor:
+                   dtype: torch.dtype = torch.float64, attention: str = "self") -> Tensor:
     """Tensor[L, d, d]: F_t for every layer (shared blocks computed once), on the CPU.
 
     ``fold_norm=True`` multiplies F on the right by diag(gain) of the norm feeding attention
     (Gemma: 1 + weight); layers without such a norm (post-norm models) are left as they are.
+    ``attention="cross"``: F of the cross-attention of a decoder stack (it maps the encoder
+    output into the decoder's residual stream), e.g.
+    ``layer_matrices(anatomy_of(t5).decoder, attention="cross")``; no ``fold_norm`` then.
     """
+    if attention not in ATTENTIONS:
+        raise OptionError("attention", attention, f"one of {ATTENTIONS}")
+    if attention == "cross" and fold_norm:
+        raise OptionError("fold_norm", fold_norm, "False with attention='cross'",
+                          hint="the cross-attention values read the encoder output, not the "
+                          "output of a norm of this stack")
     anatomy = _anatomy(model)
     cache: dict = {}
     out = []
     for part in anatomy.layers:
         key = id(part.block)
         if key not in cache:
-            W_O = part.output_weights().to("cpu", dtype)
-            W_V = part.value_weights().to("cpu", dtype)
+            W_O, W_V = (w.to("cpu", dtype) for w in _weights(part, attention))
             F = torch.einsum("hdk,hkm->dm", W_O, W_V)
             gain = part.attn_norm_weight() if fold_norm else None
             if gain is not None:

@@ -100,9 +100,10 @@ def _rms_norm_float64(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 def float64_norms(block: torch.nn.Module) -> torch.nn.Module:
-    """``block`` with every RMSNorm replaced, in place, by :func:`_rms_norm_float64`."""
+    """``block`` with every RMSNorm (and T5's T5LayerNorm, an RMSNorm by another name) replaced,
+    in place, by :func:`_rms_norm_float64`."""
     for module in block.modules():
-        if type(module).__name__.endswith("RMSNorm"):
+        if type(module).__name__.endswith("RMSNorm") or type(module).__name__ == "T5LayerNorm":
             module.forward = types.MethodType(_rms_norm_float64, module)
     return block
 

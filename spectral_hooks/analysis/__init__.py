@@ -9,7 +9,8 @@ the probe's cache) and resolves the keywords into :class:`AnalyzeOptions`. This 
 ``linearize``, ``linalg`` and ``metrics`` directly and never the probe.
 
 Sections (computed lazily, each once per state of the weights and recording):
-power, spectra, shared_weights (power view); jacobian, trends (jacobian=...); bottleneck,
+power, cross_power (decoder stacks of encoder-decoder models), spectra, shared_weights (power
+view); jacobian, trends (jacobian=...); bottleneck,
 propagation (bottleneck=True); topology, units (topology=True).
 """
 
@@ -28,7 +29,7 @@ from .columns import SCHEMAS
 from .jacobian import JacobianView, jacobian_section
 from .metadata import metadata
 from .options import AnalyzeOptions, JacobianOptions
-from .power import power_section
+from .power import cross_power_section, has_cross_attention, power_section
 from .preflight import TOKEN_COLUMNS, TokenColumnsWarning, preflight
 from .reinit import init_subject
 from .shared_weights import shared_weights_section
@@ -48,6 +49,8 @@ def _power_sections(subject: Subject, options: AnalyzeOptions, skipped: dict) ->
         "power": lambda: power_section(subject, options),
         "spectra": lambda: spectra_section(subject, options),
     }
+    if has_cross_attention(subject):
+        sections["cross_power"] = lambda: cross_power_section(subject, options)
     if subject.shared_groups():
         sections["shared_weights"] = lambda: shared_weights_section(subject, options)
     elif subject.anatomy.shared_groups:

@@ -205,8 +205,12 @@ UNITS = SectionSchema("units", (
     _units("amplification", "float", "g_i = ||Delta J e_i||"),
 ), key_columns=("layer", "unit"))
 
+#: ``power``'s columns for the cross-attention F of a decoder stack (docs/metrics.md, power).
+CROSS_POWER = SectionSchema("cross_power", POWER.columns, key_columns=POWER.key_columns)
+
 #: Every section the library produces, by name.
 SCHEMAS: dict[str, SectionSchema] = {
     s.name: s
-    for s in (POWER, SPECTRA, SHARED_WEIGHTS, JACOBIAN, TRENDS, BOTTLENECK, PROPAGATION, TOPOLOGY, UNITS)
+    for s in (POWER, CROSS_POWER, SPECTRA, SHARED_WEIGHTS, JACOBIAN, TRENDS, BOTTLENECK,
+              PROPAGATION, TOPOLOGY, UNITS)
 }

@@ -40,6 +40,7 @@ def metadata(subject: Subject, options: AnalyzeOptions) -> dict:
     return {
         "model": type(anatomy.model).__name__,
         "family": anatomy.family,
+        **({"stack": anatomy.stack} if anatomy.stack is not None else {}),
         "name_or_path": getattr(anatomy.config, "_name_or_path", None) or None,
         "config_hash": config_hash(anatomy.config),
         "n_layers": anatomy.n_layers, "d_model": anatomy.d_model,

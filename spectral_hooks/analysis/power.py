@@ -1,5 +1,6 @@
 """Section ``power`` of the power-method view: per layer, F_t's spectrum and gap, token alignment
-with its principal subspace, consensus.
+with its principal subspace, consensus; ``cross_power``: the same from the weights alone for the
+cross-attention F of a decoder stack (encoder-decoder models).
 
     >>> options = AnalyzeOptions()                       # doctest: +SKIP
     >>> power_section(subject, options)                  # doctest: +SKIP
@@ -21,6 +22,20 @@ def layer_matrices_of(subject: Subject, *, fold_norm: bool) -> Tensor:
     """F_t of every layer (float64, CPU), computed once per state of the weights."""
     return subject.memo(("F", fold_norm),
                         lambda: layer_matrices(subject.anatomy, fold_norm=fold_norm))
+
+
+def has_cross_attention(subject: Subject) -> bool:
+    return any(part.cross_value is not None for part in subject.anatomy.layers)
+
+
+def cross_power_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame:
+    """``power``'s columns for F_t = sum_h W_O^h W_V^h of each decoder block's cross-attention.
+    Its values read the encoder output, not this stack's tokens: the token columns are NaN."""
+    def compute() -> pd.DataFrame:
+        F = subject.memo(("F_cross",),
+                         lambda: layer_matrices(subject.anatomy, attention="cross"))
+        return power_table(F, None, None, iterate=options.iterate, layers=list(subject.layers))
+    return subject.memo(("cross_power", options.iterate), compute)
 
 
 def power_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame:

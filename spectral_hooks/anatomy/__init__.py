@@ -12,7 +12,8 @@ from .base import (
                    registered_families,
 )
 from .calls import BlockCallConvention
+from .stacks import EncoderDecoderAnatomy, stack_of
 
 __all__ = ["Anatomy", "FamilyInfo", "HeadWeights", "LayerParts", "MissingWeightsError",
-           "BlockCallConvention", "anatomy_of", "family_infos", "register_anatomy",
-           "registered_families"]
+           "BlockCallConvention", "EncoderDecoderAnatomy", "anatomy_of", "family_infos",
+           "register_anatomy", "registered_families", "stack_of"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 from torch import Tensor, nn
@@ -32,6 +32,9 @@ from .calls import (
     MODEL_INPUT_KWARGS,
     BlockCallConvention,
 )
+
+if TYPE_CHECKING:
+    from .stacks import EncoderDecoderAnatomy
 
 __all__ = ["Anatomy", "LayerParts", "HeadWeights", "BlockCallConvention", "MissingWeightsError",
            "UnsupportedModelError", "LayerIndexError", "CACHE_KWARGS", "HF_BLOCK_CACHE_KWARGS",
@@ -66,6 +69,8 @@ class LayerParts:
     output (first element if a tuple) is the attention sublayer's contribution to the residual
     stream (after any post-attention norm). TransformerLens models also name the HookPoints
     whose outputs are the residual stream before and after the block (``resid_*_hook``).
+    Decoder blocks of encoder-decoder models also name their cross-attention projections
+    (``cross_value``, ``cross_output``: they read the encoder output).
     """
 
     index: int
@@ -78,6 +83,8 @@ class LayerParts:
     norm_weight_offset: float = 0.0
     resid_pre_hook: Optional[nn.Module] = None
     resid_post_hook: Optional[nn.Module] = None
+    cross_value: Optional[HeadWeights] = None
+    cross_output: Optional[HeadWeights] = None
 
     def _require(self, part: Optional[HeadWeights], what: str) -> HeadWeights:
         if part is None:
@@ -106,6 +113,26 @@ class LayerParts:
         part = self._require(self.output, "output")
         return part.bias() if part.bias is not None else None
 
+    def _require_cross(self, part: Optional[HeadWeights]) -> HeadWeights:
+        if part is None:
+            raise MissingWeightsError(
+                f"layer {self.index} ({type(self.block).__name__}) has no cross-attention: "
+                "only decoder blocks of encoder-decoder models (T5, BART, Whisper) attend to an "
+                "encoder output")
+        return part
+
+    def cross_value_weights(self) -> Tensor:
+        """Cross-attention W_V per head, [H, d_head, d_model] (applied to the encoder output).
+
+            >>> F_cross = torch.einsum("hdk,hkm->dm", part.cross_output_weights(),
+            ...                        part.cross_value_weights())       # doctest: +SKIP
+        """
+        return self._require_cross(self.cross_value).read()
+
+    def cross_output_weights(self) -> Tensor:
+        """Cross-attention W_O per head, [H, d_model, d_head]."""
+        return self._require_cross(self.cross_output).read()
+
     def attn_norm_weight(self) -> Optional[Tensor]:
         """The effective elementwise gain of the norm that feeds attention (Gemma: 1 + weight)."""
         if self.attn_norm is None:
@@ -133,7 +160,9 @@ class Anatomy:
     Jacobian view linearises at by default: -1, the last real token, for text; 0, the CLS
     token, for ViT-style vision towers; see each family file); ``verify`` (None, or a check
     still to run on the first recorded batch: ``verify(anatomy, forward_call, output)``
-    returns the checked anatomy or raises; the generic fallback's, see generic.py).
+    returns the checked anatomy or raises; the generic fallback's, see generic.py);
+    ``stack`` ("encoder" or "decoder" for one stack of an
+    encoder-decoder model, see :mod:`spectral_hooks.anatomy.stacks`; None otherwise).
     """
 
     family: str
@@ -155,6 +184,7 @@ class Anatomy:
     call_convention: BlockCallConvention = HF_CALLS
     default_position: int = -1
     verify: Optional[Callable[..., "Anatomy"]] = None
+    stack: Optional[str] = None
 
     @property
     def n_layers(self) -> int:
@@ -313,7 +343,7 @@ def fresh_model(model: nn.Module, *, seed: int = 0) -> nn.Module:
 # ----------------------------------------------------------------------------------------------
 # Registry
 
-Builder = Callable[[nn.Module], Optional[Anatomy]]
+Builder = Callable[[nn.Module], "Optional[Anatomy | EncoderDecoderAnatomy]"]
 
 
 @dataclass(frozen=True)
@@ -381,8 +411,10 @@ def family_infos(*, builtin: bool = False) -> list[FamilyInfo]:
         not builtin or getattr(builder, "__module__", "").startswith(__package__))]
 
 
-def anatomy_of(model: nn.Module) -> Anatomy:
-    """Describe ``model`` (HF transformers, TransformerLens 3 or 4) as an :class:`Anatomy`.
+def anatomy_of(model: nn.Module) -> "Anatomy | EncoderDecoderAnatomy":
+    """Describe ``model`` (HF transformers, TransformerLens 3 or 4) as an :class:`Anatomy`; an
+    encoder-decoder model (T5, BART, Whisper) as an
+    :class:`~spectral_hooks.anatomy.stacks.EncoderDecoderAnatomy`: one Anatomy per stack.
 
     Raises TypeError for a non-module. A model no family recognises gets the generic
     fallback (:mod:`.generic`: a :class:`~spectral_hooks.errors.GenericAnatomyWarning`, checked

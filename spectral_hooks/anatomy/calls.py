@@ -28,7 +28,8 @@ from typing import Callable, ContextManager, Optional
 
 from torch import nn
 
-__all__ = ["BlockCallConvention", "HF_CALLS", "TL3_CALLS", "TL_BRIDGE_CALLS", "CACHE_KWARGS",
+__all__ = ["BlockCallConvention", "HF_CALLS", "HF_CROSS_CALLS", "TL3_CALLS", "TL_BRIDGE_CALLS",
+           "CACHE_KWARGS",
            "HF_BLOCK_CACHE_KWARGS", "MODEL_INPUT_KWARGS", "MASK_KWARG"]
 
 #: Keyword names under which models and blocks receive a KV cache: HF (``cache`` since
@@ -40,8 +41,10 @@ CACHE_KWARGS = ("cache", "past_key_values", "past_key_value", "layer_past",
 HF_BLOCK_CACHE_KWARGS = CACHE_KWARGS[:4]
 #: Keyword names under which a model receives its tokens, in order of preference: HF
 #: (``input_ids``, ``inputs_embeds``; vision towers ``pixel_values`` [batch, channels, h, w],
-#: whose patches are the tokens, all real), TransformerLens (``input``, ``tokens``).
-MODEL_INPUT_KWARGS = ("input_ids", "inputs_embeds", "pixel_values", "input", "tokens")
+#: whose patches are the tokens, all real; Whisper's encoder ``input_features``),
+#: TransformerLens (``input``, ``tokens``).
+MODEL_INPUT_KWARGS = ("input_ids", "inputs_embeds", "pixel_values", "input_features", "input",
+                      "tokens")
 #: The keyword of the [batch, pos] padding mask (HF and TransformerLens alike).
 MASK_KWARG = "attention_mask"
 
@@ -78,6 +81,11 @@ class BlockCallConvention:
 
 #: Hugging Face ``transformers`` blocks (the default).
 HF_CALLS = BlockCallConvention()
+#: Decoder blocks of HF encoder-decoder models (T5, BART, Whisper): the one ``cache`` they take
+#: is also handed to the cross-attention (an ``EncoderDecoderCache`` holds both), so no
+#: single-query replay cache fits them: a replay runs the full decoder sequence, the encoder
+#: output and masks held fixed as recorded.
+HF_CROSS_CALLS = BlockCallConvention(cache_kwargs=())
 #: TransformerLens 3 ``TransformerBlock``: ``resid_pre`` and a TL cache entry (no HF cache).
 TL3_CALLS = BlockCallConvention(hidden_kwarg="resid_pre", cache_kwargs=(),
                                 pluggable_attention=False)

@@ -21,5 +21,6 @@ from . import (  # noqa: F401
     modernbert,
     moe,
     mpnet,
+    seq2seq,
     vision,
 )

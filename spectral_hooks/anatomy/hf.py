@@ -50,6 +50,11 @@ class HFFamily:
     ``unsupported(config)``: a sentence saying why this config cannot be described, or None.
     ``attention_type``, ``power_view``, ``jacobian_view``, ``tested_by``: declared facts for
     the table of supported models (:class:`~.base.FamilyInfo`).
+    One stack of an encoder-decoder model (see :mod:`.stacks`): ``call_root`` is the path to
+    the stack module whose forward runs the blocks (default: the base model), ``heads`` the
+    config attribute holding the stack's number of heads (as many key/value heads: these
+    families have no groups), ``cross_value``/``cross_output`` the paths from a block to its
+    cross-attention projections.
     """
 
     name: str
@@ -89,6 +94,10 @@ class HFFamily:
         """The default Jacobian position for ``config``."""
         p = self.default_position
         return p if isinstance(p, int) else int(p(config))
+    call_root: Optional[str] = None
+    heads: Optional[str] = None
+    cross_value: Optional[str] = None
+    cross_output: Optional[str] = None
 
 
 def base_model_of(model: nn.Module) -> nn.Module:
@@ -101,15 +110,24 @@ def model_type_of(model: nn.Module) -> Optional[str]:
     return getattr(config, "model_type", None)
 
 
-def _dims(config, d_model_fallback: int) -> tuple[int, int, int, int]:
+def _dims(config, d_model_fallback: int, heads: Optional[str] = None
+          ) -> tuple[int, int, int, int]:
     d_model = config_int(config, "hidden_size", "n_embd", "d_model") or d_model_fallback
-    n_heads = config_int(config, "num_attention_heads", "n_head", "num_heads")
+    names = (heads,) if heads else ("num_attention_heads", "n_head", "num_heads")
+    n_heads = config_int(config, *names)
     if n_heads is None:
         raise UnsupportedModelError(
             f"cannot read the number of attention heads from {type(config).__name__}")
-    n_kv = config_int(config, "num_key_value_heads") or n_heads
+    n_kv = n_heads if heads else config_int(config, "num_key_value_heads") or n_heads
     d_head = config_int(config, "head_dim") or d_model // n_heads
     return d_model, n_heads, n_kv, d_head
+
+
+def _cross_projections(family: HFFamily, block: nn.Module, n_heads: int, d_head: int):
+    v_mod, o_mod = get_path(block, family.cross_value), get_path(block, family.cross_output)
+    if v_mod is None or o_mod is None:
+        return None, None
+    return value_heads(v_mod, n_heads, d_head), output_heads(o_mod, n_heads, d_head)
 
 
 def _projections(family: HFFamily, block: nn.Module, n_heads: int, n_kv: int, d_head: int,
@@ -148,18 +166,20 @@ def build(model: nn.Module, family: HFFamily) -> Anatomy:
                                     f"'{family.blocks}' "
                          f"for the {family.name} family")
     blocks = family.block_order(base) if family.block_order else list(container)
-    d_model, n_heads, n_kv, d_head = _dims(config, 0)
+    d_model, n_heads, n_kv, d_head = _dims(config, 0, family.heads)
     n_kv = family.n_kv_heads or n_kv
     layers, seen = [], {}
     for index, block in enumerate(blocks):
         attention = get_path(block, family.attention)
         value, output = _projections(family, block, n_heads, n_kv, d_head, d_model)
+        cross_value, cross_output = _cross_projections(family, block, n_heads, d_head)
         layers.append(LayerParts(
             index=index, block=block, attention=attention,
             attn_out_module=get_path(block, family.attn_out),
             value=value, output=output,
             attn_norm=get_path(block, family.attn_norm),
             norm_weight_offset=family.norm_weight_offset,
+            cross_value=cross_value, cross_output=cross_output,
         ))
         seen.setdefault(id(block), []).append(index)
     shared = tuple(tuple(ix) for ix in seen.values() if len(ix) > 1)
@@ -167,7 +187,8 @@ def build(model: nn.Module, family: HFFamily) -> Anatomy:
     return Anatomy(
         family=family.name, model=model, layers=tuple(layers), d_model=d_model,
         n_heads=n_heads, n_kv_heads=n_kv, d_head=d_head, causal=causal,
-        norm_placement=family.norm_placement, call_root=base,
+        norm_placement=family.norm_placement,
+        call_root=get_path(base, family.call_root) if family.call_root else base,
         final_norm=get_path(base, family.final_norm), shared_groups=shared, config=config,
         layer_kinds=config_layer_kinds(config, len(layers)), norm_upcasts=family.norm_upcasts,
         call_convention=family.call_convention, default_position=family.position(config),

@@ -77,8 +77,11 @@ def _transformer_bridge(model: nn.Module) -> Optional[Anatomy]:
     if type(model).__name__ != "TransformerBridge":
         return None
     from .base import anatomy_of
+    from .stacks import stack_of
 
-    inner = anatomy_of(model.original_model)  # norms, causality and sizes of the wrapped model
+    # norms, causality and sizes of the wrapped model (one stack: encoder-decoder bridges are
+    # not supported)
+    inner = stack_of(anatomy_of(model.original_model), what="a TransformerLens bridge")
     layers = []
     for i, block in enumerate(model.blocks):
         attn = block.attn

@@ -92,18 +92,39 @@ def linearize(f: Callable[[Tensor], Tensor], x0: Tensor) -> Callable[[Tensor], T
     torch.func.linearize const-folds its traced graph with torch.fx, which warns "Attempted to
     insert a get_attr Node with no underlying reference" for every constant it lifts (harmless:
     the folded module holds the constant); that one message is silenced here, nothing else.
-
     Const-folding also makes an in-place op on a tensor that does not depend on x stateful:
     MPNet's ``scores += position_bias`` (DeBERTa-v2 has the like) mutates the folded primal
-    scores, so every call adds the bias again and the JVP drifts. The traced JVP is therefore
-    called twice on one vector; unless both agree bit for bit, ``f`` is traced again through
-    ``torch.func.functionalize``, which replaces mutations by pure ops."""
+    scores, T5's bidirectional relative-position buckets (``relative_buckets += ...``) the
+    folded buckets, so every call adds again and the JVP drifts (or indexes out of range). The
+    traced JVP is therefore called twice on one vector (:func:`_irreproducible`); unless both
+    agree, ``f`` is traced again through ``torch.func.functionalize``, which replaces mutations
+    by pure ops, and checked again. A RuntimeError says that it is still not reproducible;
+    callers then use :func:`plain_jvp`."""
     jvp = _traced_jvp(f, x0)
+    if _irreproducible(jvp, x0) is None:
+        return jvp
+    jvp = _traced_jvp(torch.func.functionalize(f), x0)
+    why = _irreproducible(jvp, x0)
+    if why is not None:
+        raise RuntimeError(f"the traced linearisation is not reproducible ({why})")
+    return jvp
+
+
+def _irreproducible(jvp: Callable[[Tensor], Tensor], x0: Tensor) -> Optional[str]:
+    """Apply the traced JVP twice to one vector: None when both agree bit for bit, else why
+    not."""
     gen = torch.Generator(device="cpu").manual_seed(0)
     v = torch.randn(x0.shape, generator=gen, dtype=torch.float64).to(x0)
-    with _math_sdpa():
-        stateless = torch.equal(jvp(v), jvp(v))
-    return jvp if stateless else _traced_jvp(torch.func.functionalize(f), x0)
+    try:
+        with _math_sdpa():
+            first, second = jvp(v), jvp(v)
+    except IndexError as err:  # a drifted folded constant indexed out of range
+        return str(err)
+    if torch.equal(first, second):
+        return None
+    err = float((first - second).norm() / first.norm().clamp_min(1e-300))
+    return (f"two calls on one vector differ by {err:.1e}: the block mutates a tensor the "
+            "trace folded as a constant")
 
 
 def plain_jvp(f: Callable[[Tensor], Tensor], x0: Tensor) -> Callable[[Tensor], Tensor]:

@@ -50,6 +50,7 @@ logger = logging.getLogger(__name__)
 #: Known sections, in the order they are shown.
 SECTION_NAMES: tuple[str, ...] = (
     "power",
+    "cross_power",
     "spectra",
     "shared_weights",
     "jacobian",

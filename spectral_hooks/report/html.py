@@ -36,6 +36,10 @@ SECTION_INFO: dict[str, tuple[str, str]] = {
               "of F_t. The gap ratio |λ₂|/|λ₁| says how strong that pull is; γ_in and γ measure how "
               "aligned the tokens are before and after the layer, against the alignment of random "
               "directions (the null), and ρ is the share of tokens whose alignment increased."),
+    "cross_power": ("Cross-attention power view",
+                    "The decoder stack of an encoder-decoder model: the spectrum of each block's "
+                    "cross-attention matrix F_t = Σ_h W_O^h W_V^h, which maps the encoder output "
+                    "into the decoder's residual stream (weights alone: token columns are empty)."),
     "spectra": ("Eigenvalues",
                 "All (or the top-k) eigenvalues of the layer matrices F_t and of the token Jacobians, "
                 "in long format, one row per eigenvalue; plotted in the complex plane in the "

@@ -19,7 +19,7 @@ RANKS = {
     "weights": 2,
     "linearize": 3, "steering": 3,
     "analysis": 4,
-    "forward_call": 5, "block_jacobians": 5, "probe": 5,
+    "forward_call": 5, "block_jacobians": 5, "probe": 5, "record_on": 5, "encoder_decoder": 5,
     "": 6,  # the package face, spectral_hooks/__init__.py
     "cli": 7, "integrations": 7,
 }

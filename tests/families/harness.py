@@ -35,22 +35,31 @@ def _first(out):
     return out.last_hidden_state
 
 
-def check_recording(model, inputs: dict, *, atol: float = 1e-12):
-    """Recording equals ``output_hidden_states``; outputs bit-identical; no handle left."""
+def check_recording(model, inputs: dict, *, atol: float = 1e-12, stacks: tuple = ()):
+    """Recording equals ``output_hidden_states``; outputs bit-identical; no handle left.
+    ``stacks`` (encoder-decoder models): compare each stack's probe with the model's
+    ``<stack>_hidden_states``."""
     with torch.no_grad():
         expected = model(**inputs, output_hidden_states=True)
         with sh.instrument(model) as probe:
             out = model(**inputs, output_hidden_states=True)
     assert torch.equal(_first(out), _first(expected)), "the probe changed the model's output"
     assert probe.n_handles == 0
-    hidden, rec, n = out.hidden_states, probe.recording, probe.anatomy.n_layers
+    if not stacks:
+        _check_hidden(probe, out.hidden_states, atol)
+    for stack in stacks:
+        _check_hidden(probe.probes[stack], getattr(out, f"{stack}_hidden_states"), atol)
+    return probe
+
+
+def _check_hidden(probe, hidden, atol: float) -> None:
+    rec, n = probe.recording, probe.anatomy.n_layers
     assert n == len(hidden) - 1, (n, len(hidden))
     for layer in range(n):
         torch.testing.assert_close(rec.resid_pre[layer], hidden[layer], rtol=0, atol=atol)
         if layer < n - 1:  # many families normalise the last hidden state
             torch.testing.assert_close(rec.resid_post[layer], hidden[layer + 1], rtol=0,
                                        atol=atol)
-    return probe
 
 
 def oracle_F(model, block, value_in: str, output: str, d_model: int, *,
@@ -84,11 +93,17 @@ def oracle_F(model, block, value_in: str, output: str, d_model: int, *,
     return torch.linalg.lstsq(design, y).solution[:-1].T
 
 
-def check_F(model, value_in: str, output: str, *, call=None, tol: float = 1e-6):
-    anatomy = sh.anatomy_of(model)
+def check_F(model, value_in: str, output: str, *, call=None, tol: float = 1e-6,
+            anatomy=None, cross: bool = False):
+    """F of the first and last layer = :func:`oracle_F`. ``anatomy``: one stack of an
+    encoder-decoder model (default ``anatomy_of(model)``); ``cross``: the cross-attention's F
+    (``value_in``/``output`` then name the cross-attention's raw modules)."""
+    anatomy = sh.anatomy_of(model) if anatomy is None else anatomy
     for layer in sorted({0, anatomy.n_layers - 1}):
         part = anatomy.layers[layer]
-        F = torch.einsum("hdk,hkm->dm", part.output_weights(), part.value_weights())
+        W = ((part.cross_output_weights(), part.cross_value_weights()) if cross
+             else (part.output_weights(), part.value_weights()))
+        F = torch.einsum("hdk,hkm->dm", *W)
         want = oracle_F(model, part.block, value_in, output, anatomy.d_model, call=call)
         torch.testing.assert_close(F, want, rtol=tol, atol=tol)
 

@@ -1,0 +1,159 @@
+"""Encoder-decoder models (T5, BART, Whisper): one ordinary probe per stack, attached together.
+
+    >>> import torch
+    >>> from transformers import T5Config, T5Model
+    >>> import spectral_hooks as sh
+    >>> model = T5Model(T5Config(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+    ...                          vocab_size=100)).eval()
+    >>> with sh.instrument(model) as probe:                     # an EncoderDecoderProbe
+    ...     _ = model(input_ids=torch.tensor([[1, 2, 3]]), decoder_input_ids=torch.tensor([[0, 4]]))
+    >>> probe.encoder.recording.resid_post[1].shape, probe.recording["decoder"].resid_post[1].shape
+    (torch.Size([1, 3, 32]), torch.Size([1, 2, 32]))
+    >>> probe.n_handles
+    0
+
+``probe.encoder`` and ``probe.decoder`` are :class:`~spectral_hooks.probe.Probe` objects on the
+stacks' anatomies (``anatomy_of(model).encoder`` / ``.decoder``): each records one forward call
+per call of its stack, and a decoder block's recorded call holds the encoder output and the
+cross-attention mask, so its Jacobian is taken with them fixed. ``probe.analyze(...)`` returns
+one :class:`~spectral_hooks.report.Report` per stack, ``{"encoder": ..., "decoder": ...}``
+(the stacks differ in depth, causality and inputs, so their tables are kept apart).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping, Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+from .anatomy.stacks import STACKS, EncoderDecoderAnatomy
+from .errors import OptionError, RecordingKeyError
+from .recording import CAPTURES, Recording
+from .report import Report
+
+__all__ = ["EncoderDecoderProbe", "StackRecordings"]
+
+Layers = Union[None, int, Iterable[int], Mapping[str, Optional[Iterable[int]]]]
+
+
+class StackRecordings:
+    """The recordings of both stacks: ``recordings["encoder"]``, ``recordings.decoder``, and
+    ``recordings["decoder.blocks.1.hook_resid_post"]`` (a stack, then a recording name)."""
+
+    def __init__(self, recordings: dict[str, Recording]) -> None:
+        self._recordings = recordings
+
+    @property
+    def encoder(self) -> Recording:
+        return self._recordings["encoder"]
+
+    @property
+    def decoder(self) -> Recording:
+        return self._recordings["decoder"]
+
+    def keys(self) -> tuple[str, ...]:
+        return tuple(self._recordings)
+
+    def __getitem__(self, name: str) -> Any:
+        stack, _, rest = name.partition(".") if isinstance(name, str) else ("", "", "")
+        if stack not in self._recordings:
+            raise RecordingKeyError(f"unknown name {name!r}: use 'encoder' or 'decoder', or "
+                                    "'<stack>.blocks.<l>.hook_resid_post' (or _pre, attn_out, "
+                                    "mask)")
+        recording = self._recordings[stack]
+        return recording[rest] if rest else recording
+
+    def clear(self) -> None:
+        for recording in self._recordings.values():
+            recording.clear()
+
+    def __repr__(self) -> str:
+        return ", ".join(f"{k}={v!r}" for k, v in self._recordings.items())
+
+
+def _stack_layers(layers: Layers, stack: str) -> Optional[Iterable[int]]:
+    """``instrument(layers=...)`` for one stack: None (all), the same indices for both, or a
+    mapping ``{"encoder": [...], "decoder": [...]}`` (a missing stack: every layer)."""
+    if isinstance(layers, Mapping):
+        unknown = set(layers) - set(STACKS)
+        if unknown:
+            raise OptionError("layers", dict(layers), f"a mapping with keys from {STACKS}",
+                              hint=f"unknown {sorted(unknown)}")
+        return layers.get(stack)
+    return layers
+
+
+class EncoderDecoderProbe:
+    """Hooks on both stacks of an encoder-decoder model; see the module doc. Attached and
+    removed together (context manager, :meth:`remove`), ``n_handles`` counts both.
+
+    ``probe_type`` is :class:`~spectral_hooks.probe.Probe` (passed in by ``instrument``, which
+    lives in probe.py: this module sits beside it and does not import it)."""
+
+    def __init__(self, model: nn.Module, anatomy: EncoderDecoderAnatomy, *, probe_type: type,
+                 layers: Layers = None, capture: Sequence[str] = CAPTURES,
+                 store: str = "device", dtype: Optional[torch.dtype] = None) -> None:
+        self.model, self.anatomy = model, anatomy
+        self.probes: dict[str, Any] = {}  # stack -> Probe
+        attached = False
+        try:
+            for name, stack in anatomy.stacks.items():
+                self.probes[name] = probe_type(model, layers=_stack_layers(layers, name),
+                                               capture=capture, store=store, dtype=dtype,
+                                               anatomy=stack)
+            attached = True
+        finally:
+            if not attached:  # a bad option for the second stack: leave no hook behind
+                self.remove()
+
+    @property
+    def encoder(self) -> Any:
+        """The encoder stack's :class:`~spectral_hooks.probe.Probe`."""
+        return self.probes["encoder"]
+
+    @property
+    def decoder(self) -> Any:
+        """The decoder stack's :class:`~spectral_hooks.probe.Probe`."""
+        return self.probes["decoder"]
+
+    @property
+    def recording(self) -> StackRecordings:
+        return StackRecordings({name: p.recording for name, p in self.probes.items()})
+
+    @property
+    def attached(self) -> bool:
+        return any(p.attached for p in self.probes.values())
+
+    @property
+    def n_handles(self) -> int:
+        return sum(p.n_handles for p in self.probes.values())
+
+    def remove(self) -> None:
+        """Remove exactly the hooks of both stacks' probes. Safe to call twice."""
+        for probe in self.probes.values():
+            probe.remove()
+
+    def clear(self) -> None:
+        """Forget both recordings, keep the hooks."""
+        for probe in self.probes.values():
+            probe.clear()
+
+    def invalidate(self) -> None:
+        for probe in self.probes.values():
+            probe.invalidate()
+
+    def analyze(self, options: Any = None, **keywords: Any) -> dict[str, Report]:
+        """One lazy :class:`Report` per stack, ``{"encoder": ..., "decoder": ...}``; the
+        arguments are those of :meth:`Probe.analyze` and apply to both stacks."""
+        return {name: p.analyze(options, **keywords) for name, p in self.probes.items()}
+
+    def __enter__(self) -> "EncoderDecoderProbe":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.remove()
+
+    def __repr__(self) -> str:
+        return (f"EncoderDecoderProbe({self.anatomy.family}, "
+                + ", ".join(f"{k}={v!r}" for k, v in self.probes.items()) + ")")
