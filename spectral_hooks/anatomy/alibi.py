@@ -40,7 +40,8 @@ def bloom_gelu_as_formula(block: nn.Module):
 
 
 BLOOM = register(HFFamily(
-    name="bloom", model_types=("bloom",), blocks="h", attention="self_attention",
+    name="bloom", tested_by="tests/families/test_decoders.py", attention_type="full + ALiBi",
+    model_types=("bloom",), blocks="h", attention="self_attention",
     value="self_attention.query_key_value", output="self_attention.dense",
     attn_out="self_attention.dense", attn_norm="input_layernorm", norm_placement="pre",
     final_norm="ln_f", qkv="neox",
@@ -49,7 +50,8 @@ BLOOM = register(HFFamily(
 ))
 
 MPT = register(HFFamily(
-    name="mpt", model_types=("mpt",), blocks="blocks", attention="attn", value="attn.Wqkv",
+    name="mpt", tested_by="tests/families/test_decoders.py", attention_type="full + ALiBi",
+    model_types=("mpt",), blocks="blocks", attention="attn", value="attn.Wqkv",
     output="attn.out_proj", attn_out="attn", attn_norm="norm_1", norm_placement="pre",
     final_norm="norm_f", qkv="q_k_v",
     call_convention=BlockCallConvention(pluggable_attention=False),

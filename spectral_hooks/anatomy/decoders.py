@@ -19,7 +19,8 @@ _LLAMA_PATHS = dict(blocks="layers", attention="self_attn", value="self_attn.v_p
                     attn_norm="input_layernorm", norm_placement="pre", final_norm="norm")
 
 GPTJ = register(HFFamily(
-    name="gptj", model_types=("gptj",), blocks="h", attention="attn", value="attn.v_proj",
+    name="gptj", tested_by="tests/families/test_decoders.py",
+    model_types=("gptj",), blocks="h", attention="attn", value="attn.v_proj",
     output="attn.out_proj", attn_out="attn", attn_norm="ln_1", norm_placement="pre",
     final_norm="ln_f",
 ))
@@ -33,36 +34,46 @@ def _opt_variant(config) -> dict:
 
 
 OPT = register(HFFamily(
-    name="opt", model_types=("opt",), blocks="decoder.layers", attention="self_attn",
+    name="opt", tested_by="tests/families/test_decoders.py",
+    model_types=("opt",), blocks="decoder.layers", attention="self_attn",
     value="self_attn.v_proj", output="self_attn.out_proj", attn_out="self_attn",
     attn_norm="self_attn_layer_norm", norm_placement="pre", final_norm="decoder.final_layer_norm",
     variant=_opt_variant,
 ))
 
 PHI = register(HFFamily(
-    name="phi", **{**_LLAMA_PATHS, "output": "self_attn.dense", "final_norm": "final_layernorm"},
+    name="phi", tested_by="tests/families/test_decoders.py",
+    **{**_LLAMA_PATHS, "output": "self_attn.dense", "final_norm": "final_layernorm"},
     model_types=("phi",),
 ))
 
 PHI3 = register(HFFamily(
-    name="phi3", model_types=("phi3",), **{**_LLAMA_PATHS, "value": "self_attn.qkv_proj"},
+    name="phi3", tested_by="tests/families/test_decoders.py",
+    model_types=("phi3",), **{**_LLAMA_PATHS, "value": "self_attn.qkv_proj"},
     qkv="q_k_v", norm_upcasts=True,
 ))
 
-STABLELM = register(HFFamily(name="stablelm", model_types=("stablelm",), **_LLAMA_PATHS))
+STABLELM = register(HFFamily(
+    name="stablelm", tested_by="tests/families/test_decoders.py",
+    model_types=("stablelm",), **_LLAMA_PATHS))
 
-STARCODER2 = register(HFFamily(name="starcoder2", model_types=("starcoder2",), **_LLAMA_PATHS))
+STARCODER2 = register(HFFamily(
+    name="starcoder2", tested_by="tests/families/test_decoders.py",
+    model_types=("starcoder2",), **_LLAMA_PATHS))
 
 COHERE = register(HFFamily(
-    name="cohere", model_types=("cohere",), **_LLAMA_PATHS, norm_upcasts=True,
+    name="cohere", tested_by="tests/families/test_decoders.py",
+    model_types=("cohere",), **_LLAMA_PATHS, norm_upcasts=True,
 ))
 
 GRANITE = register(HFFamily(
-    name="granite", model_types=("granite",), **_LLAMA_PATHS, norm_upcasts=True,
+    name="granite", tested_by="tests/families/test_decoders.py",
+    model_types=("granite",), **_LLAMA_PATHS, norm_upcasts=True,
 ))
 
 NEMOTRON = register(HFFamily(
-    name="nemotron", model_types=("nemotron",), **_LLAMA_PATHS, norm_weight_offset=1.0,
+    name="nemotron", tested_by="tests/families/test_decoders.py",
+    model_types=("nemotron",), **_LLAMA_PATHS, norm_weight_offset=1.0,
 ))
 
 
@@ -74,7 +85,8 @@ def _bigcode_variant(config) -> dict:
 
 
 GPT_BIGCODE = register(HFFamily(
-    name="gpt_bigcode", model_types=("gpt_bigcode",), blocks="h", attention="attn",
+    name="gpt_bigcode", tested_by="tests/families/test_decoders.py", attention_type="multi-query (or full)",
+    model_types=("gpt_bigcode",), blocks="h", attention="attn",
     value="attn.c_attn", output="attn.c_proj", attn_out="attn", attn_norm="ln_1",
     norm_placement="pre", final_norm="ln_f", variant=_bigcode_variant,
 ))

@@ -25,7 +25,8 @@ def falcon_variant(config) -> dict:
 
 
 FALCON = register(HFFamily(
-    name="falcon", model_types=("falcon",), blocks="h", attention="self_attention",
+    name="falcon", tested_by="tests/families/test_decoders.py", attention_type="multi-query / grouped (ALiBi optional)",
+    model_types=("falcon",), blocks="h", attention="self_attention",
     value="self_attention.query_key_value", output="self_attention.dense",
     attn_out="self_attention", attn_norm="input_layernorm", norm_placement="pre",
     final_norm="ln_f", variant=falcon_variant,

@@ -47,7 +47,8 @@ def _bart_like(name: str, stack: str, *, pre_norm: bool) -> HFFamily:
 
 
 T5 = register_encoder_decoder(EncoderDecoderFamily(
-    name="t5", model_types=("t5",), encoder=_t5("encoder"), decoder=_t5("decoder")))
+    name="t5", model_types=("t5",), encoder=_t5("encoder"), decoder=_t5("decoder"),
+    attention_type="self (relative bias) + cross (decoder)"))
 
 BART = register_encoder_decoder(EncoderDecoderFamily(
     name="bart", model_types=("bart",), encoder=_bart_like("bart", "encoder", pre_norm=False),

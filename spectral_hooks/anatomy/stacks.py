@@ -25,7 +25,7 @@ from typing import Optional, Union
 from torch import nn
 
 from ..errors import OptionError, UnsupportedModelError
-from .base import Anatomy, get_path, register_anatomy
+from .base import Anatomy, FamilyInfo, get_path, register_anatomy
 from .hf import HFFamily, base_model_of, build, model_type_of
 
 __all__ = ["EncoderDecoderAnatomy", "EncoderDecoderFamily", "STACKS", "register_encoder_decoder",
@@ -85,6 +85,7 @@ class EncoderDecoderFamily:
     model_types: tuple[str, ...]
     encoder: HFFamily
     decoder: HFFamily
+    attention_type: str = "self + cross (decoder)"
 
 
 def _stack(model: nn.Module, family: HFFamily, stack: str) -> Anatomy:
@@ -108,5 +109,8 @@ def register_encoder_decoder(family: EncoderDecoderFamily) -> EncoderDecoderFami
             return build_encoder_decoder(model, family)
         return None
 
-    register_anatomy(family.name, builder, first=False)
+    register_anatomy(family.name, builder, first=False, info=FamilyInfo(
+        family.name, family.model_types, causal="encoder no, decoder yes",
+        norm_placement=family.encoder.norm_placement, attention_type=family.attention_type,
+        tested_by="tests/families/test_encoder_decoder.py"))
     return family
