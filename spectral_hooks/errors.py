@@ -59,6 +59,54 @@ class RecordingError(SpectralHooksError, ValueError):
     """The recording cannot support what was asked (nothing recorded, stats only, padding)."""
 
 
+class NonFiniteError(RecordingError):
+    """NaN or Inf in recorded values. ``layer``, ``capture`` (resid_pre, attn_out, resid_post or
+    "block input"), ``sample`` and ``position`` (the recording row) say where the first one is
+    in forward order; sample and position are None for a store='stats' recording."""
+
+    def __init__(self, message: str, *, layer: int, capture: str,
+                 sample: Optional[int] = None, position: Optional[int] = None) -> None:
+        self.layer, self.capture, self.sample, self.position = layer, capture, sample, position
+        super().__init__(message)
+
+    @classmethod
+    def at(cls, *, layer: int, capture: str, sample: Optional[int] = None,
+           position: Optional[int] = None, value: str = "NaN or Inf", more: str = "",
+           consequence: str = "") -> "NonFiniteError":
+        """The library's one message for a non-finite recorded value."""
+        where = (f"sample {sample}, token {position}" if sample is not None
+                 else "position unknown: store='stats' keeps no positions; record with "
+                      "store='device' to locate it")
+        return cls(
+            f"{value} in the recording at layer {layer}, {where} (capture point: "
+            f"{CAPTURE_POINTS.get(capture, capture)}){more}{consequence}. The model produced it "
+            "while recording (a non-finite weight, or overflow: float16 activations overflow "
+            "above 65504): run the model in float32 or bfloat16, or fix the weights of layer "
+            f"{layer} and below, then probe.clear() and record again",
+            layer=layer, capture=capture, sample=sample, position=position)
+
+
+#: What each capture point is, for messages.
+CAPTURE_POINTS = {
+    "resid_pre": "resid_pre, the residual stream entering the block",
+    "attn_out": "attn_out, the attention output",
+    "resid_post": "resid_post, the residual stream leaving the block",
+    "block input": "block input, the hidden state the block was called with (replayed by the "
+                   "Jacobian view)",
+}
+
+
+class NonFiniteComputationError(SpectralHooksError, FloatingPointError):
+    """A computation from finite recorded values produced NaN or Inf (a block replay that
+    overflows, a weight holding Inf). ``layer``, ``sample``, ``position`` say where (None where
+    a quantity has no position, e.g. F = W_O W_V)."""
+
+    def __init__(self, message: str, *, layer: int, sample: Optional[int] = None,
+                 position: Optional[int] = None) -> None:
+        self.layer, self.sample, self.position = layer, sample, position
+        super().__init__(message)
+
+
 class LayerIndexError(SpectralHooksError, IndexError, ValueError):
     """A layer index out of range (an IndexError, and a ValueError for older callers)."""
 

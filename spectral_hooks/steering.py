@@ -28,7 +28,12 @@ import torch
 from torch import Tensor, nn
 
 from .anatomy import anatomy_of
-from .errors import OptionError, SpectralHooksError, UnsupportedModelError
+from .errors import (
+    NonFiniteComputationError,
+    OptionError,
+    SpectralHooksError,
+    UnsupportedModelError,
+)
 from .metrics.steering_math import rank1_output_edit
 
 
@@ -163,6 +168,11 @@ def steer(model: nn.Module, direction: Tensor, *, layer: int = -1, alpha: Option
         raise OptionError("direction", f"a tensor of shape {tuple(direction.shape)}",
                           f"a vector of length d_model={anatomy.d_model}")
     W_V, W_O = part.value_weights(), part.output_weights()
+    if not (bool(torch.isfinite(W_V).all()) and bool(torch.isfinite(W_O).all())):
+        raise NonFiniteComputationError(
+            f"layer {index}'s value or output projection weights hold NaN or Inf: steering "
+            "cannot solve for the edit; restore finite weights (reload the checkpoint) first",
+            layer=index)
     if part.output is None or part.output.to_param is None:
         raise UnsupportedModelError(f"{anatomy.family}: the output projection of layer {index} "
                                     "cannot be written back; steering needs a writable W_O")

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from ..anatomy.calls import BlockCallConvention
-from ..errors import OptionError, RecordingError
+from ..errors import NonFiniteError, OptionError, RecordingError
 from ..recording import BlockCall, map_tensors
 from ..suspend import suspended
 
@@ -188,6 +188,15 @@ def _resolve_positions(recording, layer: int, sample: int, position: Optional[in
     return torch.tensor([position])
 
 
+def _check_finite_input(hidden: Tensor, positions: Tensor, *, layer: int, sample: int) -> None:
+    """The recorded block input at the linearised rows is finite, else a NonFiniteError."""
+    bad = ~torch.isfinite(hidden[positions]).all(dim=-1)
+    if bool(bad.any()):
+        row = int(positions[bad.nonzero()[0, 0]])
+        raise NonFiniteError.at(layer=layer, capture="block input", sample=sample,
+                                position=row, consequence=": the Jacobian cannot be taken there")
+
+
 def block_function(anatomy, recording, layer: int, *, sample: int = 0, position: int = -1,
                    kind: str = "token", dtype: torch.dtype = torch.float64) -> BlockFunction:
     """The block map at the recorded input, restricted to the chosen rows (see module doc)."""
@@ -207,9 +216,7 @@ def block_function(anatomy, recording, layer: int, *, sample: int = 0, position:
     hidden = call.hidden
     positions = _resolve_positions(recording, layer, sample, position, kind,
                                    hidden.shape[1]).to(device)
-    if not bool(torch.isfinite(hidden[0, positions]).all()):
-        raise RecordingError(f"the recorded input of layer {layer}, sample {sample} contains "
-                             "NaN/Inf at the requested positions")
+    _check_finite_input(hidden[0], positions, layer=layer, sample=sample)
     params = {}
     for name, t in block.named_parameters():
         params[name] = t.detach().to(device, dtype)
