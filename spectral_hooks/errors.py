@@ -34,8 +34,29 @@ class OptionError(SpectralHooksError, ValueError):
 
     def __init__(self, option: str, value: Any, valid: str, *, hint: str = "") -> None:
         self.option, self.value, self.valid = option, value, valid
-        message = f"{option}={value!r} is not valid: expected {valid}"
+        message = f"{option}={_short_repr(value)} is not valid: expected {valid}"
         super().__init__(message + (f" ({hint})" if hint else ""))
+
+
+class OptionTypeError(OptionError, TypeError):
+    """An argument of the wrong type (a TypeError, and an OptionError: same message form)."""
+
+
+class OptionIndexError(OptionError, IndexError):
+    """An index argument out of range (a sample row, a position): also an IndexError."""
+
+
+class UnknownNameError(OptionError, KeyError):
+    """A name (figure, section schema, capture) that does not exist: also a KeyError."""
+
+    def __str__(self) -> str:  # KeyError would print the repr of the message
+        return str(self.args[0]) if self.args else ""
+
+
+def _short_repr(value: Any, limit: int = 80) -> str:
+    """repr on one line, at most ``limit`` characters (a model's repr is pages long)."""
+    text = " ".join(repr(value).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 class UnknownOptionError(OptionError, TypeError):

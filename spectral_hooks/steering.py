@@ -28,6 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from .anatomy import anatomy_of
+from .checks import real_vector
 from .errors import (
     NonFiniteComputationError,
     OptionError,
@@ -70,6 +71,8 @@ class Steering:
         Raises SteeringStateError, touching nothing, when the weight no longer holds what the
         last edit wrote (changed by something else); ``force=True`` restores anyway.
         """
+        if not isinstance(force, bool):
+            raise OptionError("force", force, "True or False")
         if self._param is None:
             return
         with _LOCK:
@@ -161,12 +164,9 @@ def steer(model: nn.Module, direction: Tensor, *, layer: int = -1, alpha: Option
     """
     _check_options(alpha, gap)
     anatomy = anatomy_of(model)
-    index = anatomy.layer_index(layer)
+    index = anatomy.layer_index(layer)  # a LayerIndexError naming layer=... when out of range
     part = anatomy.layers[index]
-    direction = torch.as_tensor(direction)
-    if direction.ndim != 1 or direction.shape[0] != anatomy.d_model:
-        raise OptionError("direction", f"a tensor of shape {tuple(direction.shape)}",
-                          f"a vector of length d_model={anatomy.d_model}")
+    direction = real_vector("direction", direction, length=anatomy.d_model)
     W_V, W_O = part.value_weights(), part.output_weights()
     if not (bool(torch.isfinite(W_V).all()) and bool(torch.isfinite(W_O).all())):
         raise NonFiniteComputationError(

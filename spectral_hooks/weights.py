@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from .anatomy import Anatomy, anatomy_of
+from .checks import check_bool, check_float_dtype
 
 
 def _anatomy(model_or_anatomy: Union[nn.Module, Anatomy]) -> Anatomy:
@@ -29,6 +30,8 @@ def layer_matrices(model: Union[nn.Module, Anatomy], *, fold_norm: bool = False,
     ``fold_norm=True`` multiplies F on the right by diag(gain) of the norm feeding attention
     (Gemma: 1 + weight); layers without such a norm (post-norm models) are left as they are.
     """
+    check_bool("fold_norm", fold_norm)
+    check_float_dtype("dtype", dtype)
     anatomy = _anatomy(model)
     cache: dict = {}
     out = []
@@ -49,6 +52,7 @@ def layer_matrices(model: Union[nn.Module, Anatomy], *, fold_norm: bool = False,
 def layer_biases(model: Union[nn.Module, Anatomy], *, dtype: torch.dtype = torch.float64
                  ) -> Tensor:
     """Tensor[L, d]: c_t = W_O b_V + b_O, the constant part of each attention layer's output."""
+    check_float_dtype("dtype", dtype)
     anatomy = _anatomy(model)
     out = []
     for part in anatomy.layers:

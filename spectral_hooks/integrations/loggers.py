@@ -24,6 +24,9 @@ import os
 import warnings
 from typing import Any, Iterable, Mapping, Optional, Protocol, Union, runtime_checkable
 
+from ..checks import check_int
+from ..errors import OptionTypeError
+
 POWER_COLUMNS = ("gap_ratio", "gamma", "lift", "abs_lambda1", "erank")
 
 
@@ -74,10 +77,20 @@ class _Base:
 
 
 def _check(metrics: Mapping[str, float], step: int) -> None:
-    if not isinstance(step, int) or isinstance(step, bool):
-        raise TypeError(f"step must be an int, got {type(step).__name__}")
+    check_int("step", step)
     if not isinstance(metrics, Mapping):
-        raise TypeError(f"metrics must be a mapping of name -> float, got {type(metrics).__name__}")
+        raise OptionTypeError("metrics", metrics, "a mapping of name -> float")
+    for name, value in metrics.items():
+        if isinstance(value, (str, bytes, bool)) or not _is_number(value):
+            raise OptionTypeError(f"metrics[{name!r}]", value, "a real number (NaN allowed)")
+
+
+def _is_number(value: Any) -> bool:
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 class TensorBoardLogger(_Base):

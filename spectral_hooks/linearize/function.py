@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from ..anatomy.calls import BlockCallConvention
+from ..checks import check_float_dtype
 from ..errors import NonFiniteError, OptionError, RecordingError
 from ..recording import BlockCall, map_tensors
 from ..suspend import suspended
@@ -145,7 +146,7 @@ def _working_dtype(dtype: torch.dtype, like: Tensor) -> Callable[[Tensor], Tenso
 def _resolve_sample(recording, layer: int, sample: int):
     try:
         return recording.block_input(layer, sample)
-    except ValueError as err:
+    except RecordingError as err:  # a bad ``sample`` is an OptionIndexError from the recording
         raise RecordingError(
             f"no replayable input for layer {layer}, sample {sample}: block inputs are captured "
             "for prefill calls only, so a recording of decode steps alone (a call continuing a "
@@ -202,6 +203,7 @@ def block_function(anatomy, recording, layer: int, *, sample: int = 0, position:
     """The block map at the recorded input, restricted to the chosen rows (see module doc)."""
     if kind not in KINDS:
         raise OptionError("kind", kind, f"one of {KINDS}")
+    check_float_dtype("dtype", dtype)
     layer = anatomy.layer_index(layer)
     if layer not in recording.layers:
         raise RecordingError(f"layer {layer} was not recorded (recorded: "
