@@ -186,7 +186,8 @@ class Report:
     def __getitem__(self, name: str) -> pd.DataFrame:
         value = self.get(name, _NOT_YET)
         if value is _NOT_YET:
-            raise KeyError(f"no section {name!r} in this report; present: {self.sections}")
+            raise UnknownNameError("name", name, f"a section of this report; present: "
+                                   f"{self.sections}")
         return value  # type: ignore[return-value]
 
     def __contains__(self, name: object) -> bool:

@@ -56,6 +56,14 @@ def c(tmp_path_factory, one_torch_thread):
                           jsonl=JSONLLogger(tmp / "log.jsonl"))
 
 
+def _remove_with(model, **bad):
+    edit = sh.steer(model, torch.ones(32), alpha=0.5)
+    try:
+        edit.remove(**bad)
+    finally:
+        edit.remove()
+
+
 def row(entry, bad, call, exc, *shows):
     return pytest.param(call, exc, shows, id=f"{entry}:{bad}")
 
@@ -199,6 +207,16 @@ ROWS = [
         "method='qr'"),
     row("svds", "n_iter", lambda c: sh.svds(c.A, 2, method="randomized", n_iter=-1),
         OptionError, "n_iter=-1"),
+    row("linalg.hutchinson_trace", "n_samples", lambda c: sh.linalg.hutchinson_trace(
+        c.A, n_samples=0), OptionError, "n_samples=0"),
+    row("linalg.effective_rank", "s", lambda c: sh.linalg.effective_rank("flat"),
+        OptionTypeError, "s='flat'"),
+    row("linalg.aslinearoperator", "obj", lambda c: sh.linalg.aslinearoperator("A"),
+        OptionTypeError, "obj='A'"),
+    row("Report[]", "name", lambda c: c.report["jacobian"], UnknownNameError,
+        "name='jacobian'"),
+    row("Steering.remove", "force", lambda c: _remove_with(c.model, force="yes"), OptionError,
+        "force='yes'"),
     # loggers, callback
     row("CSVLogger.log", "step", lambda c: c.csv.log({"a": 1.0}, step="3"), OptionTypeError,
         "step='3'"),
@@ -220,6 +238,7 @@ ROWS = [
 @pytest.mark.parametrize("call,exc,shows", ROWS)
 def test_bad_argument_is_named_with_its_value(c, call, exc, shows):
     hooks = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in c.model.modules())
+    weights = {k: v.clone() for k, v in c.model.state_dict().items()}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with pytest.raises(exc) as info:
@@ -233,6 +252,7 @@ def test_bad_argument_is_named_with_its_value(c, call, exc, shows):
     assert str(info.traceback[-1].path).startswith(PACKAGE), "raised outside spectral_hooks"
     assert sum(len(m._forward_hooks) + len(m._forward_pre_hooks)
                for m in c.model.modules()) == hooks, "a refused call left hooks behind"
+    assert all(torch.equal(v, weights[k]) for k, v in c.model.state_dict().items())
 
 
 def test_there_are_at_least_40_rows_covering_the_public_api():
