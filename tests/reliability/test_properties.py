@@ -1,7 +1,10 @@
 """Property-based tests over random tiny configs (hypothesis, derandomized): instrumenting,
 analysing and steering never change the model's outputs or weights, leave no hooks (also when
 the body raises), and give values in their documented ranges; the matrix-free Jacobian view
-agrees with the dense one. Quick profile: 270 + 30 examples; SPECTRAL_HOOKS_FULL=1: 1500 + 150.
+agrees with the dense one. Each case draws a norm type (LayerNorm, post-LN, RMSNorm, Gemma's
+(1 + w) RMSNorm, OLMo2 post-norms) and a family with it, base model or LM-head wrapper with tied
+or untied embeddings, and random norm gains (fuzz_models.py); the power view folds the norm gain
+in half of the cases. Quick profile: 270 + 30 examples; SPECTRAL_HOOKS_FULL=1: 1500 + 150.
 """
 
 from __future__ import annotations
@@ -60,7 +63,7 @@ def test_instrument_analyze_steer_leave_the_model_unchanged(case):
     hooks, weights, reference = n_hooks(model), state_hash(model), hidden(model, batch)
     with sh.instrument(model) as probe:
         assert torch.equal(hidden(model, batch), reference)  # bit-identical while recording
-        power = probe.analyze(power=True).power
+        power = probe.analyze(power=True, fold_norm=case.seed % 2 == 0).power
     assert n_hooks(model) == hooks and state_hash(model) == weights
     assert torch.equal(hidden(model, batch), reference)
     _check_power(power, case, int(batch["attention_mask"].sum()))
