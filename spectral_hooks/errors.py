@@ -1,8 +1,12 @@
 """Errors and warnings of spectral_hooks, and the record of fallbacks taken.
 
 Every exception the library raises on purpose derives from :class:`SpectralHooksError` and also
-from the builtin a user would catch: ``ValueError`` for a bad argument, ``IndexError`` for a
-layer out of range, ``KeyError`` for a name a recording does not hold.
+from the builtin a user would catch: ``ValueError`` for a bad argument (and ``TypeError`` for
+one of the wrong type: :class:`OptionTypeError`), ``IndexError`` for a layer or sample out of
+range, ``KeyError`` for a name a recording or report does not hold. Every message about an
+argument reads ``argument=value is not valid: expected ...``. NaN or Inf in a recording is a
+:class:`NonFiniteError` naming layer, sample, token and capture point; NaN or Inf arising in a
+computation (a block replay that overflows) is a :class:`NonFiniteComputationError`.
 
     >>> try:
     ...     raise OptionError("k", 0, "a positive int")

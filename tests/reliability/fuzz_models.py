@@ -131,7 +131,10 @@ def inputs(case: Case) -> dict:
 @st.composite
 def cases(draw, *, min_d: int = 1, max_d: int = 32, dtypes=DTYPES, norms=tuple(NORMS),
           max_layers: int = 3) -> Case:
-    norm = draw(st.sampled_from(norms))
+    # one draw for (norm type, base / tied wrapper / untied wrapper): separate draws left some
+    # combinations out of the 270 derandomized examples
+    combo = draw(st.integers(0, 3 * len(norms) - 1))
+    norm, variant = norms[combo % len(norms)], combo // len(norms)
     family = draw(st.sampled_from(NORMS[norm]))
     head_dim = draw(st.sampled_from([h for h in (2, 4, 8) if h <= max_d]))
     n_heads = draw(st.sampled_from([h for h in (1, 2, 4)
@@ -142,8 +145,8 @@ def cases(draw, *, min_d: int = 1, max_d: int = 32, dtypes=DTYPES, norms=tuple(N
                 kv_heads=kv_heads, head_dim=head_dim, dtype=draw(st.sampled_from(dtypes)),
                 batch=draw(st.integers(1, 3)), seq=draw(st.integers(1, 6)),
                 padding=draw(st.sampled_from(("none", "left", "right", "ragged"))),
-                seed=draw(st.integers(0, 2**16)), norm=norm, wrapper=draw(st.booleans()),
-                tied=draw(st.booleans()))
+                seed=draw(st.integers(0, 2**16)), norm=norm, wrapper=variant > 0,
+                tied=variant < 2)
 
 
 def n_hooks(model: torch.nn.Module) -> int:
