@@ -326,7 +326,8 @@ class Recording:
         if not isinstance(sample, int) or isinstance(sample, bool):
             raise OptionTypeError("sample", sample, "an int batch row")
         if not 0 <= sample < self.n_samples:
-            raise OptionIndexError("sample", sample, f"a recorded batch row, 0..{self.n_samples - 1}")
+            raise OptionIndexError("sample", sample, f"a recorded batch row, 0..{self.n_samples - 1}",
+                                   hint=f"out of range: {self.n_samples} samples recorded")
         for run in self._runs:
             if sample < run.batch:
                 if layer not in run.block_calls:

@@ -24,9 +24,6 @@ import os
 import warnings
 from typing import Any, Iterable, Mapping, Optional, Protocol, Union, runtime_checkable
 
-from ..checks import check_int
-from ..errors import OptionTypeError
-
 POWER_COLUMNS = ("gap_ratio", "gamma", "lift", "abs_lambda1", "erank")
 
 
@@ -77,12 +74,21 @@ class _Base:
 
 
 def _check(metrics: Mapping[str, float], step: int) -> None:
-    check_int("step", step)
+    if not isinstance(step, int) or isinstance(step, bool):
+        _refuse("step", step, "an int")
     if not isinstance(metrics, Mapping):
-        raise OptionTypeError("metrics", metrics, "a mapping of name -> float")
+        _refuse("metrics", metrics, "a mapping of name -> float")
     for name, value in metrics.items():
         if isinstance(value, (str, bytes, bool)) or not _is_number(value):
-            raise OptionTypeError(f"metrics[{name!r}]", value, "a real number (NaN allowed)")
+            _refuse(f"metrics[{name!r}]", value, "a real number (NaN allowed)")
+
+
+def _refuse(name: str, value: Any, valid: str) -> None:
+    # imported here: this file stays loadable alone, stdlib only (tests/reliability/
+    # test_logger_kill.py runs it in a bare child process)
+    from ..errors import OptionTypeError
+
+    raise OptionTypeError(name, value, valid)
 
 
 def _is_number(value: Any) -> bool:
