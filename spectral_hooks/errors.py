@@ -1,8 +1,12 @@
 """Errors and warnings of spectral_hooks, and the record of fallbacks taken.
 
 Every exception the library raises on purpose derives from :class:`SpectralHooksError` and also
-from the builtin a user would catch: ``ValueError`` for a bad argument, ``IndexError`` for a
-layer out of range, ``KeyError`` for a name a recording does not hold.
+from the builtin a user would catch: ``ValueError`` for a bad argument (and ``TypeError`` for
+one of the wrong type: :class:`OptionTypeError`), ``IndexError`` for a layer or sample out of
+range, ``KeyError`` for a name a recording or report does not hold. Every message about an
+argument reads ``argument=value is not valid: expected ...``. NaN or Inf in a recording is a
+:class:`NonFiniteError` naming layer, sample, token and capture point; NaN or Inf arising in a
+computation (a block replay that overflows) is a :class:`NonFiniteComputationError`.
 
     >>> try:
     ...     raise OptionError("k", 0, "a positive int")
@@ -34,8 +38,29 @@ class OptionError(SpectralHooksError, ValueError):
 
     def __init__(self, option: str, value: Any, valid: str, *, hint: str = "") -> None:
         self.option, self.value, self.valid = option, value, valid
-        message = f"{option}={value!r} is not valid: expected {valid}"
+        message = f"{option}={_short_repr(value)} is not valid: expected {valid}"
         super().__init__(message + (f" ({hint})" if hint else ""))
+
+
+class OptionTypeError(OptionError, TypeError):
+    """An argument of the wrong type (a TypeError, and an OptionError: same message form)."""
+
+
+class OptionIndexError(OptionError, IndexError):
+    """An index argument out of range (a sample row, a position): also an IndexError."""
+
+
+class UnknownNameError(OptionError, KeyError):
+    """A name (figure, section schema, capture) that does not exist: also a KeyError."""
+
+    def __str__(self) -> str:  # KeyError would print the repr of the message
+        return str(self.args[0]) if self.args else ""
+
+
+def _short_repr(value: Any, limit: int = 80) -> str:
+    """repr on one line, at most ``limit`` characters (a model's repr is pages long)."""
+    text = " ".join(repr(value).split())
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 class UnknownOptionError(OptionError, TypeError):
@@ -57,6 +82,54 @@ class MissingWeightsError(UnsupportedModelError):
 
 class RecordingError(SpectralHooksError, ValueError):
     """The recording cannot support what was asked (nothing recorded, stats only, padding)."""
+
+
+class NonFiniteError(RecordingError):
+    """NaN or Inf in recorded values. ``layer``, ``capture`` (resid_pre, attn_out, resid_post or
+    "block input"), ``sample`` and ``position`` (the recording row) say where the first one is
+    in forward order; sample and position are None for a store='stats' recording."""
+
+    def __init__(self, message: str, *, layer: int, capture: str,
+                 sample: Optional[int] = None, position: Optional[int] = None) -> None:
+        self.layer, self.capture, self.sample, self.position = layer, capture, sample, position
+        super().__init__(message)
+
+    @classmethod
+    def at(cls, *, layer: int, capture: str, sample: Optional[int] = None,
+           position: Optional[int] = None, value: str = "NaN or Inf", more: str = "",
+           consequence: str = "") -> "NonFiniteError":
+        """The library's one message for a non-finite recorded value."""
+        where = (f"sample {sample}, token {position}" if sample is not None
+                 else "position unknown: store='stats' keeps no positions; record with "
+                      "store='device' to locate it")
+        return cls(
+            f"{value} in the recording at layer {layer}, {where} (capture point: "
+            f"{CAPTURE_POINTS.get(capture, capture)}){more}{consequence}. The model produced it "
+            "while recording (a non-finite weight, or overflow: float16 activations overflow "
+            "above 65504): run the model in float32 or bfloat16, or fix the weights of layer "
+            f"{layer} and below, then probe.clear() and record again",
+            layer=layer, capture=capture, sample=sample, position=position)
+
+
+#: What each capture point is, for messages.
+CAPTURE_POINTS = {
+    "resid_pre": "resid_pre, the residual stream entering the block",
+    "attn_out": "attn_out, the attention output",
+    "resid_post": "resid_post, the residual stream leaving the block",
+    "block input": "block input, the hidden state the block was called with (replayed by the "
+                   "Jacobian view)",
+}
+
+
+class NonFiniteComputationError(SpectralHooksError, FloatingPointError):
+    """A computation from finite recorded values produced NaN or Inf (a block replay that
+    overflows, a weight holding Inf). ``layer``, ``sample``, ``position`` say where (None where
+    a quantity has no position, e.g. F = W_O W_V)."""
+
+    def __init__(self, message: str, *, layer: int, sample: Optional[int] = None,
+                 position: Optional[int] = None) -> None:
+        self.layer, self.sample, self.position = layer, sample, position
+        super().__init__(message)
 
 
 class LayerIndexError(SpectralHooksError, IndexError, ValueError):

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from .anatomy import Anatomy
 from .anatomy.base import CACHE_KWARGS, MASK_KWARG, MODEL_INPUT_KWARGS
-from .errors import OptionError, RecordingError, UnsupportedModelError
+from .errors import OptionError, OptionTypeError, RecordingError, UnsupportedModelError
 from .recording import BlockCall, map_tensors
 from .suspend import suspended
 
@@ -30,7 +30,9 @@ def recorded_layers(anatomy: Anatomy, layers: Optional[Iterable[int]]) -> tuple[
         return tuple(range(anatomy.n_layers))
     if isinstance(layers, int):
         layers = [layers]
-    normalised = sorted({anatomy.layer_index(layer) for layer in layers})
+    if isinstance(layers, (str, bytes)) or not isinstance(layers, Iterable):
+        raise OptionTypeError("layers", layers, "None (every layer), an int or a list of ints")
+    normalised = sorted({anatomy.layer_index(layer, argument="layers") for layer in layers})
     if not normalised:
         raise OptionError("layers", layers, "None (every layer) or a non-empty list")
     return tuple(normalised)

@@ -21,7 +21,14 @@ from typing import Any, Callable, Iterator, Optional
 import torch
 from torch import Tensor
 
-from .errors import LayerIndexError, RecordingError, RecordingKeyError
+from .checks import checked_layer
+from .errors import (
+    OptionIndexError,
+    OptionTypeError,
+    RecordingError,
+    RecordingKeyError,
+    UnknownNameError,
+)
 
 CAPTURES = ("resid_pre", "resid_post", "attn_out")
 STORES = ("device", "cpu", "stats")
@@ -237,20 +244,21 @@ class Recording:
         return len(self._calls)
 
     def _layer(self, layer: int) -> int:
-        if not isinstance(layer, int) or isinstance(layer, bool):
-            raise TypeError(f"layer must be an int, got {type(layer).__name__}")
-        if not -self.n_layers <= layer < self.n_layers:
-            raise LayerIndexError(f"layer {layer} is out of range for a {self.n_layers}-layer "
-                                  "model")
-        layer %= self.n_layers
+        layer = checked_layer(layer, self.n_layers)
         if layer not in self.layers:
             raise RecordingKeyError(f"layer {layer} was not recorded (recorded: {list(self.layers)}); "
                            "pass layers=None to instrument() to record all")
         return layer
 
+    def _capture(self, capture: str) -> str:
+        if not isinstance(capture, str) or capture not in CAPTURES:
+            raise UnknownNameError("capture", capture, f"one of {CAPTURES}")
+        return capture
+
     def _require_data(self, capture: str) -> None:
-        if capture not in self.capture:
-            raise RecordingKeyError(f"'{capture}' was not captured (captured: {list(self.capture)})")
+        if self._capture(capture) not in self.capture:
+            raise RecordingKeyError(f"capture={capture!r} was not captured (captured: "
+                                    f"{list(self.capture)}); pass it in instrument(capture=...)")
         if self.store == "stats":
             raise RecordingError("store='stats' keeps only running statistics: use "
                              "recording.stats(capture, layer), or instrument with store='device'")
@@ -316,6 +324,7 @@ class Recording:
     def stats(self, capture: str, layer: int) -> RunningStats:
         """Running mean / covariance / count (store='stats'; computed from tensors otherwise)."""
         layer = self._layer(layer)
+        self._capture(capture)
         if self.store == "stats":
             if (capture, layer) not in self._stats:
                 raise RecordingError(f"no statistics for {capture} at layer {layer} yet")
@@ -329,8 +338,11 @@ class Recording:
         layer = self._layer(layer)
         if not self._runs:
             raise RecordingError("nothing recorded yet: run the model inside the probe first")
+        if not isinstance(sample, int) or isinstance(sample, bool):
+            raise OptionTypeError("sample", sample, "an int batch row")
         if not 0 <= sample < self.n_samples:
-            raise IndexError(f"sample {sample} out of range: {self.n_samples} recorded")
+            raise OptionIndexError("sample", sample, f"a recorded batch row, 0..{self.n_samples - 1}",
+                                   hint=f"out of range: {self.n_samples} samples recorded")
         for run in self._runs:
             if sample < run.batch:
                 if layer not in run.block_calls:
@@ -351,8 +363,9 @@ class Recording:
             return self.mask
         match = _TL_NAME.match(name) if isinstance(name, str) else None
         if match is None:
-            raise RecordingKeyError(f"unknown name {name!r}: use 'blocks.<l>.hook_resid_pre', "
-                           "'blocks.<l>.hook_resid_post', 'blocks.<l>.hook_attn_out' or 'mask'")
+            raise UnknownNameError("name", name, "'blocks.<l>.hook_resid_pre', "
+                                   "'blocks.<l>.hook_resid_post', 'blocks.<l>.hook_attn_out' or "
+                                   "'mask'")
         return self.tensor(match.group(2), int(match.group(1)))
 
     def __repr__(self) -> str:

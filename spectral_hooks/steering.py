@@ -28,7 +28,13 @@ import torch
 from torch import Tensor, nn
 
 from .anatomy import anatomy_of, stack_of
-from .errors import OptionError, SpectralHooksError, UnsupportedModelError
+from .checks import real_vector
+from .errors import (
+    NonFiniteComputationError,
+    OptionError,
+    SpectralHooksError,
+    UnsupportedModelError,
+)
 from .metrics.steering_math import rank1_output_edit
 
 
@@ -65,6 +71,8 @@ class Steering:
         Raises SteeringStateError, touching nothing, when the weight no longer holds what the
         last edit wrote (changed by something else); ``force=True`` restores anyway.
         """
+        if not isinstance(force, bool):
+            raise OptionError("force", force, "True or False")
         if self._param is None:
             return
         with _LOCK:
@@ -156,13 +164,15 @@ def steer(model: nn.Module, direction: Tensor, *, layer: int = -1, alpha: Option
     """
     _check_options(alpha, gap)
     anatomy = stack_of(anatomy_of(model), what="steer")
-    index = anatomy.layer_index(layer)
+    index = anatomy.layer_index(layer)  # a LayerIndexError naming layer=... when out of range
     part = anatomy.layers[index]
-    direction = torch.as_tensor(direction)
-    if direction.ndim != 1 or direction.shape[0] != anatomy.d_model:
-        raise OptionError("direction", f"a tensor of shape {tuple(direction.shape)}",
-                          f"a vector of length d_model={anatomy.d_model}")
+    direction = real_vector("direction", direction, length=anatomy.d_model)
     W_V, W_O = part.value_weights(), part.output_weights()
+    if not (bool(torch.isfinite(W_V).all()) and bool(torch.isfinite(W_O).all())):
+        raise NonFiniteComputationError(
+            f"layer {index}'s value or output projection weights hold NaN or Inf: steering "
+            "cannot solve for the edit; restore finite weights (reload the checkpoint) first",
+            layer=index)
     if part.output is None or part.output.to_param is None:
         raise UnsupportedModelError(f"{anatomy.family}: the output projection of layer {index} "
                                     "cannot be written back; steering needs a writable W_O")

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from .anatomy import Anatomy, anatomy_of, stack_of
+from .checks import check_bool, check_float_dtype
 from .errors import OptionError
 
 ATTENTIONS = ("self", "cross")
@@ -41,6 +42,8 @@ def layer_matrices(model: Union[nn.Module, Anatomy], *, fold_norm: bool = False,
     output into the decoder's residual stream), e.g.
     ``layer_matrices(anatomy_of(t5).decoder, attention="cross")``; no ``fold_norm`` then.
     """
+    check_bool("fold_norm", fold_norm)
+    check_float_dtype("dtype", dtype)
     if attention not in ATTENTIONS:
         raise OptionError("attention", attention, f"one of {ATTENTIONS}")
     if attention == "cross" and fold_norm:
@@ -66,6 +69,7 @@ def layer_matrices(model: Union[nn.Module, Anatomy], *, fold_norm: bool = False,
 def layer_biases(model: Union[nn.Module, Anatomy], *, dtype: torch.dtype = torch.float64
                  ) -> Tensor:
     """Tensor[L, d]: c_t = W_O b_V + b_O, the constant part of each attention layer's output."""
+    check_float_dtype("dtype", dtype)
     anatomy = _anatomy(model)
     out = []
     for part in anatomy.layers:

@@ -216,7 +216,8 @@ def test_bad_inputs_raise_clear_errors():
         with torch.no_grad():
             model(IDS)
     bad.recording.block_input(1).hidden[0, -1, 3] = float("nan")
-    with pytest.raises(ValueError, match="layer 1, sample 0.*NaN"):
+    with pytest.raises(ValueError, match=r"^NaN or Inf in the recording at layer 1, sample 0, "
+                       r"token \d+ \(capture point: block input"):
         block_jacobian(bad.anatomy, bad.recording, 1)
     block_jacobian(bad.anatomy, bad.recording, 1, position=0)  # other positions are fine
 

@@ -71,6 +71,9 @@ class JacobianView:
             raise OptionError("jacobian.k", options.k, f"an int below d_model={d}" + (
                 "" if self.exact else f", at most d_model - 2 = {d - 2} matrix-free"),
                 hint="the exact computation (dense=True) reports every eigenvalue anyway")
+        n = subject.recording.n_samples
+        if n and not options.sample < n:
+            raise OptionError("jacobian.sample", options.sample, f"a recorded batch row, 0..{n - 1}")
         self.subject, self.options = subject, options
         self.label = subject.label
         self.tol = options.tol if options.tol is not None else DEFAULT_TOL[torch.float64]

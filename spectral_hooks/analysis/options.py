@@ -19,7 +19,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Union
 
-from ..errors import OptionError, UnknownOptionError
+from ..errors import OptionError, OptionTypeError, UnknownOptionError
 
 ITERATES = ("F", "I+F")
 ABLATIONS = ("symmetric", "schur")
@@ -198,11 +198,12 @@ class AnalyzeOptions:
     def resolve(cls, options: Optional["AnalyzeOptions"] = None, **values: Any
                 ) -> "AnalyzeOptions":
         """``analyze``'s keywords (or an AnalyzeOptions, with keywords overriding it)."""
+        if options is not None and not isinstance(options, cls):
+            raise OptionTypeError("options", options, "an AnalyzeOptions or None",
+                                  hint="pass keywords instead: analyze(power=True, ...)")
         base = {} if options is None else {f.name: getattr(options, f.name)
                                            for f in dataclasses.fields(cls) if f.init
                                            and not f.name.startswith("_")}
-        if options is not None and not isinstance(options, cls):
-            raise OptionError("options", options, "an AnalyzeOptions or None")
         public = {f.name for f in dataclasses.fields(cls) if not f.name.startswith("_")}
         unknown = sorted(set(values) - public)
         if unknown:

@@ -14,14 +14,18 @@ from torch import Tensor
 
 from ..metrics.power import power_table
 from ..weights import layer_matrices
+from .finite import check_layer_matrices_finite
 from .options import AnalyzeOptions
 from .subject import Subject
 
 
 def layer_matrices_of(subject: Subject, *, fold_norm: bool) -> Tensor:
     """F_t of every layer (float64, CPU), computed once per state of the weights."""
-    return subject.memo(("F", fold_norm),
-                        lambda: layer_matrices(subject.anatomy, fold_norm=fold_norm))
+    def compute() -> Tensor:
+        F = layer_matrices(subject.anatomy, fold_norm=fold_norm)
+        check_layer_matrices_finite(F, subject.layers)
+        return F
+    return subject.memo(("F", fold_norm), compute)
 
 
 def has_cross_attention(subject: Subject) -> bool:

@@ -13,6 +13,7 @@ import torch
 
 from ..errors import RecordingError
 from ..recording import Recording
+from .finite import check_recording_finite
 from .options import AnalyzeOptions
 
 #: Power-table columns computed from recorded tokens: NaN, with a reason, when there are none.
@@ -29,7 +30,9 @@ def preflight(recording: Recording, options: AnalyzeOptions) -> Optional[str]:
 
     All-padding input (attention_mask all zeros) is an error: no token to measure or linearize
     at. store="stats" keeps no per-token states: the power table's `TOKEN_COLUMNS` are NaN, with
-    a TokenColumnsWarning and ``report.metadata["nan_reasons"]["power"]``.
+    a TokenColumnsWarning and ``report.metadata["nan_reasons"]["power"]``. NaN or Inf in a
+    real token (or in the Jacobian view's sample's block inputs) is one NonFiniteError naming
+    the first: layer, sample, token and capture point (``finite.py``).
     """
     if recording.n_samples == 0:
         raise RecordingError("nothing recorded yet: run the model inside the probe (with "
@@ -44,6 +47,9 @@ def preflight(recording: Recording, options: AnalyzeOptions) -> Optional[str]:
         raise RecordingError(f"sample(s) {empty[:8]} are all padding (attention_mask all zeros "
                              "on those rows): the Jacobian view needs a real token in every "
                              "recorded sample; drop those rows before running the model")
+    sample = options.jacobian_options.sample
+    check_recording_finite(recording, sample=sample if options.jacobian_view
+                           and 0 <= sample < recording.n_samples else None)
     if options.power and recording.store == "stats":
         reason = ("store='stats' keeps running statistics only, no per-token states: the "
                   "token columns need instrument(store='device') or store='cpu'")

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import torch
 from torch import Tensor, nn
 
-from ..errors import LayerIndexError, MissingWeightsError, UnsupportedModelError
+from ..checks import checked_layer
+from ..errors import LayerIndexError, MissingWeightsError, OptionTypeError, UnsupportedModelError
 from .calls import (
     CACHE_KWARGS,
     HF_BLOCK_CACHE_KWARGS,
@@ -195,14 +196,10 @@ class Anatomy:
         """The tokenizer the model carries (TransformerLens models keep one), or None."""
         return getattr(self.model, "tokenizer", None)
 
-    def layer_index(self, layer: int) -> int:
-        """Normalise a (possibly negative) layer index, with a clear error when out of range."""
-        if not isinstance(layer, int) or isinstance(layer, bool):
-            raise TypeError(f"layer must be an int, got {type(layer).__name__}")
-        if not -self.n_layers <= layer < self.n_layers:
-            raise LayerIndexError(f"layer {layer} is out of range: this {self.family} model has "
-                             f"{self.n_layers} layers (valid: 0..{self.n_layers - 1} or negative)")
-        return layer % self.n_layers
+    def layer_index(self, layer: int, *, argument: str = "layer") -> int:
+        """Normalise a (possibly negative) layer index, with a clear error when out of range;
+        ``argument`` is the name the error gives it (e.g. "layers" for instrument())."""
+        return checked_layer(layer, self.n_layers, argument=argument, model=self.family)
 
     def replace(self, **changes: Any) -> "Anatomy":
         return dataclasses.replace(self, **changes)
@@ -390,8 +387,10 @@ def register_anatomy(name: str, builder: Builder, *, first: bool = True,
         ...     return None            # inspect `model`, return Anatomy(...) when it is yours
         >>> register_anatomy("mine", my_builder)
     """
+    if not isinstance(name, str) or not name:
+        raise OptionTypeError("name", name, "a non-empty str naming the family")
     if not callable(builder):
-        raise TypeError("builder must be callable: model -> Anatomy | None")
+        raise OptionTypeError("builder", builder, "a callable: model -> Anatomy | None")
     entry = (name, builder)
     _REGISTRY.insert(0, entry) if first else _REGISTRY.append(entry)
     if info is not None:
@@ -422,7 +421,8 @@ def anatomy_of(model: nn.Module) -> "Anatomy | EncoderDecoderAnatomy":
     ValueError) that names ``spectral_hooks.register_anatomy``.
     """
     if not isinstance(model, nn.Module):
-        raise TypeError(f"expected a torch.nn.Module, got {type(model).__name__}")
+        raise OptionTypeError("model", model, "a torch.nn.Module (a transformers or "
+                              "TransformerLens model)")
     from . import families  # noqa: F401  (registers the built-in families)
     from .generic import generic_anatomy
 

@@ -31,6 +31,8 @@ from typing import Any, Iterable, Optional, Sequence
 
 import torch
 
+from ..checks import check_int
+from ..errors import OptionError, OptionTypeError
 from .loggers import POWER_COLUMNS, MetricsLogger, flatten_power
 
 try:
@@ -74,16 +76,16 @@ class SpectralCallback(TrainerCallback):
                  capture: Sequence[str] = ("resid_pre", "resid_post"), store: str = "device",
                  window: str = "step", prefix: str = "spectral",
                  analyze_options: Optional[dict] = None, close_loggers: bool = False) -> None:
-        if not isinstance(every, int) or isinstance(every, bool) or every < 1:
-            raise ValueError(f"every must be a positive int, got {every!r}")
+        check_int("every", every, minimum=1)
         if window not in WINDOWS:
-            raise ValueError(f"window={window!r}: choose from {WINDOWS}")
+            raise OptionError("window", window, f"one of {WINDOWS}")
         if store == "stats":
-            raise ValueError("store='stats' keeps no token states: the power metrics need them "
-                             "(use 'device' or 'cpu')")
+            raise OptionError("store", store, "'device' or 'cpu'", hint="store='stats' keeps "
+                              "no token states: the power metrics need them")
         for logger in loggers or ():
             if not isinstance(logger, MetricsLogger):
-                raise TypeError(f"{logger!r} has no log(metrics, step) / close()")
+                raise OptionTypeError("loggers", logger, "MetricsLogger objects, with "
+                                      "log(metrics, step) and close()")
         self.every, self.layers, self.columns = every, layers, tuple(columns)
         self.loggers = list(loggers or ())
         self.report_to_trainer, self.capture, self.store = report_to_trainer, capture, store

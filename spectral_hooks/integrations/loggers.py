@@ -75,9 +75,28 @@ class _Base:
 
 def _check(metrics: Mapping[str, float], step: int) -> None:
     if not isinstance(step, int) or isinstance(step, bool):
-        raise TypeError(f"step must be an int, got {type(step).__name__}")
+        _refuse("step", step, "an int")
     if not isinstance(metrics, Mapping):
-        raise TypeError(f"metrics must be a mapping of name -> float, got {type(metrics).__name__}")
+        _refuse("metrics", metrics, "a mapping of name -> float")
+    for name, value in metrics.items():
+        if isinstance(value, (str, bytes, bool)) or not _is_number(value):
+            _refuse(f"metrics[{name!r}]", value, "a real number (NaN allowed)")
+
+
+def _refuse(name: str, value: Any, valid: str) -> None:
+    # imported here: this file stays loadable alone, stdlib only (tests/reliability/
+    # test_logger_kill.py runs it in a bare child process)
+    from ..errors import OptionTypeError
+
+    raise OptionTypeError(name, value, valid)
+
+
+def _is_number(value: Any) -> bool:
+    try:
+        float(value)
+    except (TypeError, ValueError):
+        return False
+    return True
 
 
 class TensorBoardLogger(_Base):

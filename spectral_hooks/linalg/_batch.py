@@ -12,6 +12,7 @@ from typing import List, Optional, Sequence
 import torch
 from torch import Tensor
 
+from ..errors import OptionError, OptionTypeError
 from .operators import LinearOperator
 from .protocols import BatchGroup, BatchMember
 
@@ -24,11 +25,14 @@ class OpBatch:
         self.ops: Optional[List[LinearOperator]] = None
         if isinstance(op, Tensor):
             if op.ndim < 2:
-                raise ValueError(f"{what}: a dense operator needs shape [..., m, n], "
-                                 f"got {tuple(op.shape)}")
+                raise OptionError("op", f"a tensor of shape {tuple(op.shape)}",
+                                  f"{what}: a dense operator of shape [..., m, n]")
             if not (op.is_floating_point() or op.is_complex()):
-                raise TypeError(f"{what}: dense operator must be floating or complex, "
-                                f"got {op.dtype}")
+                raise OptionError("op", f"a tensor of dtype {op.dtype}",
+                                  f"{what}: a floating or complex operator")
+            if op.is_meta:
+                raise OptionError("op", f"a tensor on device {op.device}",
+                                  f"{what}: a tensor holding data")
             self.batch_shape = tuple(op.shape[:-2])
             self.shape = tuple(op.shape[-2:])
             self.is_complex = op.is_complex()
@@ -59,10 +63,9 @@ class OpBatch:
             self.B = len(self.ops)
             self.names = [repr(o) for o in self.ops]
         else:
-            raise TypeError(
-                f"{what}: expected a LinearOperator, a list of LinearOperators or a dense "
-                f"tensor [..., m, n], got {type(op).__name__}"
-            )
+            raise OptionTypeError(
+                "op", op, f"{what}: a LinearOperator, a list of LinearOperators or a dense "
+                "tensor [..., m, n]")
         if self.B == 0:
             raise ValueError(f"{what}: empty batch")
         self.counts = [0] * self.B

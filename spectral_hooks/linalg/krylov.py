@@ -91,6 +91,7 @@ from typing import List, Optional
 import torch
 from torch import Tensor
 
+from ..checks import check_has_data, check_int
 from ..errors import OptionError
 from ._arnoldi import extend as _extend
 from ._batch import OpBatch
@@ -142,9 +143,9 @@ def _validate(batch: OpBatch, k: int, which: str, tol: float, ncv: Optional[int]
               max_restarts: int, bs: int) -> tuple:
     m, n = batch.shape
     if m != n:
-        raise ValueError(f"eigs needs a square operator, got shape {batch.shape}")
-    if isinstance(k, bool) or not isinstance(k, int):
-        raise TypeError(f"eigs: k must be an int, got {type(k).__name__}")
+        raise OptionError("op", f"an operator of shape {batch.shape}", "a square operator "
+                          "(eigs needs one; svds takes rectangular ones)")
+    check_int("k", k)
     if not 1 <= k <= n - 2:
         raise OptionError("k", k, f"an int with 1 <= k <= n - 2 = {n - 2}",
                           hint="for the full spectrum use dense torch.linalg.eig")
@@ -186,6 +187,7 @@ def eigs(op, k: int, *, which: str = "LM", tol: float = 1e-10, max_restarts: int
     see the module docstring for the guarantees.
     """
     batch = OpBatch(op, what="eigs")
+    check_int("seed", seed)
     m, bs = _validate(batch, k, which, tol, ncv, max_restarts, _block_size(batch, block_size))
     B, n, dev, dt = batch.B, batch.shape[0], batch.device, batch.wdtype
     real = not batch.is_complex
@@ -202,6 +204,7 @@ def eigs(op, k: int, *, which: str = "LM", tol: float = 1e-10, max_restarts: int
         if not isinstance(v0, Tensor) or v0.shape[-1] != n:
             what = tuple(v0.shape) if isinstance(v0, Tensor) else type(v0).__name__
             raise OptionError("v0", what, f"a tensor [..., {n}]")
+        check_has_data("v0", v0)
         start = v0.to(dev, dt).expand(*batch.batch_shape, n).reshape(B, n).clone()
     norms = torch.linalg.vector_norm(start, dim=1, keepdim=True)
     if not bool((norms > 0).all()):

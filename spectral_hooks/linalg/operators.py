@@ -20,7 +20,7 @@ from typing import Callable, Optional, Sequence, Union
 import torch
 from torch import Tensor
 
-from ..errors import OptionError
+from ..errors import OptionError, OptionTypeError
 
 __all__ = ["LinearOperator", "DenseOperator", "IdentityOperator", "aslinearoperator"]
 
@@ -322,6 +322,4 @@ def aslinearoperator(obj) -> LinearOperator:
         return obj
     if isinstance(obj, Tensor):
         return DenseOperator(obj)
-    raise TypeError(
-        f"expected a LinearOperator or a 2-D torch.Tensor, got {type(obj).__name__}"
-    )
+    raise OptionTypeError("obj", obj, "a LinearOperator or a 2-D torch.Tensor")

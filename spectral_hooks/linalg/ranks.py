@@ -17,12 +17,18 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ..errors import OptionTypeError
+
 __all__ = ["effective_rank", "participation_ratio", "stable_rank", "surviving"]
 
 
 def _check(s, name: str) -> Tensor:
     if not isinstance(s, Tensor):
-        s = torch.as_tensor(s, dtype=torch.float64)
+        try:
+            s = torch.as_tensor(s, dtype=torch.float64)
+        except (TypeError, ValueError, RuntimeError):
+            raise OptionTypeError("s", s, f"{name}: singular values (a tensor, list or "
+                                  "array of numbers)") from None
     if s.ndim < 1 or s.shape[-1] == 0:
         raise ValueError(f"{name}: need singular values along a non-empty last dimension, "
                          f"got shape {tuple(s.shape)}")

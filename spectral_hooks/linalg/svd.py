@@ -31,6 +31,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ..checks import check_int
 from ..errors import ConvergenceWarning, OptionError
 from ._batch import OpBatch
 from .results import SvdResult
@@ -84,8 +85,10 @@ def svds(op, k: int, *, method: str = "lanczos", n_oversamples: int = 10, n_iter
     batch = OpBatch(op, what="svds")
     batch.need_adjoint()
     mr, n = batch.shape
-    if isinstance(k, bool) or not isinstance(k, int):
-        raise TypeError(f"svds: k must be an int, got {type(k).__name__}")
+    check_int("k", k)
+    check_int("seed", seed)
+    check_int("n_iter", n_iter, minimum=0)
+    check_int("n_oversamples", n_oversamples, minimum=0)
     if not (1 <= k <= min(mr, n)):
         raise OptionError("k", k, f"an int with 1 <= k <= min(m, n) = {min(mr, n)}")
     if method not in METHODS:

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from ..errors import OptionError, fallback
+from .finite import checked
 from .function import REPLAY_ERRORS, BlockFunction, _math_sdpa, linearize, plain_jvp
 from .operator import BlockJacobian
 from .shared import shared_block_jvp
@@ -192,22 +193,25 @@ def _make_operator(engine: _Engine, name: str, *, kind: str,
     def as_rows(x: Tensor) -> Tensor:
         return x.to(dtype).reshape(m, d)
 
-    def cplx(f: Callable, x: Tensor) -> Tensor:
-        if x.is_complex():
-            return torch.complex(f(x.real), f(x.imag))
-        return f(x)
+    at = dict(layer=fn.layer, sample=fn.sample, positions=fn.positions.tolist())
+
+    def cplx(f: Callable, x: Tensor, what: str) -> Tensor:
+        out = torch.complex(f(x.real), f(x.imag)) if x.is_complex() else f(x)
+        return checked(out, what=what, **at)  # overflow inside the replay: named here
 
     def matvec(x: Tensor) -> Tensor:
-        return cplx(lambda v: engine.jvp(as_rows(v)).reshape(n), x)
+        return cplx(lambda v: engine.jvp(as_rows(v)).reshape(n), x, "JVP")
 
     def rmatvec(y: Tensor) -> Tensor:
-        return cplx(lambda u: engine.vjp(as_rows(u)).reshape(n), y)
+        return cplx(lambda u: engine.vjp(as_rows(u)).reshape(n), y, "VJP")
 
     def matmat(X: Tensor) -> Tensor:
-        return cplx(lambda V: engine.jvp(V.to(dtype).T.reshape(-1, m, d)).reshape(-1, n).T, X)
+        return cplx(lambda V: engine.jvp(V.to(dtype).T.reshape(-1, m, d)).reshape(-1, n).T, X,
+                    "JVP")
 
     def rmatmat(Y: Tensor) -> Tensor:
-        return cplx(lambda U: engine.vjp(U.to(dtype).T.reshape(-1, m, d)).reshape(-1, n).T, Y)
+        return cplx(lambda U: engine.vjp(U.to(dtype).T.reshape(-1, m, d)).reshape(-1, n).T, Y,
+                    "VJP")
 
     return BlockJacobian(n, matvec=matvec, rmatvec=rmatvec, matmat=matmat, rmatmat=rmatmat,
                          dtype=dtype, device=fn.x0.device, name=name, layer=fn.layer,

@@ -11,7 +11,8 @@ import torch
 from torch import Tensor
 
 from ..anatomy.calls import BlockCallConvention
-from ..errors import OptionError, RecordingError
+from ..checks import check_float_dtype
+from ..errors import NonFiniteError, OptionError, RecordingError
 from ..recording import BlockCall, map_tensors
 from ..suspend import suspended
 
@@ -181,7 +182,7 @@ def _working_dtype(dtype: torch.dtype, like: Tensor) -> Callable[[Tensor], Tenso
 def _resolve_sample(recording, layer: int, sample: int):
     try:
         return recording.block_input(layer, sample)
-    except ValueError as err:
+    except RecordingError as err:  # a bad ``sample`` is an OptionIndexError from the recording
         raise RecordingError(
             f"no replayable input for layer {layer}, sample {sample}: block inputs are captured "
             "for prefill calls only, so a recording of decode steps alone (a call continuing a "
@@ -224,11 +225,21 @@ def _resolve_positions(recording, layer: int, sample: int, position: Optional[in
     return torch.tensor([position])
 
 
+def _check_finite_input(hidden: Tensor, positions: Tensor, *, layer: int, sample: int) -> None:
+    """The recorded block input at the linearised rows is finite, else a NonFiniteError."""
+    bad = ~torch.isfinite(hidden[positions]).all(dim=-1)
+    if bool(bad.any()):
+        row = int(positions[bad.nonzero()[0, 0]])
+        raise NonFiniteError.at(layer=layer, capture="block input", sample=sample,
+                                position=row, consequence=": the Jacobian cannot be taken there")
+
+
 def block_function(anatomy, recording, layer: int, *, sample: int = 0, position: int = -1,
                    kind: str = "token", dtype: torch.dtype = torch.float64) -> BlockFunction:
     """The block map at the recorded input, restricted to the chosen rows (see module doc)."""
     if kind not in KINDS:
         raise OptionError("kind", kind, f"one of {KINDS}")
+    check_float_dtype("dtype", dtype)
     layer = anatomy.layer_index(layer)
     if layer not in recording.layers:
         raise RecordingError(f"layer {layer} was not recorded (recorded: "
@@ -243,9 +254,7 @@ def block_function(anatomy, recording, layer: int, *, sample: int = 0, position:
     hidden = call.hidden
     positions = _resolve_positions(recording, layer, sample, position, kind,
                                    hidden.shape[1]).to(device)
-    if not bool(torch.isfinite(hidden[0, positions]).all()):
-        raise RecordingError(f"the recorded input of layer {layer}, sample {sample} contains "
-                             "NaN/Inf at the requested positions")
+    _check_finite_input(hidden[0], positions, layer=layer, sample=sample)
     params = {}
     for name, t in block.named_parameters():
         params[name] = t.detach().to(device, dtype)

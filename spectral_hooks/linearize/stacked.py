@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from ..errors import OptionError, fallback
+from .finite import replay_error
 from .function import REPLAY_ERRORS, _first, _math_sdpa, agreement_tol, block_function, linearize
 from .operator import StackedBlockJacobian
 from .single_query import _FixedKV, _single_query, _slice_call
@@ -78,8 +79,10 @@ class StackedJacobians:
     ``spectral_hooks.linalg`` (``size``, ``dtype``, ``matmat_all``, ``rmatmat_all``).
     """
 
-    def __init__(self, g: Callable, x0: Tensor, layers: List[int]) -> None:
+    def __init__(self, g: Callable, x0: Tensor, layers: List[int], *, sample: int = 0,
+                 positions: tuple = ()) -> None:
         self.g, self.x0, self.layers = g, x0, layers  # x0: [L, 1, d]
+        self.sample, self.positions = sample, positions  # where (for error messages)
         self.size = x0.shape[0]
         self.n = x0.shape[-1]
         self.dtype, self.device = x0.dtype, x0.device
@@ -123,12 +126,21 @@ class StackedJacobians:
     def matmat_all(self, X: Tensor) -> Tensor:
         if self._jvp is None:
             self._build_jvp()
-        return self._apply(self._jvp, X)
+        return self._checked(self._apply(self._jvp, X), "JVP")
 
     def rmatmat_all(self, X: Tensor) -> Tensor:
         if self._vjp is None:
             self._build_vjp()
-        return self._apply(self._vjp, X)
+        return self._checked(self._apply(self._vjp, X), "VJP")
+
+    def _checked(self, Y: Tensor, what: str) -> Tensor:
+        """Y, or an error naming the first stacked layer whose output is not finite."""
+        ok = torch.isfinite(Y.reshape(Y.shape[0], -1)).all(dim=1)
+        if not bool(ok.all()):
+            i = int((~ok).nonzero()[0])
+            raise replay_error(layer=self.layers[i], sample=self.sample,
+                               positions=self.positions, what=what, dtype=Y.dtype)
+        return Y
 
 
 def _member(group: StackedJacobians, i: int, layer: int, sample: int, positions: Tensor,
@@ -249,7 +261,8 @@ def stacked_block_jacobians(anatomy, recording, layers: Sequence[int], *, sample
                     log.info("stacked Jacobians: stacked forward disagrees with layer %d's own "
                              "(%.1e)", sq.layer, err)
                     return None
-        group = StackedJacobians(g, x0, layers)
+        group = StackedJacobians(g, x0, layers, sample=ref.sample,
+                                 positions=tuple(int(q) for q in ref.positions))
         group.matmat_all(delta.reshape(len(layers), -1, 1))  # builds the linearisation once
         group.n_calls = 0
     except REPLAY_ERRORS as err:  # e.g. vmap cannot batch some op of this block

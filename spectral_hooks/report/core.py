@@ -32,6 +32,7 @@ from typing import Any, Union
 
 import pandas as pd
 
+from ..errors import OptionTypeError, UnknownNameError
 from .compare import KEY_COLUMNS, compare_sections
 from .schema import SectionSchema
 from .storage import (  # noqa: F401  (re-exported: they lived here)
@@ -171,7 +172,8 @@ class Report:
     def schema(self, name: str) -> SectionSchema:
         """The `SectionSchema` of section ``name``; KeyError when it has none."""
         if name not in self._schemas:
-            raise KeyError(f"no schema for section {name!r}; schemas given: {sorted(self._schemas)}")
+            raise UnknownNameError("name", name, f"a section with a schema, one of "
+                                   f"{sorted(self._schemas)}", hint="no schema for it")
         return self._schemas[name]
 
     def columns_doc(self, name: str) -> pd.DataFrame:
@@ -185,7 +187,8 @@ class Report:
     def __getitem__(self, name: str) -> pd.DataFrame:
         value = self.get(name, _NOT_YET)
         if value is _NOT_YET:
-            raise KeyError(f"no section {name!r} in this report; present: {self.sections}")
+            raise UnknownNameError("name", name, f"a section of this report; present: "
+                                   f"{self.sections}")
         return value  # type: ignore[return-value]
 
     def __contains__(self, name: object) -> bool:
@@ -260,7 +263,7 @@ class Report:
         compared with itself is all zeros.
         """
         if not isinstance(other, Report):
-            raise TypeError(f"compare expects a Report, got {type(other).__name__}")
+            raise OptionTypeError("other", other, "a Report (e.g. Report.load(path))")
         mine = {name: self.get(name) for name in self.sections}
         theirs = {name: other.get(name) for name in other.sections}
         out, info = compare_sections(mine, theirs, mine_metadata=self.metadata,

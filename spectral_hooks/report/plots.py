@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from matplotlib.figure import Figure
 
+from ..errors import UnknownNameError
 from .figure_tools import ALPHA, COMPLEX_TOL, VARIANT_STYLE, MissingSectionError  # noqa: F401
 from .plots_jacobian import (
     bottleneck_erank,
@@ -77,7 +78,7 @@ FIGURES: dict[str, FigureSpec] = {
 def figure(report, name: str) -> Figure:
     """The figure ``name`` (a key of `FIGURES`); MissingSectionError if its data is absent."""
     if name not in FIGURES:
-        raise KeyError(f"unknown figure {name!r}; available: {sorted(FIGURES)}")
+        raise UnknownNameError("name", name, f"a figure name; available: {sorted(FIGURES)}")
     return FIGURES[name].func(report)
 
 

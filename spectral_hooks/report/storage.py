@@ -23,6 +23,7 @@ from typing import Any
 import pandas as pd
 
 from .._version import __version__
+from ..errors import OptionError
 from .encoding import (
     _column_kind,
     _decode_csv_column,
@@ -83,7 +84,8 @@ def save_tables(
     if format is None:
         format = "parquet" if _HAVE_PYARROW else "csv"
     if format not in ("parquet", "csv"):
-        raise ValueError(f"format must be 'parquet' or 'csv', got {format!r}")
+        raise OptionError("format", format, "'parquet', 'csv' or None (parquet when pyarrow "
+                          "is installed)")
     if format == "parquet" and not _HAVE_PYARROW:
         raise ImportError("format='parquet' needs pyarrow; install it or use format='csv'")
     out = Path(directory)
@@ -122,6 +124,8 @@ def load_tables(directory: str | os.PathLike[str], *,
     (for a report edited on purpose) but still refuses a file whose row count or column dtypes
     do not match the manifest.
     """
+    if not isinstance(verify, bool):
+        raise OptionError("verify", verify, "True (check every checksum) or False")
     root = Path(directory)
     meta_path = root / METADATA_FILE
     if not root.is_dir():

@@ -1,5 +1,8 @@
-"""Hypothesis strategies for the property tests: tiny random configs of every family the
-anatomy knows, batches with padding, and the checks every instrumented run must pass."""
+"""Hypothesis strategies for the property tests: tiny random configs of every norm type the
+anatomy knows (LayerNorm pre-norm, BERT/ALBERT post-LN, RMSNorm pre-norm, Gemma's (1 + w)
+RMSNorm with sandwich norms in Gemma 2, OLMo2's post-norms), base models and LM-head wrappers with
+tied or untied embeddings, random norm gains, batches with padding, and the checks every
+instrumented run must pass."""
 
 from __future__ import annotations
 
@@ -14,10 +17,17 @@ from hypothesis import strategies as st
 FULL = os.environ.get("SPECTRAL_HOOKS_FULL") == "1"
 VOCAB = 50
 DTYPES = (torch.float32, torch.float64, torch.bfloat16)
-LLAMA_LIKE = {"llama": "LlamaConfig/LlamaModel", "qwen2": "Qwen2Config/Qwen2Model",
-              "mistral": "MistralConfig/MistralModel", "olmo2": "Olmo2Config/Olmo2Model"}
-FAMILIES = ("gpt2", "bert", "albert", "gpt_neox", *LLAMA_LIKE)
+LLAMA_LIKE = {"llama": "Llama", "qwen2": "Qwen2", "mistral": "Mistral", "olmo2": "Olmo2",
+              "gemma": "Gemma", "gemma2": "Gemma2"}
+#: norm type -> the families that have it (a case draws the norm type first, then a family)
+NORMS = {"layernorm": ("gpt2", "gpt_neox"), "post_layernorm": ("bert", "albert"),
+         "rmsnorm": ("llama", "qwen2", "mistral"), "gemma_rmsnorm": ("gemma", "gemma2"),
+         "post_rmsnorm": ("olmo2",)}
+FAMILIES = tuple(f for families in NORMS.values() for f in families)
 CAUSAL = {f: f not in ("bert", "albert") for f in FAMILIES}
+WRAPPERS = {"gpt2": "GPT2LMHeadModel", "bert": "BertForMaskedLM", "albert": "AlbertForMaskedLM",
+            "gpt_neox": "GPTNeoXForCausalLM",
+            **{f: f"{name}ForCausalLM" for f, name in LLAMA_LIKE.items()}}
 
 
 @dataclass(frozen=True)
@@ -32,19 +42,23 @@ class Case:
     seq: int
     padding: str  # "none", "left", "right" or "ragged"
     seed: int
+    norm: str = "layernorm"  # a key of NORMS
+    wrapper: bool = False  # the LM-head model (WRAPPERS) instead of the base model
+    tied: bool = True  # tie_word_embeddings (wrappers only)
 
     @property
     def d(self) -> int:
         return self.n_heads * self.head_dim
 
 
-def build(case: Case) -> torch.nn.Module:
-    """The tiny model of ``case`` (weights from torch's generator seeded with case.seed)."""
+def _config(case: Case):
     d, L, H = case.d, case.n_layers, case.n_heads
-    common = dict(vocab_size=VOCAB, max_position_embeddings=32)
+    common = dict(vocab_size=VOCAB, max_position_embeddings=32,
+                  tie_word_embeddings=case.tied)
     if case.family == "gpt2":
         config, cls = tf.GPT2Config(vocab_size=VOCAB, n_embd=d, n_layer=L, n_head=H,
-                                    n_positions=32, bos_token_id=0, eos_token_id=0), tf.GPT2Model
+                                    n_positions=32, bos_token_id=0, eos_token_id=0,
+                                    tie_word_embeddings=case.tied), tf.GPT2Model
     elif case.family == "bert":
         config, cls = tf.BertConfig(**common, hidden_size=d, num_hidden_layers=L,
                                     num_attention_heads=H, intermediate_size=2 * d), tf.BertModel
@@ -57,14 +71,40 @@ def build(case: Case) -> torch.nn.Module:
                                        num_attention_heads=H, intermediate_size=2 * d,
                                        bos_token_id=0, eos_token_id=0), tf.GPTNeoXModel
     else:
-        config_name, model_name = LLAMA_LIKE[case.family].split("/")
-        config = getattr(tf, config_name)(**common, hidden_size=d, intermediate_size=2 * d,
-                                          num_hidden_layers=L, num_attention_heads=H,
-                                          num_key_value_heads=case.kv_heads, head_dim=case.head_dim)
-        cls = getattr(tf, model_name)
+        name = LLAMA_LIKE[case.family]
+        extra = {"sliding_window": 4} if case.family == "gemma2" else {}
+        extra.update(bos_token_id=0, eos_token_id=0, pad_token_id=0)  # inside the vocabulary
+        config = getattr(tf, f"{name}Config")(**common, **extra, hidden_size=d,
+                                              intermediate_size=2 * d, num_hidden_layers=L,
+                                              num_attention_heads=H,
+                                              num_key_value_heads=case.kv_heads,
+                                              head_dim=case.head_dim)
+        cls = getattr(tf, f"{name}Model")
+    return config, cls
+
+
+def _perturb_norms(model: torch.nn.Module, g: torch.Generator) -> None:
+    """Random norm gains and biases (Gemma's w of (1 + w) starts at 0, the others at 1)."""
+    with torch.no_grad():
+        for module in model.modules():
+            if "norm" not in type(module).__name__.lower():
+                continue
+            for param in module.parameters(recurse=False):
+                param.add_(0.3 * torch.randn(param.shape, generator=g, dtype=param.dtype))
+
+
+def build(case: Case) -> torch.nn.Module:
+    """The tiny model of ``case`` (weights from torch's generator seeded with case.seed)."""
+    config, cls = _config(case)
+    if case.wrapper:
+        cls = getattr(tf, WRAPPERS[case.family])
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(case.seed)
         model = cls(config)
+    _perturb_norms(model, torch.Generator().manual_seed(case.seed))
+    if case.wrapper:
+        embeddings, head = model.get_input_embeddings(), model.get_output_embeddings()
+        assert (embeddings.weight is head.weight) == case.tied, "tie_word_embeddings ignored"
     return model.to(case.dtype).eval()
 
 
@@ -89,9 +129,13 @@ def inputs(case: Case) -> dict:
 
 
 @st.composite
-def cases(draw, *, min_d: int = 1, max_d: int = 32, dtypes=DTYPES, families=FAMILIES,
+def cases(draw, *, min_d: int = 1, max_d: int = 32, dtypes=DTYPES, norms=tuple(NORMS),
           max_layers: int = 3) -> Case:
-    family = draw(st.sampled_from(families))
+    # one draw for (norm type, base / tied wrapper / untied wrapper): separate draws left some
+    # combinations out of the 270 derandomized examples
+    combo = draw(st.integers(0, 3 * len(norms) - 1))
+    norm, variant = norms[combo % len(norms)], combo // len(norms)
+    family = draw(st.sampled_from(NORMS[norm]))
     head_dim = draw(st.sampled_from([h for h in (2, 4, 8) if h <= max_d]))
     n_heads = draw(st.sampled_from([h for h in (1, 2, 4)
                                     if min_d <= h * head_dim <= max_d] or [max_d // head_dim]))
@@ -101,7 +145,8 @@ def cases(draw, *, min_d: int = 1, max_d: int = 32, dtypes=DTYPES, families=FAMI
                 kv_heads=kv_heads, head_dim=head_dim, dtype=draw(st.sampled_from(dtypes)),
                 batch=draw(st.integers(1, 3)), seq=draw(st.integers(1, 6)),
                 padding=draw(st.sampled_from(("none", "left", "right", "ragged"))),
-                seed=draw(st.integers(0, 2**16)))
+                seed=draw(st.integers(0, 2**16)), norm=norm, wrapper=variant > 0,
+                tied=variant < 2)
 
 
 def n_hooks(model: torch.nn.Module) -> int:
@@ -117,5 +162,7 @@ def state_hash(model: torch.nn.Module) -> str:
 
 
 def hidden(model: torch.nn.Module, batch: dict) -> torch.Tensor:
+    """The base model's last hidden state, or a wrapper's logits."""
     with torch.no_grad():
-        return model(**batch).last_hidden_state
+        out = model(**batch)
+    return out.logits if hasattr(out, "logits") else out.last_hidden_state

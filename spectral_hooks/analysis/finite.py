@@ -1,0 +1,96 @@
+"""NaN and Inf: found once, before anything is computed, and named where they are.
+
+    >>> check_recording_finite(recording, sample=0)        # doctest: +SKIP
+    NonFiniteError: NaN in the recording at layer 1, sample 1, token 3 (capture point:
+    resid_post, the residual stream leaving the block) ...
+
+The recording is scanned in forward order (layer by layer; within a layer the block input,
+resid_pre, attn_out, resid_post), real tokens only (padding never counts downstream), so the
+error names the first place a non-finite value appeared. Values that arise later, inside a
+computation from finite inputs, are named where they arise: F = W_O W_V here, block replays in
+``linearize.finite``.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Optional
+
+import torch
+from torch import Tensor
+
+from ..errors import NonFiniteComputationError, NonFiniteError, RecordingError
+from ..recording import Recording
+
+ORDER = ("block input", "resid_pre", "attn_out", "resid_post")
+
+
+def _value(x: Tensor) -> str:
+    return "NaN" if bool(torch.isnan(x).any()) else "Inf"
+
+
+def _block_input(recording: Recording, layer: int, sample: int) -> Optional[tuple]:
+    """(hidden [P, d], real prefill mask [P]) of the block input, or None if not kept."""
+    try:
+        hidden = recording.block_input(layer, sample).hidden[0]
+    except (RecordingError, IndexError):
+        return None  # not replayable: the Jacobian view says so itself
+    real = (recording.mask[sample] != 0) & (recording.position_step[sample] == 0)
+    return hidden, real[: hidden.shape[0]].to(hidden.device)
+
+
+def _tensors(recording: Recording, layer: int, sample: Optional[int]) -> Iterator[tuple]:
+    """(capture, tensor [B, P, d], mask [B, P], first sample) in forward order."""
+    for capture in ORDER:
+        if capture == "block input":
+            found = None if sample is None else _block_input(recording, layer, sample)
+            if found is not None:
+                yield capture, found[0][None], found[1][None], sample
+        elif capture in recording.capture:
+            x = recording.tensor(capture, layer)
+            yield capture, x, recording.mask.to(x.device) != 0, 0
+
+
+def _check_stats(recording: Recording) -> None:
+    for layer in recording.layers:
+        for capture in ORDER[1:]:
+            if capture not in recording.capture:
+                continue
+            stats = recording.stats(capture, layer)
+            if not (bool(torch.isfinite(stats.mean).all())
+                    and bool(torch.isfinite(stats.cov).all())):
+                raise NonFiniteError.at(layer=layer, capture=capture,
+                                        value=_value(stats.mean))
+
+
+def check_recording_finite(recording: Recording, *, sample: Optional[int] = None) -> None:
+    """Raise one :class:`NonFiniteError` naming the first non-finite recorded value (layer,
+    sample, token, capture point); ``sample``: also check that row's replayable block inputs."""
+    if recording.store == "stats":
+        _check_stats(recording)
+        return
+    first, count = None, 0
+    for layer in recording.layers:
+        for capture, x, real, offset in _tensors(recording, layer, sample):
+            bad = ~torch.isfinite(x).all(dim=-1) & real
+            n_bad = int(bad.sum())
+            if n_bad and first is None:
+                s, t = (int(i) for i in bad.nonzero()[0])
+                first = dict(layer=layer, capture=capture, sample=s + offset, position=t,
+                             value=_value(x[s, t]))
+            count += n_bad
+    if first is not None:
+        more = "" if count == 1 else (f"; {count} (capture point, token) pairs are non-finite "
+                                      "in all, this is the first in forward order")
+        raise NonFiniteError.at(**first, more=more)
+
+
+def check_layer_matrices_finite(F: Tensor, layers: tuple[int, ...]) -> None:
+    """F_t = W_O W_V of every analysed layer is finite, else name the first layer that is not."""
+    for layer in layers:
+        if not bool(torch.isfinite(F[layer]).all()):
+            raise NonFiniteComputationError(
+                f"F = W_O W_V of layer {layer} holds {_value(F[layer])}: layer {layer}'s value "
+                "or output projection weights are not finite or so large that their product "
+                f"overflows (check p.abs().max() of layer {layer}'s attention parameters, e.g. "
+                "after a diverged optimizer step); restore finite weights, then analyse again",
+                layer=layer)
