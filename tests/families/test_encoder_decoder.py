@@ -316,16 +316,18 @@ def test_layers_per_stack_and_no_hook_left_by_a_bad_one():
 
 def test_t5_relative_buckets_make_a_traced_linearisation_drift():
     """T5's bidirectional bucket computation updates a tensor in place that torch.func.linearize
-    folds as a constant: a second call of the traced JVP differs. ``linearize`` refuses such a
-    trace, so the operator of encoder layer 0 runs torch.func.jvp (checked = jacfwd above)."""
+    folds as a constant: a second call of the plain traced JVP differs. ``linearize`` sees it
+    and traces again through torch.func.functionalize, whose graph is reproducible and equals
+    torch.func.jvp of the block (checked = jacfwd above)."""
+    from spectral_hooks.linearize.function import _irreproducible, _traced_jvp, plain_jvp
+
     model = make("t5")
     with torch.no_grad(), sh.instrument(model, layers={"encoder": [0], "decoder": [1]}) as probe:
         model(**inputs("t5"))
     fn = block_function(probe.encoder.anatomy, probe.encoder.recording, 0)
-    with pytest.raises(RuntimeError, match="not reproducible"):
-        linearize(fn, fn.x0)
-    op = probe.encoder.jacobian(0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FallbackWarning)
-        op.matvec(torch.ones(D, dtype=torch.float64))
-    assert op.engine.method_used == "jvp"
+    assert _irreproducible(_traced_jvp(fn, fn.x0), fn.x0) is not None
+    jvp = linearize(fn, fn.x0)
+    v = torch.randn(fn.x0.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    first, second, want = jvp(v), jvp(v), plain_jvp(fn, fn.x0)(v)
+    assert torch.equal(first, second)
+    torch.testing.assert_close(first, want, rtol=1e-12, atol=1e-12)
