@@ -24,6 +24,8 @@ import os
 import warnings
 from typing import Any, Iterable, Mapping, Optional, Protocol, Union, runtime_checkable
 
+from .._optional import require
+
 POWER_COLUMNS = ("gap_ratio", "gamma", "lift", "abs_lambda1", "erank")
 
 
@@ -84,11 +86,9 @@ class TensorBoardLogger(_Base):
     """Scalars into TensorBoard event files (``torch.utils.tensorboard.SummaryWriter``)."""
 
     def __init__(self, log_dir: Union[str, os.PathLike], **writer_kwargs: Any) -> None:
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError as err:  # torch.utils.tensorboard needs the tensorboard package
-            raise ImportError("TensorBoardLogger needs the 'tensorboard' package: "
-                              "pip install tensorboard") from err
+        require("tensorboard", feature="TensorBoardLogger")
+        from torch.utils.tensorboard import SummaryWriter
+
         self.log_dir = os.fspath(log_dir)
         self.writer = SummaryWriter(log_dir=self.log_dir, **writer_kwargs)
 
@@ -109,10 +109,7 @@ class WandbLogger(_Base):
     ``wandb.init(**init_kwargs)`` (finished by ``close()`` only when this logger made it)."""
 
     def __init__(self, run: Any = None, **init_kwargs: Any) -> None:
-        try:
-            import wandb
-        except ImportError as err:
-            raise ImportError("WandbLogger needs the 'wandb' package: pip install wandb") from err
+        wandb = require("wandb", feature="WandbLogger")
         self._owns = run is None
         self.run = wandb.init(**init_kwargs) if run is None else run
 
