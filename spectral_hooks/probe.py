@@ -41,9 +41,7 @@ class Probe(BlockJacobians):
                  dtype: Optional[torch.dtype] = None, anatomy: Optional[Anatomy] = None) -> None:
         self.anatomy = anatomy if anatomy is not None else anatomy_of(model)
         self.model = model
-        capture = (capture,) if isinstance(capture, str) else tuple(capture)
-        if not capture or any(c not in CAPTURES for c in capture):
-            raise OptionError("capture", capture, f"a non-empty subset of {CAPTURES}")
+        capture = fc.recorded_points(capture)  # TransformerLens hook names accepted
         if store not in STORES:
             raise OptionError("store", store, f"one of {STORES}")
         if dtype is not None and (not isinstance(dtype, torch.dtype)
@@ -240,8 +238,8 @@ def instrument(model: nn.Module, *, layers: Optional[Iterable[int]] = None,
         torch.Size([1, 3, 32])
 
     Args:
-        layers: indices to record (negative allowed); None records every layer.
-        capture: any of "resid_pre", "resid_post", "attn_out".
+        layers: indices to record (negative allowed, or "blocks.3"); None: every layer.
+        capture: any of "resid_pre", "resid_post", "attn_out" (or "hook_resid_post"...).
         store: "device" (keep where computed), "cpu" (offload) or "stats" (running mean and
             covariance only: constant memory for arbitrarily long runs).
         dtype: cast recorded tensors (e.g. torch.float32 for a bf16 model).

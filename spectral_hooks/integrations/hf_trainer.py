@@ -106,7 +106,7 @@ class SpectralCallback(TrainerCallback):
         return step > 0 and step % self.every == 0
 
     def _metrics(self) -> Optional[dict]:
-        if self.probe is None or len(self.probe.recording) == 0:
+        if self.probe is None or not self.probe.recording.steps:
             return None
         devices = sorted({p.device.index or 0 for p in self.probe.model.parameters()
                           if p.device.type == "cuda"})
