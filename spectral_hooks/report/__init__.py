@@ -20,7 +20,7 @@ __all__ = [
 
 def __getattr__(name):  # matplotlib is imported only when figures are asked for
     if name in ("figures", "figure", "FIGURES"):
-        from .core import load_plots
+        from .lazy_plots import load_plots
 
         return getattr(load_plots(), name)
     if name in ("render_html", "write_html"):

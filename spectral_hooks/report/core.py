@@ -282,22 +282,15 @@ class Report:
 
     def plot(self, name: str) -> Any:
         """One figure by name (see `spectral_hooks.report.plots.FIGURES`)."""
+        from .lazy_plots import load_plots
+
         return load_plots().figure(self, name)
 
     def figures(self) -> dict:
         """Every figure the present sections allow, by name."""
+        from .lazy_plots import load_plots
+
         return load_plots().figures(self)
-
-
-def load_plots() -> Any:
-    """The figure module :mod:`spectral_hooks.report.plots` (needs matplotlib: the ``report``
-    extra; without it a MissingExtraError says so in one line)."""
-    from .._optional import require
-
-    require("matplotlib", feature="report figures")
-    from . import plots
-
-    return plots
 
 
 def _checked_schemas(schemas: Mapping[str, SectionSchema] | None) -> dict[str, SectionSchema]:

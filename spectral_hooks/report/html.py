@@ -303,7 +303,7 @@ def render_html(report, *, figures: bool = True, docs_href: str | None = None, t
 
 def _figures_html(report, names: list[str]) -> dict[str, list[str]]:
     """``<figure>`` elements by the section they belong to (imports matplotlib)."""
-    from .core import load_plots
+    from .lazy_plots import load_plots
 
     plots = load_plots()
     FIGURES, MissingSectionError = plots.FIGURES, plots.MissingSectionError

