@@ -105,17 +105,35 @@ class TensorBoardLogger(_Base):
 
 
 class WandbLogger(_Base):
-    """Scalars into a Weights & Biases run: an existing ``run`` or one made by
-    ``wandb.init(**init_kwargs)`` (finished by ``close()`` only when this logger made it)."""
+    """Scalars into a Weights & Biases run: a ``run`` you pass, or one made by
+    ``wandb.init(**init_kwargs)`` (finished by ``close()`` only when this logger made it).
+
+        >>> logger = WandbLogger(project="spectral", mode="offline")   # doctest: +SKIP
+
+    It never takes over a run someone else started: with no ``run`` while a W&B run is active
+    (e.g. the Trainer's ``report_to="wandb"``) it raises instead of calling ``wandb.init``. Into
+    a passed run it logs without ``step=`` (the run's owner keeps its step counter) and adds
+    the step as ``spectral/step``; with the Trainer, ``SpectralCallback(...).attach(trainer)``
+    sends the metrics through the Trainer's own W&B integration instead.
+    """
 
     def __init__(self, run: Any = None, **init_kwargs: Any) -> None:
         wandb = require("wandb", feature="WandbLogger")
+        if run is None and getattr(wandb, "run", None) is not None:
+            raise RuntimeError("a W&B run is already active (its owner, e.g. the Trainer's "
+                               "report_to='wandb', logs to it): pass run=wandb.run to log "
+                               "into it without finishing it, or use "
+                               "SpectralCallback(...).attach(trainer)")
         self._owns = run is None
         self.run = wandb.init(**init_kwargs) if run is None else run
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         _check(metrics, step)
-        self.run.log({k: float(v) for k, v in metrics.items()}, step=step)
+        values = {k: float(v) for k, v in metrics.items()}
+        if self._owns:
+            self.run.log(values, step=step)
+        else:
+            self.run.log({**values, "spectral/step": step})
 
     def close(self) -> None:
         if self._owns and self.run is not None:
