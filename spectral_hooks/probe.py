@@ -28,6 +28,7 @@ from .errors import OptionError, RecordingError
 from .recording import CAPTURES, STORES, Recording, map_tensors
 from .report import Report
 from .suspend import is_suspended, suspended  # noqa: F401  (suspended: public re-export)
+from .wrappers import unwrap_model
 
 log = logging.getLogger(__name__)
 
@@ -227,7 +228,8 @@ class Probe(BlockJacobians):
 def instrument(model: nn.Module, *, layers: Optional[Iterable[int]] = None,
                capture: Sequence[str] = CAPTURES, store: str = "device",
                dtype: Optional[torch.dtype] = None) -> Probe:
-    """Attach recording hooks to ``model`` and return the :class:`Probe`.
+    """Attach recording hooks to ``model`` (DDP/compile wrappers: to the module inside, see
+    ``wrappers.py``) and return the :class:`Probe`.
 
         >>> from transformers import GPT2Config, GPT2Model
         >>> import torch
@@ -244,4 +246,4 @@ def instrument(model: nn.Module, *, layers: Optional[Iterable[int]] = None,
             covariance only: constant memory for arbitrarily long runs).
         dtype: cast recorded tensors (e.g. torch.float32 for a bf16 model).
     """
-    return Probe(model, layers=layers, capture=capture, store=store, dtype=dtype)
+    return Probe(unwrap_model(model), layers=layers, capture=capture, store=store, dtype=dtype)
