@@ -38,6 +38,7 @@ If training raises, the Trainer does not call ``on_train_end``: call ``callback.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Iterable, Optional, Sequence
 
 import torch
@@ -147,9 +148,14 @@ class SpectralCallback(TrainerCallback):
         # strided sample of every weight, and we invalidate after each step (a write to a few
         # elements outside the sample is the cache's documented blind spot)
         self.probe.invalidate()
+        start = time.perf_counter()
         with torch.random.fork_rng(devices=devices), torch.no_grad():
-            report = self.probe.analyze(power=True, **self.analyze_options)
-            return flatten_power(report.power, columns=self.columns, prefix=self.prefix)
+            report = self.probe.analyze(power=True, **{"progress": False,
+                                                       **self.analyze_options})
+            out = flatten_power(report.power, columns=self.columns, prefix=self.prefix)
+        out[f"{self.prefix}/seconds" if self.prefix else "seconds"] = \
+            time.perf_counter() - start  # the cost of this logging event, logged with it
+        return out
 
     # ---------------------------------------------------------------- Trainer events
     def on_train_begin(self, args, state, control, model=None, **kwargs: Any):

@@ -80,7 +80,8 @@ class SpectralTracker:
                           if p.device.type == "cuda"})
         self.probe.invalidate()  # the weights changed since the last event
         with torch.random.fork_rng(devices=devices), torch.no_grad():
-            report = self.probe.analyze(power=True, progress=False, **self.analyze_options)
+            report = self.probe.analyze(power=True, **{"progress": False,
+                                                       **self.analyze_options})
             out = flatten_power(report.power, columns=self.columns, prefix=self.prefix)
         out[f"{self.prefix}/seconds" if self.prefix else "seconds"] = time.perf_counter() - start
         return out

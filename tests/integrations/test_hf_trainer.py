@@ -55,6 +55,7 @@ def test_callback_logs_and_leaves_training_unchanged(tmp_path):
     assert [r["step"] for r in rows] == [2, 4, 6]
     keys = {f"spectral/layer_{l:02d}/{c}" for l in (0, 1)
             for c in ("gap_ratio", "gamma", "lift", "abs_lambda1", "erank")}
+    keys.add("spectral/seconds")  # the cost of each logging event, logged with it
     assert all(set(r) - {"step"} == keys for r in rows)
     scalars = read_tensorboard(tmp_path / "tb")
     assert set(scalars) == keys
@@ -123,7 +124,7 @@ def test_attach_reaches_the_trainers_report_to_tensorboard(tmp_path):
     spectral = {tag: steps for tag, steps in scalars.items() if "spectral/" in tag}
     # the Trainer's TensorBoard integration prefixes training logs with "train/"
     assert "train/spectral/layer_01/gap_ratio" in spectral, sorted(scalars)
-    assert len(spectral) == 10 and all(steps == [2, 4, 6] for steps in spectral.values())
+    assert len(spectral) == 11 and all(steps == [2, 4, 6] for steps in spectral.values())
     assert scalars["train/loss"][:1] == [2]  # the Trainer logged at our steps too
     entries = [h for h in trainer.state.log_history if "spectral/layer_00/gamma" in h]
     assert [h["step"] for h in entries] == [2, 4, 6] and all("loss" in h for h in entries)
