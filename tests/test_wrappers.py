@@ -55,6 +55,8 @@ def test_data_parallel():
     _same(_recorded(wrapped, wrapped), _recorded(model, model))
 
 
+@pytest.mark.skipif(not hasattr(torch.compiler, "is_exporting"),
+                    reason="transformers 5 models do not compile on this torch (2.6)")
 def test_torch_compile_eager_backend(caplog):
     torch._dynamo.reset()
     model = make_model("gpt2", dtype=torch.float32)
