@@ -2,6 +2,7 @@
 
     spectral-hooks analyze                      # bundled MiniLM-L6, built-in sentences
     spectral-hooks analyze --model ./my-model --text "Hello there." --out out/
+    spectral-hooks analyze --no-figures         # base install: no plotting library needed
     spectral-hooks compare out_after/ out_before/
 
 Exit codes: 0 success (also when a solver did not converge: the report says
@@ -60,11 +61,12 @@ def _int_at_least(low: int):
 
 def _bad_input_errors() -> tuple:
     """Exceptions that mean bad input (exit 2) rather than a bug (exit 1)."""
+    from ._optional import MissingExtraError
     from .errors import OptionError, RecordingError, UnsupportedModelError
     from .report.integrity import ReportIntegrityError
 
     return (OptionError, UnsupportedModelError, RecordingError, ReportIntegrityError,
-            OSError)
+            MissingExtraError, OSError)
 
 
 def _default_model_path() -> str:
@@ -169,8 +171,13 @@ def analyze(args) -> int:
 
     out = Path(args.out)
     texts = _texts(args)
+    model_path = args.model or _default_model_path()
+    if args.figures:  # fail before the analysis, not after it
+        from ._optional import require
+
+        require("matplotlib", feature="figures of the HTML report; or pass --no-figures")
     _check_out(out)
-    model, tokenizer, path = _load(args.model, args.device, args.dtype)
+    model, tokenizer, path = _load(model_path, args.device, args.dtype)
     special = tokenizer.num_special_tokens_to_add(pair=False)
     if args.max_length <= special:
         raise UsageError(f"--max-length {args.max_length} leaves no room for text: this "
@@ -194,7 +201,7 @@ def analyze(args) -> int:
         report[name]
     _warn_not_converged(report)
     report.save(out)
-    report.to_html(out / "report.html")
+    report.to_html(out / "report.html", figures=args.figures)
     print(_summary(report))
     print(f"\nreport written to {out / 'report.html'}")
     return 0
@@ -243,6 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--jacobian", action="store_true", help="Jacobian spectra per layer")
     a.add_argument("--bottleneck", action="store_true", help="end-to-end bottleneck (+ init)")
     a.add_argument("--topology", action="store_true", help="residual-unit topology")
+    a.add_argument("--figures", action=argparse.BooleanOptionalAction, default=True,
+                   help="figures in report.html (need matplotlib: the 'report' extra)")
     a.add_argument("--k", type=_int_at_least(1), default=16, help="eigenvalues per Jacobian")
     a.add_argument("--max-length", type=_int_at_least(2), default=128,
                    help="tokens per text, special tokens included")

@@ -20,22 +20,38 @@ from torch import Tensor
 from .anatomy import Anatomy
 from .anatomy.base import CACHE_KWARGS, MASK_KWARG, MODEL_INPUT_KWARGS
 from .errors import OptionError, OptionTypeError, RecordingError, UnsupportedModelError
-from .recording import BlockCall, map_tensors
+from .recording import CAPTURES, BlockCall, map_tensors
 from .suspend import suspended
+from .tl_names import capture_points, layer_list
 
 
 def recorded_layers(anatomy: Anatomy, layers: Optional[Iterable[int]]) -> tuple[int, ...]:
-    """``instrument(layers=...)`` as sorted layer indices (None: every layer)."""
+    """``instrument(layers=...)`` as sorted layer indices (None: every layer); TransformerLens
+    names (``"blocks.3"``, ``"blocks.3.hook_resid_post"``) name their layer."""
     if layers is None:
         return tuple(range(anatomy.n_layers))
-    if isinstance(layers, int):
-        layers = [layers]
-    if isinstance(layers, (str, bytes)) or not isinstance(layers, Iterable):
-        raise OptionTypeError("layers", layers, "None (every layer), an int or a list of ints")
+    if isinstance(layers, bytes) or not isinstance(layers, (int, str, Iterable)):
+        raise OptionTypeError("layers", layers, "None (every layer), an int, a TransformerLens "
+                              "block name ('blocks.3') or a list of them")
+    try:
+        layers = layer_list(layers)
+    except ValueError as err:
+        raise OptionError("layers", layers, "layer indices or TransformerLens block names",
+                          hint=str(err)) from None
     normalised = sorted({anatomy.layer_index(layer, argument="layers") for layer in layers})
     if not normalised:
         raise OptionError("layers", layers, "None (every layer) or a non-empty list")
     return tuple(normalised)
+
+
+def recorded_points(capture: Any) -> tuple[str, ...]:
+    """``instrument(capture=...)``: capture points by our names or TransformerLens hook names
+    (``"hook_resid_post"``, ``"blocks.0.hook_resid_post"``), validated."""
+    points = capture_points(capture)
+    if not points or any(c not in CAPTURES for c in points):
+        raise OptionError("capture", capture, f"a non-empty subset of {CAPTURES} (or their "
+                          "TransformerLens hook names)")
+    return points
 
 
 def application_orders(anatomy: Anatomy, attr: str) -> dict:

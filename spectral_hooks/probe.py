@@ -29,6 +29,7 @@ from .record_on import RecordsOn
 from .recording import CAPTURES, STORES, Recording, map_tensors
 from .report import Report
 from .suspend import is_suspended, suspended  # noqa: F401  (suspended: public re-export)
+from .wrappers import unwrap_model
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +45,7 @@ class Probe(BlockJacobians, RecordsOn):
         self.anatomy = stack_of(anatomy if anatomy is not None else anatomy_of(model),
                                 what="Probe")
         self.model = model
-        capture = (capture,) if isinstance(capture, str) else tuple(capture)
-        if not capture or any(c not in CAPTURES for c in capture):
-            raise OptionError("capture", capture, f"a non-empty subset of {CAPTURES}")
+        capture = fc.recorded_points(capture)  # TransformerLens hook names accepted
         if store not in STORES:
             raise OptionError("store", store, f"one of {STORES}")
         if dtype is not None and (not isinstance(dtype, torch.dtype)
@@ -213,8 +212,9 @@ class Probe(BlockJacobians, RecordsOn):
 def instrument(model: nn.Module, *, layers: Optional[Iterable[int]] = None,
                capture: Sequence[str] = CAPTURES, store: str = "device",
                dtype: Optional[torch.dtype] = None) -> Probe | EncoderDecoderProbe:
-    """Attach recording hooks to ``model`` and return the :class:`Probe` (for an
-    encoder-decoder model, an :class:`~spectral_hooks.encoder_decoder.EncoderDecoderProbe`).
+    """Attach recording hooks to ``model`` (DDP/compile wrappers: to the module inside, see
+    ``wrappers.py``) and return the :class:`Probe` (for an encoder-decoder model, an
+    :class:`~spectral_hooks.encoder_decoder.EncoderDecoderProbe`).
 
         >>> from transformers import GPT2Config, GPT2Model
         >>> import torch
@@ -225,12 +225,13 @@ def instrument(model: nn.Module, *, layers: Optional[Iterable[int]] = None,
         torch.Size([1, 3, 32])
 
     Args:
-        layers: indices to record (negative allowed); None records every layer.
-        capture: any of "resid_pre", "resid_post", "attn_out".
+        layers: indices to record (negative allowed, or "blocks.3"); None: every layer.
+        capture: any of "resid_pre", "resid_post", "attn_out" (or "hook_resid_post"...).
         store: "device" (keep where computed), "cpu" (offload) or "stats" (running mean and
             covariance only: constant memory for arbitrarily long runs).
         dtype: cast recorded tensors (e.g. torch.float32 for a bf16 model).
     """
+    model = unwrap_model(model)
     anatomy = anatomy_of(model)
     if isinstance(anatomy, EncoderDecoderAnatomy):
         return EncoderDecoderProbe(model, anatomy, probe_type=Probe, layers=layers,

@@ -5,7 +5,8 @@ a KV cache (a ``generate()`` decode step) appends positions to the run it contin
 different lengths are right-padded with zeros and ``mask == 0``; padding never counts downstream.
 
     recording.resid_pre[3]          # Tensor[batch, pos, d_model]
-    recording["blocks.3.hook_resid_post"]   # TransformerLens names work too
+    recording["blocks.3.hook_resid_post"]   # read like an ActivationCache: in, keys(),
+    recording["resid_post", -1]             # items(), len(), .to(device) (cache_view.py)
     recording.mask                  # Tensor[batch, pos], 1 for real tokens
     recording.position_step         # Tensor[batch, pos]: 0 = prefill, k = k-th decode step
     recording.tokens("resid_post", 3)       # Tensor[n_real_tokens, d_model]
@@ -14,13 +15,13 @@ different lengths are right-padded with zeros and ``mask == 0``; padding never c
 from __future__ import annotations
 
 import dataclasses
-import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Union
 
 import torch
 from torch import Tensor
 
+from .cache_view import ActivationCacheView, move
 from .checks import checked_layer
 from .errors import (
     OptionIndexError,
@@ -29,10 +30,10 @@ from .errors import (
     RecordingKeyError,
     UnknownNameError,
 )
+from .tl_names import layer_of, point_of
 
 CAPTURES = ("resid_pre", "resid_post", "attn_out")
 STORES = ("device", "cpu", "stats")
-_TL_NAME = re.compile(r"^blocks\.(\d+)\.hook_(resid_pre|resid_post|attn_out)$")
 
 
 def map_tensors(obj: Any, fn: Callable[[Tensor], Any]) -> Any:
@@ -162,8 +163,9 @@ class _LayerView:
         return self._recording.layers
 
 
-class Recording:
-    """Residual-stream states and attention outputs recorded per layer."""
+class Recording(ActivationCacheView):
+    """Residual-stream states and attention outputs recorded per layer; also a mapping of
+    TransformerLens hook names (see :mod:`spectral_hooks.cache_view`)."""
 
     def __init__(self, *, n_layers: int, layers: tuple[int, ...], capture: tuple[str, ...],
                  store: str = "device", dtype: Optional[torch.dtype] = None) -> None:
@@ -240,10 +242,29 @@ class Recording:
     def n_samples(self) -> int:
         return sum(run.batch for run in self._runs)
 
-    def __len__(self) -> int:
-        return len(self._calls)
+    def _has_data(self) -> bool:
+        return self.store != "stats" and bool(self._runs)
+
+    def to(self, device: Union[str, torch.device]) -> "Recording":
+        """Move every recorded tensor (states, block and model inputs, statistics) to
+        ``device`` in place and return the recording, as ``ActivationCache.to`` does. The
+        masks stay on the CPU; later forwards are stored as ``store`` says."""
+        for run in self._runs:
+            run.chunks = {key: [t.to(device) for t in ts] for key, ts in run.chunks.items()}
+            run.block_calls = {layer: move(call, device)
+                               for layer, call in run.block_calls.items()}
+            run.inputs = move(run.inputs, device)
+        for acc in self._stats.values():
+            acc.total, acc.outer = acc.total.to(device), acc.outer.to(device)
+        self._cache.clear()
+        self.generation += 1
+        return self
 
     def _layer(self, layer: int) -> int:
+        try:  # "blocks.3" and "blocks.3.hook_resid_post" name layer 3
+            layer = layer_of(layer)
+        except ValueError as err:
+            raise RecordingKeyError(str(err)) from None
         layer = checked_layer(layer, self.n_layers)
         if layer not in self.layers:
             raise RecordingKeyError(f"layer {layer} was not recorded (recorded: {list(self.layers)}); "
@@ -251,12 +272,14 @@ class Recording:
         return layer
 
     def _capture(self, capture: str) -> str:
+        capture = point_of(capture) if isinstance(capture, str) else capture
         if not isinstance(capture, str) or capture not in CAPTURES:
             raise UnknownNameError("capture", capture, f"one of {CAPTURES}")
         return capture
 
-    def _require_data(self, capture: str) -> None:
-        if self._capture(capture) not in self.capture:
+    def _require_data(self, capture: str) -> str:
+        capture = self._capture(capture)
+        if capture not in self.capture:
             raise RecordingKeyError(f"capture={capture!r} was not captured (captured: "
                                     f"{list(self.capture)}); pass it in instrument(capture=...)")
         if self.store == "stats":
@@ -264,6 +287,7 @@ class Recording:
                              "recording.stats(capture, layer), or instrument with store='device'")
         if not self._runs:
             raise RecordingError("nothing recorded yet: run the model inside the probe first")
+        return capture
 
     def _padded(self, pieces: list[Tensor], width: int, fill: float = 0) -> Tensor:
         rows = []
@@ -278,7 +302,7 @@ class Recording:
     def tensor(self, capture: str, layer: int) -> Tensor:
         """Tensor[batch, pos, d_model] of one capture at one layer, all runs, zero-padded."""
         layer = self._layer(layer)
-        self._require_data(capture)
+        capture = self._require_data(capture)
         key = (capture, layer)
         if key not in self._cache:
             width = max(run.n_positions for run in self._runs)
@@ -323,8 +347,7 @@ class Recording:
 
     def stats(self, capture: str, layer: int) -> RunningStats:
         """Running mean / covariance / count (store='stats'; computed from tensors otherwise)."""
-        layer = self._layer(layer)
-        self._capture(capture)
+        layer, capture = self._layer(layer), self._capture(capture)
         if self.store == "stats":
             if (capture, layer) not in self._stats:
                 raise RecordingError(f"no statistics for {capture} at layer {layer} yet")
@@ -357,16 +380,6 @@ class Recording:
         """Per run, the (args, kwargs) the model was called with (None when unknown), so the
         same inputs can be replayed through another model (e.g. a re-initialised copy)."""
         return [run.inputs for run in self._runs]
-
-    def __getitem__(self, name: str) -> Tensor:
-        if name == "mask":
-            return self.mask
-        match = _TL_NAME.match(name) if isinstance(name, str) else None
-        if match is None:
-            raise UnknownNameError("name", name, "'blocks.<l>.hook_resid_pre', "
-                                   "'blocks.<l>.hook_resid_post', 'blocks.<l>.hook_attn_out' or "
-                                   "'mask'")
-        return self.tensor(match.group(2), int(match.group(1)))
 
     def __repr__(self) -> str:
         return (f"Recording(layers={list(self.layers)}, capture={list(self.capture)}, "

@@ -149,8 +149,8 @@ def test_trainer_callback(monkeypatch, capsys, tmp_path):
     columns = ("abs_lambda1", "gap_ratio", "gamma", "lift")
     assert [row["step"] for row in rows] == [2, 4, 6]
     for row in rows:
-        assert set(row) == {"step"} | {f"spectral/layer_{layer:02d}/{c}" for layer in (0, 1)
-                                       for c in columns}
+        assert set(row) == {"step", "spectral/seconds"} | {  # seconds: the event's cost
+            f"spectral/layer_{layer:02d}/{c}" for layer in (0, 1) for c in columns}
         assert all(math.isfinite(v) for v in row.values())
         shown = {k.split("/", 1)[1]: round(v, 4) for k, v in row.items() if k != "step"}
         assert f"{row['step']} {shown}" in out

@@ -31,6 +31,7 @@ from .metadata import metadata
 from .options import AnalyzeOptions, JacobianOptions
 from .power import cross_power_section, has_cross_attention, power_section
 from .preflight import TOKEN_COLUMNS, TokenColumnsWarning, preflight
+from .progress import Progress
 from .reinit import init_subject
 from .shared_weights import shared_weights_section
 from .spectra import spectra_section
@@ -42,6 +43,7 @@ __all__ = ["AnalyzeOptions", "JacobianOptions", "AnalysisCache", "Subject", "ana
            "TOKEN_COLUMNS", "TokenColumnsWarning"]
 
 Section = Callable[[], pd.DataFrame]
+_REINIT_SECTIONS = ("jacobian", "bottleneck", "topology")  # also run on the re-initialised model
 
 
 def _power_sections(subject: Subject, options: AnalyzeOptions, skipped: dict) -> dict:
@@ -91,11 +93,11 @@ def _merge_spectra(sections: dict) -> None:
                                                 ignore_index=True)
 
 
-def _instrumented(name: str, compute: Section, meta: dict) -> Section:
-    """Time a section and record the fallbacks taken while it is computed."""
+def _instrumented(name: str, compute: Section, meta: dict, progress: Progress) -> Section:
+    """Time a section, show its progress, record the fallbacks taken while it is computed."""
     def run() -> pd.DataFrame:
         start = time.perf_counter()
-        with collecting_fallbacks(meta["fallbacks"]):
+        with collecting_fallbacks(meta["fallbacks"]), progress.section(name):
             result = compute()
         meta["timings_s"][f"section:{name}"] = round(time.perf_counter() - start, 4)
         return result
@@ -124,5 +126,9 @@ def analyze(subject: Subject, options: AnalyzeOptions) -> Report:
     _merge_spectra(sections)
     if skipped:
         meta["sections_skipped"] = skipped
-    return Report({name: _instrumented(name, fn, meta) for name, fn in sections.items()}, meta,
+    progress = Progress(list(sections), n_layers=len(subject.layers),
+                        enabled=options.show_progress,
+                        doubled=_REINIT_SECTIONS if options.reinit else ())
+    return Report({name: _instrumented(name, fn, meta, progress)
+                   for name, fn in sections.items()}, meta,
                   schemas={name: SCHEMAS[name] for name in sections if name in SCHEMAS})

@@ -24,7 +24,6 @@ from typing import Iterable, Union
 import pandas as pd
 import torch
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from ..errors import OptionError, RecordingError
 from ..linalg import IdentityOperator, LinearOperator
@@ -40,6 +39,7 @@ from ..metrics.jacobian import (
 )
 from ..metrics.jacobian_nulls import NULL_MC_MAX_D
 from ..metrics.topology import amplification
+from . import progress
 from .options import JacobianOptions
 from .subject import Subject
 from .token_text import name_tokens
@@ -99,9 +99,8 @@ class JacobianView:
         return self.subject.positions(self.options.positions, self.options.sample)
 
     def bar(self, items: Iterable, desc: str) -> Iterable:
-        progress = self.options.progress
-        return tqdm(items, desc=desc, leave=False,
-                    disable=None if progress is None else not progress)
+        """Iterate ``items``, advancing the analysis' progress display per layer."""
+        return progress.layers(items, f"{desc} ({self.label})")
 
     def _memo(self, key: tuple, compute):
         return self.subject.memo(("jacobian", self.options.sample) + key, compute)
@@ -143,7 +142,7 @@ class JacobianView:
         def compute() -> pd.DataFrame:
             rows = []
             items = [(l, p) for l in self.layers for p in self.positions()]
-            for layer, position in self.bar(items, f"Jacobian spectra ({self.label})"):
+            for layer, position in self.bar(items, "Jacobian spectra"):
                 row = jacobian_row(self.metrics(layer, position), layer=layer,
                                    position=self.row_position(layer, position))
                 rows.append({"variant": self.label, **row, "sample": self.options.sample})

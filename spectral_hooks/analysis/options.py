@@ -74,7 +74,7 @@ class JacobianOptions:
         bottleneck_k: singular values kept per depth in matrix-free bottleneck products.
         bottleneck_dense: exact bottleneck products; None: exact up to SCHUR_MAX_D.
         ablations: bottleneck ablations, any of "symmetric", "schur".
-        progress: progress bars; None shows them when stderr is a terminal.
+        progress: kept for compatibility; ``analyze(progress=...)`` is the switch.
     """
 
     k: int = 16
@@ -173,6 +173,9 @@ class AnalyzeOptions:
         topology: residual-unit communities, bridges and amplification.
         tokenizer: names the tokens of the Jacobian rows (column ``token``, decoded with its
             ``decode``); None uses the tokenizer the model carries (TransformerLens), if any.
+        progress: one display over the whole analysis (``analysis/progress.py``): None or True
+            shows it (a bar on a terminal, a line per layer elsewhere), False hides it, as
+            does ``TQDM_DISABLE=1``; ``jacobian.progress`` is read when this is None.
     """
 
     power: bool = True
@@ -183,6 +186,7 @@ class AnalyzeOptions:
     reinit: bool = False
     topology: bool = False
     tokenizer: Any = None
+    progress: Optional[bool] = None
 
     def __post_init__(self) -> None:
         for name in ("power", "fold_norm", "bottleneck", "reinit", "topology"):
@@ -190,6 +194,7 @@ class AnalyzeOptions:
         if self.tokenizer is not None and not callable(getattr(self.tokenizer, "decode", None)):
             raise OptionError("tokenizer", type(self.tokenizer).__name__,
                               "None or a tokenizer with a decode(ids) method")
+        _check_optional_bool("progress", self.progress)
         if self.iterate not in ITERATES:
             raise OptionError("iterate", self.iterate, f"one of {ITERATES}")
         object.__setattr__(self, "jacobian", JacobianOptions.resolve(self.jacobian))
@@ -220,9 +225,14 @@ class AnalyzeOptions:
         """The Jacobian options in force (the defaults when ``jacobian`` is off)."""
         return self.jacobian if self.jacobian is not None else _DEFAULT_JACOBIAN
 
-    def to_dict(self) -> dict:
+    @property
+    def show_progress(self) -> Optional[bool]:
+        """The progress switch in force (``progress``, else ``jacobian.progress``)."""
+        return self.progress if self.progress is not None else self.jacobian_options.progress
+
+    def to_dict(self) -> dict:  # the options that shape results: not the progress display
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-               if not f.name.startswith("_")}
+               if not f.name.startswith("_") and f.name != "progress"}
         out["jacobian"] = self.jacobian.to_dict() if self.jacobian is not None else None
         out["tokenizer"] = None if self.tokenizer is None else type(self.tokenizer).__name__
         if self.jacobian is None and self.jacobian_view:

@@ -2,10 +2,12 @@
 
     loggers      MetricsLogger, TensorBoardLogger, WandbLogger, JSONLLogger, CSVLogger,
                  flatten_power (report -> {"spectral/layer_03/gap_ratio": ...})
-    hf_trainer   SpectralCallback (transformers.TrainerCallback)
+    hf_trainer   SpectralCallback (transformers.TrainerCallback; .attach(trainer) for report_to)
+    lightning    SpectralLightningCallback (the 'lightning' extra)
+    tracker      SpectralTracker (plain loops: tracker.step(step))
     distributed  all_reduce_stats (store="stats" recordings combined across ranks)
 
-PyTorch Lightning: not provided yet. Optional dependencies are imported on first use.
+Optional dependencies are imported on first use.
 """
 
 from __future__ import annotations
@@ -22,11 +24,14 @@ from .loggers import (
     WandbLogger,
     flatten_power,
 )
+from .tracker import SpectralTracker
 
-_LAZY = {"SpectralCallback": "hf_trainer", "all_reduce_stats": "distributed"}
+_LAZY = {"SpectralCallback": "hf_trainer", "all_reduce_stats": "distributed",
+         "SpectralLightningCallback": "lightning"}
 
 __all__ = ["CSVLogger", "JSONLLogger", "MetricsLogger", "POWER_COLUMNS", "SpectralCallback",
-           "TensorBoardLogger", "TornLineWarning", "WandbLogger", "all_reduce_stats", "flatten_power"]
+           "SpectralLightningCallback", "SpectralTracker", "TensorBoardLogger",
+           "TornLineWarning", "WandbLogger", "all_reduce_stats", "flatten_power"]
 
 
 def __getattr__(name: str) -> Any:

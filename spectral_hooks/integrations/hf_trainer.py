@@ -1,9 +1,20 @@
 """Spectral metrics while training with the Hugging Face ``Trainer``.
 
-    >>> from spectral_hooks.integrations import SpectralCallback, JSONLLogger
-    >>> callback = SpectralCallback(every=50, loggers=[JSONLLogger("out/spectral.jsonl")])
-    >>> trainer = Trainer(model, args, train_dataset=data, callbacks=[callback])  # doctest: +SKIP
-    >>> trainer.train()                                                           # doctest: +SKIP
+    >>> from spectral_hooks.integrations import SpectralCallback
+    >>> trainer = Trainer(model, args, train_dataset=data)   # report_to=["tensorboard", ...]  # doctest: +SKIP
+    >>> SpectralCallback(every=50).attach(trainer)                                # doctest: +SKIP
+    >>> trainer.train()    # spectral/layer_03/gap_ratio ... in every report_to logger  # doctest: +SKIP
+
+Why ``attach`` and not ``callbacks=[callback]``: the Trainer builds its callback list as its own
+flow callback, then the ``report_to`` integrations (TensorBoard, W&B, MLflow, CSV ...), then the
+user's callbacks, and calls ``on_log`` in that order. A callback passed in ``callbacks=[...]``
+sees ``logs`` after every integration has already written them: adding metrics there is too
+late. ``attach`` inserts the callback ahead of the integrations; at each due step it asks the
+Trainer to log (``control.should_log``, on every rank, so the loss gather of a DDP run cannot
+hang) and adds its scalars to that step's ``logs`` (and ``state.log_history``) in ``on_log``, so
+every integration receives them under the same names. Passed in ``callbacks=[...]`` instead,
+the callback still works: it appends its own ``state.log_history`` entry and writes its
+``loggers`` (TensorBoard/JSONL/CSV/W&B, for plain loops), but the report_to integrations miss it.
 
 What happens: ``on_train_begin`` instruments the trainer's model; every ``every`` optimizer steps
 the power metrics of what was recorded are computed, flattened with
@@ -27,6 +38,7 @@ If training raises, the Trainer does not call ``on_train_end``: call ``callback.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Iterable, Optional, Sequence
 
 import torch
@@ -44,6 +56,13 @@ except ImportError as err:  # pragma: no cover - transformers is a core dependen
 log = logging.getLogger(__name__)
 
 WINDOWS = ("step", "interval")
+
+
+def _integration_types() -> tuple:
+    """The TrainerCallback classes of every report_to integration transformers knows."""
+    from transformers.integrations import integration_utils
+
+    return tuple(set(integration_utils.INTEGRATION_TO_CALLBACK.values()))
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -95,6 +114,21 @@ class SpectralCallback(TrainerCallback):
         self.probe = None
         self.history: list[tuple[int, dict]] = []  # (step, metrics) logged by this callback
         self._pending: Optional[dict] = None
+        self._for_log: Optional[tuple[int, dict]] = None  # attached: (step, metrics) for on_log
+        self.attached = False
+
+    def attach(self, trainer: Any) -> "SpectralCallback":
+        """Insert this callback into ``trainer`` ahead of its report_to integrations (see the
+        module docstring) and return it. Calling it again moves it; nothing else changes."""
+        callbacks = trainer.callback_handler.callbacks
+        if self in callbacks:
+            callbacks.remove(self)
+        integrations = _integration_types()
+        first = next((i for i, cb in enumerate(callbacks) if isinstance(cb, integrations)),
+                     len(callbacks))
+        callbacks.insert(first, self)
+        self.attached = True
+        return self
 
     # ---------------------------------------------------------------- helpers
     def remove(self) -> None:
@@ -108,7 +142,7 @@ class SpectralCallback(TrainerCallback):
         return step > 0 and step % self.every == 0
 
     def _metrics(self) -> Optional[dict]:
-        if self.probe is None or len(self.probe.recording) == 0:
+        if self.probe is None or not self.probe.recording.steps:
             return None
         devices = sorted({p.device.index or 0 for p in self.probe.model.parameters()
                           if p.device.type == "cuda"})
@@ -116,9 +150,14 @@ class SpectralCallback(TrainerCallback):
         # strided sample of every weight, and we invalidate after each step (a write to a few
         # elements outside the sample is the cache's documented blind spot)
         self.probe.invalidate()
+        start = time.perf_counter()
         with torch.random.fork_rng(devices=devices), torch.no_grad():
-            report = self.probe.analyze(power=True, **self.analyze_options)
-            return flatten_power(report.power, columns=self.columns, prefix=self.prefix)
+            report = self.probe.analyze(power=True, **{"progress": False,
+                                                       **self.analyze_options})
+            out = flatten_power(report.power, columns=self.columns, prefix=self.prefix)
+        out[f"{self.prefix}/seconds" if self.prefix else "seconds"] = \
+            time.perf_counter() - start  # the cost of this logging event, logged with it
+        return out
 
     # ---------------------------------------------------------------- Trainer events
     def on_train_begin(self, args, state, control, model=None, **kwargs: Any):
@@ -143,6 +182,8 @@ class SpectralCallback(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs: Any):
         if self.probe is None or not self._due(state.global_step):
             return
+        if self.attached:
+            control.should_log = True  # every rank: the Trainer's log gathers the loss
         metrics, self._pending = self._pending, None
         if metrics is None and state.is_world_process_zero:
             metrics = self._metrics()  # no on_pre_optimizer_step event (older transformers)
@@ -153,13 +194,24 @@ class SpectralCallback(TrainerCallback):
         self.history.append((step, metrics))
         for logger in self.loggers:
             logger.log(metrics, step)
-        if self.report_to_trainer:
+        if self.attached:  # the Trainer logs this step now; on_log adds the metrics
+            self._for_log = (step, metrics)
+        elif self.report_to_trainer:
             # the entry Trainer.log() would write: the values, the epoch, then the step
             entry = dict(metrics)
             if state.epoch is not None:
                 entry["epoch"] = state.epoch
             entry["step"] = step
             state.log_history.append(entry)
+
+    def on_log(self, args, state, control, logs=None, **kwargs: Any):
+        pending, self._for_log = self._for_log, None
+        if pending is None or logs is None or pending[0] != state.global_step:
+            return
+        logs.update(pending[1])  # the integrations after this callback receive them
+        last = state.log_history[-1] if state.log_history else None
+        if self.report_to_trainer and last is not None and last.get("step") == pending[0]:
+            last.update(pending[1])  # Trainer.log appended this step's entry before on_log
 
     def on_prediction_step(self, args, state, control, **kwargs: Any):
         if self.probe is not None and self.window == "step":

@@ -24,6 +24,8 @@ import os
 import warnings
 from typing import Any, Iterable, Mapping, Optional, Protocol, Union, runtime_checkable
 
+from .._optional import require
+
 POWER_COLUMNS = ("gap_ratio", "gamma", "lift", "abs_lambda1", "erank")
 
 
@@ -103,11 +105,9 @@ class TensorBoardLogger(_Base):
     """Scalars into TensorBoard event files (``torch.utils.tensorboard.SummaryWriter``)."""
 
     def __init__(self, log_dir: Union[str, os.PathLike], **writer_kwargs: Any) -> None:
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-        except ImportError as err:  # torch.utils.tensorboard needs the tensorboard package
-            raise ImportError("TensorBoardLogger needs the 'tensorboard' package: "
-                              "pip install tensorboard") from err
+        require("tensorboard", feature="TensorBoardLogger")
+        from torch.utils.tensorboard import SummaryWriter
+
         self.log_dir = os.fspath(log_dir)
         self.writer = SummaryWriter(log_dir=self.log_dir, **writer_kwargs)
 
@@ -124,20 +124,35 @@ class TensorBoardLogger(_Base):
 
 
 class WandbLogger(_Base):
-    """Scalars into a Weights & Biases run: an existing ``run`` or one made by
-    ``wandb.init(**init_kwargs)`` (finished by ``close()`` only when this logger made it)."""
+    """Scalars into a Weights & Biases run: a ``run`` you pass, or one made by
+    ``wandb.init(**init_kwargs)`` (finished by ``close()`` only when this logger made it).
+
+        >>> logger = WandbLogger(project="spectral", mode="offline")   # doctest: +SKIP
+
+    It never takes over a run someone else started: with no ``run`` while a W&B run is active
+    (e.g. the Trainer's ``report_to="wandb"``) it raises instead of calling ``wandb.init``. Into
+    a passed run it logs without ``step=`` (the run's owner keeps its step counter) and adds
+    the step as ``spectral/step``; with the Trainer, ``SpectralCallback(...).attach(trainer)``
+    sends the metrics through the Trainer's own W&B integration instead.
+    """
 
     def __init__(self, run: Any = None, **init_kwargs: Any) -> None:
-        try:
-            import wandb
-        except ImportError as err:
-            raise ImportError("WandbLogger needs the 'wandb' package: pip install wandb") from err
+        wandb = require("wandb", feature="WandbLogger")
+        if run is None and getattr(wandb, "run", None) is not None:
+            raise RuntimeError("a W&B run is already active (its owner, e.g. the Trainer's "
+                               "report_to='wandb', logs to it): pass run=wandb.run to log "
+                               "into it without finishing it, or use "
+                               "SpectralCallback(...).attach(trainer)")
         self._owns = run is None
         self.run = wandb.init(**init_kwargs) if run is None else run
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         _check(metrics, step)
-        self.run.log({k: float(v) for k, v in metrics.items()}, step=step)
+        values = {k: float(v) for k, v in metrics.items()}
+        if self._owns:
+            self.run.log(values, step=step)
+        else:
+            self.run.log({**values, "spectral/step": step})
 
     def close(self) -> None:
         if self._owns and self.run is not None:

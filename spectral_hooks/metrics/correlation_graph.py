@@ -19,6 +19,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from .._optional import MissingExtraError
+
 __all__ = ["UnitGraph", "Communities", "unit_graph", "communities", "modularity",
            "participation", "CONSTANT_RTOL"]
 
@@ -299,14 +301,14 @@ def communities(graph, *, seed: int = 0, method: str = "auto") -> Communities:
         try:
             membership = _leiden(d, i, j, w, seed)
         except ImportError as exc:
-            raise ImportError("communities(method='leiden') needs leidenalg and igraph "
-                              "(pip install spectral_hooks[topology])") from exc
+            raise MissingExtraError(exc.name or "leidenalg", "communities(method='leiden')",
+                                    "topology") from exc
     else:
         try:
             membership = _louvain(d, i, j, w, seed)
         except ImportError as exc:
-            raise ImportError("communities(method='louvain') needs networkx "
-                              "(pip install spectral_hooks[topology])") from exc
+            raise MissingExtraError("networkx", "communities(method='louvain')",
+                                    "topology") from exc
     labels = _relabel(membership)
     n_c = int(labels.max()) + 1 if d else 0
     return Communities(labels=labels, n_communities=n_c,

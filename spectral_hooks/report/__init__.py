@@ -20,9 +20,9 @@ __all__ = [
 
 def __getattr__(name):  # matplotlib is imported only when figures are asked for
     if name in ("figures", "figure", "FIGURES"):
-        from . import plots
+        from .lazy_plots import load_plots
 
-        return getattr(plots, name)
+        return getattr(load_plots(), name)
     if name in ("render_html", "write_html"):
         from . import html
 

@@ -286,15 +286,15 @@ class Report:
 
     def plot(self, name: str) -> Any:
         """One figure by name (see `spectral_hooks.report.plots.FIGURES`)."""
-        from .plots import figure
+        from .lazy_plots import load_plots
 
-        return figure(self, name)
+        return load_plots().figure(self, name)
 
     def figures(self) -> dict:
         """Every figure the present sections allow, by name."""
-        from .plots import figures
+        from .lazy_plots import load_plots
 
-        return figures(self)
+        return load_plots().figures(self)
 
 
 def _checked_schemas(schemas: Mapping[str, SectionSchema] | None) -> dict[str, SectionSchema]:

@@ -307,7 +307,10 @@ def render_html(report, *, figures: bool = True, docs_href: str | None = None, t
 
 def _figures_html(report, names: list[str]) -> dict[str, list[str]]:
     """``<figure>`` elements by the section they belong to (imports matplotlib)."""
-    from .plots import FIGURES, MissingSectionError
+    from .lazy_plots import load_plots
+
+    plots = load_plots()
+    FIGURES, MissingSectionError = plots.FIGURES, plots.MissingSectionError
 
     figs_by_section: dict[str, list[str]] = {}
     for fig_name, spec in FIGURES.items():

@@ -22,6 +22,7 @@ from typing import Any
 
 import pandas as pd
 
+from .._optional import MissingExtraError
 from .._version import __version__
 from ..errors import OptionError
 from .encoding import (
@@ -87,7 +88,7 @@ def save_tables(
         raise OptionError("format", format, "'parquet', 'csv' or None (parquet when pyarrow "
                           "is installed)")
     if format == "parquet" and not _HAVE_PYARROW:
-        raise ImportError("format='parquet' needs pyarrow; install it or use format='csv'")
+        raise MissingExtraError("pyarrow", "format='parquet'; or use format='csv'")
     out = Path(directory)
     _prepare_dir(out)
 
@@ -283,7 +284,7 @@ def _read_raw(path: Path, fmt: Any, n_rows: int, section: str) -> pd.DataFrame:
             raise ReportIntegrityError(f"{where}: not a readable CSV file ({exc})") from None
     if fmt == "parquet":
         if not _HAVE_PYARROW:
-            raise ImportError(f"report section {section!r} is stored as Parquet; reading it needs pyarrow")
+            raise MissingExtraError("pyarrow", f"report section {section!r} is stored as Parquet")
         import pyarrow.parquet as pq
 
         try:  # plain columns only: pandas metadata not used

@@ -109,3 +109,32 @@ def test_wandb_logger_disabled_run():
 
     with WandbLogger(mode="disabled") as logger:
         logger.log(METRICS[2], 2)
+
+
+class _HostRun:
+    """Stands for a run the host (the Trainer's WandbCallback) started."""
+
+    def __init__(self):
+        self.logged, self.finished = [], False
+
+    def log(self, values, step=None, **kw):
+        self.logged.append((values, step))
+
+    def finish(self):
+        self.finished = True
+
+
+def test_wandb_logger_never_takes_over_a_host_run(monkeypatch):
+    wandb = pytest.importorskip("wandb")
+    from spectral_hooks.integrations import WandbLogger
+
+    host = _HostRun()
+    monkeypatch.setattr(wandb, "run", host)
+    monkeypatch.setattr(wandb, "init", lambda **kw: pytest.fail("wandb.init called"))
+    with pytest.raises(RuntimeError, match="already active"):
+        WandbLogger(project="x")
+    with WandbLogger(run=wandb.run) as logger:
+        logger.log(METRICS[2], 2)
+    assert not host.finished  # closing our logger leaves the host's run alone
+    values, step = host.logged[0]
+    assert step is None and values["spectral/step"] == 2  # the host keeps its step counter

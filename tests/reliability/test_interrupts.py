@@ -37,7 +37,7 @@ def test_interrupted_analysis_keeps_sections_and_leaves_no_hooks(family, jacobia
     weights, reference = state_hash(model), hidden(model, batch)
     with sh.instrument(model) as probe:
         hidden(model, batch)
-        n_recorded = len(probe.recording)
+        n_recorded = len(probe.recording.steps)
         hooks_attached = n_hooks(model)
         report = probe.analyze(power=True, jacobian=jacobian)
         power = report.power  # computed before the interrupt
@@ -51,14 +51,14 @@ def test_interrupted_analysis_keeps_sections_and_leaves_no_hooks(family, jacobia
             handle.remove()
         assert ctrl_c.calls >= 1  # the interrupt did land inside the analysis
         assert n_hooks(model) == hooks_attached  # the analysis left none of its own
-        assert len(probe.recording) == n_recorded  # replays were not recorded
+        assert len(probe.recording.steps) == n_recorded  # replays were not recorded
         assert_frame_equal(report.power, power)  # kept
         jac = report.jacobian  # the interrupted section can be computed again
         again = probe.analyze(power=True, jacobian=jacobian)  # and a second analysis works
         assert_frame_equal(again.jacobian, jac, check_exact=False, rtol=1e-6)
         assert_frame_equal(again.power, power)
         hidden(model, batch)
-        assert len(probe.recording) == n_recorded + 1  # the probe still records
+        assert len(probe.recording.steps) == n_recorded + 1  # the probe still records
     assert n_hooks(model) == 0 and state_hash(model) == weights
     assert torch.equal(hidden(model, batch), reference)
 

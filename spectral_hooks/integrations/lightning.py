@@ -1,0 +1,101 @@
+"""Spectral metrics while training with Lightning (``pip install 'spectral_hooks[lightning]'``).
+
+    >>> from spectral_hooks.integrations.lightning import SpectralLightningCallback
+    >>> trainer = lightning.Trainer(callbacks=[SpectralLightningCallback(every=50)],
+    ...                             logger=TensorBoardLogger("logs"))             # doctest: +SKIP
+    >>> trainer.fit(module, loader)   # spectral/layer_03/gap_ratio ... in the trainer's logger  # doctest: +SKIP
+
+The transformer is found inside the LightningModule: ``model=`` (an attribute name or a
+function of the module) says where; by default the module itself, else its first child that
+:func:`spectral_hooks.anatomy_of` understands. Every ``every`` optimizer steps the power metrics
+are computed before the optimizer step (the weights that ran) on rank 0 and written with
+``log_metrics`` to every logger of the trainer at its ``global_step`` -- directly, so that
+``log_every_n_steps`` cannot drop them. Training is unchanged (``torch.no_grad()``, forked RNG).
+The recording is cleared when each optimizer step begins and after validation batches.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Union
+
+from torch import nn
+
+from .._optional import require
+from ..errors import UnsupportedModelError
+from .tracker import SpectralTracker, unwrap
+
+_pl = require("lightning.pytorch", feature="SpectralLightningCallback")
+
+
+def find_transformer(module: nn.Module,
+                     model: Union[None, str, Callable[[nn.Module], nn.Module]] = None
+                     ) -> nn.Module:
+    """The transformer inside a LightningModule (see the module docstring)."""
+    from ..anatomy import anatomy_of
+
+    if callable(model):
+        return model(module)
+    if isinstance(model, str):
+        return getattr(module, model)
+    for candidate in (module, *module.children()):
+        try:
+            anatomy_of(unwrap(candidate))
+        except UnsupportedModelError:
+            continue
+        return candidate
+    raise UnsupportedModelError(f"no transformer found in {type(module).__name__} or its "
+                                "children: pass model='attribute_name'")
+
+
+class SpectralLightningCallback(_pl.Callback):
+    """Power metrics into the Lightning trainer's loggers (see the module docstring).
+
+    Args:
+        every: log at global steps ``every, 2 * every, ...``.
+        model: where the transformer is in the LightningModule (attribute name or function).
+        tracker_options: keywords of :class:`~spectral_hooks.integrations.SpectralTracker`
+            (``layers``, ``columns``, ``capture``, ``store``, ``prefix``, ``analyze_options``).
+    """
+
+    def __init__(self, *, every: int = 50,
+                 model: Union[None, str, Callable[[nn.Module], nn.Module]] = None,
+                 **tracker_options: Any) -> None:
+        if not isinstance(every, int) or isinstance(every, bool) or every < 1:
+            raise ValueError(f"every must be a positive int, got {every!r}")
+        self.every, self.model, self.tracker_options = every, model, tracker_options
+        self.tracker: Optional[SpectralTracker] = None
+        self.history: list[tuple[int, dict]] = []
+        self._pending: Optional[dict] = None
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self.teardown(trainer, pl_module, "fit")
+        self.tracker = SpectralTracker(find_transformer(pl_module, self.model), every=self.every,
+                                       **self.tracker_options)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.tracker is not None and batch_idx % trainer.accumulate_grad_batches == 0:
+            self.tracker.probe.clear()
+
+    def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        if self.tracker is not None and trainer.is_global_zero \
+                and self.tracker.due(trainer.global_step + 1):
+            self._pending = self.tracker.metrics()
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        metrics, self._pending = self._pending, None
+        if not metrics:
+            return
+        step = int(trainer.global_step)
+        self.history.append((step, metrics))
+        for logger in trainer.loggers:
+            logger.log_metrics(metrics, step=step)
+
+    def on_validation_batch_end(self, trainer, pl_module, *args: Any, **kwargs: Any) -> None:
+        if self.tracker is not None:
+            self.tracker.probe.clear()  # evaluation forwards are not training steps
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        if self.tracker is not None:
+            self.tracker.close()
+            self.tracker = None
+        self._pending = None
