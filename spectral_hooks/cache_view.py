@@ -23,7 +23,7 @@ from typing import Any, Iterator, Union
 import torch
 from torch import Tensor
 
-from .errors import RecordingKeyError
+from .errors import RecordingKeyError, UnknownNameError
 from .tl_names import POINTS, hook_name, parse
 
 _RUN_ORDER = ("resid_pre", "attn_out", "resid_post")  # the order a block runs its hooks
@@ -72,8 +72,10 @@ def _resolve(key: Any) -> tuple[str, int]:
     elif isinstance(key, str):
         try:
             point, layer = parse(key)
-        except ValueError as err:
-            raise RecordingKeyError(f"{err}, or 'mask'") from None
+        except ValueError:
+            raise UnknownNameError("name", key, "a hook name: 'blocks.<l>.hook_resid_pre', "
+                                   "'blocks.<l>.hook_resid_post', 'blocks.<l>.hook_attn_out', "
+                                   "'blocks.<l>', 'hook_<point>' or 'mask'") from None
     else:
         raise RecordingKeyError(f"unknown key {key!r}: use a hook name such as "
                                 "'blocks.3.hook_resid_post' or a tuple ('resid_post', 3)")

@@ -14,22 +14,22 @@ from .base import (
     FamilyInfo,
     HeadWeights,
     LayerParts,
-    _expand_kv,
     config_layer_kinds,
     get_path,
     output_heads,
     register_anatomy,
 )
 from .calls import TL3_CALLS, TL_BRIDGE_CALLS
+from .heads import expand_kv
 
 
 def _tl_value(attn: nn.Module, n_heads: int) -> HeadWeights:
     def read() -> Tensor:
-        return _expand_kv(attn.W_V.detach().transpose(-1, -2), n_heads)
+        return expand_kv(attn.W_V.detach().transpose(-1, -2), n_heads)
 
     def bias() -> Optional[Tensor]:
         b = getattr(attn, "b_V", None)
-        return None if b is None else _expand_kv(b.detach(), n_heads)
+        return None if b is None else expand_kv(b.detach(), n_heads)
 
     param = getattr(attn, "_W_V", None)
     if not isinstance(param, nn.Parameter):

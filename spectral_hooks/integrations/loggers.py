@@ -24,8 +24,6 @@ import os
 import warnings
 from typing import Any, Iterable, Mapping, Optional, Protocol, Union, runtime_checkable
 
-from .._optional import require
-
 POWER_COLUMNS = ("gap_ratio", "gamma", "lift", "abs_lambda1", "erank")
 
 
@@ -105,6 +103,7 @@ class TensorBoardLogger(_Base):
     """Scalars into TensorBoard event files (``torch.utils.tensorboard.SummaryWriter``)."""
 
     def __init__(self, log_dir: Union[str, os.PathLike], **writer_kwargs: Any) -> None:
+        from .._optional import require  # here: the SIGKILL test loads this file alone
         require("tensorboard", feature="TensorBoardLogger")
         from torch.utils.tensorboard import SummaryWriter
 
@@ -137,6 +136,7 @@ class WandbLogger(_Base):
     """
 
     def __init__(self, run: Any = None, **init_kwargs: Any) -> None:
+        from .._optional import require
         wandb = require("wandb", feature="WandbLogger")
         if run is None and getattr(wandb, "run", None) is not None:
             raise RuntimeError("a W&B run is already active (its owner, e.g. the Trainer's "

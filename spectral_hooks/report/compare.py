@@ -14,6 +14,7 @@ from .encoding import _to_jsonable
 KEY_COLUMNS: tuple[str, ...] = (
     "source",
     "variant",
+    "ablated_layer",
     "metric",
     "layer",
     "position",

@@ -227,7 +227,7 @@ def test_no_handle_left_when_the_body_raises(recorded):
             model(**inputs(family))
             raise RuntimeError("boom")
     assert probe.n_handles == 0 and hooks() == before
-    assert len(probe.encoder.recording) == 1 and len(probe.decoder.recording) == 1
+    assert len(probe.encoder.recording.steps) == 1 and len(probe.decoder.recording.steps) == 1
 
 
 def test_analyze_gives_a_report_per_stack(recorded):
@@ -257,7 +257,7 @@ def test_generate_appends_decoder_steps():
     with sh.instrument(model) as probe:
         model.generate(input_ids=torch.randint(3, 100, (2, 6)), max_new_tokens=3,
                        min_new_tokens=3, do_sample=False)
-    assert len(probe.encoder.recording) == 1  # the encoder runs once
+    assert len(probe.encoder.recording.steps) == 1  # the encoder runs once
     assert [s.step for s in probe.decoder.recording.steps] == [0, 1, 2]
     assert probe.decoder.recording.resid_post[1].shape == (2, 3, D)
     assert probe.n_handles == 0
