@@ -155,16 +155,14 @@ def test_cross_attention_F(recorded):
 
 
 # Every T5 layer (layer 0 computes the relative position bias, later ones receive it); the
-# last layer of BART and Whisper (their layers are alike, and a trace costs seconds). Flan-T5's
-# blocks are T5's with a gated-GELU feed-forward: its recording and F are checked, not again J.
-JACOBIAN_LAYERS = {"t5": (0, 1), "bart": (1,), "whisper": (1,)}
+# last layer of BART, Whisper and Flan-T5 (gated-GELU feed-forward; layers alike, and a trace
+# costs seconds).
+JACOBIAN_LAYERS = {"t5": (0, 1), "flan_t5": (1,), "bart": (1,), "whisper": (1,)}
 
 
 @pytest.mark.parametrize("stack", ("encoder", "decoder"))
 def test_block_jacobians(recorded, stack):
     family, _, probe = recorded
-    if family not in JACOBIAN_LAYERS:
-        pytest.skip(f"{family}: its blocks are checked as t5's")
     check_jacobian(probe.probes[stack], k=4, layers=JACOBIAN_LAYERS[family])
 
 
