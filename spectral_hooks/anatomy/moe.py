@@ -29,17 +29,10 @@ def traceable_experts(block: nn.Module):
 _MOE = dict(blocks="layers", attention="self_attn", value="self_attn.v_proj",
             output="self_attn.o_proj", attn_out="self_attn", attn_norm="input_layernorm",
             norm_placement="pre", final_norm="norm", norm_upcasts=True,
-            call_convention=BlockCallConvention(replay_context=traceable_experts))
+            call_convention=BlockCallConvention(replay_context=traceable_experts),
+            tested_by="tests/families/test_moe.py", attention_type="full; mixture-of-experts MLP")
 
-MIXTRAL = register(HFFamily(
-    name="mixtral", tested_by="tests/families/test_moe.py", attention_type="full; mixture-of-experts MLP",
-    model_types=("mixtral",), **_MOE))
-QWEN2_MOE = register(HFFamily(
-    name="qwen2_moe", tested_by="tests/families/test_moe.py", attention_type="full; mixture-of-experts MLP",
-    model_types=("qwen2_moe",), **_MOE))
-QWEN3_MOE = register(HFFamily(
-    name="qwen3_moe", tested_by="tests/families/test_moe.py", attention_type="full; mixture-of-experts MLP",
-    model_types=("qwen3_moe",), **_MOE))
-OLMOE = register(HFFamily(
-    name="olmoe", tested_by="tests/families/test_moe.py", attention_type="full; mixture-of-experts MLP",
-    model_types=("olmoe",), **_MOE))
+MIXTRAL = register(HFFamily(name="mixtral", model_types=("mixtral",), **_MOE))
+QWEN2_MOE = register(HFFamily(name="qwen2_moe", model_types=("qwen2_moe",), **_MOE))
+QWEN3_MOE = register(HFFamily(name="qwen3_moe", model_types=("qwen3_moe",), **_MOE))
+OLMOE = register(HFFamily(name="olmoe", model_types=("olmoe",), **_MOE))
