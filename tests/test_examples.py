@@ -19,6 +19,7 @@ from scipy.special import beta, gammaln
 
 from tests.oracles import (
     eigvals_by_modulus,
+    jacobian_metrics_oracle,
     last_real_position,
     layer_matrix_and_bias,
     matched_distance,
@@ -169,3 +170,36 @@ def test_trainer_callback(monkeypatch, capsys, tmp_path):
         if tag != "step":
             scalar = events.Scalars(tag)[-1]
             assert scalar.step == 6 and scalar.value == pytest.approx(value, rel=1e-6)
+
+
+def test_case_study_training_quick(monkeypatch, capsys):
+    """examples/case_study_training.py --quick: trains 2 seeds, analyses init and final, and its
+    per-layer means equal the dense jacfwd oracle; Welch's t and the BH adjustment by hand."""
+    from transformers import GPT2LMHeadModel
+
+    import spectral_hooks as sh
+    ns, out = run_example("case_study_training", monkeypatch, capsys, "--quick")
+    results, learned = ns["results"], ns["learned"]
+    assert "wrote" in out and set(results.step) == {0, 40} and set(results.seed) == {0, 1}
+    runs, docs = ns["args"].runs, ns["args"].docs
+    page = (docs / "case_study_training.md").read_text()
+    assert "img/case_study_training.png" in page and (docs / "img" / "case_study_training.png").stat().st_size > 10_000
+    # one checkpoint, one layer, recomputed from the dense Jacobian at the same positions
+    model = GPT2LMHeadModel.from_pretrained(runs / "seed_1" / "step_40").eval()
+    batch = ns["eval_batch"](ns["_trainer"](), True)
+    with sh.instrument(model) as probe, torch.no_grad():
+        model(input_ids=batch)
+    positions = range(15, 64, 16)
+    oracle = [jacobian_metrics_oracle(token_jacobian(probe, 1, position=p), 16) for p in positions]
+    row = results[(results.seed == 1) & (results.step == 40) & (results.layer == 1)].iloc[0]
+    for name in ("sym_energy", "departure_rel", "frac_complex"):
+        assert row[name] == pytest.approx(np.mean([o[name] for o in oracle]), rel=1e-6)
+    # Welch's t by hand, and BH against scipy over the whole table
+    a = results[(results.step == 0) & (results.layer == 0)].sym_energy.to_numpy()
+    b = results[(results.step == 40) & (results.layer == 0)].sym_energy.to_numpy()
+    t = (b.mean() - a.mean()) / math.sqrt(b.var(ddof=1) / len(b) + a.var(ddof=1) / len(a))
+    got = learned[(learned.metric == "sym_energy") & (learned.layer == 0)].iloc[0]
+    assert got.welch_t == pytest.approx(t, rel=1e-10)
+    from scipy.stats import false_discovery_control
+    np.testing.assert_allclose(learned.pvalue_adj, false_discovery_control(learned.pvalue))
+    assert (learned.pvalue_adj >= learned.pvalue - 1e-15).all()
