@@ -110,13 +110,16 @@ def figure(results: pd.DataFrame, out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     names = (*METRICS, "erank_end_to_end", "held_out_loss")
-    fig, axes = plt.subplots(1, len(names), figsize=(4 * len(names), 3.4), constrained_layout=True)
+    fig, axes = plt.subplots(2, 3, figsize=(13, 7), constrained_layout=True)
+    axes = axes.ravel()
+    axes[-1].axis("off")
     for ax, name in zip(axes, names):
         for layer, group in results.groupby("layer"):
             by_step = group.groupby("step")[name]
             mean, sd = by_step.mean(), by_step.std(ddof=1).fillna(0)
+            label = "mean over seeds" if name == "held_out_loss" else f"layer {layer}"
             ax.errorbar(mean.index, mean.values, yerr=sd.values, marker="o", ms=3, capsize=2,
-                        label=f"layer {layer}")
+                        label=label)
             if name == "held_out_loss":
                 break  # one curve: the loss is per model, not per layer
         if name == "frac_complex":
@@ -130,17 +133,31 @@ def figure(results: pd.DataFrame, out: Path) -> None:
     plt.close(fig)
 
 
+def findings(learned: pd.DataFrame, alpha: float = 0.05) -> str:
+    """One sentence per metric, read off the table (direction, layers significant after BH)."""
+    lines = []
+    for metric, group in learned.groupby("metric", sort=False):
+        up = int((group.final_mean > group.init_mean).sum())
+        sig = int((group.pvalue_adj < alpha).sum())
+        lines.append(f"- `{metric}`: higher after training in {up} of {len(group)} layers, lower "
+                     f"in {len(group) - up}; {sig} of {len(group)} layers differ at BH-adjusted "
+                     f"p < {alpha} (init {group.init_mean.mean():.3g} -> final "
+                     f"{group.final_mean.mean():.3g}, mean over layers).")
+    return "\n".join(lines)
+
+
 def write_page(docs: Path, results: pd.DataFrame, learned: pd.DataFrame, image: str) -> Path:
     fmt = {c: "{:.3g}".format for c in ("pvalue", "pvalue_adj")}
     shown = learned.to_string(index=False, float_format="{:.4f}".format, formatters=fmt)
-    seeds = sorted(results.seed.unique())
+    seeds = sorted(int(s) for s in results.seed.unique())
+    steps = sorted(int(s) for s in results.step.unique())
     loss = results.groupby("step").held_out_loss.mean()
     text = f"""# Case study: block Jacobians from init through training (paper 2 in miniature)
 
 Produced by `examples/case_study_training.py` from the checkpoints of
 `examples/train_tiny_gpt.py` (GPT-2 layout, byte vocabulary, trained from scratch on CPU on the
 docstrings of the Python standard library). Seeds: {seeds}; checkpoints at steps
-{sorted(results.step.unique())}; held-out loss (nats/byte, mean over seeds) from
+{steps}; held-out loss (nats/byte, mean over seeds) from
 {loss.iloc[0]:.3f} to {loss.iloc[-1]:.3f}.
 
 Every block's token Jacobian J_l is computed exactly (dense, d = {int(results.d.iloc[0])}),
@@ -161,6 +178,10 @@ the test has little power: read the adjusted p-values, not the raw ones.
 ```
 {shown}
 ```
+
+## What comes out
+
+{findings(learned)}
 """
     page = docs / "case_study_training.md"
     page.write_text(text)
@@ -172,6 +193,8 @@ def main(argv: list[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame, arg
     parser.add_argument("--runs", type=Path, default=Path("runs/tiny_gpt"))
     parser.add_argument("--docs", type=Path, default=HERE.parent / "docs")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--from-csv", type=Path, default=None,
+                        help="redraw the page and figure from a results CSV this script wrote")
     args = parser.parse_args(argv)
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
@@ -182,7 +205,10 @@ def main(argv: list[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame, arg
         args.runs, args.docs = tmp / "runs", tmp / "docs"
         trainer.main(["--quick", "--out", str(args.runs), "--seeds", "0", "1",
                       "--checkpoints", "0", "40"])
-    results = analyse_runs(args.runs, eval_batch(trainer, args.quick))
+    if args.from_csv is not None:
+        results = pd.read_csv(args.from_csv)
+    else:
+        results = analyse_runs(args.runs, eval_batch(trainer, args.quick))
     learned = learned_table(results)
     (args.docs / "img").mkdir(parents=True, exist_ok=True)
     figure(results, args.docs / "img" / "case_study_training.png")
