@@ -191,7 +191,8 @@ def summary_frame(name: str, df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
         out = agg.drop(columns="_", errors="ignore").reset_index()
         counts = sorted(set(out["n_rows"].tolist()))
         what = "positions" if "position" in df.columns else ("units" if "unit" in df.columns else "rows")
-        notes.append(f"mean over the {what} of each row ({', '.join(map(str, counts))} each)"
+        per = " and ".join(k for k in keys if k != "variant") or "row"
+        notes.append(f"mean over the {what} of each {per} ({', '.join(map(str, counts))} each)"
                      + ("; trained and init averaged separately" if "variant" in keys else ""))
     numeric_keys = [k for k in keys if k != "variant"]
     out = _variant_sort(out, numeric_keys + (["variant"] if "variant" in keys else []))
