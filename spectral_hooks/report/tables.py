@@ -138,7 +138,14 @@ def _headline_columns(name: str, df: pd.DataFrame) -> list[str]:
         metrics = [c for c in columns if c not in KEY_COLUMNS and parent[c] is None]
         heads = keys + metrics[:6]
     heads = [k for k in keys if k not in heads] + heads
-    chosen = heads + [c for c in columns if parent[c] is not None and parent[c] in heads
+    def root(c: str) -> str:
+        for _ in range(len(columns)):
+            if parent.get(c) is None:
+                break
+            c = parent[c]  # type: ignore[assignment]
+        return c
+
+    chosen = heads + [c for c in columns if parent[c] is not None and root(c) in heads
                       and not c.endswith("_se")]
     return [c for c in ordered_columns(columns) if c in chosen]
 

@@ -48,6 +48,10 @@ def test_summary_never_averages_trained_with_init(make_sections):
     assert list(summary.columns[:2]) == ["layer", "variant"]
     assert not summary.duplicated(["layer", "variant"]).any()
     assert "averaged separately" in note and "n_rows" in summary
+    # an adjusted p-value (a qualifier of a qualifier) comes along with its metric
+    power = make_sections()["power"].assign(rho_pvalue_adj=0.5)
+    cols = list(summary_frame("power", power)[0].columns)
+    assert cols[cols.index("rho"):cols.index("rho") + 3] == ["rho", "rho_pvalue", "rho_pvalue_adj"]
     for (layer, variant), row in summary.set_index(["layer", "variant"]).iterrows():
         rows = jac[(jac["layer"] == layer) & (jac["variant"] == variant)]
         assert row["sym_energy"] == pytest.approx(rows["sym_energy"].mean())
