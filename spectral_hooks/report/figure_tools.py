@@ -86,7 +86,7 @@ def _trend_label(report, metric: str) -> str:
     p = float(pd.to_numeric(row["pvalue"], errors="coerce").iloc[0]) if "pvalue" in row else math.nan
     if not math.isfinite(rho):
         return ""
-    return f" (depth trend: Spearman ρ = {rho:+.2f}, p = {_fmt_p(p)})"
+    return f" ({base_state(report)}, depth trend: Spearman ρ = {rho:+.2f}, p = {_fmt_p(p)})"
 
 
 def _fmt_p(p: float) -> str:
