@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from ..report.schema import Column, SectionSchema
+from ..report.schema import Column, SectionSchema, register_schemas
 
 __all__ = ["SCHEMAS", "VARIANTS", "JACOBIAN_VARIANTS"]
 
@@ -214,3 +214,5 @@ SCHEMAS: dict[str, SectionSchema] = {
     for s in (POWER, CROSS_POWER, SPECTRA, SHARED_WEIGHTS, JACOBIAN, TRENDS, BOTTLENECK,
               PROPAGATION, TOPOLOGY, UNITS)
 }
+
+register_schemas(SCHEMAS.values())  # the report's HTML glossary describes saved reports too

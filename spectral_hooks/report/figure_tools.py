@@ -86,13 +86,13 @@ def _trend_label(report, metric: str) -> str:
     p = float(pd.to_numeric(row["pvalue"], errors="coerce").iloc[0]) if "pvalue" in row else math.nan
     if not math.isfinite(rho):
         return ""
-    return f" (depth trend: Spearman ρ = {rho:+.2f}, p = {_fmt_p(p)})"
+    return f" ({base_state(report)}, depth trend: Spearman ρ = {rho:+.2f}, p = {_fmt_p(p)})"
 
 
 def _fmt_p(p: float) -> str:
     if not math.isfinite(p):
         return "n/a"
-    return f"{p:.1e}" if p < 1e-3 else f"{p:.3f}"
+    return f"{p:.1e}"  # scientific always: 3.2e-07, 4.5e-02
 
 
 def _integer_xaxis(ax) -> None:
@@ -100,3 +100,76 @@ def _integer_xaxis(ax) -> None:
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
+
+
+# ---------------------------------------------------------------------- what a figure shows
+# Every figure records, for each series it draws, the model state of the rows behind it
+# (``fig.spectral_hooks_meta``): the HTML page shows it (data attributes, alt text) and the
+# tests check that no series mixes trained and init and that a figure with categories has a
+# legend naming them.
+NULL_STATE = "null"  # a reference drawn from random matrices, not a model
+
+
+def base_state(report) -> str:
+    """The state of rows without a ``variant`` column: the analysed model, or a difference."""
+    meta = getattr(report, "metadata", None) or {}
+    return "difference" if "compare" in meta else "trained"
+
+
+def rows_state(report, df: pd.DataFrame) -> str:
+    """The model state of the rows ``df`` ("trained", "init", ...); several joined by "+"."""
+    if "variant" not in df.columns:
+        return base_state(report)
+    values = sorted({str(v) for v in df["variant"].dropna().unique()})
+    return "+".join(values) if values else base_state(report)
+
+
+def column_state(report, column: str) -> str:
+    """The state a column of a section without ``variant`` shows (``*_init``: init...)."""
+    if column.endswith("_init"):
+        return "init"
+    if column.endswith("_null") or "_null_" in column:
+        return NULL_STATE
+    if column.endswith("_shuffled"):
+        return "shuffled"
+    return base_state(report)
+
+
+def tag(fig: Figure, series: list[tuple[str, str]], categories: list[str] | None = None,
+        layout: str = "overlay") -> Figure:
+    """Record on ``fig`` the (label, state) of each series drawn and its categories.
+
+    ``layout``: "overlay" (labelled series in the same axes), "panels" (one state per panel),
+    "single" (one series).
+    """
+    seen: list[tuple[str, str]] = []
+    for item in series:
+        if item not in seen:
+            seen.append(item)
+    fig.spectral_hooks_meta = {
+        "series": [{"label": label, "state": state} for label, state in seen],
+        "categories": list(categories or []),
+        "layout": layout,
+    }
+    return fig
+
+
+def legend_labels(fig: Figure) -> list[str]:
+    """Every label of every legend of ``fig`` (figure legends and axes legends)."""
+    legends = list(fig.legends) + [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+    out: list[str] = []
+    for leg in legends:
+        out += [t.get_text() for t in leg.get_texts() if t.get_text() not in out]
+    return out
+
+
+def figure_meta(fig: Figure) -> dict:
+    """What ``fig`` shows: states, series, categories, legend labels (for HTML and tests)."""
+    meta = dict(getattr(fig, "spectral_hooks_meta", None) or {"series": [], "categories": []})
+    states: list[str] = []
+    for s in meta.get("series", []):
+        if s["state"] not in states:
+            states.append(s["state"])
+    meta["states"] = [s for s in states if s != NULL_STATE] + ([NULL_STATE] if NULL_STATE in states else [])
+    meta["legend"] = legend_labels(fig)
+    return meta

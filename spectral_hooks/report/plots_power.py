@@ -23,33 +23,53 @@ from .figure_tools import (
     _no_data,
     _num,
     _section,
+    column_state,
+    rows_state,
+    tag,
 )
 
 
 # ---------------------------------------------------------------------- eigenvalues
+def _plane_limits(re: np.ndarray, im: np.ndarray) -> tuple[tuple[float, float], float]:
+    """x limits and y half-height of a square view holding every point and the origin."""
+    x0, x1 = min(float(re.min()), 0.0), max(float(re.max()), 0.0)
+    half = max(x1 - x0, 2 * float(np.abs(im).max()), 1e-12) / 2 * 1.12
+    centre = (x0 + x1) / 2
+    return (centre - half, centre + half), half
+
+
 def eigenvalues_plane(report, source: str = "F", *, max_panels: int = 48, ncols: int = 4) -> Figure:
     """Eigenvalues per layer in the complex plane, one small panel per layer.
 
     ``source`` is ``"F"`` (layer matrices F_t) or ``"jacobian"`` (token Jacobians J_l; several
-    positions of a layer share its panel). Real eigenvalues and complex conjugate pairs are drawn
-    in different colours; the unit circle is dashed.
+    positions of a layer share its panel). Each panel is scaled to its eigenvalues (and the
+    origin); the unit circle is drawn dashed, clipped where the view ends. Real eigenvalues and
+    complex conjugate pairs are drawn in different colours. A table with a ``variant`` column
+    gets one panel per variant and layer (never one panel for two model states).
     """
     df = _section(report, "spectra", ("source", "layer", "real", "imag"))
     df = df[df["source"].astype(str) == source]
     if len(df) == 0:
         raise MissingSectionError(f"section 'spectra' has no rows with source == {source!r}")
-    layers = sorted({int(v) for v in _num(df, "layer") if np.isfinite(v)})[:max_panels]
-    n = max(len(layers), 1)
+    layer_col = _num(df, "layer")
+    variants = (list(dict.fromkeys(df["variant"].astype(str))) if "variant" in df.columns else [None])
+    layers = sorted({int(v) for v in layer_col if np.isfinite(v)})
+    panels = [(v, layer) for v in variants for layer in layers][:max_panels]
+    n = max(len(panels), 1)
     ncols = min(ncols, n)
     nrows = math.ceil(n / ncols)
     fig = _new_figure(2.6 * ncols + 0.4, 2.5 * nrows + 0.9)
     axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False)).ravel()
     what = "F_t = Σ_h W_O^h W_V^h" if source == "F" else "token Jacobians J_l"
-    fig.suptitle(f"Eigenvalues of {what} in the complex plane, per layer")
-    layer_col = _num(df, "layer")
+    fig.suptitle(f"Eigenvalues of {what} in the complex plane, per layer (each panel to its own scale)")
     re_all, im_all = _num(df, "real"), _num(df, "imag")
-    for ax, layer in zip(axes, layers):
+    series = []
+    for ax, (variant, layer) in zip(axes, panels):
         sel = layer_col == layer
+        if variant is not None:
+            sel &= (df["variant"].astype(str) == variant).to_numpy()
+        state = rows_state(report, df[sel])
+        series.append((f"layer {layer}" + (f" · {variant}" if variant else ""), state))
         re, im = re_all[sel], im_all[sel]
         ok = np.isfinite(re) & np.isfinite(im)
         re, im = re[ok], im[ok]
@@ -61,21 +81,25 @@ def eigenvalues_plane(report, source: str = "F", *, max_panels: int = 48, ncols:
         if ok.any():
             ax.scatter(re[~cplx], im[~cplx], s=9, color="#1f77b4", zorder=3, linewidths=0)
             ax.scatter(re[cplx], im[cplx], s=9, color="#ff7f0e", zorder=3, linewidths=0)
-            top = float(mod.max()) if mod.size else 0.0
-            lim = 1.12 * max(top, 1.0) if top >= 0.25 else 1.25 * max(top, 1e-12)
-            if top < 0.25:
-                ax.text(0.02, 0.02, "unit circle outside view", transform=ax.transAxes, fontsize=6, color="#555555")
+            xlim, half = _plane_limits(re, im)
+            if max(math.hypot(xlim[0], half), math.hypot(xlim[1], half)) < 1:  # box inside the disc
+                ax.text(0.02, 0.02, "unit circle outside view", transform=ax.transAxes,
+                        fontsize=6, color="#555555")
+            n_out = int((mod > 1).sum())
+            ax.text(0.98, 0.98, f"max |λ| = {mod.max():.3g}" + (f"\n{n_out} outside |λ|=1" if n_out else ""),
+                    transform=ax.transAxes, ha="right", va="top", fontsize=6, color="#333333")
         else:
-            lim = 1.2
+            xlim, half = (-1.2, 1.2), 1.2
             _no_data(ax)
-        ax.set_xlim(-lim, lim)
-        ax.set_ylim(-lim, lim)
+        ax.set_xlim(*xlim)
+        ax.set_ylim(-half, half)
         ax.set_aspect("equal", adjustable="box")
-        ax.set_title(f"layer {layer}", fontsize=9)
+        ax.set_title(series[-1][0] + (f" ({state})" if state != "trained" and variant is None else ""),
+                     fontsize=9)
         ax.set_xlabel("Re λ", fontsize=8)
         ax.set_ylabel("Im λ", fontsize=8)
         ax.tick_params(labelsize=7)
-    for ax in axes[len(layers):]:
+    for ax in axes[len(panels):]:
         ax.set_visible(False)
     handles = [
         Line2D([], [], ls="", marker="o", color="#1f77b4", label="real eigenvalue"),
@@ -83,7 +107,7 @@ def eigenvalues_plane(report, source: str = "F", *, max_panels: int = 48, ncols:
         Line2D([], [], ls="--", color="#555555", label="unit circle |λ| = 1"),
     ]
     fig.legend(handles=handles, loc="outside lower center", ncols=3, fontsize=8, frameon=False)
-    return fig
+    return tag(fig, series, ["real eigenvalue", "complex (conjugate pair)"], layout="panels")
 
 
 # ---------------------------------------------------------------------- power view
@@ -104,6 +128,8 @@ def alignment_vs_depth(report) -> Figure:
     ax, ax2 = fig.subplots(2, 1, sharex=True, height_ratios=[3, 2])
     fig.suptitle("Alignment with the principal subspace of F_t through depth")
     drawn = False
+    state = rows_state(report, df)
+    series = []
     for col, style, label in (
         ("gamma_in", dict(color="#7f7f7f", marker="o", ls="--"), "γ_in: layer input (resid_pre)"),
         ("gamma", dict(color="#1f77b4", marker="o", ls="-"), "γ: layer output (resid_post)"),
@@ -112,10 +138,12 @@ def alignment_vs_depth(report) -> Figure:
         y = _num(df, col)
         if _finite(y):
             ax.plot(x, y, label=label, ms=4, **style)
+            series.append((label, state))
             drawn = True
     null = _num(df, "gamma_null")
     if _finite(null):
         ax.plot(x, null, color="#d62728", lw=1, label="null: E a(u; B), u uniform")
+        series.append(("null: E a(u; B), u uniform", column_state(report, "gamma_null")))
         n = _num(df, "n_tokens")
         cplx = (df["lambda1_is_complex"].astype(bool).to_numpy() if "lambda1_is_complex" in df
                 else np.zeros(len(df), bool))
@@ -136,29 +164,35 @@ def alignment_vs_depth(report) -> Figure:
     if drawn:
         ax.legend(fontsize=7, loc="best")
 
-    rho, p = _num(df, "rho"), _num(df, "rho_pvalue")
+    rho = _num(df, "rho")
+    adjusted = "rho_pvalue_adj" in df.columns
+    p = _num(df, "rho_pvalue_adj" if adjusted else "rho_pvalue")
+    ptext = "BH-adjusted p" if adjusted else "p"
     ax2.axhline(0.5, color="#d62728", lw=1, label="null: ρ = 1/2")
     if _finite(rho):
         sig = np.isfinite(p) & (p < ALPHA)
         ax2.plot(x, rho, color="#1f77b4", lw=1, zorder=2)
-        ax2.scatter(x[sig], rho[sig], color="#1f77b4", s=30, zorder=3, label=f"p < {ALPHA} (one-sided binomial)")
+        ax2.scatter(x[sig], rho[sig], color="#1f77b4", s=30, zorder=3,
+                    label=f"ρ, {ptext} < {ALPHA} (one-sided binomial)")
         ax2.scatter(x[~sig], rho[~sig], facecolor="white", edgecolor="#1f77b4", s=30, zorder=3,
-                    label=f"p ≥ {ALPHA} or n/a")
-        if len(x) <= 24:
-            for xi, ri, pi in zip(x, rho, p):
+                    label=f"ρ, {ptext} ≥ {ALPHA} or n/a")
+        series.append(("ρ", state))
+        if len(x) <= 16:  # printed p-values; more layers: the summary table has them
+            for i, (xi, ri, pi) in enumerate(zip(x, rho, p)):
                 if np.isfinite(ri):
-                    ax2.annotate(f"p={_fmt_p(pi)}", (xi, ri), textcoords="offset points", xytext=(0, 6),
-                                 ha="center", fontsize=6, color="#333333")
+                    ax2.annotate(_fmt_p(pi), (xi, ri), textcoords="offset points",
+                                 xytext=(0, 7 if i % 2 == 0 else -12), ha="center", fontsize=7,
+                                 color="#333333")
     else:
         _no_data(ax2)
     ax2.set_ylim(-0.05, 1.12)
     ax2.set_xlabel("layer")
     ax2.set_ylabel("ρ: share of tokens whose\nalignment increased")
-    ax2.set_title("ρ vs depth, p-value of the exact binomial test against 1/2", fontsize=9)
+    ax2.set_title(f"ρ vs depth, labels: {ptext}-value of the exact binomial test against 1/2", fontsize=9)
     ax2.grid(alpha=0.3)
     ax2.legend(fontsize=7, loc="lower right")
     _integer_xaxis(ax2)
-    return fig
+    return tag(fig, series)
 
 
 def gap_ratio_vs_depth(report) -> Figure:
@@ -177,6 +211,8 @@ def gap_ratio_vs_depth(report) -> Figure:
             ax.scatter(x[cplx], y[cplx], color="#ff7f0e", marker="D", s=25, zorder=3, label="λ₁ complex (pair)")
         ax.axhline(1.0, color="#7f7f7f", ls="--", lw=0.8, label="no gap (|λ₂| = |λ₁|)")
         ax.legend(fontsize=8)
+        tag(fig, [("gap ratio", rows_state(report, df))],
+            ["λ₁ real", "λ₁ complex (pair)"] if cplx.any() else ["λ₁ real"])
         top = np.nanmax(y[np.isfinite(y)])
         ax.set_ylim(0, max(1.05, 1.05 * top))
     else:

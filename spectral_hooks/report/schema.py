@@ -31,7 +31,7 @@ from pandas.api import types as pdt
 
 from ..errors import SpectralHooksError
 
-__all__ = ["Column", "SectionSchema", "SchemaError", "DTYPES"]
+__all__ = ["Column", "SectionSchema", "SchemaError", "DTYPES", "register_schemas", "known_schema"]
 
 #: The dtype vocabulary of a `Column`, with what each accepts.
 DTYPES: dict[str, str] = {
@@ -244,3 +244,22 @@ def schema_doc(schemas: Iterable[SectionSchema]) -> pd.DataFrame:
         return pd.DataFrame(columns=["section", "name", "dtype", "meaning", "anchor", "optional", "nullable"])
     out = pd.concat(frames, ignore_index=True)
     return out[["section"] + [c for c in out.columns if c != "section"]]
+
+
+# ---------------------------------------------------------------------- registry
+_KNOWN: dict[str, SectionSchema] = {}
+
+
+def register_schemas(schemas: Iterable[SectionSchema]) -> None:
+    """Make ``schemas`` the default description of their sections (``analysis.columns`` calls
+    this), so that a report without its own schemas -- one read back by `Report.load` -- still
+    explains its columns in HTML."""
+    for schema in schemas:
+        if not isinstance(schema, SectionSchema):
+            raise TypeError(f"expected SectionSchema, got {type(schema).__name__}")
+        _KNOWN[schema.name] = schema
+
+
+def known_schema(name: str) -> SectionSchema | None:
+    """The registered schema of section ``name``, or None."""
+    return _KNOWN.get(name)

@@ -49,16 +49,22 @@ def spectra_table(rng: np.random.Generator, n_layers: int, d: int = 24, k: int =
 
 def jacobian_table(rng: np.random.Generator, n_layers: int, positions=(5, 7)) -> pd.DataFrame:
     rows = []
-    for layer in range(n_layers):
-        for p in positions:
-            rows.append(dict(
-                layer=layer, position=p, frac_complex=float(rng.uniform(0.3, 1)), frac_complex_null=0.9,
-                mean_abs_angle=float(rng.uniform(0, 1.5)), sym_energy=0.5 + 0.4 * layer / max(n_layers - 1, 1),
-                departure=float(rng.uniform(0, 1)), departure_is_bound=True,
-                self_alignment=float(rng.uniform(0, 1)), top_eig_abs=float(rng.uniform(1, 3)),
-                n_matvecs=int(rng.integers(50, 200)),
-            ))
+    for variant in ("trained", "init"):
+        for layer in range(n_layers):
+            for p in positions:
+                rows.append(_jacobian_row(rng, variant, layer, p, n_layers))
     return pd.DataFrame(rows)
+
+
+def _jacobian_row(rng, variant: str, layer: int, p: int, n_layers: int) -> dict:
+    sym = 0.5 + 0.4 * layer / max(n_layers - 1, 1) if variant == "trained" else 0.55
+    return dict(
+        variant=variant, layer=layer, position=p, frac_complex=float(rng.uniform(0.3, 1)),
+        frac_complex_null=0.9, mean_abs_angle=float(rng.uniform(0, 1.5)), sym_energy=sym,
+        departure=float(rng.uniform(0, 1)), departure_is_bound=True,
+        self_alignment=float(rng.uniform(0, 1)), top_eig_abs=float(rng.uniform(1, 3)),
+        n_matvecs=int(rng.integers(50, 200)),
+    )
 
 
 def bottleneck_table(rng: np.random.Generator, n_layers: int) -> pd.DataFrame:

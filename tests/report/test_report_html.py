@@ -1,4 +1,4 @@
-"""HTML report: self-contained, escaped, linked to the metric reference."""
+"""HTML report: self-contained, escaped, Jinja2-rendered; summaries, folded full tables, glossary."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from spectral_hooks.analysis.columns import SCHEMAS
 from spectral_hooks.report import Report
-from spectral_hooks.report.html import COLUMN_DOCS, SECTION_INFO, render_html, write_html
+from spectral_hooks.report.html import SECTION_INFO, render_html, write_html
 from spectral_hooks.report.plots import FIGURES
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
@@ -33,23 +34,30 @@ def test_self_contained(page):
 
 def test_strings_escaped(page):
     assert EVIL not in page
-    assert "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;&amp;" in page
+    assert "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt;&amp;" in page  # Jinja2 autoescape
 
 
-def test_sections_explained_and_linked(page):
+def test_sections_explained_with_summary_and_glossary(page):
     for name in ("power", "spectra", "jacobian", "trends", "bottleneck", "topology", "units"):
         assert f'id="section-{name}"' in page
-        assert f'href="docs/metrics.md#{name}"' in page
-    assert "Column definitions" in page and COLUMN_DOCS["gap_ratio"].split(" (")[0] in page
+        assert f"<small>({name})</small></h3>" in page  # its glossary part
+    # no link to a source checkout: the page defines its own columns
+    assert "metrics.md" not in page and 'href="#glossary"' in page
+    assert SCHEMAS["power"].column("gap_ratio").meaning in page  # schemas registered by analysis
+    assert page.count("<details class=\"full\">") >= 4  # full tables folded under summaries
     assert "Showing the first" in page  # the long spectra table is cut
+    # every column heading links to its glossary entry, and every entry exists
+    links = set(re.findall(r'<th [^>]*><a href="#(g-[^"]+)"', page))
+    targets = set(re.findall(r'<dt id="(g-[^"]+)"', page))
+    assert links and links <= targets
+    # p-values in scientific notation
+    assert re.search(r'<td class="p"[^>]*>\d\.\de-\d\d</td>', page)
 
 
-def test_docs_cover_every_section_and_column():
+def test_docs_cover_every_section():
     text = DOCS.read_text(encoding="utf-8")
     for name in SECTION_INFO:
         assert f'<a name="{name}"></a>' in text, name
-    for col in COLUMN_DOCS:
-        assert f"`{col}`" in text, col
 
 
 def test_write_html_and_missing_sections(tmp_path, make_sections):
@@ -58,11 +66,10 @@ def test_write_html_and_missing_sections(tmp_path, make_sections):
     out = tmp_path / "report.html"
     assert out.read_text(encoding="utf-8") == text
     assert text.count("<img") == 1 and 'id="section-power"' not in text
-    # the link to the metric reference is relative to where the file was written
-    href = re.search(r'href="([^"#]*metrics\.md)#bottleneck"', text).group(1)
-    assert (out.parent / href).resolve() == DOCS.resolve()
+    assert "metrics.md" not in text
+    assert 'href="https://example.org/m"' in render_html(rep, docs_href="https://example.org/m")
     no_figs = rep.to_html(figures=False)
-    assert "<img" not in no_figs and "participation_ratio" in no_figs
+    assert "<img" not in no_figs and "participation_<wbr>ratio" in no_figs
     assert "<img" not in render_html(Report({}, {}))
     with pytest.raises(OSError, match="cannot write"):
         blocker = tmp_path / "file"

@@ -25,8 +25,7 @@ def _check_readable(name: str, fig: Figure) -> None:
         shares_x = ax.get_shared_x_axes().get_siblings(ax)
         assert any(a.get_xlabel().strip() for a in shares_x), f"{name}: axes without x label"
     has_legend = bool(fig.legends) or any(ax.get_legend() is not None for ax in visible)
-    if name != "units":  # colour = community; one panel per layer, nothing to key
-        assert has_legend, f"{name}: no legend"
+    assert has_legend, f"{name}: no legend"
 
 
 
@@ -86,3 +85,48 @@ def test_report_plot_convenience(make_report):
     rep = make_report()
     fig = rep.plot("gap_ratio")
     assert "gap" in _title(fig).lower()
+
+
+def test_figures_name_the_model_state_of_each_series(make_report):
+    from spectral_hooks.report.figure_tools import figure_meta
+
+    for name, fig in figures(make_report()).items():
+        meta = figure_meta(fig)
+        assert meta["series"] and meta["states"], name
+        assert all("+" not in s["state"] for s in meta["series"]), (name, meta["series"])
+        for category in meta["categories"]:  # every category is named in a legend
+            assert any(category in label for label in meta["legend"]), (name, category)
+    rot = figure_meta(figures(make_report())["rotation_symmetry"])
+    assert {"trained", "init", "null"} <= set(rot["states"])
+
+
+def test_rotation_symmetry_keeps_trained_and_init_apart(make_sections):
+    jac = make_sections()["jacobian"]
+    fig = figure(Report({"jacobian": jac}, {}), "rotation_symmetry")
+    sym_ax = fig.axes[1]
+    lines = {ln.get_label(): ln.get_ydata() for ln in sym_ax.get_lines()}
+    trained = jac[jac["variant"] == "trained"].groupby("layer")["sym_energy"].mean().to_numpy()
+    init = jac[jac["variant"] == "init"].groupby("layer")["sym_energy"].mean().to_numpy()
+    assert np.allclose(lines["trained (mean over positions)"], trained)
+    assert np.allclose(lines["init (mean over positions)"], init)
+
+
+def test_eigenvalue_panels_hold_every_eigenvalue_and_the_unit_circle(make_sections):
+    sections = make_sections()
+    spectra = sections["spectra"].copy()
+    big = (spectra["source"] == "F") & (spectra["layer"] == 2) & (spectra["index"] == 0)
+    spectra.loc[big, ["real", "imag"]] = [-1.9, 0.8]  # modulus ~2.06, off the unit circle
+    fig = figure(Report({"spectra": spectra}, {}), "eigenvalues_F")
+    for ax in (a for a in fig.axes if a.get_visible()):
+        layer = int(ax.get_title().split()[1])
+        rows = spectra[(spectra["source"] == "F") & (spectra["layer"] == layer)]
+        (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
+        assert x0 <= rows["real"].min() and rows["real"].max() <= x1, layer
+        assert y0 <= rows["imag"].min() and rows["imag"].max() <= y1, layer
+        assert any(type(p).__name__ == "Circle" for p in ax.patches)
+
+
+def test_community_scatter_has_a_legend(make_report):
+    fig = figure(make_report(), "units")
+    labels = [t.get_text() for leg in fig.legends for t in leg.get_texts()]
+    assert "largest community" in labels
