@@ -25,6 +25,7 @@ from torch import Tensor
 
 from ..metrics.power_factors import TRAINING_DENSE_LIMIT, power_row_from_factors
 from ..metrics.spectrum import TOP_K
+from ..wrappers import weights_in
 
 JACOBIAN_COLUMNS = ("top_eig_abs",)
 _OPTIONS = ("iterate", "fold_norm", "dense_limit", "top_k")
@@ -66,8 +67,10 @@ def power_metrics(probe: Any, *, columns: Iterable[str], prefix: str = "spectral
     out: dict[str, float] = {}
     for layer in rec.layers:
         part = anatomy.layers[layer]
-        W_O, W_V = full(part.output_weights()), full(part.value_weights())
-        gain = full(part.attn_norm_weight()) if fold_norm else None
+        with weights_in(part.block, where=f"layer {layer}"):  # accelerate offload / meta
+            W_O, W_V = full(part.output_weights()), full(part.value_weights())
+            gain = full(part.attn_norm_weight()) if fold_norm else None
+            W_O, W_V = W_O.to("cpu", torch.float64), W_V.to("cpu", torch.float64)
         if not compute:
             continue
         tokens = [rec.tokens(c, layer) if keeps and c in rec.capture else None
