@@ -51,7 +51,16 @@ def is_sharded(model: nn.Module) -> bool:
 
 
 def refuse_sharded(model: nn.Module, what: str) -> None:
-    """One clear sentence instead of a crash inside torch for what shards cannot do."""
+    """One clear sentence instead of a crash inside torch for what FSDP2 shards and accelerate
+    offloading (CPU/disk, ``device_map``) cannot do: replaying a block under forward-mode AD."""
+    if any(hasattr(m, "_hf_hook") and getattr(m._hf_hook, "offload", False)
+           for m in model.modules()):
+        from .errors import UnsupportedModelError
+
+        raise UnsupportedModelError(
+            f"{what} of a model with accelerate-offloaded weights is not supported (accelerate's "
+            "hooks swap the weights in during the block replay and break forward-mode AD): "
+            "load the model without offloading (no device_map, or one that fits in memory)")
     if is_sharded(model):
         from .errors import UnsupportedModelError
 

@@ -71,7 +71,7 @@ class WeightsFingerprint:
             self._views = {k: v for k, v in self._views.items() if k in alive}
         arrays: dict = {}
         for t in tensors:
-            if t.numel():
+            if t.numel() and t.device.type != "meta":  # meta (offloaded): no values to sample
                 view = self._view(t)
                 key = view.dtype if isinstance(view, np.ndarray) else (view.dtype, view.device)
                 arrays.setdefault(key, []).append(view)
