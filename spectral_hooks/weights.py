@@ -60,6 +60,8 @@ def layer_matrices(model: Union[nn.Module, Anatomy], *, fold_norm: bool = False,
             with weights_in(part.block, where=f"layer {part.index}"):  # offloaded / meta
                 W_O, W_V = (w.to("cpu", dtype) for w in _weights(part, attention))
                 gain = part.attn_norm_weight() if fold_norm else None
+                if callable(getattr(gain, "full_tensor", None)):
+                    gain = gain.full_tensor()  # an FSDP2 shard: every rank gathers it
             F = torch.einsum("hdk,hkm->dm", W_O, W_V)
             if gain is not None:
                 F = F * gain.to("cpu", dtype)[None, :]

@@ -40,6 +40,8 @@ def analyse(model, ids, *, jacobian: bool) -> dict:
             probe.analyze(power=False, jacobian={"k": 4, "dense": True}, progress=False)
         except UnsupportedModelError as err:
             out["jacobian"] = str(err)
+    out["fold_norm"] = probe.analyze(power=True, fold_norm=True,
+                                     progress=False).power["gap_ratio"].tolist()
     out["cached"] = probe.analyze(power=True, progress=False).power["gap_ratio"].tolist()
     probe.remove()
     tracker = SpectralTracker(model, every=1, columns=COLUMNS)  # rank 0 computes, all gather

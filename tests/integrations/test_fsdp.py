@@ -43,6 +43,7 @@ def test_fsdp2_power_metrics_equal_the_unsharded_model(tmp_path):
         ref, got = saved["reference"], saved["sharded"]
         assert got["power_metrics"] == ref["power_metrics"] and ref["power_metrics"]
         assert got["power"] == ref["power"] and got["cached"] == ref["cached"]
+        assert got["fold_norm"] == ref["fold_norm"]
         assert ref["jacobian"] is None
         assert "FSDP2-sharded model is not supported" in got["jacobian"]
         if rank == 0:
