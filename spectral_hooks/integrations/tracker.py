@@ -32,6 +32,7 @@ from typing import Any, Iterable, Optional, Sequence
 
 import torch
 
+from ..wrappers import is_sharded
 from .loggers import POWER_COLUMNS, MetricsLogger
 from .power_log import (
     JACOBIAN_COLUMNS,
@@ -58,11 +59,6 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 def cuda_devices(model: torch.nn.Module) -> list[int]:
     """The CUDA devices of ``model``'s parameters (whose RNG an event forks)."""
     return sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
-
-
-def is_sharded(model: torch.nn.Module) -> bool:
-    """Whether any parameter is a DTensor (FSDP2): gathering it needs every rank."""
-    return any(callable(getattr(p, "full_tensor", None)) for p in model.parameters())
 
 
 class Event:
