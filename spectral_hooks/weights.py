@@ -16,6 +16,7 @@ from torch import Tensor, nn
 from .anatomy import Anatomy, anatomy_of, stack_of
 from .checks import check_bool, check_float_dtype
 from .errors import OptionError
+from .wrappers import weights_in
 
 ATTENTIONS = ("self", "cross")
 
@@ -56,9 +57,12 @@ def layer_matrices(model: Union[nn.Module, Anatomy], *, fold_norm: bool = False,
     for part in anatomy.layers:
         key = id(part.block)
         if key not in cache:
-            W_O, W_V = (w.to("cpu", dtype) for w in _weights(part, attention))
+            with weights_in(part.block, where=f"layer {part.index}"):  # offloaded / meta
+                W_O, W_V = (w.to("cpu", dtype) for w in _weights(part, attention))
+                gain = part.attn_norm_weight() if fold_norm else None
+                if callable(getattr(gain, "full_tensor", None)):
+                    gain = gain.full_tensor()  # an FSDP2 shard: every rank gathers it
             F = torch.einsum("hdk,hkm->dm", W_O, W_V)
-            gain = part.attn_norm_weight() if fold_norm else None
             if gain is not None:
                 F = F * gain.to("cpu", dtype)[None, :]
             cache[key] = F

@@ -23,6 +23,7 @@ import pandas as pd
 
 from ..errors import RecordingError, collecting_fallbacks
 from ..report import Report
+from ..wrappers import refuse_sharded
 from .bottleneck import bottleneck_section, propagation_section
 from .cache import AnalysisCache
 from .columns import SCHEMAS
@@ -63,6 +64,7 @@ def _power_sections(subject: Subject, options: AnalyzeOptions, skipped: dict) ->
 
 def _jacobian_sections(subject: Subject, options: AnalyzeOptions) -> dict:
     o = options.jacobian_options
+    refuse_sharded(subject.model, "the Jacobian view")
     JacobianView(subject, o)  # validates k against d_model now, not when first read
     sections: dict[str, Section] = {}
     if options.jacobian is not None:

@@ -43,8 +43,12 @@ def is_conv1d(module: nn.Module) -> bool:
 
 
 def column_weight(module: nn.Module) -> Tensor:
-    """The weight as an (out, in) matrix, whatever the module stores."""
+    """The weight as an (out, in) matrix, whatever the module stores. An FSDP2 shard (a
+    DTensor) is gathered whole (``full_tensor()``, a collective: every rank must read it)."""
     weight = module.weight.detach()
+    gather = getattr(weight, "full_tensor", None)
+    if callable(gather):
+        weight = gather()
     return weight.t() if is_conv1d(module) else weight
 
 

@@ -17,8 +17,9 @@ the callback still works: it appends its own ``state.log_history`` entry and wri
 ``loggers`` (TensorBoard/JSONL/CSV/W&B, for plain loops), but the report_to integrations miss it.
 
 What happens: ``on_train_begin`` instruments the trainer's model; every ``every`` optimizer steps
-the power metrics of what was recorded are computed, flattened with
-:func:`~spectral_hooks.integrations.loggers.flatten_power`, sent to ``loggers`` and appended to
+the power metrics of what was recorded are computed (the cheap path of
+:mod:`~spectral_hooks.integrations.power_log`, with their cost as ``spectral/seconds``; Jacobian
+spectra too every ``jacobian_every`` steps, off by default), sent to ``loggers`` and appended to
 ``state.log_history`` (in the format ``Trainer.log`` uses); ``on_train_end`` removes the hooks.
 
 The metrics are computed before the optimizer step (``on_pre_optimizer_step``), so the weights
@@ -38,14 +39,15 @@ If training raises, the Trainer does not call ``on_train_end``: call ``callback.
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any, Iterable, Optional, Sequence
 
 import torch
 
 from ..checks import check_int
 from ..errors import OptionError, OptionTypeError
-from .loggers import POWER_COLUMNS, MetricsLogger, flatten_power
+from .loggers import POWER_COLUMNS, MetricsLogger
+from .power_log import JACOBIAN_COLUMNS
+from .tracker import Event
 
 try:
     from transformers import TrainerCallback
@@ -84,8 +86,10 @@ class SpectralCallback(TrainerCallback):
         report_to_trainer: also append the metrics to ``state.log_history``.
         window: "step" or "interval" (what the metrics are computed from).
         prefix: metric-name prefix (``spectral/layer_03/gap_ratio``).
-        analyze_options: extra keywords for ``probe.analyze(power=True, ...)``
-            (e.g. ``{"iterate": "I+F"}``).
+        analyze_options: ``iterate``, ``fold_norm`` (as in ``probe.analyze``), ``dense_limit``,
+            ``top_k`` (:mod:`spectral_hooks.metrics.power_factors`), e.g. ``{"iterate": "I+F"}``.
+        jacobian_every: also log block-Jacobian spectra every this many steps (None: never);
+            jacobian_options, jacobian_columns: see :class:`~.tracker.SpectralTracker`.
     """
 
     def __init__(self, *, every: int = 50, layers: Optional[Iterable[int]] = None,
@@ -94,8 +98,13 @@ class SpectralCallback(TrainerCallback):
                  report_to_trainer: bool = True,
                  capture: Sequence[str] = ("resid_pre", "resid_post"), store: str = "device",
                  window: str = "step", prefix: str = "spectral",
-                 analyze_options: Optional[dict] = None, close_loggers: bool = False) -> None:
+                 analyze_options: Optional[dict] = None, close_loggers: bool = False,
+                 jacobian_every: Optional[int] = None, jacobian_options: Optional[dict] = None,
+                 jacobian_columns: Sequence[str] = JACOBIAN_COLUMNS) -> None:
         check_int("every", every, minimum=1)
+        self.event = Event(every=every, columns=columns, prefix=prefix,
+                           analyze_options=analyze_options, jacobian_every=jacobian_every,
+                           jacobian_options=jacobian_options, jacobian_columns=jacobian_columns)
         if window not in WINDOWS:
             raise OptionError("window", window, f"one of {WINDOWS}")
         if store == "stats":
@@ -109,7 +118,6 @@ class SpectralCallback(TrainerCallback):
         self.loggers = list(loggers or ())
         self.report_to_trainer, self.capture, self.store = report_to_trainer, capture, store
         self.window, self.prefix = window, prefix
-        self.analyze_options = dict(analyze_options or {})
         self.close_loggers = close_loggers
         self.probe = None
         self.history: list[tuple[int, dict]] = []  # (step, metrics) logged by this callback
@@ -139,25 +147,7 @@ class SpectralCallback(TrainerCallback):
         self._pending = None
 
     def _due(self, step: int) -> bool:
-        return step > 0 and step % self.every == 0
-
-    def _metrics(self) -> Optional[dict]:
-        if self.probe is None or not self.probe.recording.steps:
-            return None
-        devices = sorted({p.device.index or 0 for p in self.probe.model.parameters()
-                          if p.device.type == "cuda"})
-        # fused optimizers do not bump Parameter._version: the probe's cache also compares a
-        # strided sample of every weight, and we invalidate after each step (a write to a few
-        # elements outside the sample is the cache's documented blind spot)
-        self.probe.invalidate()
-        start = time.perf_counter()
-        with torch.random.fork_rng(devices=devices), torch.no_grad():
-            report = self.probe.analyze(power=True, **{"progress": False,
-                                                       **self.analyze_options})
-            out = flatten_power(report.power, columns=self.columns, prefix=self.prefix)
-        out[f"{self.prefix}/seconds" if self.prefix else "seconds"] = \
-            time.perf_counter() - start  # the cost of this logging event, logged with it
-        return out
+        return self.event.due(step)
 
     # ---------------------------------------------------------------- Trainer events
     def on_train_begin(self, args, state, control, model=None, **kwargs: Any):
@@ -175,9 +165,10 @@ class SpectralCallback(TrainerCallback):
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs: Any):
         # the weights that produced this step's activations: analyse before they change
-        if self.probe is not None and self._due(state.global_step + 1) \
-                and state.is_world_process_zero:
-            self._pending = self._metrics()
+        # (every rank: sharded FSDP2 weights are gathered collectively; rank 0 computes)
+        step = state.global_step + 1
+        if self.probe is not None and self._due(step):
+            self._pending = self.event(self.probe, step, compute=state.is_world_process_zero)
 
     def on_step_end(self, args, state, control, **kwargs: Any):
         if self.probe is None or not self._due(state.global_step):
@@ -186,7 +177,8 @@ class SpectralCallback(TrainerCallback):
             control.should_log = True  # every rank: the Trainer's log gathers the loss
         metrics, self._pending = self._pending, None
         if metrics is None and state.is_world_process_zero:
-            metrics = self._metrics()  # no on_pre_optimizer_step event (older transformers)
+            # no on_pre_optimizer_step event (older transformers)
+            metrics = self.event(self.probe, int(state.global_step))
         self.probe.clear()
         if not metrics:
             return

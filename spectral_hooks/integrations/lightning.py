@@ -54,7 +54,8 @@ class SpectralLightningCallback(_pl.Callback):
         every: log at global steps ``every, 2 * every, ...``.
         model: where the transformer is in the LightningModule (attribute name or function).
         tracker_options: keywords of :class:`~spectral_hooks.integrations.SpectralTracker`
-            (``layers``, ``columns``, ``capture``, ``store``, ``prefix``, ``analyze_options``).
+            (``layers``, ``columns``, ``capture``, ``store``, ``prefix``, ``analyze_options``,
+            ``jacobian_every``, ``jacobian_options``, ``jacobian_columns``).
     """
 
     def __init__(self, *, every: int = 50,
@@ -77,9 +78,10 @@ class SpectralLightningCallback(_pl.Callback):
             self.tracker.probe.clear()
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        if self.tracker is not None and trainer.is_global_zero \
-                and self.tracker.due(trainer.global_step + 1):
-            self._pending = self.tracker.metrics()
+        step = trainer.global_step + 1  # every rank: FSDP2 shards are gathered collectively
+        if self.tracker is not None and self.tracker.due(step):
+            self._pending = self.tracker.event(self.tracker.probe, step,
+                                               compute=trainer.is_global_zero)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         metrics, self._pending = self._pending, None

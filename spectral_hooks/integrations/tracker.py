@@ -15,18 +15,32 @@
 due). Call it after ``backward()`` and before ``optimizer.step()``, so the weights analysed are
 the ones that produced the recorded activations. The analysis runs under ``torch.no_grad()``
 and a forked RNG state: training is unchanged. Under torch.distributed only rank 0 computes and
-logs (other ranks get None); the metrics describe rank 0's batch. Each logged event carries its
-own cost as ``spectral/seconds``.
+logs (other ranks get None; with FSDP2-sharded weights they take part in gathering each layer);
+the metrics describe rank 0's batch. Each logged event carries its own cost as
+``spectral/seconds``.
+
+The power metrics are the cheap ones (:mod:`~spectral_hooks.integrations.power_log`: F's
+spectrum dense up to d = 1024, top-k ``eigs`` on W_O (W_V x) above, alignment, consensus).
+``jacobian_every=N`` adds the block-Jacobian spectra (``probe.analyze(jacobian=...)``'s
+``jacobian`` table, ``spectral/layer_03/jacobian/top_eig_abs``) every N steps; off by default:
+one event costs seconds to minutes.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any, Iterable, Optional, Sequence
 
 import torch
 
-from .loggers import POWER_COLUMNS, MetricsLogger, flatten_power
+from ..wrappers import is_sharded
+from .loggers import POWER_COLUMNS, MetricsLogger
+from .power_log import (
+    JACOBIAN_COLUMNS,
+    check_power_options,
+    jacobian_metrics,
+    power_metrics,
+    timed_event,
+)
 
 
 def is_rank_zero() -> bool:
@@ -42,6 +56,62 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def cuda_devices(model: torch.nn.Module) -> list[int]:
+    """The CUDA devices of ``model``'s parameters (whose RNG an event forks)."""
+    return sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
+
+
+class Event:
+    """What one logging event computes (shared by SpectralTracker and SpectralCallback)."""
+
+    def __init__(self, *, every: int, columns: Sequence[str], prefix: str,
+                 analyze_options: Optional[dict], jacobian_every: Optional[int],
+                 jacobian_options: Optional[dict], jacobian_columns: Sequence[str]) -> None:
+        from ..checks import check_int
+
+        check_int("every", every, minimum=1)
+        if jacobian_every is not None:
+            check_int("jacobian_every", jacobian_every, minimum=1)
+        self.every, self.columns, self.prefix = every, tuple(columns), prefix
+        self.power_options = check_power_options(dict(analyze_options or {}))
+        self.jacobian_every, self.jacobian_columns = jacobian_every, tuple(jacobian_columns)
+        self.jacobian_options = dict(jacobian_options or {"k": 8})
+
+    def due(self, step: int) -> bool:
+        return step > 0 and (step % self.every == 0 or self._jacobian_due(step))
+
+    def _jacobian_due(self, step: int) -> bool:
+        return self.jacobian_every is not None and step % self.jacobian_every == 0
+
+    def __call__(self, probe: Any, step: int, *, compute: bool = True) -> Optional[dict]:
+        """The metrics due at ``step`` (None when nothing is recorded, or ``compute=False``:
+        then this rank only joins the gathers of sharded weights)."""
+        if probe is None or not self.due(step):
+            return None
+        model = probe.model
+        if not compute:
+            if step % self.every == 0 and is_sharded(model):
+                with torch.no_grad():
+                    power_metrics(probe, columns=self.columns, compute=False,
+                                  **self.power_options)
+            return None
+        if not probe.recording.steps:
+            return None
+        probe.invalidate()  # the weights changed since the last event
+
+        def run() -> dict:
+            out: dict = {}
+            if step % self.every == 0:
+                out.update(power_metrics(probe, columns=self.columns, prefix=self.prefix,
+                                         **self.power_options))
+            if self._jacobian_due(step):
+                out.update(jacobian_metrics(probe, options=self.jacobian_options,
+                                            columns=self.jacobian_columns, prefix=self.prefix))
+            return out
+        return timed_event(run, devices=cuda_devices(model),
+                           key=f"{self.prefix}/seconds" if self.prefix else "seconds")
+
+
 class SpectralTracker:
     """Hooks on ``model`` and power metrics every ``every`` steps (see the module docstring).
 
@@ -50,45 +120,45 @@ class SpectralTracker:
         layers, capture, store: passed to :func:`spectral_hooks.instrument`.
         columns: power-table columns to log; prefix: name prefix ("spectral").
         loggers: :class:`MetricsLogger` objects, written on rank 0 (closed by ``close()``).
-        analyze_options: extra keywords for ``probe.analyze(power=True, ...)``.
+        analyze_options: ``iterate``, ``fold_norm`` (as in ``probe.analyze``), ``dense_limit``,
+            ``top_k`` (:mod:`spectral_hooks.metrics.power_factors`).
+        jacobian_every: also log block-Jacobian spectra every this many steps (None: never).
+        jacobian_options: ``probe.analyze(jacobian=...)``'s options (default ``{"k": 8}``);
+        jacobian_columns: columns of its ``jacobian`` table ("frac_complex_top*" allowed).
     """
 
     def __init__(self, model: torch.nn.Module, *, every: int = 50,
                  layers: Optional[Iterable[int]] = None, columns: Sequence[str] = POWER_COLUMNS,
                  capture: Sequence[str] = ("resid_pre", "resid_post"), store: str = "device",
                  prefix: str = "spectral", loggers: Sequence[MetricsLogger] = (),
-                 analyze_options: Optional[dict] = None) -> None:
+                 analyze_options: Optional[dict] = None, jacobian_every: Optional[int] = None,
+                 jacobian_options: Optional[dict] = None,
+                 jacobian_columns: Sequence[str] = JACOBIAN_COLUMNS) -> None:
         from .. import instrument
 
         if not isinstance(every, int) or isinstance(every, bool) or every < 1:
             raise ValueError(f"every must be a positive int, got {every!r}")
+        self.event = Event(every=every, columns=columns, prefix=prefix,
+                           analyze_options=analyze_options, jacobian_every=jacobian_every,
+                           jacobian_options=jacobian_options, jacobian_columns=jacobian_columns)
         self.every, self.columns, self.prefix = every, tuple(columns), prefix
         self.loggers = list(loggers)
-        self.analyze_options = dict(analyze_options or {})
         self.probe = instrument(unwrap(model), layers=layers, capture=capture, store=store)
 
     def due(self, step: int) -> bool:
-        return step > 0 and step % self.every == 0
+        return self.event.due(step)
 
-    def metrics(self) -> Optional[dict]:
-        """The power metrics of what is recorded now (None when nothing is), with their cost."""
-        if self.probe is None or not self.probe.recording.steps:
-            return None
-        start = time.perf_counter()
-        model = self.probe.model
-        devices = sorted({p.device.index or 0 for p in model.parameters()
-                          if p.device.type == "cuda"})
-        self.probe.invalidate()  # the weights changed since the last event
-        with torch.random.fork_rng(devices=devices), torch.no_grad():
-            report = self.probe.analyze(power=True, **{"progress": False,
-                                                       **self.analyze_options})
-            out = flatten_power(report.power, columns=self.columns, prefix=self.prefix)
-        out[f"{self.prefix}/seconds" if self.prefix else "seconds"] = time.perf_counter() - start
-        return out
+    def metrics(self, step: Optional[int] = None) -> Optional[dict]:
+        """The metrics of what is recorded now (None when nothing is), with their cost:
+        the power metrics, and the Jacobian ones when ``step`` is a ``jacobian_every`` step
+        (``step=None``: the power metrics only)."""
+        return self.event(self.probe, self.every if step is None else int(step))
 
     def step(self, step: int) -> Optional[dict]:
         """Compute and log when ``step`` is due (rank 0); always clear the recording."""
-        metrics = self.metrics() if self.due(step) and is_rank_zero() else None
+        metrics = None
+        if self.due(step):
+            metrics = self.event(self.probe, int(step), compute=is_rank_zero())
         if metrics:
             for logger in self.loggers:
                 logger.log(metrics, int(step))

@@ -1,0 +1,141 @@
+"""What a training callback logs at one event: the power metrics, cheaply, one layer at a time.
+
+    >>> metrics = power_metrics(probe, columns=("gap_ratio", "gamma"))   # doctest: +SKIP
+    >>> metrics["spectral/layer_03/gap_ratio"]                           # doctest: +SKIP
+
+The values are ``probe.analyze(power=True).power``'s (tested against it), computed the way a
+logging event can afford (:mod:`spectral_hooks.metrics.power_factors`): per layer, W_O and W_V
+are read, F's spectrum is dense up to d = 1024 and a top-k ``eigs`` on the thin products
+x -> W_O (W_V x) above it, then alignment and consensus of the recorded tokens. Nothing is
+cached between events (the weights changed). Weights that are FSDP2 ``DTensor`` shards are
+gathered one layer at a time (``full_tensor()``, a collective: every rank calls
+:func:`power_metrics`, only the rank with ``compute=True`` does the arithmetic).
+
+:func:`jacobian_metrics` is the rarer event (``jacobian_every``): the ``jacobian`` table of
+``probe.analyze(jacobian=...)``, flattened to ``spectral/layer_03/jacobian/top_eig_abs``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable, Optional
+
+import torch
+from torch import Tensor
+
+from ..metrics.power_factors import TRAINING_DENSE_LIMIT, power_row_from_factors
+from ..metrics.spectrum import TOP_K
+from ..wrappers import weights_in
+
+JACOBIAN_COLUMNS = ("top_eig_abs",)
+_OPTIONS = ("iterate", "fold_norm", "dense_limit", "top_k")
+
+
+def full(tensor: Optional[Tensor]) -> Optional[Tensor]:
+    """``tensor`` itself, or the whole tensor of a DTensor shard (a collective)."""
+    gather = getattr(tensor, "full_tensor", None)
+    return gather() if callable(gather) else tensor
+
+
+def check_power_options(options: dict) -> dict:
+    """The power options a logging event accepts (see :func:`power_metrics`)."""
+    from ..errors import UnknownOptionError
+
+    unknown = sorted(set(options) - set(_OPTIONS) - {"progress"})
+    if unknown:
+        raise UnknownOptionError("analyze_options", unknown, list(_OPTIONS))
+    return {k: v for k, v in options.items() if k != "progress"}
+
+
+def _name(prefix: str, layer: int, column: str) -> str:
+    name = f"layer_{layer:02d}/{column}"
+    return f"{prefix}/{name}" if prefix else name
+
+
+def power_metrics(probe: Any, *, columns: Iterable[str], prefix: str = "spectral",
+                  iterate: str = "F", fold_norm: bool = False,
+                  dense_limit: int = TRAINING_DENSE_LIMIT, top_k: int = TOP_K,
+                  compute: bool = True) -> dict[str, float]:
+    """``{"spectral/layer_03/gap_ratio": ..., ...}`` for every recorded layer (NaN skipped).
+
+    ``columns``: power-table columns. ``iterate``, ``fold_norm``: as in ``probe.analyze``.
+    ``dense_limit``, ``top_k``: see :mod:`spectral_hooks.metrics.power_factors`.
+    ``compute=False``: only take part in the gathers of sharded weights (other ranks)."""
+    columns = (columns,) if isinstance(columns, str) else tuple(columns)
+    rec, anatomy = probe.recording, probe.anatomy
+    keeps = rec.store != "stats" and bool(rec.steps)
+    out: dict[str, float] = {}
+    for layer in rec.layers:
+        part = anatomy.layers[layer]
+        with weights_in(part.block, where=f"layer {layer}"):  # accelerate offload / meta
+            W_O, W_V = full(part.output_weights()), full(part.value_weights())
+            gain = full(part.attn_norm_weight()) if fold_norm else None
+            W_O, W_V = W_O.to("cpu", torch.float64), W_V.to("cpu", torch.float64)
+        if not compute:
+            continue
+        tokens = [rec.tokens(c, layer) if keeps and c in rec.capture else None
+                  for c in ("resid_pre", "resid_post")]
+        row = power_row_from_factors(W_O, W_V, *tokens, layer=layer, gain=gain,
+                                     iterate=iterate, dense_limit=dense_limit, top_k=top_k)
+        for column in columns:
+            if column not in row:
+                raise KeyError(f"power table has no column {column!r}; available: "
+                               f"{list(row)}")
+            value = float(row[column])
+            if not math.isnan(value):
+                out[_name(prefix, layer, column)] = value
+    return out
+
+
+def jacobian_metrics(probe: Any, *, options: Optional[dict] = None,
+                     columns: Iterable[str] = JACOBIAN_COLUMNS,
+                     prefix: str = "spectral") -> dict[str, float]:
+    """The ``jacobian`` table of ``probe.analyze(jacobian=options)`` as flat scalars:
+    ``spectral/layer_03/jacobian/top_eig_abs`` (``.../jacobian/pos_12/...`` when several
+    positions are linearised). Columns named with ``*`` take the table's k. The blocks are
+    replayed in eval mode (no dropout: a training model's Jacobian would be a random draw);
+    each module's training flag is restored afterwards."""
+    modules = list(probe.model.modules())
+    flags = [m.training for m in modules]
+    try:
+        probe.model.eval()
+        table = probe.analyze(power=False, jacobian=dict(options or {"k": 8}),
+                              progress=False).jacobian
+    finally:
+        for module, flag in zip(modules, flags):
+            module.training = flag
+    table = table[table["variant"] == "trained"] if "variant" in table else table
+    several = table["position"].nunique() > 1
+    wanted = []
+    for column in ((columns,) if isinstance(columns, str) else tuple(columns)):
+        if column in table.columns:
+            wanted.append(column)
+            continue
+        matches = [c for c in table.columns
+                   if "*" in column and c.startswith(column.split("*")[0])
+                   and c.endswith(column.split("*")[1]) and not c.endswith("_se")]
+        if not matches:
+            raise KeyError(f"jacobian table has no column {column!r}; available: "
+                           f"{list(table.columns)}")
+        wanted += matches
+    out: dict[str, float] = {}
+    for _, row in table.iterrows():
+        where = f"jacobian/pos_{int(row['position'])}" if several else "jacobian"
+        for column in wanted:
+            value = float(row[column])
+            if not math.isnan(value):
+                out[_name(prefix, int(row["layer"]), f"{where}/{column}")] = value
+    return out
+
+
+def timed_event(fn, *, devices: Iterable[int] = (), key: str = "spectral/seconds"
+                ) -> dict[str, float]:
+    """``fn()`` under ``torch.no_grad()`` and a forked RNG (training unchanged), with its
+    wall time added under ``key``: the cost of the event, logged with it."""
+    import time
+
+    start = time.perf_counter()
+    with torch.random.fork_rng(devices=list(devices)), torch.no_grad():
+        out = fn()
+    out[key] = time.perf_counter() - start
+    return out
