@@ -186,10 +186,11 @@ def _tan(x: Tensor, B: Tensor) -> float:
 
 def tan_ratio(a: Float[Tensor, " d"], b: Float[Tensor, " d"], B: Float[Tensor, "d r"]) -> float:
     """tan(angle(b, span B)) / tan(angle(a, span B)): the per-step contraction of the angle to a
-    subspace (a power iteration gives |mu_2 / mu_1| asymptotically). NaN when a lies in span B."""
+    subspace (a power iteration gives |mu_2 / mu_1| asymptotically). NaN when a lies in span B
+    (tan below 1e-12: the ratio is rounding noise) or a or b is orthogonal to it."""
     a, b, B = _f64(a), _f64(b), _f64(B)
     ta, tb = _tan(a, B), _tan(b, B)
-    if ta == 0 or math.isinf(ta) or math.isinf(tb):
+    if ta < 1e-12 or math.isinf(ta) or math.isinf(tb):
         return float("nan")
     return tb / ta
 
