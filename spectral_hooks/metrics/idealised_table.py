@@ -32,7 +32,14 @@ from spectral_hooks.metrics.idealised import (
     token_rate,
 )
 from spectral_hooks.metrics.nulls import gamma_null
-from spectral_hooks.metrics.power import _check_square, _spectrum_one, alignment, consensus
+from spectral_hooks.metrics.power import (
+    DENSE_LIMIT,
+    TOP_K,
+    _check_square,
+    _layer_spectra,
+    alignment,
+    consensus,
+)
 from spectral_hooks.metrics.shared_weights import line_angle_deg, subspace_angle_deg
 
 __all__ = ["idealised_table", "IDEALISED_COLUMNS"]
@@ -116,7 +123,7 @@ def idealised_table(
     Columns (``IDEALISED_COLUMNS``; docs/metrics.md#idealised): B_t is the principal subspace
     of F_t in the ``iterate`` ordering, as in the power table, so gamma_obs is its gamma.
     """
-    F = _check_square(F)
+    F_in, F = F, _check_square(F)
     if F.ndim != 3:
         raise ValueError(f"F must be [L, d, d], got shape {tuple(F.shape)}")
     L, d = F.shape[0], F.shape[-1]
@@ -130,7 +137,10 @@ def idealised_table(
     if any(x.shape[1] != d for x in X):
         raise ValueError(f"start tokens must be [n_s, {d}]")
     n = sum(x.shape[0] for x in X)
-    keep = set(range(first, L)) if layers is None else {int(t) % L for t in layers}
+    keep = sorted(set(range(first, L)) if layers is None else {int(t) % L for t in layers})
+    # spectra through the cache power_table uses (the same F object: computed once)
+    spectra = dict(zip(keep, _layer_spectra(F_in, F, keep, iterate, real_tol, DENSE_LIMIT, TOP_K)))
+    rates = dict(zip(keep, _layer_spectra(F_in, F, keep, "I+F", real_tol, DENSE_LIMIT, TOP_K)))
     rows = []
     for t in range(first, L):
         p_in = torch.cat(X)
@@ -143,8 +153,7 @@ def idealised_table(
         pred = torch.cat(X)
         o_in, o_out = (_flat(resid_pre, t, d, n, "resid_pre"),
                        _flat(resid_post, t, d, n, "resid_post"))
-        s = _spectrum_one(F[t], iterate, real_tol)
-        r = _spectrum_one(F[t], "I+F", real_tol)
+        s, r = spectra[t], rates[t]
         B = s.B
         rows.append({
             "layer": t, "attention": "recorded" if patterns is not None else "uniform",
