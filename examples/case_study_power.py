@@ -113,7 +113,7 @@ def synthetic(d: int, depth: int, n: int) -> tuple[pd.DataFrame, dict]:
 
 
 def plot_synthetic(curves: dict, path: Path) -> None:
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = plt.subplots(figsize=(8.6, 4.2))
     for (label, (gamma, tans, rate)), colour in zip(curves.items(), plt.cm.viridis(
             np.linspace(0, 0.85, len(curves)))):
         layers = np.arange(1, len(gamma) + 1)
@@ -129,7 +129,7 @@ def plot_synthetic(curves: dict, path: Path) -> None:
     ax.axhline(1e-16, color="grey", lw=0.5, ls=":")
     ax.set(xlabel="layer", ylabel="1 - gamma (mean alignment with v1 of I+F')",
            title="Synthetic FFN-free shared-weight model", ylim=(1e-17, 2))
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
