@@ -233,17 +233,19 @@ def minilm_steering(model, batch, gaps, alphas=None) -> pd.DataFrame:
 
 def plot_steering(table: pd.DataFrame, caps: dict, path: Path) -> None:
     cols = ["idealised (one FFN-free step)", "after attention + LN1", "final (after FFN + LN2)"]
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    fig, ax = plt.subplots(figsize=(8.6, 4.0))
     x = np.arange(len(table))
     for i, col in enumerate(cols):
         ax.bar(x + (i - 1) * 0.27, table[col], 0.27, label=col)
     ax.axhline(caps["LN1+FFN+LN2 ceiling (+u)"], color="k", ls="--", lw=1,
                label="alpha -> inf ceiling, LN1+FFN+LN2 (+u)")
+    ax.axhline(caps["LN1+FFN+LN2 ceiling (-u)"], color="k", ls="-.", lw=1,
+               label="alpha -> inf ceiling, LN1+FFN+LN2 (-u)")
     ax.axhline(table["before steering"].iloc[0], color="grey", ls=":", label="before steering")
     ax.set_xticks(x, [f"gap {g:g}" for g in table["target gap"]])
-    ax.set(ylabel="mean |cos(x_i, u)| of the final tokens", ylim=(0, 1.05),
+    ax.set(ylabel="mean |cos(x_i, u)|", ylim=(0, 1.05),
            title="Steering MiniLM's last layer toward u")
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
