@@ -228,7 +228,16 @@ def minilm_steering(model, batch, gaps, alphas=None) -> pd.DataFrame:
         base = model(**batch).last_hidden_state[mask.bool()].double()
     table = pd.DataFrame(rows)
     table["before steering"] = float(alignment(base, u).mean())
-    return table, ceilings(block, u)
+    # the edit adds alpha u w^T (V x + b_V): a token-dependent part and a constant push from
+    # the value bias, which the idealisation (F only, no biases) leaves out
+    part = sh.anatomy_of(model).layers[-1]
+    V = part.value_weights().double().reshape(-1, u.numel())
+    w = torch.linalg.pinv(V.T) @ u
+    x5 = torch.cat(x_in)
+    caps = ceilings(block, u)
+    caps["w^T b_V (value-bias push)"] = float(w @ part.value_bias().double().reshape(-1))
+    caps["mean abs w^T V x (token part)"] = float((x5 @ (V.T @ w)).abs().mean())
+    return table, caps
 
 
 def plot_steering(table: pd.DataFrame, caps: dict, path: Path) -> None:
