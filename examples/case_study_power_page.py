@@ -29,6 +29,13 @@ IDEAL_COLS = ["layer", "gamma_pred", "gamma_obs", "gamma_null", "mean_cos_pred",
 
 def write_page(args, syn, ideal, recorded, steer_table, caps, seconds) -> None:
     last, first = steer_table.iloc[-1], steer_table.iloc[0]
+    bias_note = ""
+    if first["idealised (one FFN-free step)"] < first["after attention + LN1"] - 0.05:
+        bias_note = (": this is why one FFN-free step from the same tokens aligns less than "
+                     f"MiniLM's attention half at gap {first['target gap']:g} "
+                     f"({first['idealised (one FFN-free step)']:.3f} vs "
+                     f"{first['after attention + LN1']:.3f}), and the two agree once alpha "
+                     "dominates")
     fin, ln1, ide = (last["final (after FFN + LN2)"], last["after attention + LN1"],
                      last["idealised (one FFN-free step)"])
     steered = syn[syn.model != "unsteered"]
@@ -155,10 +162,7 @@ h = LN1(x + attn(x)), out = LN2(h + FFN(h)).
 3. *Biases.* The edit W_O' = W_O + alpha u w^T also multiplies the value bias: every token gets
    alpha u (w^T V x_attn + w^T b_V), and here w^T b_V = {caps['w^T b_V (value-bias push)']:.3f}
    against a token part |w^T V x| of {caps['mean abs w^T V x (token part)']:.3f} on average (before
-   attention averages it). The idealisation keeps F only, no biases: that is why one FFN-free step
-   from the same tokens aligns less than MiniLM's attention half at the largest gap
-   ({first['idealised (one FFN-free step)']:.3f} vs {first['after attention + LN1']:.3f} at gap
-   {first['target gap']:g}), and why the two agree once alpha dominates.
+   attention averages it). The idealisation keeps F only, no biases{bias_note}.
 {saturation}The power-method picture holds for the attention
 sub-layer (its residual update aligns with u as predicted); the post-LN normalisation and the FFN,
 which the idealisation leaves out, set the ceiling.
