@@ -34,8 +34,8 @@ def write_page(args, syn, ideal, recorded, steer_table, caps, seconds) -> None:
         bias_note = (": this is why one FFN-free step from the same tokens aligns less than "
                      f"MiniLM's attention half at gap {first['target gap']:g} "
                      f"({first['idealised (one FFN-free step)']:.3f} vs "
-                     f"{first['after attention + LN1']:.3f}); at larger alpha the token part dominates and "
-                     "the idealised step overtakes it")
+                     f"{first['after attention + LN1']:.3f}): the bias adds to the push at a given alpha; "
+                     "at larger alpha both saturate and the idealised step overtakes LN1's cap")
     fin, ln1, ide = (last["final (after FFN + LN2)"], last["after attention + LN1"],
                      last["idealised (one FFN-free step)"])
     steered = syn[syn.model != "unsteered"]
