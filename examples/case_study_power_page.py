@@ -141,7 +141,8 @@ final tokens (all tokens of all sentences).
 {md(steer_table)}
 
 Limits as alpha -> infinity (every token's attention output becomes c_i u with |c_i| -> infinity),
-computed from MiniLM's own LayerNorm and FFN weights:
+computed from MiniLM's own LayerNorm and FFN weights (the last two columns: the two parts of the
+edit's push, see 3. below, not limits):
 
 {md(pd.DataFrame([caps]))}
 
