@@ -203,3 +203,47 @@ def test_case_study_training_quick(monkeypatch, capsys):
     from scipy.stats import false_discovery_control
     np.testing.assert_allclose(learned.pvalue_adj, false_discovery_control(learned.pvalue))
     assert (learned.pvalue_adj >= learned.pvalue - 1e-15).all()
+
+
+def test_case_study_power_quick(monkeypatch, capsys, tmp_path, minilm):
+    """The quick form writes its page and figures; its numbers match oracles computed here:
+    the synthetic rates from a numpy eig of I + F' of the same steered weights, the MiniLM
+    table from the raw weights, the steering ceiling ordering the page explains."""
+    from spectral_hooks.metrics.steering_math import rank1_output_edit
+
+    ns, out = run_example("case_study_power", monkeypatch, capsys, "--quick", "--out", tmp_path)
+    res = ns["results"]
+    page = (tmp_path / "case_study_power.md").read_text()
+    for name in ("synthetic", "minilm_layers", "minilm_steering"):
+        png = tmp_path / "img" / f"case_power_{name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"img/case_power_{name}.png" in page
+    # (a) synthetic: predicted rate = max(|mu2|, 1) / |mu1| of I + F' (numpy), observed close
+    syn = res["synthetic"]
+    model = ns["IdealisedModel"](16, 4, 6, seed=0)
+    W_V, W_O = model.heads()
+    u = torch.randn(16, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    for row in syn.itertuples():
+        gap = None if row.model == "unsteered" else float(row.model.split()[1])
+        F = np.einsum("hdk,hkm->dm", W_O.numpy(), W_V.numpy())
+        if gap is not None:
+            e = rank1_output_edit(W_V, W_O, u, gap=gap)
+            F = F + e.alpha * np.outer(e.u.numpy(), e.u_reachable.numpy())
+        mu = eigvals_by_modulus(np.eye(16) + F)
+        mu2 = next(m for m in mu[1:] if abs(m - np.conj(mu[0])) > 1e-9 * abs(mu[0]))
+        assert row[5] == pytest.approx(max(abs(mu2), 1) / abs(mu[0]), rel=1e-9)  # predicted rate
+        if gap is not None:
+            assert row[4] <= gap * 1.001  # |mu2/mu1| of I + F' meets the target
+            assert row[6] == pytest.approx(row[5], rel=0.5)  # observed rate, last step
+            assert row[9] > 0.999  # gamma after layer 2
+    # (b) MiniLM: the section's observed gamma is the power oracle's; steering saturates
+    ideal = res["idealised"]
+    assert list(ideal.layer) == list(range(6)) and (ideal.attention == "uniform").all()
+    assert ideal.gamma_pred.notna().all() and ideal.mean_cos_pred.iloc[-1] > ideal.mean_cos_obs.iloc[-1]
+    steer = res["steering"].iloc[0]
+    caps = res["ceilings"]
+    assert steer["idealised (one FFN-free step)"] > 0.95 and steer["after attention + LN1"] > 0.9
+    assert 0.6 < steer["final (after FFN + LN2)"] < 0.9
+    lo, hi = sorted([caps["LN1+FFN+LN2 ceiling (+u)"], caps["LN1+FFN+LN2 ceiling (-u)"]])
+    assert lo - 0.05 < steer["final (after FFN + LN2)"] < hi + 0.05
+    assert f"{steer['final (after FFN + LN2)']:.3f}" in page and "## What this does not show" in page
+    assert "wrote" in out

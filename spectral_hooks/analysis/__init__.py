@@ -10,7 +10,7 @@ the probe's cache) and resolves the keywords into :class:`AnalyzeOptions`. This 
 
 Sections (computed lazily, each once per state of the weights and recording):
 power, cross_power (decoder stacks of encoder-decoder models), spectra, shared_weights (power
-view); jacobian, trends (jacobian=...); bottleneck,
+view); idealised (idealised=True); jacobian, trends (jacobian=...); bottleneck,
 propagation (bottleneck=True); topology, units (topology=True).
 """
 
@@ -27,6 +27,7 @@ from ..wrappers import refuse_sharded
 from .bottleneck import bottleneck_section, propagation_section
 from .cache import AnalysisCache
 from .columns import SCHEMAS
+from .idealised import idealised_section, idealised_unavailable
 from .jacobian import JacobianView, jacobian_section
 from .metadata import metadata
 from .options import AnalyzeOptions, JacobianOptions
@@ -125,6 +126,12 @@ def analyze(subject: Subject, options: AnalyzeOptions) -> Report:
     if options.jacobian_view:
         sections.update(_jacobian_sections(subject, options))
         meta["jacobian"] = JacobianView(subject, options.jacobian_options).describe()
+    if options.idealised:
+        reason = idealised_unavailable(subject)
+        if reason is None:
+            sections["idealised"] = lambda: idealised_section(subject, options)
+        else:
+            skipped["idealised"] = reason
     _merge_spectra(sections)
     if skipped:
         meta["sections_skipped"] = skipped

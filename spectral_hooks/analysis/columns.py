@@ -25,6 +25,7 @@ JACOBIAN_VARIANTS = ("trained", "init")
 _power = partial(Column, anchor="power")
 _spectra = partial(Column, anchor="spectra")
 _shared = partial(Column, anchor="shared_weights")
+_ideal = partial(Column, anchor="idealised")
 _jacobian = partial(Column, anchor="jacobian")
 _trends = partial(Column, anchor="trends")
 _bottleneck = partial(Column, anchor="bottleneck")
@@ -93,6 +94,44 @@ SHARED_WEIGHTS = SectionSchema("shared_weights", (
     _shared("mu1_is_complex", "bool", "mu_1 belongs to a complex conjugate pair"),
     _shared("n_tokens", "int", "number of non-padding tokens used"),
     _shared("group", "int", "index of the shared-weight group (one per shared block)"),
+), key_columns=("layer",))
+
+IDEALISED = SectionSchema("idealised", (
+    _ideal("layer", "int", "layer index t (0 = first block)"),
+    _ideal("attention", "category", "the attention pattern of the prediction: uniform (the "
+           "paper's idealisation) or recorded", categories=("uniform", "recorded")),
+    _ideal("iterate", "category", "the ordering that picks B_t, as in power",
+           categories=("F", "I+F")),
+    _ideal("n_tokens", "int", "number of non-padding tokens"),
+    _ideal("n_sequences", "int", "number of sequences (attention mixes tokens of one sequence)"),
+    _ideal("gamma_pred", "float", "mean alignment with B_t of the predicted tokens after layer t"),
+    _ideal("gamma_obs", "float", "mean alignment with B_t of the observed output tokens (= power's gamma)"),
+    _ideal("gamma_null", "float", "expected alignment of a uniformly random direction with B_t"),
+    _ideal("mean_cos_pred", "float", "mean pairwise cosine of the predicted tokens (consensus)"),
+    _ideal("mean_cos_obs", "float", "mean pairwise cosine of the observed output tokens"),
+    _ideal("consensus_angle_deg", "float", "angle (degrees, lines) between the predicted and the "
+           "observed mean token direction"),
+    _ideal("angle_pred_principal_deg", "float", "angle (degrees) of the predicted mean token to B_t"),
+    _ideal("angle_obs_principal_deg", "float", "angle (degrees) of the observed mean token to B_t"),
+    _ideal("predicted_rate", "float", "|mu_2 / mu_1| of I + F_t: the rate of the mean token's "
+           "power iteration"),
+    _ideal("token_rate", "float", "max(|mu_2|, 1) / |mu_1|: the predicted per-layer contraction "
+           "of a token's angle to v_1 (uniform bidirectional attention)"),
+    _ideal("rate_pred", "float", "tan(angle to B_t) after / before layer t of the predicted mean token"),
+    _ideal("rate_obs", "float", "the same ratio for the observed mean token (resid_pre -> resid_post)"),
+    _ideal("frac_plus_pred", "float", "share of predicted tokens on the +v_1 side (v_1 with its "
+           "largest entry positive; NaN for a complex pair)"),
+    _ideal("frac_plus_obs", "float", "share of observed output tokens on the +v_1 side"),
+    _ideal("bipolarity_pred", "float", "1 - |mean cos(x_i, v_1)| / mean |cos(x_i, v_1)| of the "
+           "predicted tokens: 0 unipolar, 1 an even split between +v_1 and -v_1"),
+    _ideal("bipolarity_obs", "float", "the same for the observed output tokens"),
+    _ideal("lambda1_is_complex", "bool", "lambda_1 belongs to a complex conjugate pair"),
+    _ideal("rotation_theory_deg", "float", "|arg(1 + lambda_1)| in degrees: the angle I + F_t "
+           "turns its leading plane per step (NaN for a real lambda_1)"),
+    _ideal("rotation_pred_deg", "float", "angle the predicted mean token turned in that plane "
+           "through layer t"),
+    _ideal("rotation_obs_deg", "float", "angle the observed mean token turned in that plane "
+           "through layer t"),
 ), key_columns=("layer",))
 
 JACOBIAN = SectionSchema("jacobian", (
@@ -211,7 +250,7 @@ CROSS_POWER = SectionSchema("cross_power", POWER.columns, key_columns=POWER.key_
 #: Every section the library produces, by name.
 SCHEMAS: dict[str, SectionSchema] = {
     s.name: s
-    for s in (POWER, CROSS_POWER, SPECTRA, SHARED_WEIGHTS, JACOBIAN, TRENDS, BOTTLENECK,
+    for s in (POWER, CROSS_POWER, SPECTRA, SHARED_WEIGHTS, IDEALISED, JACOBIAN, TRENDS, BOTTLENECK,
               PROPAGATION, TOPOLOGY, UNITS)
 }
 

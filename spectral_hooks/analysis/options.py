@@ -171,6 +171,8 @@ class AnalyzeOptions:
         bottleneck: the end-to-end bottleneck and its ablations, and propagation.
         reinit: the same Jacobian analyses on a freshly initialised model, side by side.
         topology: residual-unit communities, bridges and amplification.
+        idealised: paper 1's idealised dynamics (FFN-free, L2-normalised, uniform attention,
+            the model's own F_t) from the recorded first-layer tokens, against the observation.
         tokenizer: names the tokens of the Jacobian rows (column ``token``, decoded with its
             ``decode``); None uses the tokenizer the model carries (TransformerLens), if any.
         progress: one display over the whole analysis (``analysis/progress.py``): None or True
@@ -185,11 +187,12 @@ class AnalyzeOptions:
     bottleneck: bool = False
     reinit: bool = False
     topology: bool = False
+    idealised: bool = False
     tokenizer: Any = None
     progress: Optional[bool] = None
 
     def __post_init__(self) -> None:
-        for name in ("power", "fold_norm", "bottleneck", "reinit", "topology"):
+        for name in ("power", "fold_norm", "bottleneck", "reinit", "topology", "idealised"):
             _check_bool(name, getattr(self, name))
         if self.tokenizer is not None and not callable(getattr(self.tokenizer, "decode", None)):
             raise OptionError("tokenizer", type(self.tokenizer).__name__,

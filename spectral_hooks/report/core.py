@@ -54,6 +54,7 @@ SECTION_NAMES: tuple[str, ...] = (
     "cross_power",
     "spectra",
     "shared_weights",
+    "idealised",
     "jacobian",
     "trends",
     "bottleneck",
@@ -216,6 +217,7 @@ class Report:
     units = property(lambda self: self.get("units"), doc="Per-unit topology, layer x unit.")
     propagation = property(lambda self: self.get("propagation"), doc="Perturbation propagation.")
     shared_weights = property(lambda self: self.get("shared_weights"), doc="Shared-weight analysis.")
+    idealised = property(lambda self: self.get("idealised"), doc="Idealised dynamics vs observed.")
 
     def __repr__(self) -> str:
         model = self.metadata.get("model")
