@@ -10,7 +10,7 @@ Example::
     ...                       "log_gain_init": 0.0})
     >>> table = community_table(units, n_shuffles=200, seed=0)
     >>> table["mean_log_gain"].tolist(), table["gain_pvalue"].round(2).tolist()
-    ([1.0, -1.0], [0.03, 0.03])
+    ([1.0, -1.0], [0.01, 0.01])
 
 Definitions (float64; one row per layer x community of the ``units`` table):
 

@@ -8,8 +8,8 @@ Example::
     >>> init = pd.DataFrame({"seed": [1, 1, 2, 2, 3, 3], "metric": "sym_energy",
     ...                      "layer": [0, 1] * 3, "value": [0.5, 0.4, 0.6, 0.6, 0.55, 0.5]})
     >>> t = seed_test_table(trained, init)
-    >>> t[["layer", "init_mean", "n_init", "greater_pvalue"]].values.tolist()
-    [[0, 0.55, 3, 0.25], [1, 0.5, 3, 0.75]]
+    >>> t["init_mean"].round(4).tolist(), t["greater_pvalue"].tolist(), t["n_init"].tolist()
+    ([0.55, 0.5], [0.25, 0.75], [3, 3])
 
 Per row (float64): ``trained``; ``init_mean``, ``init_std`` (ddof 1) and ``n_init`` over the
 finite init values; ``difference`` = trained - init_mean; the empirical p-values of
