@@ -191,7 +191,7 @@ class Probe(BlockJacobians, RecordsOn):
         """A :class:`~spectral_hooks.report.Report` whose sections are computed when first
         read; keywords are the fields of :class:`~spectral_hooks.analysis.AnalyzeOptions`
         (``power``, ``iterate``, ``fold_norm``, ``jacobian``, ``bottleneck``, ``reinit``,
-        ``topology``). Results are cached until the weights or the recording change."""
+        ``reinit_seeds``, ``topology``). Results are cached until the weights or the recording change."""
         subject = Subject(anatomy=self.anatomy, recording=self.recording, cache=self._cache,
                           record_on=self.record_on)
         return analyze(subject, AnalyzeOptions.resolve(options, **keywords))

@@ -11,7 +11,8 @@ the probe's cache) and resolves the keywords into :class:`AnalyzeOptions`. This 
 Sections (computed lazily, each once per state of the weights and recording):
 power, cross_power (decoder stacks of encoder-decoder models), spectra, shared_weights (power
 view); idealised (idealised=True); jacobian, trends (jacobian=...); bottleneck,
-propagation (bottleneck=True); topology, units (topology=True).
+propagation (bottleneck=True); topology, units, communities (topology=True); reinit_test
+(reinit_seeds=n).
 """
 
 from __future__ import annotations
@@ -35,10 +36,11 @@ from .power import cross_power_section, has_cross_attention, power_section
 from .preflight import TOKEN_COLUMNS, TokenColumnsWarning, preflight
 from .progress import Progress
 from .reinit import init_subject
+from .reinit_test import reinit_test_section
 from .shared_weights import shared_weights_section
 from .spectra import spectra_section
 from .subject import Subject
-from .topology import topology_section, units_section
+from .topology import communities_section, topology_section, units_section
 from .trends import trends_section
 
 __all__ = ["AnalyzeOptions", "JacobianOptions", "AnalysisCache", "Subject", "analyze",
@@ -80,6 +82,9 @@ def _jacobian_sections(subject: Subject, options: AnalyzeOptions) -> dict:
     if options.topology:
         sections["topology"] = lambda: topology_section(subject, options)
         sections["units"] = lambda: units_section(subject, options)
+        sections["communities"] = lambda: communities_section(subject, options)
+    if options.reinit_seeds:
+        sections["reinit_test"] = lambda: reinit_test_section(subject, options)
     return sections
 
 
@@ -137,7 +142,8 @@ def analyze(subject: Subject, options: AnalyzeOptions) -> Report:
         meta["sections_skipped"] = skipped
     progress = Progress(list(sections), n_layers=len(subject.layers),
                         enabled=options.show_progress,
-                        doubled=_REINIT_SECTIONS if options.reinit else ())
+                        doubled=_REINIT_SECTIONS if options.reinit else (),
+                        times={"reinit_test": 1 + options.reinit_seeds})
     return Report({name: _instrumented(name, fn, meta, progress)
                    for name, fn in sections.items()}, meta,
                   schemas={name: SCHEMAS[name] for name in sections if name in SCHEMAS})

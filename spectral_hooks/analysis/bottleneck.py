@@ -21,7 +21,7 @@ from .reinit import init_subject
 from .subject import Subject
 
 
-def _variant_table(view: JacobianView, variant: str) -> pd.DataFrame:
+def variant_table(view: JacobianView, variant: str) -> pd.DataFrame:
     """One variant's rows. trained/init: the end-to-end Jacobian P_l itself for a
     bidirectional model (JVPs through the whole stack), the product of per-position blocks for
     a causal one (where it is exact); the ablations are products of modified blocks, every
@@ -59,10 +59,10 @@ def bottleneck_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFram
                  f"{subject.anatomy.d_model} > SCHUR_MAX_D={SCHUR_MAX_D} (it needs dense "
                  "Jacobians)")
         variants.remove("schur")
-    frames = [_variant_table(view, v) for v in variants]
+    frames = [variant_table(view, v) for v in variants]
     if options.reinit:
         init = JacobianView(init_subject(subject, seed=o.init_seed), o)
-        frames.append(_variant_table(init, "init"))
+        frames.append(variant_table(init, "init"))
     return pd.concat(frames, ignore_index=True)
 
 

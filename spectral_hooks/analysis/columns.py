@@ -32,6 +32,9 @@ _bottleneck = partial(Column, anchor="bottleneck")
 _propagation = partial(Column, anchor="propagation")
 _topology = partial(Column, anchor="topology")
 _units = partial(Column, anchor="units")
+_communities = partial(Column, anchor="communities")
+_reinit_test = partial(Column, anchor="reinit_test")
+_ADJ = "Benjamini-Hochberg adjusted "
 
 POWER = SectionSchema("power", (
     _power("layer", "int", "layer index t (0 = first block)"),
@@ -56,6 +59,7 @@ POWER = SectionSchema("power", (
     _power("gamma2_null", "float", "expected alignment of a random direction with B2_t"),
     _power("rho", "float", "share of tokens whose alignment with B_t grew through the layer"),
     _power("rho_pvalue", "float", "one-sided exact binomial p-value of rho against 1/2"),
+    _power("rho_pvalue_adj", "float", _ADJ + "rho_pvalue (family: the layers of the table)"),
     _power("n_tokens", "int", "number of non-padding tokens used"),
     _power("mean_cos", "float", "mean pairwise cosine of the output tokens (consensus)"),
     _power("collapse_residual", "float", "||X - 1 xbar^T||_F / ||X||_F of the output tokens"),
@@ -189,6 +193,7 @@ TRENDS = SectionSchema("trends", (
     _trends("metric", "str", "a per-layer metric of the power or jacobian table"),
     _trends("spearman_rho", "float", "Spearman correlation of the metric with the layer index"),
     _trends("pvalue", "float", "its two-sided p-value"),
+    _trends("pvalue_adj", "float", _ADJ + "pvalue (family: every metric of the table)"),
     _trends("n_layers", "int", "layers with a finite value (positions averaged per layer)"),
 ), key_columns=("metric",))
 
@@ -229,9 +234,17 @@ TOPOLOGY = SectionSchema("topology", (
     _topology("method", "category", "leiden (signed) or louvain (on |weight|)",
               categories=("leiden", "louvain")),
     _topology("coupling_rho", "float", "Spearman correlation of bridge score and amplification"),
-    _topology("coupling_pvalue", "float", "its p-value"),
+    _topology("coupling_pvalue", "float", "its two-sided p-value"),
+    _topology("coupling_pvalue_adj", "float", _ADJ + "coupling_pvalue (family: the layers)"),
     _topology("coupling_rho_init", "float", "the same at initialisation (control)"),
+    _topology("coupling_pvalue_init", "float", "its two-sided p-value (NaN without reinit)"),
+    _topology("coupling_pvalue_init_adj", "float", _ADJ + "coupling_pvalue_init (family: the "
+              "layers)"),
     _topology("coupling_rho_shuffled", "float", "the same with community labels shuffled (control)"),
+    _topology("coupling_pvalue_shuffled", "float", "two-sided empirical p-value of coupling_rho "
+              "against the label shuffles"),
+    _topology("coupling_pvalue_shuffled_adj", "float", _ADJ + "coupling_pvalue_shuffled (family: "
+              "the layers)"),
     _topology("n_units", "int", "number of units d"),
     _topology("n_tokens", "int", "number of recorded tokens the correlations use"),
 ), key_columns=("layer",))
@@ -241,8 +254,61 @@ UNITS = SectionSchema("units", (
     _units("unit", "int", "index of the residual-stream coordinate"),
     _units("community", "int", "its community label"),
     _units("bridge_score", "float", "participation coefficient over |weights|"),
-    _units("amplification", "float", "g_i = ||Delta J e_i||"),
+    _units("amplification", "float", "g_i = ||Delta J e_i|| (the residual-free part: >= 0, unsigned)"),
+    _units("log_gain", "float", "signed gain log ||J e_i|| of the whole block: > 0 amplifies the "
+           "unit, < 0 suppresses it"),
+    _units("log_gain_init", "float", "the same in the freshly initialised model (NaN without "
+           "reinit)"),
 ), key_columns=("layer", "unit"))
+
+COMMUNITIES = SectionSchema("communities", (
+    _communities("layer", "int", "layer l"),
+    _communities("community", "int", "community label (as in units)"),
+    _communities("layer_type", "category", "block: the gain of the whole block Jacobian (no "
+                 "attention / feed-forward split)", categories=("block", "attention", "ffn")),
+    _communities("n_units", "int", "number of units in the community"),
+    _communities("mean_log_gain", "float", "mean of log ||J e_i|| over the community (> 0 "
+                 "amplified, < 0 suppressed)"),
+    _communities("mean_log_gain_null", "float", "mean of mean_log_gain over label shuffles (null)"),
+    _communities("mean_log_gain_null_sd", "float", "its standard deviation over the shuffles"),
+    _communities("gain_pvalue", "float", "two-sided empirical p-value of mean_log_gain against "
+                 "the label shuffles"),
+    _communities("gain_pvalue_adj", "float", _ADJ + "gain_pvalue (family: every layer x "
+                 "community row)"),
+    _communities("mean_log_gain_init", "float", "the same units' mean gain at initialisation "
+                 "(control; NaN without reinit)"),
+    _communities("gain_init_pvalue", "float", "the label-shuffle test of mean_log_gain_init"),
+    _communities("gain_init_pvalue_adj", "float", _ADJ + "gain_init_pvalue (family: every row)"),
+    _communities("amplification", "float", "||Delta J Pi_C||_F^2 / |C|"),
+    _communities("gain_coupling_rho", "float", "Spearman correlation of bridge score and log_gain "
+                 "within the community"),
+    _communities("gain_coupling_pvalue", "float", "its two-sided p-value"),
+    _communities("gain_coupling_pvalue_adj", "float", _ADJ + "gain_coupling_pvalue (family: "
+                 "every row)"),
+), key_columns=("layer",))
+
+REINIT_TEST = SectionSchema("reinit_test", (
+    _reinit_test("metric", "category", "sym_energy, commutator, departure_rel or "
+                 "erank_end_to_end", categories=("sym_energy", "commutator", "departure_rel",
+                                                 "erank_end_to_end")),
+    _reinit_test("layer", "int", "layer l (erank_end_to_end: the end-to-end Jacobian through l)"),
+    _reinit_test("trained", "float", "the trained model's value"),
+    _reinit_test("init_mean", "float", "mean over the re-initialised models"),
+    _reinit_test("init_std", "float", "their standard deviation (ddof 1)"),
+    _reinit_test("n_init", "int", "number of re-initialised models with a finite value"),
+    _reinit_test("difference", "float", "trained - init_mean"),
+    _reinit_test("greater_pvalue", "float", "(1 + #{init >= trained}) / (n + 1)"),
+    _reinit_test("greater_pvalue_adj", "float", _ADJ + "greater_pvalue (family: every row)"),
+    _reinit_test("less_pvalue", "float", "(1 + #{init <= trained}) / (n + 1)"),
+    _reinit_test("less_pvalue_adj", "float", _ADJ + "less_pvalue (family: every row)"),
+    _reinit_test("two_sided_pvalue", "float", "min(1, 2 min(greater_pvalue, less_pvalue))"),
+    _reinit_test("two_sided_pvalue_adj", "float", _ADJ + "two_sided_pvalue (family: every row)"),
+    _reinit_test("t_stat", "float", "single-case (Crawford-Howell) t of trained against the init "
+                 "sample"),
+    _reinit_test("t_pvalue", "float", "its two-sided p-value (n - 1 degrees of freedom)"),
+    _reinit_test("t_pvalue_adj", "float", _ADJ + "t_pvalue (family: every row)"),
+    _reinit_test("dense", "bool", "exact computation (dense Jacobians / end-to-end products)"),
+), key_columns=("metric", "layer"))
 
 #: ``power``'s columns for the cross-attention F of a decoder stack (docs/metrics.md, power).
 CROSS_POWER = SectionSchema("cross_power", POWER.columns, key_columns=POWER.key_columns)
@@ -251,7 +317,7 @@ CROSS_POWER = SectionSchema("cross_power", POWER.columns, key_columns=POWER.key_
 SCHEMAS: dict[str, SectionSchema] = {
     s.name: s
     for s in (POWER, CROSS_POWER, SPECTRA, SHARED_WEIGHTS, IDEALISED, JACOBIAN, TRENDS, BOTTLENECK,
-              PROPAGATION, TOPOLOGY, UNITS)
+              PROPAGATION, TOPOLOGY, UNITS, COMMUNITIES, REINIT_TEST)
 }
 
 register_schemas(SCHEMAS.values())  # the report's HTML glossary describes saved reports too

@@ -38,7 +38,7 @@ from ..metrics.jacobian import (
     jacobian_row,
 )
 from ..metrics.jacobian_nulls import NULL_MC_MAX_D
-from ..metrics.topology import amplification
+from ..metrics.topology import amplification, log_gain
 from . import progress
 from .options import JacobianOptions
 from .subject import Subject
@@ -64,7 +64,8 @@ def resolve_dense(dense: bool | None, d: int) -> bool:
 class JacobianView:
     """Per-layer block Jacobians of ``subject`` under ``options`` (computed on demand)."""
 
-    def __init__(self, subject: Subject, options: JacobianOptions) -> None:
+    def __init__(self, subject: Subject, options: JacobianOptions, *,
+                 method: str = "auto") -> None:
         d = subject.anatomy.d_model
         self.exact = resolve_dense(options.dense, d)
         if options.k >= d or (options.k > d - 2 and not self.exact):
@@ -75,6 +76,10 @@ class JacobianView:
         if n and not options.sample < n:
             raise OptionError("jacobian.sample", options.sample, f"a recorded batch row, 0..{n - 1}")
         self.subject, self.options = subject, options
+        # "auto" traces each block's JVP once (torch.func.linearize), which pays off over many
+        # matvecs; "jvp" (recompute the forward per batched JVP) suits a block whose J is
+        # formed once and dropped (reinit_test's re-initialised models)
+        self.method = method
         self.label = subject.label
         self.tol = options.tol if options.tol is not None else DEFAULT_TOL[torch.float64]
 
@@ -107,8 +112,9 @@ class JacobianView:
 
     def operator(self, layer: int, position: int) -> LinearOperator:
         s = self.subject
-        return self._memo(("operator", layer, position), lambda: block_jacobian(
-            s.anatomy, s.recording, layer, position=position, sample=self.options.sample))
+        return self._memo(("operator", layer, position, self.method), lambda: block_jacobian(
+            s.anatomy, s.recording, layer, position=position, sample=self.options.sample,
+            method=self.method))
 
     def dense(self, layer: int, position: int) -> Tensor:
         """The full J: d batched JVPs of the block operator (single-query where it applies),
@@ -202,6 +208,14 @@ class JacobianView:
         J: Union[LinearOperator, Tensor] = self.operator(layer, self.anchor)
         delta = J - IdentityOperator(J.shape[0], dtype=J.dtype, device=J.device)
         return amplification(delta, n_samples=o.n_samples, seed=o.seed)[0]
+
+    def log_gain(self, layer: int) -> Tensor:
+        """Signed per-unit gain log ||J e_i|| of the whole block (identity included)."""
+        o = self.options
+        if self.exact or self.dense_products:
+            return log_gain(self.dense(layer, self.anchor), dense=True)[0]
+        return log_gain(self.operator(layer, self.anchor), n_samples=o.n_samples,
+                        seed=o.seed)[0]
 
 
 def jacobian_section(subject: Subject, options, init: Subject | None = None) -> pd.DataFrame:

@@ -170,6 +170,10 @@ class AnalyzeOptions:
         jacobian: the Jacobian view (jacobian, trends, and Jacobian rows in spectra).
         bottleneck: the end-to-end bottleneck and its ablations, and propagation.
         reinit: the same Jacobian analyses on a freshly initialised model, side by side.
+        reinit_seeds: 0 (off) or n >= 2: section ``reinit_test``, the trained model's
+            sym_energy, non-normality and end-to-end effective rank per layer against n models
+            re-initialised with seeds ``jacobian.init_seed + i`` (empirical and t-test
+            p-values, Benjamini-Hochberg adjusted).
         topology: residual-unit communities, bridges and amplification.
         idealised: paper 1's idealised dynamics (FFN-free, L2-normalised, uniform attention,
             the model's own F_t) from the recorded first-layer tokens, against the observation.
@@ -186,6 +190,7 @@ class AnalyzeOptions:
     jacobian: Optional[JacobianOptions] = None
     bottleneck: bool = False
     reinit: bool = False
+    reinit_seeds: int = 0
     topology: bool = False
     idealised: bool = False
     tokenizer: Any = None
@@ -194,6 +199,9 @@ class AnalyzeOptions:
     def __post_init__(self) -> None:
         for name in ("power", "fold_norm", "bottleneck", "reinit", "topology", "idealised"):
             _check_bool(name, getattr(self, name))
+        if not _is_int(self.reinit_seeds) or self.reinit_seeds < 0 or self.reinit_seeds == 1:
+            raise OptionError("reinit_seeds", self.reinit_seeds,
+                              "0 (off) or an int >= 2 (re-initialisations to test against)")
         if self.tokenizer is not None and not callable(getattr(self.tokenizer, "decode", None)):
             raise OptionError("tokenizer", type(self.tokenizer).__name__,
                               "None or a tokenizer with a decode(ids) method")
@@ -221,7 +229,8 @@ class AnalyzeOptions:
     @property
     def jacobian_view(self) -> bool:
         """Whether any Jacobian-based section is asked for."""
-        return (self.jacobian is not None or self.bottleneck or self.reinit or self.topology)
+        return (self.jacobian is not None or self.bottleneck or self.reinit or self.topology
+                or self.reinit_seeds > 0)
 
     @property
     def jacobian_options(self) -> JacobianOptions:

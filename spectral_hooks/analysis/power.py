@@ -1,6 +1,8 @@
 """Section ``power`` of the power-method view: per layer, F_t's spectrum and gap, token alignment
 with its principal subspace, consensus; ``cross_power``: the same from the weights alone for the
-cross-attention F of a decoder stack (encoder-decoder models).
+cross-attention F of a decoder stack (encoder-decoder models). ``rho_pvalue_adj``: the
+Benjamini-Hochberg adjustment of ``rho_pvalue`` over the layers of the table (one family per
+table).
 
     >>> options = AnalyzeOptions()                       # doctest: +SKIP
     >>> power_section(subject, options)                  # doctest: +SKIP
@@ -13,10 +15,14 @@ import pandas as pd
 from torch import Tensor
 
 from ..metrics.power import power_table
+from ..metrics.stats import with_adjusted
 from ..weights import layer_matrices
 from .finite import check_layer_matrices_finite
 from .options import AnalyzeOptions
 from .subject import Subject
+
+#: p-value columns, Benjamini-Hochberg adjusted over the layers of the table (``*_adj``)
+PVALUES = ("rho_pvalue",)
 
 
 def layer_matrices_of(subject: Subject, *, fold_norm: bool) -> Tensor:
@@ -38,13 +44,15 @@ def cross_power_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFra
     def compute() -> pd.DataFrame:
         F = subject.memo(("F_cross",),
                          lambda: layer_matrices(subject.anatomy, attention="cross"))
-        return power_table(F, None, None, iterate=options.iterate, layers=list(subject.layers))
+        return with_adjusted(power_table(F, None, None, iterate=options.iterate,
+                                         layers=list(subject.layers)), PVALUES)
     return subject.memo(("cross_power", options.iterate), compute)
 
 
 def power_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame:
     def compute() -> pd.DataFrame:
         F = layer_matrices_of(subject, fold_norm=options.fold_norm)
-        return power_table(F, subject.tokens("resid_pre"), subject.tokens("resid_post"),
-                           iterate=options.iterate, layers=list(subject.layers))
+        return with_adjusted(power_table(F, subject.tokens("resid_pre"),
+                                         subject.tokens("resid_post"), iterate=options.iterate,
+                                         layers=list(subject.layers)), PVALUES)
     return subject.memo(("power", options.iterate, options.fold_norm), compute)

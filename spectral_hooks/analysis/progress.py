@@ -8,7 +8,8 @@
     (2, 4)
 
 Every section counts ``n_layers`` units (twice that when it also analyses the re-initialised
-model). A section with a per-layer loop advances one unit per layer it finishes; any other
+model; ``times[name]`` times that for a section analysing several models, reinit_test).
+A section with a per-layer loop advances one unit per layer it finishes; any other
 section advances all its units when it ends. A section computed while another one runs (trends
 reads the Jacobian rows) counts inside the outer one, never twice.
 
@@ -42,8 +43,11 @@ class Progress:
     """Progress of one report's sections (see the module docstring)."""
 
     def __init__(self, sections: Sequence[str], *, n_layers: int,
-                 enabled: Optional[bool] = None, doubled: Sequence[str] = ()) -> None:
-        self.units = {name: n_layers * (2 if name in doubled else 1) for name in sections}
+                 enabled: Optional[bool] = None, doubled: Sequence[str] = (),
+                 times: Optional[dict[str, int]] = None) -> None:
+        times = times or {}
+        self.units = {name: n_layers * times.get(name, 2 if name in doubled else 1)
+                      for name in sections}
         self.total, self.done = sum(self.units.values()), 0
         self.enabled = enabled is not False and not env_disabled()
         self._section: Optional[str] = None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from ..metrics.stats import with_adjusted
 from ..metrics.trends import trends_table
 from .jacobian import JacobianView
 from .options import AnalyzeOptions
@@ -27,4 +28,5 @@ def trends_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame:
     names = [m.format(k=o.k) for m in JACOBIAN_TREND_METRICS]  # exact-only ones: when present
     frames = [trends_table(jacobian, [m for m in names if m in jacobian.columns]),
               trends_table(power_section(subject, options), POWER_TREND_METRICS)]
-    return pd.concat(frames, ignore_index=True)
+    # one family: every metric of the table (Jacobian and power metrics together)
+    return with_adjusted(pd.concat(frames, ignore_index=True), ["pvalue"])

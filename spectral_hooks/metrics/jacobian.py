@@ -286,9 +286,10 @@ def jacobian_row(metrics: JacobianMetrics, *, layer: int, position: int) -> dict
     """
     m, t = metrics, f"_top{metrics.k}"
     row = dict(layer=int(layer), position=int(position), top_eig_abs=m.top_eig_abs)
-    row.update({f"frac_complex{t}": m.top.frac_complex, f"mean_abs_angle{t}": m.top.mean_abs_angle,
-                f"frac_negative{t}": m.top.frac_negative, f"frac_complex{t}_null": m.top_null,
-                f"frac_complex{t}_null_se": m.top_null_se})
+    # each null right after the metric it qualifies
+    row.update({f"frac_complex{t}": m.top.frac_complex, f"frac_complex{t}_null": m.top_null,
+                f"frac_complex{t}_null_se": m.top_null_se,
+                f"mean_abs_angle{t}": m.top.mean_abs_angle, f"frac_negative{t}": m.top.frac_negative})
     if m.full is not None:
         row.update(frac_complex=m.full.frac_complex, frac_complex_null=m.frac_complex_null,
                    mean_abs_angle=m.full.mean_abs_angle, frac_negative=m.full.frac_negative)

@@ -83,16 +83,23 @@ from .correlation_graph import (
     participation,
     unit_graph,
 )
+from .stats import with_adjusted
 from .trends import depth_trend
 
 __all__ = ["UnitGraph", "Communities", "unit_graph", "communities", "modularity",
            "participation", "amplification", "community_amplification", "spearman",
-           "topology_tables", "TOPOLOGY_COLUMNS", "UNITS_COLUMNS", "CONSTANT_RTOL"]
+           "log_gain", "topology_tables", "TOPOLOGY_COLUMNS", "UNITS_COLUMNS",
+           "TOPOLOGY_PVALUES", "CONSTANT_RTOL"]
 
 TOPOLOGY_COLUMNS = ["layer", "n_communities", "modularity", "method", "coupling_rho",
-                    "coupling_pvalue", "coupling_rho_init", "coupling_rho_shuffled",
+                    "coupling_pvalue", "coupling_pvalue_adj", "coupling_rho_init",
+                    "coupling_pvalue_init", "coupling_pvalue_init_adj", "coupling_rho_shuffled",
+                    "coupling_pvalue_shuffled", "coupling_pvalue_shuffled_adj",
                     "n_units", "n_tokens"]
-UNITS_COLUMNS = ["layer", "unit", "community", "bridge_score", "amplification"]
+UNITS_COLUMNS = ["layer", "unit", "community", "bridge_score", "amplification", "log_gain",
+                 "log_gain_init"]
+#: p-value columns of the topology table, each adjusted over the layers (one family per column)
+TOPOLOGY_PVALUES = ("coupling_pvalue", "coupling_pvalue_init", "coupling_pvalue_shuffled")
 
 
 # -- amplification -----------------------------------------------------------------------------
@@ -137,6 +144,24 @@ def amplification(delta_J: Union[Tensor, LinearOperator], *, dense: bool = False
     est = column_norms_sq(delta_J, n_samples=n_samples, seed=seed)
     value = torch.as_tensor(est.value).detach().to("cpu", torch.float64)
     return value.clamp(min=0.0).sqrt(), True
+
+
+def log_gain(J: Union[Tensor, LinearOperator], *, dense: bool = False, n_samples: int = 64,
+             seed: int = 0) -> tuple[Tensor, bool]:
+    """Signed per-unit gain log ||J e_i|| of the whole block Jacobian J (identity included),
+    and whether it is an estimate: > 0 the block amplifies unit i, < 0 it suppresses it.
+
+    >>> import torch
+    >>> J = torch.tensor([[2., 0.], [0., 0.5]], dtype=torch.float64)
+    >>> log_gain(J, dense=True)[0].exp()
+    tensor([2.0000, 0.5000], dtype=torch.float64)
+
+    The column norms of :func:`amplification` applied to J instead of Delta J (matrix-free:
+    the Hutchinson diagonal of J^T J); a non-positive estimate gives NaN, not -inf.
+    """
+    g, estimated = amplification(J, dense=dense, n_samples=n_samples, seed=seed)
+    return torch.where(g > 0, g.clamp(min=1e-300).log(), torch.full_like(g, float("nan"))), \
+        estimated
 
 
 def community_amplification(delta_J_dense_or_g: Tensor, labels) -> Tensor:
@@ -201,9 +226,22 @@ def _coupling_input(g, layer, d: int, what: str, name: str) -> Tensor:
     return g.to(torch.float64)
 
 
+def _optional_vector(values: Optional[Mapping[int, Tensor]], layer, d: int, what: str,
+                     name: str) -> Optional[Tensor]:
+    if values is None or layer not in values:
+        return None
+    return _coupling_input(values[layer], layer, d, what, name)
+
+
+def _nan_vector(x: Optional[Tensor], d: int) -> np.ndarray:
+    return np.full(d, np.nan) if x is None else x.numpy()
+
+
 def topology_tables(X_by_layer: Mapping[int, Tensor], g_by_layer: Mapping[int, Tensor], *,
                     g_init_by_layer: Optional[Mapping[int, Tensor]] = None, top_k: int = 10,
-                    seed: int = 0, n_shuffles: int = 20, method: str = "auto"
+                    seed: int = 0, n_shuffles: int = 20, method: str = "auto",
+                    gain_by_layer: Optional[Mapping[int, Tensor]] = None,
+                    gain_init_by_layer: Optional[Mapping[int, Tensor]] = None
                     ) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Per-layer topology table and per-unit table.
 
@@ -219,21 +257,28 @@ def topology_tables(X_by_layer: Mapping[int, Tensor], g_by_layer: Mapping[int, T
 
     ``X_by_layer[l]``: residual activations [N tokens, d units] of layer l; ``g_by_layer[l]``:
     amplification [d] (same layers); ``g_init_by_layer``: the amplification at initialisation
-    (optional; a layer missing from it gives NaN). Per layer: :func:`unit_graph`,
+    (optional; a layer missing from it gives NaN); ``gain_by_layer`` / ``gain_init_by_layer``:
+    the signed gains log ||J e_i|| (:func:`log_gain`) of the trained and the initialised block,
+    copied to the units table (NaN where not given). Per layer: :func:`unit_graph`,
     :func:`communities` (``seed``, ``method``), :func:`participation` as bridge score, and
 
     - ``coupling_rho``, ``coupling_pvalue``: :func:`spearman` of bridge score vs amplification;
-    - ``coupling_rho_init``: the same bridge scores vs the amplification at initialisation;
+    - ``coupling_rho_init``, ``coupling_pvalue_init``: the same bridge scores vs the
+      amplification at initialisation;
     - ``coupling_rho_shuffled``: mean over ``n_shuffles`` random permutations of the community
       labels among units (bridge scores recomputed on the same graph) of the coupling
-      (NaN when n_shuffles = 0). Permutations come from ``torch.Generator`` seeded with
-      (seed, layer).
+      (NaN when n_shuffles = 0); ``coupling_pvalue_shuffled``: the two-sided empirical p-value
+      of the observed coupling against those permutations, (1 + #{|rho_perm| >= |rho|}) /
+      (n + 1). Permutations come from ``torch.Generator`` seeded with (seed, layer);
+    - ``*_adj``: each p-value column Benjamini-Hochberg adjusted over the layers of the table.
     """
     what = "topology_tables"
     if not isinstance(X_by_layer, Mapping) or not isinstance(g_by_layer, Mapping):
         raise TypeError(f"{what}: X_by_layer and g_by_layer must be mappings layer -> tensor")
-    if g_init_by_layer is not None and not isinstance(g_init_by_layer, Mapping):
-        raise TypeError(f"{what}: g_init_by_layer must be a mapping layer -> tensor or None")
+    for name, value in (("g_init_by_layer", g_init_by_layer), ("gain_by_layer", gain_by_layer),
+                        ("gain_init_by_layer", gain_init_by_layer)):
+        if value is not None and not isinstance(value, Mapping):
+            raise TypeError(f"{what}: {name} must be a mapping layer -> tensor or None")
     if set(X_by_layer) != set(g_by_layer):
         raise ValueError(f"{what}: X_by_layer and g_by_layer must have the same layers, got "
                          f"{sorted(X_by_layer)} and {sorted(g_by_layer)}")
@@ -247,29 +292,35 @@ def topology_tables(X_by_layer: Mapping[int, Tensor], g_by_layer: Mapping[int, T
         X = _as_matrix(X_by_layer[layer], f"{what}: layer {layer}")
         N, d = X.shape
         g = _coupling_input(g_by_layer[layer], layer, d, what, "g_by_layer")
+        g0 = _optional_vector(g_init_by_layer, layer, d, what, "g_init_by_layer")
+        gain = _optional_vector(gain_by_layer, layer, d, what, "gain_by_layer")
+        gain0 = _optional_vector(gain_init_by_layer, layer, d, what, "gain_init_by_layer")
         graph = unit_graph(X, top_k=top_k)
         del X
         comm = communities(graph, seed=seed, method=method)
         P = participation(graph, comm.labels)
         rho, p = spearman(P, g)
-        rho_init = float("nan")
-        if g_init_by_layer is not None and layer in g_init_by_layer:
-            g0 = _coupling_input(g_init_by_layer[layer], layer, d, what, "g_init_by_layer")
-            rho_init = spearman(P, g0)[0]
+        rho_init, p_init = spearman(P, g0) if g0 is not None else (float("nan"),) * 2
         gen = torch.Generator().manual_seed(seed * 1_000_003 + int(layer))
         shuffled = [spearman(participation(graph, comm.labels[torch.randperm(d, generator=gen)]),
                              g)[0] for _ in range(n_shuffles)]
-        shuffled = [r for r in shuffled if math.isfinite(r)]
+        shuffled = np.array([r for r in shuffled if math.isfinite(r)])
+        p_shuffled = (float("nan") if not len(shuffled) or not math.isfinite(rho) else
+                      (1 + int((np.abs(shuffled) >= abs(rho) - 1e-12).sum())) / (len(shuffled) + 1))
         rows.append(dict(layer=layer, n_communities=comm.n_communities,
                          modularity=comm.modularity, method=comm.method, coupling_rho=rho,
                          coupling_pvalue=p, coupling_rho_init=rho_init,
-                         coupling_rho_shuffled=float(np.mean(shuffled)) if shuffled
-                         else float("nan"),
+                         coupling_pvalue_init=p_init,
+                         coupling_rho_shuffled=float(shuffled.mean()) if len(shuffled)
+                         else float("nan"), coupling_pvalue_shuffled=p_shuffled,
                          n_units=d, n_tokens=N))
         unit_frames.append(pd.DataFrame(dict(
             layer=np.full(d, layer), unit=np.arange(d), community=comm.labels.numpy(),
-            bridge_score=P.numpy(), amplification=g.numpy())))
-    topo = pd.DataFrame(rows, columns=TOPOLOGY_COLUMNS)
+            bridge_score=P.numpy(), amplification=g.numpy(), log_gain=_nan_vector(gain, d),
+            log_gain_init=_nan_vector(gain0, d))))
+    topo = with_adjusted(pd.DataFrame(rows, columns=[c for c in TOPOLOGY_COLUMNS
+                                                     if not c.endswith("_adj")]),
+                         TOPOLOGY_PVALUES)
     units = (pd.concat(unit_frames, ignore_index=True) if unit_frames
              else pd.DataFrame(columns=UNITS_COLUMNS))
-    return topo, units[UNITS_COLUMNS]
+    return topo[TOPOLOGY_COLUMNS], units[UNITS_COLUMNS]

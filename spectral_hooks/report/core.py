@@ -61,6 +61,8 @@ SECTION_NAMES: tuple[str, ...] = (
     "propagation",
     "topology",
     "units",
+    "communities",
+    "reinit_test",
 )
 
 SectionSource = Union[pd.DataFrame, Callable[[], pd.DataFrame]]
@@ -215,6 +217,10 @@ class Report:
     trends = property(lambda self: self.get("trends"), doc="Spearman depth trends per metric.")
     topology = property(lambda self: self.get("topology"), doc="Unit-graph topology, one row per layer.")
     units = property(lambda self: self.get("units"), doc="Per-unit topology, layer x unit.")
+    communities = property(lambda self: self.get("communities"),
+                           doc="Per-community gain and coupling, layer x community.")
+    reinit_test = property(lambda self: self.get("reinit_test"),
+                           doc="Trained vs n re-initialisations, metric x layer.")
     propagation = property(lambda self: self.get("propagation"), doc="Perturbation propagation.")
     shared_weights = property(lambda self: self.get("shared_weights"), doc="Shared-weight analysis.")
     idealised = property(lambda self: self.get("idealised"), doc="Idealised dynamics vs observed.")
