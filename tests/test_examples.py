@@ -247,3 +247,21 @@ def test_case_study_power_quick(monkeypatch, capsys, tmp_path, minilm):
     assert lo - 0.05 < steer["final (after FFN + LN2)"] < hi + 0.05
     assert f"{steer['final (after FFN + LN2)']:.3f}" in page and "## What this does not show" in page
     assert "wrote" in out
+
+
+def test_case_study_minilm_quick(monkeypatch, capsys, minilm):
+    """examples/case_study_minilm.py --quick: 2 re-initialisations; the page and figure are
+    written; the empirical p-values are (1 + count) / (n + 1) of the table's own numbers and
+    the adjusted ones scipy's BH over the table."""
+    from scipy.stats import false_discovery_control
+    ns, out = run_example("case_study_minilm", monkeypatch, capsys, "--quick")
+    table, docs = ns["table"], ns["args"].docs
+    assert "wrote" in out and set(table.metric) >= {"sym_energy", "departure_rel", "erank_end_to_end"}
+    assert sorted(set(table.layer)) == list(range(6)) and (table.n_init == 2).all()
+    allowed = np.array([1 / 3, 2 / 3, 1.0])  # (1 + k) / (n + 1), k = 0, 1, 2
+    assert np.isclose(table.greater_pvalue.to_numpy()[:, None], allowed).any(axis=1).all()
+    assert (table.greater_pvalue + table.less_pvalue >= 1 - 1e-12).all()
+    np.testing.assert_allclose(table.two_sided_pvalue_adj,
+                               false_discovery_control(table.two_sided_pvalue))
+    page = (docs / "case_study_minilm.md").read_text()
+    assert "img/case_study_minilm.png" in page and (docs / "img" / "case_study_minilm.png").exists()
