@@ -15,5 +15,10 @@ from .subject import Subject
 
 
 def spectra_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame:
-    return subject.memo(("spectra", options.iterate, options.fold_norm), lambda: spectra_table(
-        layer_matrices_of(subject, fold_norm=options.fold_norm), iterate=options.iterate))
+    """Every layer of the model (recorded or not: F is read from the weights), or this rank's
+    share of them in a distributed analysis (``subject.share``)."""
+    def compute() -> pd.DataFrame:
+        F = layer_matrices_of(subject, fold_norm=options.fold_norm)
+        return spectra_table(F, iterate=options.iterate,
+                             layers=subject.share_of(range(F.shape[0])))
+    return subject.memo(("spectra", options.iterate, options.fold_norm), compute)
