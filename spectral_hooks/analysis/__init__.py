@@ -28,7 +28,7 @@ from .cache import AnalysisCache
 from .columns import SCHEMAS
 from .jacobian import JacobianView, jacobian_section
 from .metadata import metadata
-from .options import AnalyzeOptions, JacobianOptions
+from .options import AnalyzeOptions, JacobianOptions, PowerOptions
 from .power import cross_power_section, has_cross_attention, power_section
 from .preflight import TOKEN_COLUMNS, TokenColumnsWarning, preflight
 from .progress import Progress
@@ -39,7 +39,7 @@ from .subject import Subject
 from .topology import topology_section, units_section
 from .trends import trends_section
 
-__all__ = ["AnalyzeOptions", "JacobianOptions", "AnalysisCache", "Subject", "analyze",
+__all__ = ["AnalyzeOptions", "JacobianOptions", "PowerOptions", "AnalysisCache", "Subject", "analyze",
            "TOKEN_COLUMNS", "TokenColumnsWarning"]
 
 Section = Callable[[], pd.DataFrame]

@@ -13,7 +13,7 @@ import pandas as pd
 from torch import Tensor
 
 from ..metrics.power import power_table
-from ..weights import layer_matrices
+from ..weights import layer_matrices, layer_operators
 from .finite import check_layer_matrices_finite
 from .options import AnalyzeOptions
 from .subject import Subject
@@ -26,6 +26,25 @@ def layer_matrices_of(subject: Subject, *, fold_norm: bool) -> Tensor:
         check_layer_matrices_finite(F, subject.layers)
         return F
     return subject.memo(("F", fold_norm), compute)
+
+
+def power_matrices_of(subject: Subject, options: AnalyzeOptions):
+    """What the power view's spectra are computed from: the dense F_t stack, or where
+    ``options.power`` says matrix-free (by default d_model >= POWER_MATRIX_FREE_D) the layer
+    operators x -> W_O (W_V x) on the model's device (``weights.LayerOperators``: no d x d
+    matrix is formed, only the top-k eigenpairs are computed)."""
+    po = options.power_options
+    if not po.matrix_free(subject.anatomy.d_model):
+        return layer_matrices_of(subject, fold_norm=options.fold_norm)
+    return subject.memo(("F_operators", options.fold_norm), lambda: layer_operators(
+        subject.anatomy, fold_norm=options.fold_norm))
+
+
+def spectrum_options(subject: Subject, options: AnalyzeOptions) -> dict:
+    """``dense_limit`` / ``top_k`` of the metrics' spectrum for these options: ``full=True``
+    never truncates, whatever the width."""
+    po = options.power_options
+    return {"top_k": po.k, **({"dense_limit": subject.anatomy.d_model} if po.full else {})}
 
 
 def has_cross_attention(subject: Subject) -> bool:
@@ -44,7 +63,9 @@ def cross_power_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFra
 
 def power_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame:
     def compute() -> pd.DataFrame:
-        F = layer_matrices_of(subject, fold_norm=options.fold_norm)
+        F = power_matrices_of(subject, options)
         return power_table(F, subject.tokens("resid_pre"), subject.tokens("resid_post"),
-                           iterate=options.iterate, layers=list(subject.layers))
-    return subject.memo(("power", options.iterate, options.fold_norm), compute)
+                           iterate=options.iterate, layers=list(subject.layers),
+                           **spectrum_options(subject, options))
+    return subject.memo(("power", options.iterate, options.fold_norm,
+                         options.power_options), compute)

@@ -10,7 +10,7 @@ import pandas as pd
 
 from ..metrics.power import spectra_table
 from .options import AnalyzeOptions
-from .power import layer_matrices_of
+from .power import power_matrices_of, spectrum_options
 from .subject import Subject
 
 
@@ -18,7 +18,9 @@ def spectra_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame:
     """Every layer of the model (recorded or not: F is read from the weights), or this rank's
     share of them in a distributed analysis (``subject.share``)."""
     def compute() -> pd.DataFrame:
-        F = layer_matrices_of(subject, fold_norm=options.fold_norm)
+        F = power_matrices_of(subject, options)
         return spectra_table(F, iterate=options.iterate,
-                             layers=subject.share_of(range(F.shape[0])))
-    return subject.memo(("spectra", options.iterate, options.fold_norm), compute)
+                             layers=subject.share_of(range(F.shape[0])),
+                             **spectrum_options(subject, options))
+    return subject.memo(("spectra", options.iterate, options.fold_norm,
+                         options.power_options), compute)

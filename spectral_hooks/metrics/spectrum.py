@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 
 from spectral_hooks.linalg.krylov import eigs
+from spectral_hooks.linalg.operators import IdentityOperator
 
 if TYPE_CHECKING:  # shape annotations only (jaxtyping is not a runtime dependency)
     from jaxtyping import Complex, Float
@@ -111,7 +112,16 @@ class LayerSpectrum:
             object.__setattr__(self, "n_computed", int(self.eigenvalues.numel()))
 
 
+def _is_operators(F) -> bool:
+    """A stack of layer operators: ``F.shape == (L, d, d)`` and ``F[t]`` a LinearOperator."""
+    return not isinstance(F, Tensor) and hasattr(F, "shape") and hasattr(F, "__getitem__")
+
+
 def _check_square(F: Tensor) -> Tensor:
+    if _is_operators(F):
+        if len(F.shape) != 3 or F.shape[1] != F.shape[2]:
+            raise ValueError(f"operator stack must be [L, d, d], got shape {tuple(F.shape)}")
+        return F
     if not isinstance(F, Tensor):
         raise ValueError(f"F must be a torch.Tensor, got {type(F).__name__}")
     if F.ndim not in (2, 3) or F.shape[-1] != F.shape[-2] or F.shape[-1] == 0:
@@ -180,9 +190,14 @@ def _plane(v: Tensor, is_complex: bool) -> Tensor:
 
 def _eig_topk(F: Tensor, iterate: str, real_tol: float, k: int) -> tuple[Tensor, Tensor, Tensor, bool]:
     """Top-k eigenpairs of F (of I + F for "I+F") by linalg.eigs, tidied like :func:`_eig_sorted`."""
-    A = F + torch.eye(F.shape[0], dtype=F.dtype) if iterate == "I+F" else F
+    if isinstance(F, Tensor):
+        A = F + torch.eye(F.shape[0], dtype=F.dtype) if iterate == "I+F" else F
+    else:  # a LinearOperator (matrix-free F, on the model's device)
+        A = F + IdentityOperator(F.shape[0], dtype=F.dtype, device=F.device) \
+            if iterate == "I+F" else F
     res = eigs(A, k, which="LM", return_vectors=True, **_EIGS_KW)
-    vals, vecs = res.values.to(torch.complex128), res.vectors.to(torch.complex128)
+    vals = res.values.to("cpu", torch.complex128)
+    vecs = res.vectors.to("cpu", torch.complex128)
     keep = torch.isfinite(vals) & torch.isfinite(vecs).all(dim=0)
     vals, vecs = vals[keep], vecs[:, keep]
     if iterate == "I+F":
@@ -197,6 +212,10 @@ def _spectrum_one(
     d = F.shape[-1]
     k = max(int(top_k), 3)  # 3 values always hold lambda1 (maybe a pair) and lambda2
     truncated = d > dense_limit and k <= d - 2  # eigs needs k <= d - 2; tiny d stays dense
+    if not isinstance(F, Tensor):  # an operator: top-k, or formed when d is too small
+        truncated = k <= d - 2
+        if not truncated:
+            F = F.to_dense().to("cpu", torch.float64)
     converged = True
     if truncated:
         vals, vecs, is_real, converged = _eig_topk(F, iterate, real_tol, k)
@@ -237,6 +256,8 @@ def clear_spectrum_cache() -> None:
 
 
 def _fingerprint(F: Tensor) -> tuple | None:
+    if _is_operators(F):  # built from the live weights on demand: keyed by identity only
+        return ("operators", tuple(F.shape))
     try:
         version = F._version
     except RuntimeError:  # inference tensors have no version counter: do not cache them
@@ -250,7 +271,8 @@ def _layer_spectra(
 ) -> list[LayerSpectrum]:
     """Spectra (without eigenvectors) of F[t] for t in layers, through the shared cache.
 
-    F_in is the tensor the caller passed (the cache key), F its float64 CPU [L, d, d] copy.
+    F_in is the tensor the caller passed (the cache key), F its float64 CPU [L, d, d] copy (or
+    a stack of layer operators, ``F[t]`` a LinearOperator: F_in itself).
     """
     fp = _fingerprint(F_in)
     opts = (iterate, float(real_tol), int(dense_limit), int(top_k), tuple(sorted(_EIGS_KW.items())))
