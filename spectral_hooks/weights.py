@@ -34,8 +34,10 @@ def _weights(part, attention: str) -> tuple[Tensor, Tensor]:
 
 
 def layer_matrices(model: Union[nn.Module, Anatomy], *, fold_norm: bool = False,
-                   dtype: torch.dtype = torch.float64, attention: str = "self") -> Tensor:
-    """Tensor[L, d, d]: F_t for every layer (shared blocks computed once), on the CPU.
+                   dtype: torch.dtype = torch.float64, attention: str = "self",
+                   device: Union[str, torch.device] = "cpu") -> Tensor:
+    """Tensor[L, d, d]: F_t for every layer (shared blocks computed once), on ``device`` (the
+    CPU by default).
 
     ``fold_norm=True`` multiplies F on the right by diag(gain) of the norm feeding attention
     (Gemma: 1 + weight); layers without such a norm (post-norm models) are left as they are.
@@ -57,11 +59,11 @@ def layer_matrices(model: Union[nn.Module, Anatomy], *, fold_norm: bool = False,
     for part in anatomy.layers:
         key = id(part.block)
         if key not in cache:
-            W_O, W_V = (w.to("cpu", dtype) for w in _weights(part, attention))
+            W_O, W_V = (w.to(device, dtype) for w in _weights(part, attention))
             F = torch.einsum("hdk,hkm->dm", W_O, W_V)
             gain = part.attn_norm_weight() if fold_norm else None
             if gain is not None:
-                F = F * gain.to("cpu", dtype)[None, :]
+                F = F * gain.to(device, dtype)[None, :]
             cache[key] = F
         out.append(cache[key])
     return torch.stack(out)

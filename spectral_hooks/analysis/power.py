@@ -10,22 +10,32 @@ cross-attention F of a decoder stack (encoder-decoder models).
 from __future__ import annotations
 
 import pandas as pd
+import torch
 from torch import Tensor
 
 from ..metrics.power import power_table
+from ..metrics.spectrum import BATCHED_EIG_DEVICES
 from ..weights import layer_matrices, layer_operators
 from .finite import check_layer_matrices_finite
 from .options import AnalyzeOptions
 from .subject import Subject
 
 
-def layer_matrices_of(subject: Subject, *, fold_norm: bool) -> Tensor:
-    """F_t of every layer (float64, CPU), computed once per state of the weights."""
+def layer_matrices_of(subject: Subject, *, fold_norm: bool, on_device: bool = False) -> Tensor:
+    """F_t of every layer (float64; on the CPU, or with ``on_device`` on the model's device
+    where it has float64 and batched eig, metrics.spectrum.BATCHED_EIG_DEVICES), computed once
+    per state of the weights."""
+    device = torch.device("cpu")
+    if on_device:
+        weight = subject.anatomy.layers[0].output_weights()
+        if weight.device.type in BATCHED_EIG_DEVICES:
+            device = weight.device
+
     def compute() -> Tensor:
-        F = layer_matrices(subject.anatomy, fold_norm=fold_norm)
+        F = layer_matrices(subject.anatomy, fold_norm=fold_norm, device=device)
         check_layer_matrices_finite(F, subject.layers)
         return F
-    return subject.memo(("F", fold_norm), compute)
+    return subject.memo(("F", fold_norm, str(device)), compute)
 
 
 def power_matrices_of(subject: Subject, options: AnalyzeOptions):
@@ -34,8 +44,8 @@ def power_matrices_of(subject: Subject, options: AnalyzeOptions):
     operators x -> W_O (W_V x) on the model's device (``weights.LayerOperators``: no d x d
     matrix is formed, only the top-k eigenpairs are computed)."""
     po = options.power_options
-    if not po.matrix_free(subject.anatomy.d_model):
-        return layer_matrices_of(subject, fold_norm=options.fold_norm)
+    if not po.matrix_free(subject.anatomy.d_model):  # full eig: batched on an accelerator
+        return layer_matrices_of(subject, fold_norm=options.fold_norm, on_device=True)
     return subject.memo(("F_operators", options.fold_norm), lambda: layer_operators(
         subject.anatomy, fold_norm=options.fold_norm))
 

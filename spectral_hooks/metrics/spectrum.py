@@ -207,7 +207,7 @@ def _eig_topk(F: Tensor, iterate: str, real_tol: float, k: int) -> tuple[Tensor,
 
 def _spectrum_one(
     F: Tensor, iterate: str, real_tol: float, dense_limit: int = DENSE_LIMIT, top_k: int = TOP_K,
-    *, layer: int | None = None,
+    *, layer: int | None = None, dense_eig: tuple | None = None,
 ) -> LayerSpectrum:
     d = F.shape[-1]
     k = max(int(top_k), 3)  # 3 values always hold lambda1 (maybe a pair) and lambda2
@@ -224,6 +224,8 @@ def _spectrum_one(
             logger.warning(
                 "top-%d eigenpairs of %s (d=%d, iterate=%s) did not converge; reporting the last "
                 "Ritz estimates with converged=False", k, where, d, iterate)
+    elif dense_eig is not None:  # computed already, batched over layers on the device
+        vals, vecs, is_real = _tidy(*dense_eig, iterate, real_tol)
     else:
         vals, vecs, is_real = _eig_sorted(F, iterate, real_tol)
     shift = 1.0 if iterate == "I+F" else 0.0
@@ -265,6 +267,25 @@ def _fingerprint(F: Tensor) -> tuple | None:
     return (F.data_ptr(), version, tuple(F.shape), F.stride(), F.dtype, str(F.device))
 
 
+#: device types whose dense eigen-decompositions run batched over layers, on the device (tests
+#: add "cpu" to run that path on the CPU)
+BATCHED_EIG_DEVICES = {"cuda"}
+
+
+def _batched_eigs(F_in, layers: Sequence[int], dense_limit: int, top_k: int) -> dict:
+    """{layer: (values, vectors)} (CPU, complex128) from ONE batched float64 ``torch.linalg.eig``
+    on F_in's device, when F_in is a dense stack on a BATCHED_EIG_DEVICES device and the layers
+    take the dense path; {} otherwise (each layer then runs its own eig on the CPU)."""
+    if not isinstance(F_in, Tensor) or F_in.ndim != 3 or not layers:
+        return {}
+    d = F_in.shape[-1]
+    if F_in.device.type not in BATCHED_EIG_DEVICES or (d > dense_limit and max(top_k, 3) <= d - 2):
+        return {}
+    vals, vecs = torch.linalg.eig(F_in.detach()[list(layers)].to(torch.float64))
+    vals, vecs = vals.to("cpu", torch.complex128), vecs.to("cpu", torch.complex128)
+    return {t: (vals[i], vecs[i]) for i, t in enumerate(layers)}
+
+
 def _layer_spectra(
     F_in: Tensor, F: Tensor, layers: Sequence[int], iterate: str, real_tol: float, dense_limit: int,
     top_k: int,
@@ -289,11 +310,13 @@ def _layer_spectra(
                 _cache[id(F_in)] = (weakref.ref(F_in), fp, table)
                 while len(_cache) > _CACHE_SIZE:
                     _cache.popitem(last=False)
+    batched = _batched_eigs(F_in, [t for t in layers if (t, *opts) not in table], dense_limit, top_k)
     out = []
     for t in layers:
         s = table.get((t, *opts))
         if s is None:
-            s = replace(_spectrum_one(F[t], iterate, real_tol, dense_limit, top_k, layer=t), eigenvectors=None)
+            s = replace(_spectrum_one(F[t], iterate, real_tol, dense_limit, top_k, layer=t,
+                                      dense_eig=batched.get(t)), eigenvectors=None)
             table[(t, *opts)] = s
         out.append(s)
     return out

@@ -105,3 +105,30 @@ def test_power_options_are_validated():
         sh.AnalyzeOptions(power={"top": 3})
     with pytest.raises(OptionError, match="power"):
         sh.AnalyzeOptions(power="full")
+
+
+def test_full_eig_batched_over_layers_on_the_device(probe):
+    """The path an accelerator takes (one batched eig of every layer's F on the model's
+    device), run here on the CPU: the same tables as the per-layer eigs."""
+    from spectral_hooks.metrics import spectrum
+
+    reference = probe.analyze(power={"full": True}, iterate="I+F", progress=False)
+    ref = {name: reference[name] for name in ("power", "spectra")}
+    batches = []
+    real = spectrum._batched_eigs
+    spectrum.BATCHED_EIG_DEVICES.add("cpu")
+    try:
+        spectrum._batched_eigs = lambda *a: batches.append(r := real(*a)) or r
+        probe.invalidate()
+        batched = probe.analyze(power={"full": True}, iterate="I+F", progress=False)
+        tables = {name: batched[name] for name in ("power", "spectra")}
+    finally:
+        spectrum.BATCHED_EIG_DEVICES.discard("cpu")
+        spectrum._batched_eigs = real
+        spectrum.clear_spectrum_cache()
+        probe.invalidate()
+    assert any(len(b) == probe.anatomy.n_layers for b in batches)  # one eig, every layer
+    for name, table in ref.items():
+        np.testing.assert_allclose(tables[name].select_dtypes("number").to_numpy(float),
+                                   table.select_dtypes("number").to_numpy(float),
+                                   rtol=1e-9, atol=1e-12)
