@@ -34,7 +34,7 @@ test-all: lint
 
 # each script prints its JSON lines / tables; results/*.md are the committed write-ups
 BENCH := OMP_NUM_THREADS=1 $(BIN)/python
-GPU_FORM := $(shell $(BIN)/python -c "import torch; print('' if torch.cuda.is_available() \
+GPU_FORM = $(shell $(BIN)/python -c "import torch; print('' if torch.cuda.is_available() \
 	else '--device cpu --layers 2 --d-model 1024')" 2>/dev/null)
 
 bench: $(STAMP)
