@@ -34,8 +34,8 @@ test-all: lint
 
 # each script prints its JSON lines / tables; results/*.md are the committed write-ups
 BENCH := OMP_NUM_THREADS=1 $(BIN)/python
-GPU_FORM = $(shell $(BIN)/python -c "import torch; print('' if torch.cuda.is_available() \
-	else '--device cpu --layers 2 --d-model 1024')" 2>/dev/null)
+HAS_CUDA = $(shell $(BIN)/python -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null)
+GPU_FORM = $(if $(filter 1,$(HAS_CUDA)),,--device cpu --layers 2 --d-model 1024)
 
 bench: $(STAMP)
 	$(BENCH) benchmarks/cache_lookup.py
