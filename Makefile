@@ -1,12 +1,15 @@
 # make demo : set up .venv and run the analysis on the bundled pretrained MiniLM-L6
 # make test : set up .venv, lint (ruff), run the test suite (quick profile, ~10 min on 2 cores)
 # make test-all : the same with the long profiles (slow matrix-free golden cases, ...)
+# make bench : rerun every table of benchmarks/RESULTS.md, quick forms (~40 min on 2 idle cores)
+# make bench-full : the full forms the committed figures name (hours on 2 cores; gpu.py's
+#                   Llama-3-8B shape needs a CUDA device, else it runs its small CPU form)
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all lint setup clean
+.PHONY: demo test test-all lint setup clean bench bench-full
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -28,6 +31,32 @@ test: lint
 
 test-all: lint
 	SPECTRAL_HOOKS_FULL=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile
+
+# each script prints its JSON lines / tables; results/*.md are the committed write-ups
+BENCH := OMP_NUM_THREADS=1 $(BIN)/python
+HAS_CUDA = $(shell $(BIN)/python -c "import torch; print(int(torch.cuda.is_available()))" 2>/dev/null)
+GPU_FORM = $(if $(filter 1,$(HAS_CUDA)),,--device cpu --layers 2 --d-model 1024)
+
+bench: $(STAMP)
+	$(BENCH) benchmarks/cache_lookup.py
+	$(BENCH) benchmarks/dense_threshold.py --widths 128 256 512
+	$(BENCH) benchmarks/jacobian_spectra.py --quick
+	$(BENCH) benchmarks/eigs_vs_arpack.py --quick
+	$(BENCH) benchmarks/training_overhead.py --model minilm --rounds 2
+	$(BENCH) benchmarks/distributed.py --quick
+	$(BENCH) benchmarks/gpu.py --device cpu --layers 2 --d-model 1024 --tokens 128
+	$(BENCH) benchmarks/recording_vs_tlens.py --quick
+
+bench-full: $(STAMP)
+	$(BENCH) benchmarks/cache_lookup.py
+	$(BENCH) benchmarks/dense_threshold.py
+	$(BENCH) benchmarks/jacobian_spectra.py
+	$(BENCH) benchmarks/eigs_vs_arpack.py --quick
+	$(BENCH) benchmarks/training_overhead.py --model minilm --rounds 6
+	$(BENCH) benchmarks/training_overhead.py --model gpt2-small --rounds 4 --batch 4
+	$(BENCH) benchmarks/distributed.py
+	$(BENCH) benchmarks/gpu.py $(GPU_FORM)
+	$(BENCH) benchmarks/recording_vs_tlens.py
 
 clean:
 	rm -rf $(VENV) spectral_report

@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from . import forward_call as fc
 from .analysis import AnalysisCache, AnalyzeOptions, Subject, analyze
+from .analysis.distributed import analyze_distributed
 from .anatomy import Anatomy, EncoderDecoderAnatomy, anatomy_of, stack_of
 from .block_jacobians import BlockJacobians
 from .encoder_decoder import EncoderDecoderProbe
@@ -187,14 +188,21 @@ class Probe(BlockJacobians, RecordsOn):
         self._cache.invalidate()
 
     # ---------------------------------------------------------------- analysis
-    def analyze(self, options: Optional[AnalyzeOptions] = None, **keywords: Any) -> Report:
+    def analyze(self, options: Optional[AnalyzeOptions] = None, *, distributed: bool = False,
+                group: Any = None, **keywords: Any) -> Report:
         """A :class:`~spectral_hooks.report.Report` whose sections are computed when first
         read; keywords are the fields of :class:`~spectral_hooks.analysis.AnalyzeOptions`
         (``power``, ``iterate``, ``fold_norm``, ``jacobian``, ``bottleneck``, ``reinit``,
-        ``reinit_seeds``, ``topology``). Results are cached until the weights or the recording change."""
+        ``reinit_seeds``, ``topology``). Results are cached until the weights or the recording
+        change.
+        ``distributed=True``: layers split over the ranks of ``group``, every rank gets the
+        whole report (a collective; see ``analysis/distributed.py``)."""
         subject = Subject(anatomy=self.anatomy, recording=self.recording, cache=self._cache,
                           record_on=self.record_on)
-        return analyze(subject, AnalyzeOptions.resolve(options, **keywords))
+        resolved = AnalyzeOptions.resolve(options, **keywords)
+        if distributed is not False:
+            return analyze_distributed(subject, resolved, group=group, distributed=distributed)
+        return analyze(subject, resolved)
 
     def __enter__(self) -> "Probe":
         return self

@@ -15,7 +15,8 @@ from torch import Tensor, nn
 
 from .anatomy import Anatomy, anatomy_of, stack_of
 from .checks import check_bool, check_float_dtype
-from .errors import OptionError
+from .errors import NonFiniteComputationError, OptionError
+from .linalg import LinearOperator
 from .wrappers import weights_in
 
 ATTENTIONS = ("self", "cross")
@@ -34,8 +35,10 @@ def _weights(part, attention: str) -> tuple[Tensor, Tensor]:
 
 
 def layer_matrices(model: Union[nn.Module, Anatomy], *, fold_norm: bool = False,
-                   dtype: torch.dtype = torch.float64, attention: str = "self") -> Tensor:
-    """Tensor[L, d, d]: F_t for every layer (shared blocks computed once), on the CPU.
+                   dtype: torch.dtype = torch.float64, attention: str = "self",
+                   device: Union[str, torch.device] = "cpu") -> Tensor:
+    """Tensor[L, d, d]: F_t for every layer (shared blocks computed once), on ``device`` (the
+    CPU by default).
 
     ``fold_norm=True`` multiplies F on the right by diag(gain) of the norm feeding attention
     (Gemma: 1 + weight); layers without such a norm (post-norm models) are left as they are.
@@ -58,13 +61,13 @@ def layer_matrices(model: Union[nn.Module, Anatomy], *, fold_norm: bool = False,
         key = id(part.block)
         if key not in cache:
             with weights_in(part.block, where=f"layer {part.index}"):  # offloaded / meta
-                W_O, W_V = (w.to("cpu", dtype) for w in _weights(part, attention))
+                W_O, W_V = (w.to(device, dtype) for w in _weights(part, attention))
                 gain = part.attn_norm_weight() if fold_norm else None
                 if callable(getattr(gain, "full_tensor", None)):
                     gain = gain.full_tensor()  # an FSDP2 shard: every rank gathers it
             F = torch.einsum("hdk,hkm->dm", W_O, W_V)
             if gain is not None:
-                F = F * gain.to("cpu", dtype)[None, :]
+                F = F * gain.to(device, dtype)[None, :]
             cache[key] = F
         out.append(cache[key])
     return torch.stack(out)
@@ -86,3 +89,66 @@ def layer_biases(model: Union[nn.Module, Anatomy], *, dtype: torch.dtype = torch
             c = c + b_O.to("cpu", dtype)
         out.append(c)
     return torch.stack(out)
+
+
+def krylov_dtype(device: torch.device) -> torch.dtype:
+    """float64 where the device has it (CPU, CUDA), float32 elsewhere (MPS)."""
+    return torch.float32 if torch.device(device).type == "mps" else torch.float64
+
+
+class LayerOperators:
+    """F_t = W_O W_V of every layer as a :class:`LinearOperator` applied as two thin products
+    (x -> W_O (W_V x)), never formed: ``ops[t]`` builds layer t's operator when asked (its
+    factors, 2 d H d_head numbers, live as long as the operator), on the model's device, in
+    float64 where the device has it. ``shape`` is (L, d, d), like the dense stack's.
+
+        >>> from transformers import GPT2Config, GPT2Model
+        >>> ops = layer_operators(GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)))
+        >>> ops.shape, torch.allclose(ops[1].to_dense(), layer_matrices(ops.anatomy)[1])
+        ((2, 32, 32), True)
+    """
+
+    def __init__(self, anatomy: Anatomy, *, fold_norm: bool, attention: str) -> None:
+        self.anatomy, self.fold_norm, self.attention = anatomy, fold_norm, attention
+        d = anatomy.d_model
+        self.shape = (anatomy.n_layers, d, d)
+        self.ndim = 3
+        with weights_in(anatomy.layers[0].block, where="layer 0"):  # offloaded: its real device
+            self.device = _weights(anatomy.layers[0], attention)[0].device
+        self.dtype = krylov_dtype(self.device)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, t: int) -> LinearOperator:
+        part = self.anatomy.layers[t]
+        with weights_in(part.block, where=f"layer {part.index}"):  # offloaded / meta
+            W_O, W_V = (w.detach().to(self.device, self.dtype)
+                        for w in _weights(part, self.attention))
+            gain = part.attn_norm_weight() if self.fold_norm else None
+            if callable(getattr(gain, "full_tensor", None)):
+                gain = gain.full_tensor()  # an FSDP2 shard: every rank gathers it
+        H, d, dk = W_O.shape
+        A = W_O.permute(1, 0, 2).reshape(d, H * dk)        # [d, H d_head]
+        B = W_V.reshape(H * dk, W_V.shape[-1])              # [H d_head, d]
+        if gain is not None:
+            B = B * gain.to(self.device, self.dtype)[None, :]
+        if not bool(torch.isfinite(A).all() & torch.isfinite(B).all()):  # once per layer
+            raise NonFiniteComputationError(
+                f"W_O or W_V of layer {t} is not finite: restore finite attention weights, "
+                "then analyse again", layer=t)
+        At, Bt = A.T.contiguous(), B.T.contiguous()
+        return LinearOperator((d, B.shape[1]), matvec=lambda x: A @ (B @ x),
+                              rmatvec=lambda y: Bt @ (At @ y), matmat=lambda X: A @ (B @ X),
+                              rmatmat=lambda Y: Bt @ (At @ Y), dtype=self.dtype,
+                              device=self.device, name=f"F_{t}")
+
+
+def layer_operators(model: Union[nn.Module, Anatomy], *, fold_norm: bool = False,
+                    attention: str = "self") -> LayerOperators:
+    """The matrix-free counterpart of :func:`layer_matrices` (same arguments, no ``dtype``:
+    float64 where the model's device has it): a :class:`LayerOperators`."""
+    check_bool("fold_norm", fold_norm)
+    if attention not in ATTENTIONS:
+        raise OptionError("attention", attention, f"one of {ATTENTIONS}")
+    return LayerOperators(_anatomy(model), fold_norm=fold_norm, attention=attention)

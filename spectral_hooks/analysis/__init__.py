@@ -31,7 +31,7 @@ from .columns import SCHEMAS
 from .idealised import idealised_section, idealised_unavailable
 from .jacobian import JacobianView, jacobian_section
 from .metadata import metadata
-from .options import AnalyzeOptions, JacobianOptions
+from .options import AnalyzeOptions, JacobianOptions, PowerOptions
 from .power import cross_power_section, has_cross_attention, power_section
 from .preflight import TOKEN_COLUMNS, TokenColumnsWarning, preflight
 from .progress import Progress
@@ -43,7 +43,7 @@ from .subject import Subject
 from .topology import communities_section, topology_section, units_section
 from .trends import trends_section
 
-__all__ = ["AnalyzeOptions", "JacobianOptions", "AnalysisCache", "Subject", "analyze",
+__all__ = ["AnalyzeOptions", "JacobianOptions", "PowerOptions", "AnalysisCache", "Subject", "analyze",
            "TOKEN_COLUMNS", "TokenColumnsWarning"]
 
 Section = Callable[[], pd.DataFrame]

@@ -155,6 +155,51 @@ def _known(cls: type, values: Mapping, where: str) -> dict:
 
 _DEFAULT_JACOBIAN = JacobianOptions()
 
+#: d_model from which the power view is matrix-free by default (``PowerOptions.full=None``)
+POWER_MATRIX_FREE_D = 2048
+
+
+@dataclass(frozen=True, kw_only=True)
+class PowerOptions:
+    """Options of the power-method view: ``analyze(power={"full": True})``; ``power=True`` is
+    ``PowerOptions()``.
+
+        >>> PowerOptions(k=4).k
+        4
+
+    Attributes:
+        full: None (automatic: the full dense eig of F where d_model < POWER_MATRIX_FREE_D,
+            else the top ``k`` eigenpairs of F applied as two thin products, x -> W_O (W_V x),
+            by ``linalg.eigs``: no d x d matrix, no d x d eig), True (every eigenvalue, dense,
+            at any width) or False (top-k, matrix-free, at any width). Rows say which
+            (``truncated``, ``n_computed``).
+        k: eigenpairs of F computed matrix-free (at least 3 are always used).
+    """
+
+    full: Optional[bool] = None
+    k: int = 8
+
+    def __post_init__(self) -> None:
+        _check_optional_bool("power.full", self.full)
+        _check_int("power.k", self.k, minimum=1)
+
+    def matrix_free(self, d: int) -> bool:
+        """Whether F's spectrum is computed matrix-free at width d.
+
+        >>> PowerOptions().matrix_free(768), PowerOptions().matrix_free(4096)
+        (False, True)
+        """
+        return d >= POWER_MATRIX_FREE_D if self.full is None else not self.full
+
+    @classmethod
+    def resolve(cls, value: Any) -> Union[bool, "PowerOptions"]:
+        """False: off; True: on with the defaults (kept as True); a dict or PowerOptions."""
+        if isinstance(value, bool) or isinstance(value, cls):
+            return value
+        if isinstance(value, Mapping):
+            return cls(**_known(cls, value, "power"))
+        raise OptionError("power", value, "True, False, a dict of options or PowerOptions")
+
 
 @dataclass(frozen=True, kw_only=True)
 class AnalyzeOptions:
@@ -164,7 +209,8 @@ class AnalyzeOptions:
         'I+F'
 
     Attributes:
-        power: the power-method view (power, spectra and, for ALBERT, shared_weights).
+        power: the power-method view (power, spectra and, for ALBERT, shared_weights): True,
+            False, or its options (a dict or :class:`PowerOptions`: ``full``, ``k``).
         iterate: "F" or "I+F" (order eigenvalues by mu = 1 + lambda).
         fold_norm: multiply F by the gain of the norm that feeds attention.
         jacobian: the Jacobian view (jacobian, trends, and Jacobian rows in spectra).
@@ -184,7 +230,7 @@ class AnalyzeOptions:
             does ``TQDM_DISABLE=1``; ``jacobian.progress`` is read when this is None.
     """
 
-    power: bool = True
+    power: Union[bool, PowerOptions] = True
     iterate: str = "F"
     fold_norm: bool = False
     jacobian: Optional[JacobianOptions] = None
@@ -197,7 +243,8 @@ class AnalyzeOptions:
     progress: Optional[bool] = None
 
     def __post_init__(self) -> None:
-        for name in ("power", "fold_norm", "bottleneck", "reinit", "topology", "idealised"):
+        object.__setattr__(self, "power", PowerOptions.resolve(self.power))
+        for name in ("fold_norm", "bottleneck", "reinit", "topology", "idealised"):
             _check_bool(name, getattr(self, name))
         if not _is_int(self.reinit_seeds) or self.reinit_seeds < 0 or self.reinit_seeds == 1:
             raise OptionError("reinit_seeds", self.reinit_seeds,
@@ -227,6 +274,11 @@ class AnalyzeOptions:
         return cls(**{**base, **values})
 
     @property
+    def power_options(self) -> PowerOptions:
+        """The power options in force (the defaults when ``power`` is True or off)."""
+        return self.power if isinstance(self.power, PowerOptions) else _DEFAULT_POWER
+
+    @property
     def jacobian_view(self) -> bool:
         """Whether any Jacobian-based section is asked for."""
         return (self.jacobian is not None or self.bottleneck or self.reinit or self.topology
@@ -245,8 +297,13 @@ class AnalyzeOptions:
     def to_dict(self) -> dict:  # the options that shape results: not the progress display
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                if not f.name.startswith("_") and f.name != "progress"}
+        if isinstance(self.power, PowerOptions):
+            out["power"] = dataclasses.asdict(self.power)
         out["jacobian"] = self.jacobian.to_dict() if self.jacobian is not None else None
         out["tokenizer"] = None if self.tokenizer is None else type(self.tokenizer).__name__
         if self.jacobian is None and self.jacobian_view:
             out["jacobian_defaults_used"] = self.jacobian_options.to_dict()
         return out
+
+
+_DEFAULT_POWER = PowerOptions()

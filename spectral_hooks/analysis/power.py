@@ -12,11 +12,13 @@ table).
 from __future__ import annotations
 
 import pandas as pd
+import torch
 from torch import Tensor
 
 from ..metrics.power import power_table
+from ..metrics.spectrum import BATCHED_EIG_DEVICES
 from ..metrics.stats import with_adjusted
-from ..weights import layer_matrices
+from ..weights import layer_matrices, layer_operators
 from .finite import check_layer_matrices_finite
 from .options import AnalyzeOptions
 from .subject import Subject
@@ -25,13 +27,40 @@ from .subject import Subject
 PVALUES = ("rho_pvalue",)
 
 
-def layer_matrices_of(subject: Subject, *, fold_norm: bool) -> Tensor:
-    """F_t of every layer (float64, CPU), computed once per state of the weights."""
+def layer_matrices_of(subject: Subject, *, fold_norm: bool, on_device: bool = False) -> Tensor:
+    """F_t of every layer (float64; on the CPU, or with ``on_device`` on the model's device
+    where it has float64 and batched eig, metrics.spectrum.BATCHED_EIG_DEVICES), computed once
+    per state of the weights."""
+    device = torch.device("cpu")
+    if on_device:
+        weight = subject.anatomy.layers[0].output_weights()
+        if weight.device.type in BATCHED_EIG_DEVICES:
+            device = weight.device
+
     def compute() -> Tensor:
-        F = layer_matrices(subject.anatomy, fold_norm=fold_norm)
+        F = layer_matrices(subject.anatomy, fold_norm=fold_norm, device=device)
         check_layer_matrices_finite(F, subject.layers)
         return F
-    return subject.memo(("F", fold_norm), compute)
+    return subject.memo(("F", fold_norm, str(device)), compute)
+
+
+def power_matrices_of(subject: Subject, options: AnalyzeOptions):
+    """What the power view's spectra are computed from: the dense F_t stack, or where
+    ``options.power`` says matrix-free (by default d_model >= POWER_MATRIX_FREE_D) the layer
+    operators x -> W_O (W_V x) on the model's device (``weights.LayerOperators``: no d x d
+    matrix is formed, only the top-k eigenpairs are computed)."""
+    po = options.power_options
+    if not po.matrix_free(subject.anatomy.d_model):  # full eig: batched on an accelerator
+        return layer_matrices_of(subject, fold_norm=options.fold_norm, on_device=True)
+    return subject.memo(("F_operators", options.fold_norm), lambda: layer_operators(
+        subject.anatomy, fold_norm=options.fold_norm))
+
+
+def spectrum_options(subject: Subject, options: AnalyzeOptions) -> dict:
+    """``dense_limit`` / ``top_k`` of the metrics' spectrum for these options: ``full=True``
+    never truncates, whatever the width."""
+    po = options.power_options
+    return {"top_k": po.k, **({"dense_limit": subject.anatomy.d_model} if po.full else {})}
 
 
 def has_cross_attention(subject: Subject) -> bool:
@@ -51,8 +80,10 @@ def cross_power_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFra
 
 def power_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame:
     def compute() -> pd.DataFrame:
-        F = layer_matrices_of(subject, fold_norm=options.fold_norm)
-        return with_adjusted(power_table(F, subject.tokens("resid_pre"),
-                                         subject.tokens("resid_post"), iterate=options.iterate,
-                                         layers=list(subject.layers)), PVALUES)
-    return subject.memo(("power", options.iterate, options.fold_norm), compute)
+        F = power_matrices_of(subject, options)
+        table = power_table(F, subject.tokens("resid_pre"), subject.tokens("resid_post"),
+                            iterate=options.iterate, layers=list(subject.layers),
+                            **spectrum_options(subject, options))
+        return with_adjusted(table, PVALUES)
+    return subject.memo(("power", options.iterate, options.fold_norm,
+                         options.power_options), compute)

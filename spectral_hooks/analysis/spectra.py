@@ -10,10 +10,17 @@ import pandas as pd
 
 from ..metrics.power import spectra_table
 from .options import AnalyzeOptions
-from .power import layer_matrices_of
+from .power import power_matrices_of, spectrum_options
 from .subject import Subject
 
 
 def spectra_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame:
-    return subject.memo(("spectra", options.iterate, options.fold_norm), lambda: spectra_table(
-        layer_matrices_of(subject, fold_norm=options.fold_norm), iterate=options.iterate))
+    """Every layer of the model (recorded or not: F is read from the weights), or this rank's
+    share of them in a distributed analysis (``subject.share``)."""
+    def compute() -> pd.DataFrame:
+        F = power_matrices_of(subject, options)
+        return spectra_table(F, iterate=options.iterate,
+                             layers=subject.share_of(range(F.shape[0])),
+                             **spectrum_options(subject, options))
+    return subject.memo(("spectra", options.iterate, options.fold_norm,
+                         options.power_options), compute)

@@ -33,6 +33,10 @@ class Subject:
     record_on: Optional[Callable[[nn.Module], Recording]] = None
     label: str = "trained"
     namespace: Hashable = "trained"  # keeps memo entries of different subjects apart
+    #: (rank, world): analyse only this rank's share of the layers, every world-th one from
+    #: rank (distributed analysis); give such a subject a namespace of its own, since tables
+    #: are memoised without their layers
+    share: Optional[tuple[int, int]] = None
 
     def memo(self, key: Hashable, compute: Callable[[], Any]) -> Any:
         """``compute()`` once per state of the weights and recording (see cache.py)."""
@@ -44,7 +48,12 @@ class Subject:
 
     @property
     def layers(self) -> tuple[int, ...]:
-        return self.recording.layers
+        return self.share_of(self.recording.layers)
+
+    def share_of(self, layers) -> tuple[int, ...]:
+        """``layers`` (all, or this rank's share of them: every world-th from rank)."""
+        layers = tuple(layers)
+        return layers if self.share is None else layers[self.share[0]::self.share[1]]
 
     @property
     def keeps_tokens(self) -> bool:

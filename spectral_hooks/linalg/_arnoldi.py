@@ -64,10 +64,15 @@ def extend(batch: OpBatch, V: Tensor, Hb: Tensor, p: List[int], done: List[bool]
             beta = torch.where(broke, torch.zeros_like(beta), beta)
         else:
             w = w / beta.unsqueeze(1)
-        keep = torch.tensor(mask, device=V.device)
-        Hb[:, :j + 1, j] = torch.where(keep.unsqueeze(1), c, Hb[:, :j + 1, j])
-        Hb[:, j + 1, j] = torch.where(keep, beta.to(Hb.dtype), Hb[:, j + 1, j])
-        V[:, :, j + 1] = torch.where(keep.unsqueeze(1), w, V[:, :, j + 1])
+        if all(mask):  # the usual case (one operator, or a batch in step): plain stores
+            Hb[:, :j + 1, j] = c
+            Hb[:, j + 1, j] = beta.to(Hb.dtype)
+            V[:, :, j + 1] = w
+        else:
+            keep = torch.tensor(mask, device=V.device)
+            Hb[:, :j + 1, j] = torch.where(keep.unsqueeze(1), c, Hb[:, :j + 1, j])
+            Hb[:, j + 1, j] = torch.where(keep, beta.to(Hb.dtype), Hb[:, j + 1, j])
+            V[:, :, j + 1] = torch.where(keep.unsqueeze(1), w, V[:, :, j + 1])
         if stop_at and j + 1 < m:
             for b, (mk, br) in enumerate(zip(mask, broke.tolist())):
                 if mk and br and j + 1 >= stop_at:

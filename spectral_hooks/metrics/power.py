@@ -268,7 +268,7 @@ def power_table(
 
 def spectra_table(
     F: Float[Tensor, "*L d d"], *, iterate: str = "F", real_tol: float = 1e-9,
-    dense_limit: int = DENSE_LIMIT, top_k: int = TOP_K,
+    dense_limit: int = DENSE_LIMIT, top_k: int = TOP_K, layers: Sequence[int] | None = None,
 ) -> pd.DataFrame:
     """Every eigenvalue of every layer matrix, long format, for plotting in the complex plane.
 
@@ -280,6 +280,7 @@ def spectra_table(
     truncated (the layer's spectrum holds only its top-k eigenvalues: d > dense_limit) and
     converged (False only when the Krylov solver did not converge), see :func:`spectrum`.
     Shares computed spectra with :func:`power_table` (same F tensor object and options).
+    ``layers``: only these layers (default all; negative ok).
     """
     _check_iterate(iterate)
     _check_options(dense_limit, top_k)
@@ -288,8 +289,9 @@ def spectra_table(
     if F.ndim == 2:
         F = F[None]
     frames = []
-    spectra = _layer_spectra(F_in, F, range(F.shape[0]), iterate, real_tol, dense_limit, top_k)
-    for t, s in enumerate(spectra):
+    idx = _layer_indices(F.shape[0], layers)
+    spectra = _layer_spectra(F_in, F, idx, iterate, real_tol, dense_limit, top_k)
+    for t, s in zip(idx, spectra):
         vals = s.eigenvalues
         frames.append(pd.DataFrame({
             "source": "F", "layer": t, "position": -1, "index": np.arange(vals.numel()),

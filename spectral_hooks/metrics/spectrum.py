@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 
 from spectral_hooks.linalg.krylov import eigs
+from spectral_hooks.linalg.operators import IdentityOperator
 
 if TYPE_CHECKING:  # shape annotations only (jaxtyping is not a runtime dependency)
     from jaxtyping import Complex, Float
@@ -111,7 +112,16 @@ class LayerSpectrum:
             object.__setattr__(self, "n_computed", int(self.eigenvalues.numel()))
 
 
+def _is_operators(F) -> bool:
+    """A stack of layer operators: ``F.shape == (L, d, d)`` and ``F[t]`` a LinearOperator."""
+    return not isinstance(F, Tensor) and hasattr(F, "shape") and hasattr(F, "__getitem__")
+
+
 def _check_square(F: Tensor) -> Tensor:
+    if _is_operators(F):
+        if len(F.shape) != 3 or F.shape[1] != F.shape[2]:
+            raise ValueError(f"operator stack must be [L, d, d], got shape {tuple(F.shape)}")
+        return F
     if not isinstance(F, Tensor):
         raise ValueError(f"F must be a torch.Tensor, got {type(F).__name__}")
     if F.ndim not in (2, 3) or F.shape[-1] != F.shape[-2] or F.shape[-1] == 0:
@@ -180,9 +190,14 @@ def _plane(v: Tensor, is_complex: bool) -> Tensor:
 
 def _eig_topk(F: Tensor, iterate: str, real_tol: float, k: int) -> tuple[Tensor, Tensor, Tensor, bool]:
     """Top-k eigenpairs of F (of I + F for "I+F") by linalg.eigs, tidied like :func:`_eig_sorted`."""
-    A = F + torch.eye(F.shape[0], dtype=F.dtype) if iterate == "I+F" else F
+    if isinstance(F, Tensor):
+        A = F + torch.eye(F.shape[0], dtype=F.dtype) if iterate == "I+F" else F
+    else:  # a LinearOperator (matrix-free F, on the model's device)
+        A = F + IdentityOperator(F.shape[0], dtype=F.dtype, device=F.device) \
+            if iterate == "I+F" else F
     res = eigs(A, k, which="LM", return_vectors=True, **_EIGS_KW)
-    vals, vecs = res.values.to(torch.complex128), res.vectors.to(torch.complex128)
+    vals = res.values.to("cpu", torch.complex128)
+    vecs = res.vectors.to("cpu", torch.complex128)
     keep = torch.isfinite(vals) & torch.isfinite(vecs).all(dim=0)
     vals, vecs = vals[keep], vecs[:, keep]
     if iterate == "I+F":
@@ -192,11 +207,15 @@ def _eig_topk(F: Tensor, iterate: str, real_tol: float, k: int) -> tuple[Tensor,
 
 def _spectrum_one(
     F: Tensor, iterate: str, real_tol: float, dense_limit: int = DENSE_LIMIT, top_k: int = TOP_K,
-    *, layer: int | None = None,
+    *, layer: int | None = None, dense_eig: tuple | None = None,
 ) -> LayerSpectrum:
     d = F.shape[-1]
     k = max(int(top_k), 3)  # 3 values always hold lambda1 (maybe a pair) and lambda2
     truncated = d > dense_limit and k <= d - 2  # eigs needs k <= d - 2; tiny d stays dense
+    if not isinstance(F, Tensor):  # an operator: top-k, or formed when d is too small
+        truncated = k <= d - 2
+        if not truncated:
+            F = F.to_dense().to("cpu", torch.float64)
     converged = True
     if truncated:
         vals, vecs, is_real, converged = _eig_topk(F, iterate, real_tol, k)
@@ -205,6 +224,8 @@ def _spectrum_one(
             logger.warning(
                 "top-%d eigenpairs of %s (d=%d, iterate=%s) did not converge; reporting the last "
                 "Ritz estimates with converged=False", k, where, d, iterate)
+    elif dense_eig is not None:  # computed already, batched over layers on the device
+        vals, vecs, is_real = _tidy(*dense_eig, iterate, real_tol)
     else:
         vals, vecs, is_real = _eig_sorted(F, iterate, real_tol)
     shift = 1.0 if iterate == "I+F" else 0.0
@@ -237,11 +258,32 @@ def clear_spectrum_cache() -> None:
 
 
 def _fingerprint(F: Tensor) -> tuple | None:
+    if _is_operators(F):  # built from the live weights on demand: keyed by identity only
+        return ("operators", tuple(F.shape))
     try:
         version = F._version
     except RuntimeError:  # inference tensors have no version counter: do not cache them
         return None
     return (F.data_ptr(), version, tuple(F.shape), F.stride(), F.dtype, str(F.device))
+
+
+#: device types whose dense eigen-decompositions run batched over layers, on the device (tests
+#: add "cpu" to run that path on the CPU)
+BATCHED_EIG_DEVICES = {"cuda"}
+
+
+def _batched_eigs(F_in, layers: Sequence[int], dense_limit: int, top_k: int) -> dict:
+    """{layer: (values, vectors)} (CPU, complex128) from ONE batched float64 ``torch.linalg.eig``
+    on F_in's device, when F_in is a dense stack on a BATCHED_EIG_DEVICES device and the layers
+    take the dense path; {} otherwise (each layer then runs its own eig on the CPU)."""
+    if not isinstance(F_in, Tensor) or F_in.ndim != 3 or not layers:
+        return {}
+    d = F_in.shape[-1]
+    if F_in.device.type not in BATCHED_EIG_DEVICES or (d > dense_limit and max(top_k, 3) <= d - 2):
+        return {}
+    vals, vecs = torch.linalg.eig(F_in.detach()[list(layers)].to(torch.float64))
+    vals, vecs = vals.to("cpu", torch.complex128), vecs.to("cpu", torch.complex128)
+    return {t: (vals[i], vecs[i]) for i, t in enumerate(layers)}
 
 
 def _layer_spectra(
@@ -250,7 +292,8 @@ def _layer_spectra(
 ) -> list[LayerSpectrum]:
     """Spectra (without eigenvectors) of F[t] for t in layers, through the shared cache.
 
-    F_in is the tensor the caller passed (the cache key), F its float64 CPU [L, d, d] copy.
+    F_in is the tensor the caller passed (the cache key), F its float64 CPU [L, d, d] copy (or
+    a stack of layer operators, ``F[t]`` a LinearOperator: F_in itself).
     """
     fp = _fingerprint(F_in)
     opts = (iterate, float(real_tol), int(dense_limit), int(top_k), tuple(sorted(_EIGS_KW.items())))
@@ -267,11 +310,13 @@ def _layer_spectra(
                 _cache[id(F_in)] = (weakref.ref(F_in), fp, table)
                 while len(_cache) > _CACHE_SIZE:
                     _cache.popitem(last=False)
+    batched = _batched_eigs(F_in, [t for t in layers if (t, *opts) not in table], dense_limit, top_k)
     out = []
     for t in layers:
         s = table.get((t, *opts))
         if s is None:
-            s = replace(_spectrum_one(F[t], iterate, real_tol, dense_limit, top_k, layer=t), eigenvectors=None)
+            s = replace(_spectrum_one(F[t], iterate, real_tol, dense_limit, top_k, layer=t,
+                                      dense_eig=batched.get(t)), eigenvectors=None)
             table[(t, *opts)] = s
         out.append(s)
     return out

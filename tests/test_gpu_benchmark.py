@@ -1,0 +1,38 @@
+"""benchmarks/gpu.py runs unchanged on the CPU in a small form (the Llama-3-8B shape scaled
+down: GQA, RMSNorm, RoPE, random init, no download); its measures come out well formed."""
+
+import importlib.util
+import math
+from pathlib import Path
+
+import torch
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("bench_gpu", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_gpu_benchmark_small_cpu_form(tmp_path):
+    bench = _load()
+    threads = torch.get_num_threads()
+    try:
+        rows = bench.main(["--device", "cpu", "--layers", "2", "--d-model", "128", "--tokens",
+                           "8", "--vocab", "100", "--k", "4", "--rounds", "1",
+                           "--out", str(tmp_path / "gpu.jsonl")])
+    finally:
+        torch.set_num_threads(threads)
+    by = {row["measure"]: row for row in rows}
+    assert set(by) == {"record", "power", "jacobian"}
+    assert math.isfinite(by["record"]["median_ratio"]) and by["record"]["forward_s"] > 0
+    assert by["power"]["converged"] and not by["power"]["matrix_free"]  # d < 2048: dense
+    assert by["jacobian"]["converged"] and by["jacobian"]["matvecs_per_layer"] > 0
+    assert all(row["peak_gib"] > 0 for row in rows if "peak_gib" in row)
+    assert len((tmp_path / "gpu.jsonl").read_text().splitlines()) == 3
+    config = bench.llama_config(bench.parse(["--d-model", "4096", "--layers", "32"]))
+    assert (config.num_attention_heads, config.num_key_value_heads,
+            config.intermediate_size, config.head_dim) == (32, 8, 14336, 128)
