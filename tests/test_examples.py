@@ -135,16 +135,16 @@ def test_tlens_pipeline(monkeypatch, capsys):
 
 
 def test_trainer_callback(monkeypatch, capsys, tmp_path):
-    from spectral_hooks.integrations import SpectralCallback
+    from spectral_hooks.integrations.tracker import Event
 
     analysed = []  # the model as each analysis saw it (before that step's optimizer update)
-    metrics = SpectralCallback._metrics
+    event = Event.__call__
 
-    def spy(self):
-        analysed.append(copy.deepcopy(self.probe.model))
-        return metrics(self)
+    def spy(self, probe, step, **keywords):
+        analysed.append(copy.deepcopy(probe.model))
+        return event(self, probe, step, **keywords)
 
-    monkeypatch.setattr(SpectralCallback, "_metrics", spy)
+    monkeypatch.setattr(Event, "__call__", spy)
     ns, out = run_example("trainer_callback", monkeypatch, capsys, tmp_path)
     rows = [json.loads(line) for line in (tmp_path / "spectral.jsonl").read_text().splitlines()]
     columns = ("abs_lambda1", "gap_ratio", "gamma", "lift")

@@ -40,7 +40,7 @@ import pandas as pd
 import torch
 
 from ..errors import OptionError, RecordingError
-from ..metrics.trends import trends_table
+from ..metrics.stats import with_adjusted
 from ..report import Report
 from .cache import WeightsFingerprint
 from .options import AnalyzeOptions
@@ -50,7 +50,7 @@ from .subject import Subject
 #: sections each rank computes for its share of the layers (the rest are derived or refused)
 SPLIT_SECTIONS = ("power", "cross_power", "spectra", "jacobian")
 WHOLE_SECTIONS = ("shared_weights",)  # not per layer: rank 0 computes it, the others take it
-NOT_SPLIT = ("bottleneck", "topology", "reinit")
+NOT_SPLIT = ("bottleneck", "topology", "reinit", "reinit_seeds", "idealised")
 
 
 def _dist():
@@ -124,14 +124,17 @@ def _merge(name: str, frames: list[pd.DataFrame]) -> pd.DataFrame:
 
 
 def _trends(tables: dict, options: AnalyzeOptions) -> pd.DataFrame:
-    from .trends import JACOBIAN_TREND_METRICS, POWER_TREND_METRICS
+    from .trends import trends_of
 
-    jacobian, k = tables["jacobian"], options.jacobian_options.k
-    names = [m.format(k=k) for m in JACOBIAN_TREND_METRICS]
+    jacobian = tables["jacobian"]
     jac = jacobian[jacobian["variant"] == "trained"] if "variant" in jacobian else jacobian
-    frames = [trends_table(jac, [m for m in names if m in jacobian.columns]),
-              trends_table(tables["power"], POWER_TREND_METRICS)]
-    return pd.concat(frames, ignore_index=True)
+    return trends_of(jac, tables["power"], options.jacobian_options.k)
+
+
+def _readjusted(name: str, table: pd.DataFrame) -> pd.DataFrame:
+    """BH adjustments over the whole gathered table: each rank adjusted only its own layers."""
+    from .power import PVALUES
+    return with_adjusted(table, PVALUES) if name in ("power", "cross_power") else table
 
 
 def analyze_distributed(subject: Subject, options: AnalyzeOptions, *,
@@ -147,13 +150,19 @@ def analyze_distributed(subject: Subject, options: AnalyzeOptions, *,
     if refused:
         raise OptionError("distributed", True, f"False when {', '.join(refused)} is on",
                           hint="distributed=True splits power, spectra, jacobian and trends; "
-                               "bottleneck, topology and reinit need every layer on one rank")
+                               "bottleneck, topology, reinit, reinit_seeds and idealised need every "
+                               "layer on one rank")
     _check_same(subject, options, group)
     rank, world = dist.get_rank(group), dist.get_world_size(group)
     local = replace(subject, share=(rank, world),
                     namespace=(subject.namespace, "share", rank, world))
     start = time.perf_counter()
     report = analyze(local, options)
+    unknown = [n for n in report.sections if n not in (*SPLIT_SECTIONS, *WHOLE_SECTIONS, "trends")]
+    if unknown:  # every rank has the same options: all raise together, none hangs
+        raise OptionError("distributed", True, f"False for the sections {unknown}",
+                          hint="distributed=True knows how to split or gather only "
+                               f"{(*SPLIT_SECTIONS, *WHOLE_SECTIONS, 'trends')}")
     names = [n for n in report.sections if n in SPLIT_SECTIONS]
     tables = {name: report[name] for name in names}
     if "trends" in report.sections and "power" not in tables:  # trends read power too
@@ -165,7 +174,8 @@ def analyze_distributed(subject: Subject, options: AnalyzeOptions, *,
             "timings_s": report.metadata["timings_s"], "fallbacks": report.metadata["fallbacks"]}
     gathered: list = [None] * world
     dist.all_gather_object(gathered, (tables, mine, whole), group=group)
-    merged = {name: _merge(name, [g[0].get(name) for g in gathered]) for name in tables}
+    merged = {name: _readjusted(name, _merge(name, [g[0].get(name) for g in gathered]))
+              for name in tables}
     merged.update(gathered[0][2])
     if "trends" in report.sections:
         merged["trends"] = _trends(merged, options)

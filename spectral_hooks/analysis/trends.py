@@ -22,11 +22,15 @@ JACOBIAN_TREND_METRICS = ("frac_complex", "mean_abs_angle", "frac_negative",
 POWER_TREND_METRICS = ("gap_ratio", "gamma", "lift", "mean_cos", "erank")
 
 
+def trends_of(jacobian: pd.DataFrame, power: pd.DataFrame, k: int) -> pd.DataFrame:
+    """The trends table of a (trained) jacobian table and a power table, p-values adjusted over
+    one family: every metric of the table (Jacobian and power metrics together)."""
+    names = [m.format(k=k) for m in JACOBIAN_TREND_METRICS]  # exact-only ones: when present
+    frames = [trends_table(jacobian, [m for m in names if m in jacobian.columns]),
+              trends_table(power, POWER_TREND_METRICS)]
+    return with_adjusted(pd.concat(frames, ignore_index=True), ["pvalue"])
+
+
 def trends_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame:
     o = options.jacobian_options
-    jacobian = JacobianView(subject, o).table()
-    names = [m.format(k=o.k) for m in JACOBIAN_TREND_METRICS]  # exact-only ones: when present
-    frames = [trends_table(jacobian, [m for m in names if m in jacobian.columns]),
-              trends_table(power_section(subject, options), POWER_TREND_METRICS)]
-    # one family: every metric of the table (Jacobian and power metrics together)
-    return with_adjusted(pd.concat(frames, ignore_index=True), ["pvalue"])
+    return trends_of(JacobianView(subject, o).table(), power_section(subject, options), o.k)
