@@ -106,7 +106,7 @@ def _leave_the_model_unchanged(case):
     assert torch.equal(hidden(model, batch), reference)
 
 
-@settings(max_examples=150 if FULL else 30, **SETTINGS)
+@settings(max_examples=150 if FULL else 20, **SETTINGS)
 @given(case=cases(min_d=4, max_d=16, dtypes=(torch.float64,), max_layers=2 if FULL else 1))
 def test_jacobian_view_matrix_free_matches_dense(case):
     model = build(case)
