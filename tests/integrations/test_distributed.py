@@ -1,48 +1,18 @@
 """all_reduce_stats on a real 2-process gloo group equals one recording over all batches."""
 
-import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from . import _dist_worker as worker
+from . import spawn
 
 WORLD = 2
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_ranks(out: Path, timeout: float = 120.0) -> None:
-    port = free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(port)}
-    root = Path(__file__).resolve().parents[2]
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
-    procs = [subprocess.Popen([sys.executable, worker.__file__, str(rank), str(WORLD), str(port),
-                               str(out)], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
-             for rank in range(WORLD)]
-    logs = []
-    try:
-        for proc in procs:
-            logs.append(proc.communicate(timeout=timeout)[0])
-    except subprocess.TimeoutExpired:
-        pytest.fail("distributed workers timed out")
-    finally:
-        for proc in procs:  # only the processes this test started
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    for rank, (proc, log) in enumerate(zip(procs, logs)):
-        assert proc.returncode == 0, f"rank {rank} failed:\n{log[-3000:]}"
+    spawn.run_ranks(worker.__file__, WORLD, out, timeout=timeout, pass_port=True)
 
 
 def test_all_reduce_stats_matches_single_process(tmp_path):

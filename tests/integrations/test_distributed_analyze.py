@@ -2,10 +2,7 @@
 table and bit for bit (power, spectra, jacobian, trends); mismatched recordings raise on every
 rank; outside a process group it is a clear OptionError."""
 
-import os
 import pickle
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -13,30 +10,12 @@ import pytest
 import torch
 
 from . import _dist_analyze_worker as worker
-from .test_distributed import free_port
+from . import spawn
 
 
 def run(out: Path, world: int, timeout: float = 180.0) -> None:
-    port = free_port()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TQDM_DISABLE": "1"}
-    root = Path(__file__).resolve().parents[2]
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
-    procs = [subprocess.Popen([sys.executable, worker.__file__, str(rank), str(world), str(port),
-                               str(out)], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for rank in range(world)]
-    logs = []
-    try:
-        for proc in procs:
-            logs.append(proc.communicate(timeout=timeout)[0])
-    except subprocess.TimeoutExpired:
-        pytest.fail("distributed workers timed out")
-    finally:
-        for proc in procs:  # only the processes this test started
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    for rank, (proc, log) in enumerate(zip(procs, logs)):
-        assert proc.returncode == 0, f"rank {rank} of {world} failed:\n{log[-3000:]}"
+    spawn.run_ranks(worker.__file__, world, out, timeout=timeout, pass_port=True,
+                    env={"TQDM_DISABLE": "1"})
 
 
 def test_two_ranks_equal_one_process(tmp_path):

@@ -4,15 +4,12 @@ metrics (report and training event) equal the unsharded model's on every rank, t
 on shards, a SpectralTracker computes on rank 0 only without hanging, and the Jacobian view is
 refused in one sentence."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from .test_distributed import free_port
+from . import spawn
 
 WORLD = 2
 
@@ -20,23 +17,7 @@ WORLD = 2
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="no torch.distributed")
 def test_fsdp2_power_metrics_equal_the_unsharded_model(tmp_path):
     pytest.importorskip("torch.distributed.fsdp", reason="no FSDP2 in this torch")
-    worker = Path(__file__).with_name("_fsdp_worker.py")
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(free_port()),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")]))}
-    procs = [subprocess.Popen([sys.executable, worker, str(rank), str(WORLD), str(tmp_path)],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True) for rank in range(WORLD)]
-    try:
-        logs = [proc.communicate(timeout=300)[0] for proc in procs]
-    except subprocess.TimeoutExpired:
-        pytest.fail("FSDP workers hung")
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-    assert all(proc.returncode == 0 for proc in procs), "\n".join(logs)[-4000:]
+    spawn.run_ranks(Path(__file__).with_name("_fsdp_worker.py"), WORLD, tmp_path, timeout=300)
     for rank in range(WORLD):
         saved = torch.load(tmp_path / f"fsdp{rank}.pt", weights_only=False)
         assert saved["param_type"] == "DTensor"  # the model really was sharded
