@@ -25,15 +25,13 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from spectral_hooks.linalg import LinearOperator, eigs
+from spectral_hooks.linalg import LinearOperator
 from spectral_hooks.metrics.power import POWER_COLUMNS, _alignment_columns
 from spectral_hooks.metrics.spectrum import (
     TOP_K,
     LayerSpectrum,
     _check_iterate,
-    _plane,
     _spectrum_one,
-    _tidy,
 )
 
 __all__ = ["TRAINING_DENSE_LIMIT", "factor_operator", "factor_spectrum",
@@ -41,8 +39,6 @@ __all__ = ["TRAINING_DENSE_LIMIT", "factor_operator", "factor_spectrum",
 
 #: Largest d at which the training path eigen-decomposes F densely (see the module docstring).
 TRAINING_DENSE_LIMIT = 1024
-#: Solver options of the top-k path: a logged metric needs 1e-8, not the report's 1e-10.
-EIGS_OPTIONS: dict = {"tol": 1e-8, "max_restarts": 1000, "seed": 0}
 
 
 def _flat(W_O: Tensor, W_V: Tensor, gain: Optional[Tensor]) -> tuple[Tensor, Tensor]:
@@ -86,26 +82,9 @@ def factor_spectrum(W_O: Tensor, W_V: Tensor, *, gain: Optional[Tensor] = None,
     k = max(int(top_k), 3)
     if d <= dense_limit or k > d - 2:
         return _spectrum_one(O @ V, iterate, real_tol, dense_limit=d, top_k=top_k, layer=layer)
-    shift = 1.0 if iterate == "I+F" else 0.0
-    res = eigs(factor_operator(W_O, W_V, gain=gain, shift=shift), k, which="LM",
-               return_vectors=True, **EIGS_OPTIONS)
-    vals, vecs = res.values.to(torch.complex128), res.vectors.to(torch.complex128)
-    keep = torch.isfinite(vals) & torch.isfinite(vecs).all(dim=0)
-    vals, vecs, is_real = _tidy(vals[keep] - shift, vecs[:, keep], iterate, real_tol)
-    c1 = not bool(is_real[0])
-    i2 = 2 if c1 else 1
-    B = _plane(vecs[:, 0], c1)
-    lam1 = complex(vals[0])
-    if i2 < vals.numel():
-        lam2, c2 = complex(vals[i2]), not bool(is_real[i2])
-        B2, _ = torch.linalg.qr(torch.cat([B, _plane(vecs[:, i2], c2)], dim=1))
-    else:
-        lam2, c2, B2 = complex(float("nan"), float("nan")), False, B
-    mu1, mu2 = lam1 + shift, lam2 + shift
-    gap = abs(mu2) / abs(mu1) if abs(mu1) > 0 else float("nan")
-    return LayerSpectrum(vals, None, iterate, lam1, lam2, mu1, mu2, gap, c1, c2, B, B2,
-                         truncated=True, n_computed=int(vals.numel()),
-                         converged=bool(res.converged))
+    # top-k on the thin products: the same solver and tolerance as the report's matrix-free F
+    return _spectrum_one(factor_operator(W_O, W_V, gain=gain), iterate, real_tol,
+                         dense_limit=dense_limit, top_k=top_k, layer=layer)
 
 
 def power_row_from_factors(W_O: Tensor, W_V: Tensor, resid_pre: Optional[Tensor],
