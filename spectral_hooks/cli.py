@@ -194,6 +194,10 @@ def analyze(args) -> int:
         options["reinit"] = True
     if args.topology:
         options["topology"] = True
+    if args.reinit_seeds:
+        options["reinit_seeds"] = args.reinit_seeds
+    if args.idealised:
+        options["idealised"] = True
     report = probe.analyze(tokenizer=tokenizer, **options)
     report.metadata["name_or_path"] = path
     report.metadata["texts"] = texts
@@ -250,6 +254,11 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--jacobian", action="store_true", help="Jacobian spectra per layer")
     a.add_argument("--bottleneck", action="store_true", help="end-to-end bottleneck (+ init)")
     a.add_argument("--topology", action="store_true", help="residual-unit topology")
+    a.add_argument("--reinit-seeds", type=_int_at_least(2), default=None, metavar="N",
+                   help="test trained vs N re-initialisations (dense Jacobians; N >= 20 for "
+                        "empirical p-values below 0.05)")
+    a.add_argument("--idealised", action="store_true",
+                   help="paper 1's idealised dynamics (FFN-free, uniform attention)")
     a.add_argument("--figures", action=argparse.BooleanOptionalAction, default=True,
                    help="figures in report.html (need matplotlib: the 'report' extra)")
     a.add_argument("--k", type=_int_at_least(1), default=16, help="eigenvalues per Jacobian")
