@@ -178,6 +178,7 @@ class Recording(ActivationCacheView):
         """Forget everything recorded so far (handles stay attached)."""
         self._runs: list[_Run] = []
         self._calls: list[StepInfo] = []
+        self._n_calls = 0  # every call ever committed (store="stats" keeps only the latest run's)
         self._stats: dict = {}
         self._cache: dict = {}
         self.generation = getattr(self, "generation", 0) + 1  # changes whenever the data do
@@ -204,7 +205,8 @@ class Recording(ActivationCacheView):
             run, step = self._runs[-1], len(self._runs[-1].steps)
         else:
             if self.store == "stats" and self._runs:
-                self._runs = []  # stats keep only the latest run's block inputs
+                # stats keep only the latest run's block inputs and calls: memory stays flat
+                self._runs, self._calls = [], []
             # a continuation with nothing to continue (decode steps of a cache filled before
             # the probe was attached) is marked step 1: it cannot be replayed
             run, step = _Run(batch=mask.shape[0]), int(continues)
@@ -217,8 +219,9 @@ class Recording(ActivationCacheView):
         run.steps.append(step)
         run.token_ids.append(token_ids if token_ids is not None
                              else torch.full_like(mask, -1))
-        self._calls.append(StepInfo(len(self._calls), len(self._runs) - 1, step,
+        self._calls.append(StepInfo(self._n_calls, len(self._runs) - 1, step,
                                     mask.shape[1], not continues))
+        self._n_calls += 1
 
     # ---------------------------------------------------------------- reading
     @property
@@ -235,8 +238,15 @@ class Recording(ActivationCacheView):
 
     @property
     def steps(self) -> tuple[StepInfo, ...]:
-        """Every forward call recorded, in order (generate(): prefill then each decode step)."""
+        """Every forward call recorded, in order (generate(): prefill then each decode step).
+        With ``store="stats"`` only the latest run's calls are kept (``index`` still counts
+        every call), so that streaming any number of sequences keeps memory flat."""
         return tuple(self._calls)
+
+    @property
+    def n_calls(self) -> int:
+        """Forward calls committed since the last :meth:`clear` (with every ``store``)."""
+        return self._n_calls
 
     @property
     def n_samples(self) -> int:
@@ -383,4 +393,4 @@ class Recording(ActivationCacheView):
 
     def __repr__(self) -> str:
         return (f"Recording(layers={list(self.layers)}, capture={list(self.capture)}, "
-                f"store={self.store!r}, samples={self.n_samples}, calls={len(self._calls)})")
+                f"store={self.store!r}, samples={self.n_samples}, calls={self._n_calls})")

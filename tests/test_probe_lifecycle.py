@@ -173,6 +173,10 @@ def test_store_cpu_and_stats():
     torch.testing.assert_close(st.cov, torch.cov(tokens.T), rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="running statistics"):
         stats_probe.recording.resid_post[0]
+    # memory stays flat: only the latest run's call is kept, every call is counted
+    assert stats_probe.recording.n_calls == cpu_probe.recording.n_calls == 3
+    assert [s.index for s in stats_probe.recording.steps] == [2]
+    assert [s.index for s in cpu_probe.recording.steps] == [0, 1, 2]
 
 
 def test_block_input_replays_the_block():

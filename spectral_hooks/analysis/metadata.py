@@ -47,7 +47,7 @@ def metadata(subject: Subject, options: AnalyzeOptions) -> dict:
         "n_heads": anatomy.n_heads, "n_kv_heads": anatomy.n_kv_heads,
         "causal": anatomy.causal, "norm_placement": anatomy.norm_placement,
         "inputs": {"n_sequences": rec.n_samples, "n_tokens": n_tokens,
-                   "n_forward_calls": len(rec.steps), "store": rec.store},
+                   "n_forward_calls": rec.n_calls, "store": rec.store},
         "options": options.to_dict(),
         "versions": versions(),
         "timings_s": {},
