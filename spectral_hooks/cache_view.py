@@ -12,7 +12,7 @@ order the model runs them, iteration and ``in`` go over those keys (exact names:
 "in" even though indexing accepts it), ``len`` counts them, ``[key]`` takes a full name or
 ``(point, layer)`` with a negative layer allowed, a missing key raises KeyError, and
 ``to(device)`` moves the data in place and returns the recording. A recording with nothing
-to read (before any forward, or ``store="stats"``) has no keys. ``len(recording.steps)``
+to read (before any forward, or ``store="stats"``) has no keys. ``recording.n_calls``
 counts forward calls.
 """
 
