@@ -50,6 +50,46 @@ def bridge_of(hf_model):
                                                tokenizer=tokenizer).eval()
 
 
+_HOOK_DICTS = ("_forward_hooks", "_forward_pre_hooks")
+
+
+def _hook_ids(model) -> set:
+    return {(id(m), kind, key) for m in model.modules() for kind in _HOOK_DICTS
+            for key in getattr(m, kind)}
+
+
+def time_inside_hooks(model, ids, instrument, rounds: int) -> dict:
+    """Seconds spent inside the probe's own hooks per forward (each hook wrapped in a timer):
+    a direct measure of the recording's cost that machine-load swings between forwards do not
+    blur, reported beside the interleaved wall ratios."""
+    before = _hook_ids(model)
+    per_forward = []
+    with instrument(model) as probe:
+        spent, n_hooks = [0.0], len(_hook_ids(model)) - len(before)
+        for m in model.modules():
+            for kind in _HOOK_DICTS:
+                hooks = getattr(m, kind)
+                for key in list(hooks):
+                    if (id(m), kind, key) not in before:
+                        hooks[key] = _timed(hooks[key], spent)
+        for _ in range(rounds):
+            spent[0] = 0.0
+            model(input_ids=ids)
+            per_forward.append(spent[0])
+            probe.recording.clear()
+    return {"hooks": n_hooks, "seconds_per_forward": per_forward}
+
+
+def _timed(fn, spent: list):
+    def hook(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            spent[0] += time.perf_counter() - start
+    return hook
+
+
 def _rss_mib() -> float:
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2 ** 20
@@ -166,6 +206,14 @@ def main() -> None:
         out[name] = {"median_ratio": round(statistics.median(ratios), 4),
                      "q1": round(quartiles[0], 4), "q3": round(quartiles[2], 4),
                      "min": round(min(ratios), 4), "max": round(max(ratios), 4)}
+    with torch.no_grad():
+        inside = time_inside_hooks(
+            hf, ids, lambda m: sh.instrument(m, capture=("resid_pre", "resid_post", "attn_out")),
+            rounds=min(args.rounds, 5))
+    hook_s = statistics.median(inside["seconds_per_forward"])
+    out["inside_hooks"] = {"hooks": inside["hooks"], "median_s_per_forward": round(hook_s, 4),
+                           "fraction_of_plain_forward": round(
+                               hook_s / statistics.median(times["hf_plain"]), 4)}
     ours_vs_tl = [a / b for a, b in zip(times["spectral_hooks"], times["tl_run_with_cache"])]
     out["spectral_hooks_over_tl_run_with_cache"] = round(statistics.median(ours_vs_tl), 4)
     import transformer_lens
