@@ -9,7 +9,10 @@ are read, F's spectrum is dense up to d = 1024 and a top-k ``eigs`` on the thin 
 x -> W_O (W_V x) above it, then alignment and consensus of the recorded tokens. Nothing is
 cached between events (the weights changed). Weights that are FSDP2 ``DTensor`` shards are
 gathered one layer at a time (``full_tensor()``, a collective: every rank calls
-:func:`power_metrics`, only the rank with ``compute=True`` does the arithmetic).
+:func:`power_metrics`, only the rank with ``compute=True`` does the arithmetic). With
+``across_ranks=True`` (what a training event does under torch.distributed) every rank's
+recorded tokens of the layer are gathered to rank 0 as well, so the data-dependent columns
+(:data:`DATA_COLUMNS`) describe the global batch.
 
 :func:`jacobian_metrics` is the rarer event (``jacobian_every``): the ``jacobian`` table of
 ``probe.analyze(jacobian=...)``, flattened to ``spectral/layer_03/jacobian/top_eig_abs``.

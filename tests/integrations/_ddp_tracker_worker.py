@@ -2,7 +2,8 @@
 DDP-wrapped model, then without); writes its final weights, its logger's file, the tokens it
 recorded at each logged step and (rank 0) the layer factors and its own-batch-only metrics.
 Then two extra events: rank 1 recorded nothing (rank 0's tokens only), no rank recorded
-anything (None everywhere, no hang). The ranks see different batches of different sizes.
+anything (None everywhere, no hang); then the ranks instrument different layers (refused on
+every rank, no hang). The ranks see different batches of different sizes.
 
     python _ddp_tracker_worker.py RANK WORLD_SIZE OUT_DIR
 """
@@ -40,6 +41,20 @@ def snapshot(tracker, rank: int) -> dict:
     return out
 
 
+def mismatch(model, rank: int, data) -> str:
+    """The ranks instrument different layers: the token exchange refuses on every rank."""
+    import spectral_hooks as sh
+    from spectral_hooks.integrations.distributed import token_counts
+
+    with sh.instrument(model, layers=[rank]) as probe, torch.no_grad():
+        model(data[:1])
+        try:
+            token_counts(probe.recording, ["resid_pre", "resid_post"])
+        except ValueError as err:
+            return str(err)
+    return "no error"
+
+
 def train(rank: int, out: Path, track: bool) -> dict:
     torch.manual_seed(0)
     model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=100,
@@ -70,6 +85,7 @@ def train(rank: int, out: Path, track: bool) -> dict:
         tracker.probe.clear()  # no rank recorded anything
         snapshots["nobody_returned"] = tracker.metrics()
         tracker.close()
+        snapshots["mismatch"] = mismatch(model, rank, data)
         torch.save(snapshots, out / f"snapshots{rank}.pt")
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 

@@ -2,7 +2,8 @@
 different batches of different sizes: only rank 0 logs; the logged data-dependent columns
 (alignment, consensus, erank, rho ...) equal one process's computation on the concatenation of
 both ranks' tokens (exactly), the weight-only columns equal rank 0's own; a rank that recorded
-nothing contributes nothing, and when no rank recorded anything every rank gets None; training
+nothing contributes nothing, and when no rank recorded anything every rank gets None; ranks that
+instrumented different layers are refused on every rank; training
 is bit-identical with and without the tracker on every rank, and nothing hangs."""
 
 import json
@@ -65,6 +66,8 @@ def test_ddp_plain_loop_logs_global_metrics_once_and_changes_nothing(tmp_path):
     # nobody recorded anything: None on every rank, no hang
     assert snaps[0]["nobody_returned"] is None and snaps[1]["nobody_returned"] is None
     assert set(COLUMNS) == set(WEIGHTS) | set(DATA)
+    for snap in snaps:  # different layers per rank: refused on both, in one sentence
+        assert snap["mismatch"].startswith("the ranks recorded different layers"), snap["mismatch"]
     for rank in range(WORLD):
         saved = torch.load(tmp_path / f"weights{rank}.pt")
         for name, tensor in saved["with"].items():
