@@ -13,14 +13,21 @@ Ranks are combined exactly with the pairwise (Chan et al.) update, as two sum-re
 
 which equals the statistics of one recording over all ranks' tokens (up to rounding; it avoids
 the cancellation of the raw sum-of-outer-products formula). Everything is float64.
+
+The training events (:class:`~spectral_hooks.integrations.tracker.Event`) need more than
+moments: an effective rank, a p-value and per-token alignments are not sums over ranks. They
+gather the token rows themselves to rank 0 (:func:`token_counts`, then :func:`gather_rows` per
+layer), so that rank 0 computes exactly what one process would from the concatenation of every
+rank's tokens, in rank order.
 """
 
 from __future__ import annotations
 
 import zlib
-from typing import Any, Optional, Union
+from typing import Any, Optional, Sequence, Union
 
 import torch
+from torch import Tensor
 
 from ..recording import RunningStats
 
@@ -121,3 +128,75 @@ def all_reduce_stats(recording: Any, *, group: Optional[Any] = None,
         if counts[key]:
             out[key] = RunningStats(counts[key], means[key], m2 / max(counts[key] - 1, 1))
     return out
+
+
+def world_size(group: Optional[Any] = None) -> int:
+    """The number of ranks of ``group`` (1 outside torch.distributed)."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        return 1
+    return dist.get_world_size(group)
+
+
+def _device(group: Optional[Any]) -> torch.device:
+    """Where a collective's tensors live: the current CUDA device for NCCL, else the CPU."""
+    if torch.distributed.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def any_rank(flag: bool, *, group: Optional[Any] = None) -> bool:
+    """True on every rank when ``flag`` is True on at least one (a collective)."""
+    dist = torch.distributed
+    value = torch.tensor([int(bool(flag))], device=_device(group))
+    dist.all_reduce(value, op=dist.ReduceOp.MAX, group=group)
+    return bool(value.item())
+
+
+def token_counts(recording: Any, points: Sequence[str], *, group: Optional[Any] = None
+                 ) -> list[list[int]]:
+    """``counts[i][r]``: the real tokens rank r recorded at ``recording.layers[i]`` (0 where it
+    recorded nothing), the same on every rank (a collective). ``points``: the capture points
+    that will be gathered (they hold the same tokens). Raises ValueError on every rank when the
+    ranks recorded different layers or capture points (checked first, so it cannot hang)."""
+    dist = torch.distributed
+    rec, device = _recording(recording), _device(group)
+    layers, world = list(rec.layers), dist.get_world_size(group)
+    signature = zlib.crc32(repr((layers, list(points), rec.store)).encode())
+    signatures = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
+    dist.all_gather(signatures, torch.tensor([signature], device=device), group=group)
+    if len({int(s.item()) for s in signatures}) != 1:
+        raise ValueError("the ranks recorded different layers, capture points or stores "
+                         f"(this rank: layers {layers}, capture {list(points)}, store "
+                         f"{rec.store!r}): instrument the model the same way on every rank")
+    has = rec.store != "stats" and bool(rec.steps) and bool(points)
+    local = torch.tensor([rec.tokens(points[0], layer).shape[0] if has else 0
+                          for layer in layers], dtype=torch.int64, device=device)
+    counts = [torch.zeros_like(local) for _ in range(world)]
+    dist.all_gather(counts, local, group=group)
+    return [[int(c[i].item()) for c in counts] for i in range(len(layers))]
+
+
+def gather_rows(rows: Optional[Tensor], counts: Sequence[int], width: int, *, dst: int = 0,
+                group: Optional[Any] = None) -> Optional[Tensor]:
+    """The float64 rows [sum(counts), width] of every rank, in rank order, on rank ``dst``
+    (CPU); None on the other ranks, and on every rank when no rank has a row. A collective:
+    ``counts`` (from :func:`token_counts`) must be the same on every rank and ``rows`` hold
+    ``counts[rank]`` rows (None for 0). Ranks are padded to the largest count (gloo and NCCL
+    gather equal shapes only); the padding is dropped on ``dst``."""
+    dist = torch.distributed
+    if sum(counts) == 0:
+        return None
+    device, rank = _device(group), dist.get_rank()
+    n = 0 if rows is None else rows.shape[0]
+    if n != counts[dist.get_rank(group)]:
+        raise ValueError(f"gather_rows: this rank holds {n} rows but counts say "
+                         f"{counts[dist.get_rank(group)]}")
+    buf = torch.zeros(max(counts), width, dtype=torch.float64, device=device)
+    if n:
+        buf[:n] = rows.detach().to(device, torch.float64)
+    parts = [torch.empty_like(buf) for _ in counts] if rank == dst else None
+    dist.gather(buf, parts, dst=dst, group=group)
+    if parts is None:
+        return None
+    return torch.cat([part[:c] for part, c in zip(parts, counts)]).cpu()

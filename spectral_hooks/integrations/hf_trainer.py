@@ -33,6 +33,10 @@ each evaluation batch, so memory stays flat. ``window="interval"`` keeps everyth
 since the last logged step (evaluation forwards inside the interval included): memory grows
 with ``every``, use it with ``store="cpu"`` on large models.
 
+Under DDP (torch.distributed) the callback runs on every rank and each event is a collective
+(:class:`~.tracker.Event`): every rank sends rank 0 its recorded tokens, rank 0 computes (the
+data-dependent columns describe the global batch, every rank's tokens) and only rank 0 logs.
+
 If training raises, the Trainer does not call ``on_train_end``: call ``callback.remove()``.
 """
 
@@ -122,6 +126,7 @@ class SpectralCallback(TrainerCallback):
         self.probe = None
         self.history: list[tuple[int, dict]] = []  # (step, metrics) logged by this callback
         self._pending: Optional[dict] = None
+        self._event_step: Optional[int] = None  # the step on_pre_optimizer_step computed
         self._for_log: Optional[tuple[int, dict]] = None  # attached: (step, metrics) for on_log
         self.attached = False
 
@@ -144,7 +149,7 @@ class SpectralCallback(TrainerCallback):
         if self.probe is not None:
             self.probe.remove()
             self.probe = None
-        self._pending = None
+        self._pending = self._event_step = None
 
     def _due(self, step: int) -> bool:
         return self.event.due(step)
@@ -165,10 +170,11 @@ class SpectralCallback(TrainerCallback):
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs: Any):
         # the weights that produced this step's activations: analyse before they change
-        # (every rank: sharded FSDP2 weights are gathered collectively; rank 0 computes)
+        # (every rank: tokens and sharded FSDP2 weights are gathered to rank 0, which computes)
         step = state.global_step + 1
         if self.probe is not None and self._due(step):
-            self._pending = self.event(self.probe, step, compute=state.is_world_process_zero)
+            self._pending = self.event(self.probe, step)  # collective under torch.distributed
+            self._event_step = step
 
     def on_step_end(self, args, state, control, **kwargs: Any):
         if self.probe is None or not self._due(state.global_step):
@@ -176,9 +182,10 @@ class SpectralCallback(TrainerCallback):
         if self.attached:
             control.should_log = True  # every rank: the Trainer's log gathers the loss
         metrics, self._pending = self._pending, None
-        if metrics is None and state.is_world_process_zero:
-            # no on_pre_optimizer_step event (older transformers)
+        if self._event_step != state.global_step:
+            # no on_pre_optimizer_step event (older transformers): every rank, a collective
             metrics = self.event(self.probe, int(state.global_step))
+        self._event_step = None
         self.probe.clear()
         if not metrics:
             return

@@ -8,7 +8,8 @@
 The transformer is found inside the LightningModule: ``model=`` (an attribute name or a
 function of the module) says where; by default the module itself, else its first child that
 :func:`spectral_hooks.anatomy_of` understands. Every ``every`` optimizer steps the power metrics
-are computed before the optimizer step (the weights that ran) on rank 0 and written with
+are computed before the optimizer step (the weights that ran) on rank 0, from every rank's
+recorded tokens under torch.distributed (see :class:`~.tracker.Event`), and written with
 ``log_metrics`` to every logger of the trainer at its ``global_step`` -- directly, so that
 ``log_every_n_steps`` cannot drop them. Training is unchanged (``torch.no_grad()``, forked RNG).
 The recording is cleared when each optimizer step begins and after validation batches.
@@ -78,10 +79,9 @@ class SpectralLightningCallback(_pl.Callback):
             self.tracker.probe.clear()
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        step = trainer.global_step + 1  # every rank: FSDP2 shards are gathered collectively
+        step = trainer.global_step + 1  # every rank: tokens and FSDP2 shards go to rank 0
         if self.tracker is not None and self.tracker.due(step):
-            self._pending = self.tracker.event(self.tracker.probe, step,
-                                               compute=trainer.is_global_zero)
+            self._pending = self.tracker.event(self.tracker.probe, step)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         metrics, self._pending = self._pending, None

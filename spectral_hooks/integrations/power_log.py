@@ -9,7 +9,10 @@ are read, F's spectrum is dense up to d = 1024 and a top-k ``eigs`` on the thin 
 x -> W_O (W_V x) above it, then alignment and consensus of the recorded tokens. Nothing is
 cached between events (the weights changed). Weights that are FSDP2 ``DTensor`` shards are
 gathered one layer at a time (``full_tensor()``, a collective: every rank calls
-:func:`power_metrics`, only the rank with ``compute=True`` does the arithmetic).
+:func:`power_metrics`, only the rank with ``compute=True`` does the arithmetic). With
+``across_ranks=True`` (what a training event does under torch.distributed) every rank's
+recorded tokens of the layer are gathered to rank 0 as well, so the data-dependent columns
+(:data:`DATA_COLUMNS`) describe the global batch.
 
 :func:`jacobian_metrics` is the rarer event (``jacobian_every``): the ``jacobian`` table of
 ``probe.analyze(jacobian=...)``, flattened to ``spectral/layer_03/jacobian/top_eig_abs``.
@@ -26,8 +29,13 @@ from torch import Tensor
 from ..metrics.power_factors import TRAINING_DENSE_LIMIT, power_row_from_factors
 from ..metrics.spectrum import TOP_K
 from ..wrappers import weights_in
+from .distributed import gather_rows, token_counts
 
 JACOBIAN_COLUMNS = ("top_eig_abs",)
+#: The power-table columns computed from the recorded tokens (the others are weight-only):
+#: under torch.distributed a training event computes them from every rank's tokens.
+DATA_COLUMNS = frozenset({"gamma_in", "gamma", "lift", "gamma2_in", "gamma2", "rho",
+                          "rho_pvalue", "n_tokens", "mean_cos", "collapse_residual", "erank"})
 _OPTIONS = ("iterate", "fold_norm", "dense_limit", "top_k")
 
 
@@ -55,26 +63,53 @@ def _name(prefix: str, layer: int, column: str) -> str:
 def power_metrics(probe: Any, *, columns: Iterable[str], prefix: str = "spectral",
                   iterate: str = "F", fold_norm: bool = False,
                   dense_limit: int = TRAINING_DENSE_LIMIT, top_k: int = TOP_K,
-                  compute: bool = True) -> dict[str, float]:
+                  compute: bool = True, across_ranks: bool = False) -> dict[str, float]:
     """``{"spectral/layer_03/gap_ratio": ..., ...}`` for every recorded layer (NaN skipped).
 
     ``columns``: power-table columns. ``iterate``, ``fold_norm``: as in ``probe.analyze``.
     ``dense_limit``, ``top_k``: see :mod:`spectral_hooks.metrics.power_factors`.
-    ``compute=False``: only take part in the gathers of sharded weights (other ranks)."""
+    ``compute=False``: only take part in the collectives (gathers of sharded weights, and of
+    tokens with ``across_ranks``) and return ``{}``.
+    ``across_ranks=True`` (a collective: every rank calls it, with the same layers, captures
+    and columns): the data-dependent columns (:data:`DATA_COLUMNS`) are computed on rank 0
+    from every rank's recorded tokens, concatenated in rank order (gathered one layer at a
+    time; a rank that recorded nothing contributes no token): the values one process would
+    compute from all of them. Only rank 0 may compute then. The weight-only columns need no
+    communication (the weights are the same on every rank, or gathered whole when sharded).
+    """
     columns = (columns,) if isinstance(columns, str) else tuple(columns)
     rec, anatomy = probe.recording, probe.anatomy
     keeps = rec.store != "stats" and bool(rec.steps)
+    points = [c for c in ("resid_pre", "resid_post") if c in rec.capture]
+    counts = None
+    if across_ranks:
+        if compute and torch.distributed.get_rank() != 0:
+            raise ValueError("power_metrics(across_ranks=True): the tokens are gathered to "
+                             "rank 0, so only rank 0 may compute (compute=False elsewhere)")
+        if rec.store != "stats" and points and DATA_COLUMNS.intersection(columns):
+            counts = token_counts(rec, points)  # collective
     out: dict[str, float] = {}
-    for layer in rec.layers:
+    for i, layer in enumerate(rec.layers):
         part = anatomy.layers[layer]
         with weights_in(part.block, where=f"layer {layer}"):  # accelerate offload / meta
             W_O, W_V = full(part.output_weights()), full(part.value_weights())
             gain = full(part.attn_norm_weight()) if fold_norm else None
             W_O, W_V = W_O.to("cpu", torch.float64), W_V.to("cpu", torch.float64)
+        if across_ranks:
+            tokens = [None, None]
+            if counts is not None:
+                local = (torch.cat([rec.tokens(c, layer).to("cpu", torch.float64)
+                                    for c in points], dim=1) if counts[i][_rank()] else None)
+                rows = gather_rows(local, counts[i], W_O.shape[1] * len(points))  # collective
+                if rows is not None:
+                    parts = dict(zip(points, rows.chunk(len(points), dim=1)))
+                    tokens = [parts[c].contiguous() if c in parts else None
+                              for c in ("resid_pre", "resid_post")]
+        else:
+            tokens = [rec.tokens(c, layer) if keeps and c in rec.capture else None
+                      for c in ("resid_pre", "resid_post")]
         if not compute:
             continue
-        tokens = [rec.tokens(c, layer) if keeps and c in rec.capture else None
-                  for c in ("resid_pre", "resid_post")]
         row = power_row_from_factors(W_O, W_V, *tokens, layer=layer, gain=gain,
                                      iterate=iterate, dense_limit=dense_limit, top_k=top_k)
         for column in columns:
@@ -85,6 +120,10 @@ def power_metrics(probe: Any, *, columns: Iterable[str], prefix: str = "spectral
             if not math.isnan(value):
                 out[_name(prefix, layer, column)] = value
     return out
+
+
+def _rank() -> int:
+    return torch.distributed.get_rank()
 
 
 def jacobian_metrics(probe: Any, *, options: Optional[dict] = None,

@@ -14,9 +14,14 @@
 ``loggers`` under ``spectral/layer_03/gap_ratio``-style names and returns them (None when not
 due). Call it after ``backward()`` and before ``optimizer.step()``, so the weights analysed are
 the ones that produced the recorded activations. The analysis runs under ``torch.no_grad()``
-and a forked RNG state: training is unchanged. Under torch.distributed only rank 0 computes and
-logs (other ranks get None; with FSDP2-sharded weights they take part in gathering each layer);
-the metrics describe rank 0's batch. Each logged event carries its own cost as
+and a forked RNG state: training is unchanged. Under torch.distributed call ``step`` on every
+rank at the same steps (it is a collective at due steps): only rank 0 computes and logs (other
+ranks get None), every rank sends it its recorded tokens (and, with FSDP2-sharded weights, joins
+the gather of each layer), so the data-dependent columns (alignment, consensus, erank, rho ...)
+describe the global batch: the concatenation of every rank's tokens, the same values one
+process computes from it. Weight-only columns (F's spectrum) need no communication. A rank
+that recorded nothing contributes no token; when no rank recorded anything the event is None
+everywhere (see :class:`Event`). Each logged event carries its own cost as
 ``spectral/seconds``.
 
 The power metrics are the cheap ones (:mod:`~spectral_hooks.integrations.power_log`: F's
@@ -32,7 +37,9 @@ from typing import Any, Iterable, Optional, Sequence
 
 import torch
 
+from ..errors import OptionError
 from ..wrappers import is_sharded
+from .distributed import any_rank, world_size
 from .loggers import POWER_COLUMNS, MetricsLogger
 from .power_log import (
     JACOBIAN_COLUMNS,
@@ -83,19 +90,46 @@ class Event:
     def _jacobian_due(self, step: int) -> bool:
         return self.jacobian_every is not None and step % self.jacobian_every == 0
 
-    def __call__(self, probe: Any, step: int, *, compute: bool = True) -> Optional[dict]:
-        """The metrics due at ``step`` (None when nothing is recorded, or ``compute=False``:
-        then this rank only joins the gathers of sharded weights)."""
+    def __call__(self, probe: Any, step: int, *, compute: Optional[bool] = None
+                 ) -> Optional[dict]:
+        """The metrics due at ``step``, or None: not due, nothing recorded (on any rank), or
+        this rank does not compute.
+
+        Outside torch.distributed (or with one rank) this process computes from its own
+        recording. Under torch.distributed with several ranks the call is a collective that
+        every rank makes at the same steps (the training integrations do): first whether any
+        rank recorded anything (if none did, every rank returns None and nothing else is
+        exchanged), then, per logged layer, the gathers of FSDP2-sharded weights and of every
+        rank's recorded tokens to rank 0 (only when a data-dependent column is logged, see
+        :data:`~spectral_hooks.integrations.power_log.DATA_COLUMNS`). Rank 0 computes and
+        returns the metrics; the data-dependent ones describe the global batch (the
+        concatenation of every rank's tokens, exactly as one process would compute them from
+        it; a rank that recorded nothing contributes no token), the weight-only ones need no
+        communication. The Jacobian spectra (``jacobian_every``) are linearised at rank 0's
+        recorded inputs (one input, not a batch statistic). ``compute``: None (default) means
+        "rank 0 only" (every process outside torch.distributed); True on another rank of a
+        distributed run is refused, the tokens go to rank 0.
+        """
         if probe is None or not self.due(step):
             return None
         model = probe.model
+        distributed = world_size() > 1
+        if compute is None:
+            compute = is_rank_zero()
+        if distributed:
+            if compute and not is_rank_zero():
+                raise OptionError("compute", compute, "False on every rank but 0 under "
+                                  "torch.distributed", hint="rank 0 gathers the tokens and "
+                                  "computes")
+            if not any_rank(bool(probe.recording.steps)):  # collective
+                return None
+        elif not probe.recording.steps:
+            return None
         if not compute:
-            if step % self.every == 0 and is_sharded(model):
+            if step % self.every == 0 and (distributed or is_sharded(model)):
                 with torch.no_grad():
                     power_metrics(probe, columns=self.columns, compute=False,
-                                  **self.power_options)
-            return None
-        if not probe.recording.steps:
+                                  across_ranks=distributed, **self.power_options)
             return None
         probe.invalidate()  # the weights changed since the last event
 
@@ -103,7 +137,7 @@ class Event:
             out: dict = {}
             if step % self.every == 0:
                 out.update(power_metrics(probe, columns=self.columns, prefix=self.prefix,
-                                         **self.power_options))
+                                         across_ranks=distributed, **self.power_options))
             if self._jacobian_due(step):
                 out.update(jacobian_metrics(probe, options=self.jacobian_options,
                                             columns=self.jacobian_columns, prefix=self.prefix))
@@ -151,14 +185,15 @@ class SpectralTracker:
     def metrics(self, step: Optional[int] = None) -> Optional[dict]:
         """The metrics of what is recorded now (None when nothing is), with their cost:
         the power metrics, and the Jacobian ones when ``step`` is a ``jacobian_every`` step
-        (``step=None``: the power metrics only)."""
+        (``step=None``: the power metrics only). Under torch.distributed a collective: call it
+        on every rank; rank 0 gets the metrics of every rank's tokens, the others None."""
         return self.event(self.probe, self.every if step is None else int(step))
 
     def step(self, step: int) -> Optional[dict]:
         """Compute and log when ``step`` is due (rank 0); always clear the recording."""
         metrics = None
         if self.due(step):
-            metrics = self.event(self.probe, int(step), compute=is_rank_zero())
+            metrics = self.event(self.probe, int(step))  # collective under torch.distributed
         if metrics:
             for logger in self.loggers:
                 logger.log(metrics, int(step))
