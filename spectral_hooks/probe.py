@@ -68,10 +68,11 @@ class Probe(BlockJacobians, RecordsOn):
 
     def _attach(self) -> None:
         root, parts = self.anatomy.call_root, self.anatomy.layers
+        capture = self.recording.capture
+        points = fc.output_points(self.anatomy, capture)  # may refuse: before any hook
         self._root_signature = inspect.signature(root.forward)
         self._register(root, self._begin_call, pre=True)
         self._register(root, self._end_call)
-        capture = self.recording.capture
         last_block, self._first_block = parts[-1].block, parts[0].block
         self._last_block_uses = sum(p.block is last_block for p in parts)
         for module, order in fc.application_orders(self.anatomy, "block").values():
@@ -79,7 +80,7 @@ class Probe(BlockJacobians, RecordsOn):
             if "resid_post" in capture and parts[order[0]].resid_post_hook is None:
                 self._register(module, self._output_hook("resid_post", ("block", id(module)),
                                                          order))
-        for attr, name, read in fc.output_points(self.anatomy, capture):
+        for attr, name, read in points:
             for module, order in fc.application_orders(self.anatomy, attr).values():
                 self._register(module, self._output_hook(name, (attr, id(module)), order, read))
         # last, so that an implicit call commits after every other hook of the last block ran

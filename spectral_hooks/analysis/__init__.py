@@ -28,10 +28,10 @@ from ..wrappers import refuse_sharded
 from .bottleneck import bottleneck_section, propagation_section
 from .cache import AnalysisCache
 from .columns import SCHEMAS
-from .idealised import idealised_section, idealised_unavailable
+from .idealised import check_idealised_request, idealised_section, idealised_unavailable
 from .jacobian import JacobianView, jacobian_section
 from .metadata import metadata
-from .options import AnalyzeOptions, JacobianOptions, PowerOptions
+from .options import AnalyzeOptions, IdealisedOptions, JacobianOptions, PowerOptions
 from .power import cross_power_section, has_cross_attention, power_section
 from .preflight import TOKEN_COLUMNS, TokenColumnsWarning, preflight
 from .progress import Progress
@@ -43,8 +43,8 @@ from .subject import Subject
 from .topology import communities_section, topology_section, units_section
 from .trends import trends_section
 
-__all__ = ["AnalyzeOptions", "JacobianOptions", "PowerOptions", "AnalysisCache", "Subject", "analyze",
-           "TOKEN_COLUMNS", "TokenColumnsWarning"]
+__all__ = ["AnalyzeOptions", "IdealisedOptions", "JacobianOptions", "PowerOptions", "AnalysisCache",
+           "Subject", "analyze", "TOKEN_COLUMNS", "TokenColumnsWarning"]
 
 Section = Callable[[], pd.DataFrame]
 _REINIT_SECTIONS = ("jacobian", "bottleneck", "topology")  # also run on the re-initialised model
@@ -132,6 +132,7 @@ def analyze(subject: Subject, options: AnalyzeOptions) -> Report:
         sections.update(_jacobian_sections(subject, options))
         meta["jacobian"] = JacobianView(subject, options.jacobian_options).describe()
     if options.idealised:
+        check_idealised_request(subject, options)
         reason = idealised_unavailable(subject)
         if reason is None:
             sections["idealised"] = lambda: idealised_section(subject, options)

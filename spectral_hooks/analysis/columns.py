@@ -103,7 +103,8 @@ SHARED_WEIGHTS = SectionSchema("shared_weights", (
 IDEALISED = SectionSchema("idealised", (
     _ideal("layer", "int", "layer index t (0 = first block)"),
     _ideal("attention", "category", "the attention pattern of the prediction: uniform (the "
-           "paper's idealisation) or recorded", categories=("uniform", "recorded")),
+           "paper's idealisation) or recorded (each head's recorded attention probabilities, "
+           "capture point attn_pattern)", categories=("uniform", "recorded")),
     _ideal("iterate", "category", "the ordering that picks B_t, as in power",
            categories=("F", "I+F")),
     _ideal("n_tokens", "int", "number of non-padding tokens"),
