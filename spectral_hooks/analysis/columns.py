@@ -260,13 +260,20 @@ UNITS = SectionSchema("units", (
            "unit, < 0 suppresses it"),
     _units("log_gain_init", "float", "the same in the freshly initialised model (NaN without "
            "reinit)"),
+    _units("log_gain_attn", "float", "signed gain log ||J_attn e_i|| of the attention sublayer "
+           "x -> resid_mid (topology={'sublayers': True}; NaN otherwise)"),
+    _units("log_gain_attn_init", "float", "the same at initialisation (NaN without reinit)"),
+    _units("log_gain_ffn", "float", "signed gain log ||J_ffn e_i|| of the feed-forward "
+           "sublayer resid_mid -> output (topology={'sublayers': True}; NaN otherwise)"),
+    _units("log_gain_ffn_init", "float", "the same at initialisation (NaN without reinit)"),
 ), key_columns=("layer", "unit"))
 
 COMMUNITIES = SectionSchema("communities", (
     _communities("layer", "int", "layer l"),
     _communities("community", "int", "community label (as in units)"),
-    _communities("layer_type", "category", "block: the gain of the whole block Jacobian (no "
-                 "attention / feed-forward split)", categories=("block", "attention", "ffn")),
+    _communities("layer_type", "category", "block: the gain of the whole block Jacobian; "
+                 "attention / ffn: of that sublayer (topology={'sublayers': True})",
+                 categories=("block", "attention", "ffn")),
     _communities("n_units", "int", "number of units in the community"),
     _communities("mean_log_gain", "float", "mean of log ||J e_i|| over the community (> 0 "
                  "amplified, < 0 suppressed)"),

@@ -239,6 +239,33 @@ _DEFAULT_IDEALISED = IdealisedOptions()
 
 
 @dataclass(frozen=True, kw_only=True)
+class TopologyOptions:
+    """Options of the topology sections: ``analyze(topology={"sublayers": True})``;
+    ``topology=True`` is ``TopologyOptions()``.
+
+    Attributes:
+        sublayers: also each unit's gain through the attention sublayer (x -> resid_mid) and
+            the feed-forward one (resid_mid -> block output), and per community by layer type
+            (sequential families only: ``anatomy/sublayers.py``; others are refused).
+    """
+
+    sublayers: bool = False
+
+    def __post_init__(self) -> None:
+        _check_bool("topology.sublayers", self.sublayers)
+
+    @classmethod
+    def resolve(cls, value: Any) -> Union[bool, "TopologyOptions"]:
+        """False: off; True: on with the defaults (kept as True); a dict or TopologyOptions."""
+        if isinstance(value, bool) or isinstance(value, cls):
+            return value
+        if isinstance(value, Mapping):
+            return cls(**_known(cls, value, "topology"))
+        raise OptionError("topology", value, "True, False, a dict of options (e.g. "
+                          "{'sublayers': True}) or TopologyOptions")
+
+
+@dataclass(frozen=True, kw_only=True)
 class AnalyzeOptions:
     """What ``probe.analyze(...)`` computes. Each keyword of ``analyze`` is a field here.
 
@@ -257,7 +284,8 @@ class AnalyzeOptions:
             sym_energy, non-normality and end-to-end effective rank per layer against n models
             re-initialised with seeds ``jacobian.init_seed + i`` (empirical and t-test
             p-values, Benjamini-Hochberg adjusted).
-        topology: residual-unit communities, bridges and amplification.
+        topology: residual-unit communities, bridges and amplification: True, False, or its
+            options (a dict or :class:`TopologyOptions`: ``sublayers``).
         idealised: paper 1's idealised dynamics (FFN-free, L2-normalised, the model's own
             per-head weights) from the recorded first-layer tokens, against the observation:
             True (uniform attention), False, or its options (a dict or
@@ -276,7 +304,7 @@ class AnalyzeOptions:
     bottleneck: bool = False
     reinit: bool = False
     reinit_seeds: int = 0
-    topology: bool = False
+    topology: Union[bool, TopologyOptions] = False
     idealised: Union[bool, IdealisedOptions] = False
     tokenizer: Any = None
     progress: Optional[bool] = None
@@ -284,7 +312,8 @@ class AnalyzeOptions:
     def __post_init__(self) -> None:
         object.__setattr__(self, "power", PowerOptions.resolve(self.power))
         object.__setattr__(self, "idealised", IdealisedOptions.resolve(self.idealised))
-        for name in ("fold_norm", "bottleneck", "reinit", "topology"):
+        object.__setattr__(self, "topology", TopologyOptions.resolve(self.topology))
+        for name in ("fold_norm", "bottleneck", "reinit"):
             _check_bool(name, getattr(self, name))
         if not _is_int(self.reinit_seeds) or self.reinit_seeds < 0 or self.reinit_seeds == 1:
             raise OptionError("reinit_seeds", self.reinit_seeds,
@@ -325,6 +354,11 @@ class AnalyzeOptions:
             else _DEFAULT_IDEALISED
 
     @property
+    def topology_sublayers(self) -> bool:
+        """Whether the topology sections split the gains by sublayer."""
+        return isinstance(self.topology, TopologyOptions) and self.topology.sublayers
+
+    @property
     def jacobian_view(self) -> bool:
         """Whether any Jacobian-based section is asked for."""
         return (self.jacobian is not None or self.bottleneck or self.reinit or self.topology
@@ -345,8 +379,9 @@ class AnalyzeOptions:
                if not f.name.startswith("_") and f.name != "progress"}
         if isinstance(self.power, PowerOptions):
             out["power"] = dataclasses.asdict(self.power)
-        if isinstance(self.idealised, IdealisedOptions):
-            out["idealised"] = dataclasses.asdict(self.idealised)
+        for name in ("idealised", "topology"):
+            if dataclasses.is_dataclass(getattr(self, name)):
+                out[name] = dataclasses.asdict(getattr(self, name))
         out["jacobian"] = self.jacobian.to_dict() if self.jacobian is not None else None
         out["tokenizer"] = None if self.tokenizer is None else type(self.tokenizer).__name__
         if self.jacobian is None and self.jacobian_view:
