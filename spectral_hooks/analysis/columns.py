@@ -261,11 +261,14 @@ UNITS = SectionSchema("units", (
     _units("log_gain_init", "float", "the same in the freshly initialised model (NaN without "
            "reinit)"),
     _units("log_gain_attn", "float", "signed gain log ||J_attn e_i|| of the attention sublayer "
-           "x -> resid_mid (topology={'sublayers': True}; NaN otherwise)"),
-    _units("log_gain_attn_init", "float", "the same at initialisation (NaN without reinit)"),
+           "x -> resid_mid (topology={'sublayers': True}; NaN otherwise)", optional=True),
+    _units("log_gain_attn_init", "float", "the same at initialisation (NaN without reinit)",
+           optional=True),
     _units("log_gain_ffn", "float", "signed gain log ||J_ffn e_i|| of the feed-forward "
-           "sublayer resid_mid -> output (topology={'sublayers': True}; NaN otherwise)"),
-    _units("log_gain_ffn_init", "float", "the same at initialisation (NaN without reinit)"),
+           "sublayer resid_mid -> output (topology={'sublayers': True}; NaN otherwise)",
+           optional=True),
+    _units("log_gain_ffn_init", "float", "the same at initialisation (NaN without reinit)",
+           optional=True),
 ), key_columns=("layer", "unit"))
 
 COMMUNITIES = SectionSchema("communities", (
