@@ -7,7 +7,13 @@
 
 from . import linalg
 from ._version import __version__
-from .analysis import AnalyzeOptions, JacobianOptions, PowerOptions
+from .analysis import (
+                       AnalyzeOptions,
+                       IdealisedOptions,
+                       JacobianOptions,
+                       PowerOptions,
+                       TopologyOptions,
+)
 from .anatomy import Anatomy, EncoderDecoderAnatomy, LayerParts, anatomy_of, register_anatomy
 from .encoder_decoder import EncoderDecoderProbe
 from .linalg import eigs, svds
@@ -17,8 +23,9 @@ from .report import Report
 from .steering import Steering, steer
 from .weights import layer_biases, layer_matrices
 
-__all__ = ["AnalyzeOptions", "JacobianOptions", "PowerOptions", "Anatomy", "EncoderDecoderAnatomy",
-           "EncoderDecoderProbe", "LayerParts", "Probe", "Recording",
+__all__ = ["AnalyzeOptions", "IdealisedOptions", "JacobianOptions", "PowerOptions",
+           "TopologyOptions", "Anatomy",
+           "EncoderDecoderAnatomy", "EncoderDecoderProbe", "LayerParts", "Probe", "Recording",
            "Report", "Steering", "anatomy_of", "eigs", "instrument", "layer_biases",
            "layer_matrices", "linalg", "register_anatomy",
            "steer", "svds", "__version__"]

@@ -26,7 +26,7 @@ from torch import Tensor
 from .errors import RecordingKeyError, UnknownNameError
 from .tl_names import POINTS, hook_name, parse
 
-_RUN_ORDER = ("resid_pre", "attn_out", "resid_post")  # the order a block runs its hooks
+_RUN_ORDER = ("resid_pre", "attn_pattern", "attn_out", "resid_post")  # the order a block runs its hooks
 
 
 class ActivationCacheView:

@@ -29,7 +29,7 @@ from torch import nn
 
 from .anatomy.stacks import STACKS, EncoderDecoderAnatomy
 from .errors import OptionError, RecordingKeyError
-from .recording import CAPTURES, Recording
+from .recording import DEFAULT_CAPTURES, Recording
 from .report import Report
 
 __all__ = ["EncoderDecoderProbe", "StackRecordings"]
@@ -92,7 +92,7 @@ class EncoderDecoderProbe:
     lives in probe.py: this module sits beside it and does not import it)."""
 
     def __init__(self, model: nn.Module, anatomy: EncoderDecoderAnatomy, *, probe_type: type,
-                 layers: Layers = None, capture: Sequence[str] = CAPTURES,
+                 layers: Layers = None, capture: Sequence[str] = DEFAULT_CAPTURES,
                  store: str = "device", dtype: Optional[torch.dtype] = None) -> None:
         self.model, self.anatomy = model, anatomy
         self.probes: dict[str, Any] = {}  # stack -> Probe

@@ -116,6 +116,7 @@ CAPTURE_POINTS = {
     "resid_pre": "resid_pre, the residual stream entering the block",
     "attn_out": "attn_out, the attention output",
     "resid_post": "resid_post, the residual stream leaving the block",
+    "attn_pattern": "attn_pattern, the attention probabilities [batch, head, query, key]",
     "block input": "block input, the hidden state the block was called with (replayed by the "
                    "Jacobian view)",
 }

@@ -19,6 +19,7 @@ from torch import Tensor
 
 from .anatomy import Anatomy
 from .anatomy.base import CACHE_KWARGS, MASK_KWARG, MODEL_INPUT_KWARGS
+from .anatomy.patterns import pattern_capture
 from .errors import OptionError, OptionTypeError, RecordingError, UnsupportedModelError
 from .recording import CAPTURES, BlockCall, map_tensors
 from .suspend import suspended
@@ -51,6 +52,19 @@ def recorded_points(capture: Any) -> tuple[str, ...]:
     if not points or any(c not in CAPTURES for c in points):
         raise OptionError("capture", capture, f"a non-empty subset of {CAPTURES} (or their "
                           "TransformerLens hook names)")
+    return points
+
+
+def output_points(anatomy: Anatomy, capture: tuple[str, ...]) -> list[tuple]:
+    """(LayerParts attribute, capture point, output -> recorded tensor) for every point captured
+    by a module's output hook (``resid_*`` only where a TransformerLens HookPoint has them;
+    ``attn_pattern`` where the anatomy says it can be read, else UnsupportedModelError)."""
+    points = [(attr, name, first_tensor) for attr, name in (
+        ("resid_pre_hook", "resid_pre"), ("resid_post_hook", "resid_post"),
+        ("attn_out_module", "attn_out")) if name in capture]
+    if "attn_pattern" in capture:
+        source = pattern_capture(anatomy)
+        points.append((source.attr, "attn_pattern", source.extract))
     return points
 
 

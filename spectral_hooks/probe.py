@@ -27,7 +27,7 @@ from .block_jacobians import BlockJacobians
 from .encoder_decoder import EncoderDecoderProbe
 from .errors import OptionError
 from .record_on import RecordsOn
-from .recording import CAPTURES, STORES, Recording, map_tensors
+from .recording import DEFAULT_CAPTURES, STORES, Recording, map_tensors
 from .report import Report
 from .suspend import is_suspended, suspended  # noqa: F401  (suspended: public re-export)
 from .wrappers import unwrap_model
@@ -41,7 +41,7 @@ class Probe(BlockJacobians, RecordsOn):
     same inputs on another model: ``clone_on``, ``record_on`` (:class:`RecordsOn`)."""
 
     def __init__(self, model: nn.Module, *, layers: Optional[Iterable[int]] = None,
-                 capture: Sequence[str] = CAPTURES, store: str = "device",
+                 capture: Sequence[str] = DEFAULT_CAPTURES, store: str = "device",
                  dtype: Optional[torch.dtype] = None, anatomy: Optional[Anatomy] = None) -> None:
         self.anatomy = stack_of(anatomy if anatomy is not None else anatomy_of(model),
                                 what="Probe")
@@ -68,10 +68,11 @@ class Probe(BlockJacobians, RecordsOn):
 
     def _attach(self) -> None:
         root, parts = self.anatomy.call_root, self.anatomy.layers
+        capture = self.recording.capture
+        points = fc.output_points(self.anatomy, capture)  # may refuse: before any hook
         self._root_signature = inspect.signature(root.forward)
         self._register(root, self._begin_call, pre=True)
         self._register(root, self._end_call)
-        capture = self.recording.capture
         last_block, self._first_block = parts[-1].block, parts[0].block
         self._last_block_uses = sum(p.block is last_block for p in parts)
         for module, order in fc.application_orders(self.anatomy, "block").values():
@@ -79,11 +80,9 @@ class Probe(BlockJacobians, RecordsOn):
             if "resid_post" in capture and parts[order[0]].resid_post_hook is None:
                 self._register(module, self._output_hook("resid_post", ("block", id(module)),
                                                          order))
-        for attr, name in (("resid_pre_hook", "resid_pre"), ("resid_post_hook", "resid_post"),
-                           ("attn_out_module", "attn_out")):
-            if name in capture:
-                for module, order in fc.application_orders(self.anatomy, attr).values():
-                    self._register(module, self._output_hook(name, (attr, id(module)), order))
+        for attr, name, read in points:
+            for module, order in fc.application_orders(self.anatomy, attr).values():
+                self._register(module, self._output_hook(name, (attr, id(module)), order, read))
         # last, so that an implicit call commits after every other hook of the last block ran
         self._register(last_block, self._end_implicit_call)
 
@@ -150,7 +149,7 @@ class Probe(BlockJacobians, RecordsOn):
 
         return hook
 
-    def _output_hook(self, name: str, key: tuple, order: list[int]):
+    def _output_hook(self, name: str, key: tuple, order: list[int], read=fc.first_tensor):
         recorded = set(self.layers)
 
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
@@ -159,7 +158,7 @@ class Probe(BlockJacobians, RecordsOn):
                 return
             layer = call.next_layer(key, order)
             if layer is not None and layer in recorded:
-                call.captured[(name, layer)] = self.recording.to_store(fc.first_tensor(output))
+                call.captured[(name, layer)] = self.recording.to_store(read(output))
 
         return hook
 
@@ -218,7 +217,7 @@ class Probe(BlockJacobians, RecordsOn):
 
 
 def instrument(model: nn.Module, *, layers: Optional[Iterable[int]] = None,
-               capture: Sequence[str] = CAPTURES, store: str = "device",
+               capture: Sequence[str] = DEFAULT_CAPTURES, store: str = "device",
                dtype: Optional[torch.dtype] = None) -> Probe | EncoderDecoderProbe:
     """Attach recording hooks to ``model`` (DDP/compile wrappers: to the module inside, see
     ``wrappers.py``) and return the :class:`Probe` (for an encoder-decoder model, an
@@ -234,7 +233,8 @@ def instrument(model: nn.Module, *, layers: Optional[Iterable[int]] = None,
 
     Args:
         layers: indices to record (negative allowed, or "blocks.3"); None: every layer.
-        capture: any of "resid_pre", "resid_post", "attn_out" (or "hook_resid_post"...).
+        capture: any of "resid_pre", "resid_post", "attn_out" (the default: all three) and
+            "attn_pattern" (opt-in; eager attention) or their TransformerLens hook names.
         store: "device" (keep where computed), "cpu" (offload) or "stats" (running mean and
             covariance only: constant memory for arbitrarily long runs).
         dtype: cast recorded tensors (e.g. torch.float32 for a bf16 model).

@@ -10,6 +10,7 @@ different lengths are right-padded with zeros and ``mask == 0``; padding never c
     recording.mask                  # Tensor[batch, pos], 1 for real tokens
     recording.position_step         # Tensor[batch, pos]: 0 = prefill, k = k-th decode step
     recording.tokens("resid_post", 3)       # Tensor[n_real_tokens, d_model]
+    recording.attn_pattern[3]       # Tensor[batch, head, query_pos, key_pos] (opt-in capture)
 """
 
 from __future__ import annotations
@@ -24,15 +25,21 @@ from torch import Tensor
 from .cache_view import ActivationCacheView, move
 from .checks import checked_layer
 from .errors import (
+    OptionError,
     OptionIndexError,
     OptionTypeError,
     RecordingError,
     RecordingKeyError,
     UnknownNameError,
 )
+from .recorded_patterns import stacked
+from .running_stats import RunningStats, _Accumulator
 from .tl_names import layer_of, point_of
 
-CAPTURES = ("resid_pre", "resid_post", "attn_out")
+#: every capture point; the default (``DEFAULT_CAPTURES``) leaves out the attention
+#: probabilities ``attn_pattern`` ([batch, head, pos, pos]: quadratic in the length)
+CAPTURES = ("resid_pre", "resid_post", "attn_out", "attn_pattern")
+DEFAULT_CAPTURES = ("resid_pre", "resid_post", "attn_out")
 STORES = ("device", "cpu", "stats")
 
 
@@ -47,38 +54,6 @@ def map_tensors(obj: Any, fn: Callable[[Tensor], Any]) -> Any:
     if isinstance(obj, dict):
         return {k: map_tensors(v, fn) for k, v in obj.items()}
     return obj
-
-
-@dataclass(frozen=True)
-class RunningStats:
-    """Token statistics of one capture at one layer (padding excluded)."""
-
-    count: int
-    mean: Tensor  # [d] float64
-    cov: Tensor  # [d, d] float64, unbiased (divides by count - 1)
-
-
-class _Accumulator:
-    def __init__(self) -> None:
-        self.count, self.total, self.outer = 0, None, None
-
-    def update(self, x: Tensor, mask: Tensor) -> None:
-        tokens = x[mask.bool()].to(torch.float64)
-        if self.total is None:
-            d = x.shape[-1]
-            self.total = torch.zeros(d, dtype=torch.float64, device=x.device)
-            self.outer = torch.zeros(d, d, dtype=torch.float64, device=x.device)
-        self.count += tokens.shape[0]
-        self.total += tokens.sum(0)
-        self.outer += tokens.T @ tokens
-
-    def result(self) -> RunningStats:
-        if not self.count:
-            raise RecordingError("no tokens recorded yet")
-        mean = self.total / self.count
-        denom = max(self.count - 1, 1)
-        cov = (self.outer - self.count * torch.outer(mean, mean)) / denom
-        return RunningStats(self.count, mean, cov)
 
 
 @dataclass(frozen=True)
@@ -171,6 +146,10 @@ class Recording(ActivationCacheView):
                  store: str = "device", dtype: Optional[torch.dtype] = None) -> None:
         self.n_layers, self.layers, self.capture = n_layers, tuple(layers), tuple(capture)
         self.store, self.dtype = store, dtype
+        if store == "stats" and "attn_pattern" in self.capture:
+            raise OptionError("store", store, "'device' or 'cpu' with capture 'attn_pattern'",
+                              hint="running statistics are kept per token vector, not for "
+                              "[head, pos, pos] attention patterns")
         self.clear()
 
     # ---------------------------------------------------------------- writing (used by Probe)
@@ -237,6 +216,12 @@ class Recording(ActivationCacheView):
         return _LayerView(self, "attn_out")
 
     @property
+    def attn_pattern(self) -> _LayerView:
+        """``attn_pattern[l]``: Tensor[batch, head, query_pos, key_pos], the attention
+        probabilities of layer l (captured with ``instrument(capture=[..., "attn_pattern"])``)."""
+        return _LayerView(self, "attn_pattern")
+
+    @property
     def steps(self) -> tuple[StepInfo, ...]:
         """Every forward call recorded, in order (generate(): prefill then each decode step).
         With ``store="stats"`` only the latest run's calls are kept (``index`` still counts
@@ -287,6 +272,12 @@ class Recording(ActivationCacheView):
             raise UnknownNameError("capture", capture, f"one of {CAPTURES}")
         return capture
 
+    def _per_token(self, capture: str) -> str:
+        if point_of(capture) == "attn_pattern":
+            raise RecordingKeyError("attn_pattern holds [batch, head, query, key] patterns, not "
+                                    "token vectors: read recording.attn_pattern[layer]")
+        return capture
+
     def _require_data(self, capture: str) -> str:
         capture = self._capture(capture)
         if capture not in self.capture:
@@ -310,12 +301,16 @@ class Recording(ActivationCacheView):
         return torch.cat(rows, dim=0)
 
     def tensor(self, capture: str, layer: int) -> Tensor:
-        """Tensor[batch, pos, d_model] of one capture at one layer, all runs, zero-padded."""
+        """Tensor[batch, pos, d_model] of one capture at one layer, all runs, zero-padded
+        (``attn_pattern``: Tensor[batch, head, query_pos, key_pos])."""
         layer = self._layer(layer)
         capture = self._require_data(capture)
         key = (capture, layer)
         if key not in self._cache:
             width = max(run.n_positions for run in self._runs)
+            if capture == "attn_pattern":
+                self._cache[key] = stacked([run.chunks[key] for run in self._runs], width)
+                return self._cache[key]
             pieces = [torch.cat(run.chunks[key], dim=1) for run in self._runs]
             self._cache[key] = self._padded(pieces, width)
         return self._cache[key]
@@ -352,12 +347,13 @@ class Recording(ActivationCacheView):
 
     def tokens(self, capture: str, layer: int) -> Tensor:
         """Tensor[n_tokens, d_model]: the real (non-padding) tokens of all rows."""
+        self._per_token(capture)
         x = self.tensor(capture, layer)
         return x[self.mask.to(x.device).bool()]
 
     def stats(self, capture: str, layer: int) -> RunningStats:
         """Running mean / covariance / count (store='stats'; computed from tensors otherwise)."""
-        layer, capture = self._layer(layer), self._capture(capture)
+        layer, capture = self._layer(layer), self._per_token(self._capture(capture))
         if self.store == "stats":
             if (capture, layer) not in self._stats:
                 raise RecordingError(f"no statistics for {capture} at layer {layer} yet")

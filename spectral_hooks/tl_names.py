@@ -9,8 +9,13 @@
     >>> layer_of("blocks.-1.hook_resid_post"), layer_of(4)
     (-1, 4)
 
-Only the three points a probe records have names: ``hook_resid_pre``, ``hook_resid_post`` and
-``hook_attn_out`` of ``blocks.<l>``; ``recording[("resid_post", 3)]`` as in TransformerLens.
+Only the points a probe records have names: ``hook_resid_pre``, ``hook_resid_post`` and
+``hook_attn_out`` of ``blocks.<l>``, and the attention probabilities ``attn_pattern``, named
+``blocks.<l>.attn.hook_pattern`` as in TransformerLens (``hook_pattern`` for short);
+``recording[("resid_post", 3)]`` as in TransformerLens.
+
+    >>> hook_name("attn_pattern", 1), parse("blocks.1.attn.hook_pattern")
+    ('blocks.1.attn.hook_pattern', ('attn_pattern', 1))
 """
 
 from __future__ import annotations
@@ -18,13 +23,16 @@ from __future__ import annotations
 import re
 from typing import Any, Optional, Union
 
-POINTS = ("resid_pre", "resid_post", "attn_out")
+POINTS = ("resid_pre", "resid_post", "attn_out", "attn_pattern")
 _FULL = re.compile(r"^(?:blocks\.(-?\d+)(?:\.hook_(\w+))?|hook_(\w+))$")
+#: points whose TransformerLens hook sits in a submodule of the block: their name in it
+_NESTED = {"attn_pattern": "attn.hook_pattern"}
+_NESTED_NAME = re.compile(r"^(blocks\.-?\d+\.)?(attn\.)?hook_pattern$")
 
 
 def hook_name(point: str, layer: int) -> str:
     """The TransformerLens name of ``point`` at ``layer``."""
-    return f"blocks.{layer}.hook_{point}"
+    return f"blocks.{layer}.{_NESTED.get(point, 'hook_' + point)}"
 
 
 def parse(name: str) -> tuple[Optional[str], Optional[int]]:
@@ -33,13 +41,16 @@ def parse(name: str) -> tuple[Optional[str], Optional[int]]:
     other name."""
     if name in POINTS:
         return name, None
+    nested = _NESTED_NAME.match(name)
+    if nested is not None:  # blocks.<l>.attn.hook_pattern, attn.hook_pattern, hook_pattern
+        return "attn_pattern", (int(nested.group(1)[7:-1]) if nested.group(1) else None)
     full = _FULL.match(name)
     point = (full.group(2) or full.group(3)) if full else None
     if full is None or (point is not None and point not in POINTS) \
             or (point is None and full.group(1) is None):
         raise ValueError(f"unknown hook name {name!r}: use 'blocks.<l>.hook_resid_pre', "
                          "'blocks.<l>.hook_resid_post', 'blocks.<l>.hook_attn_out', "
-                         "'blocks.<l>' or 'hook_<point>'")
+                         "'blocks.<l>.attn.hook_pattern', 'blocks.<l>' or 'hook_<point>'")
     return point, (int(full.group(1)) if full.group(1) is not None else None)
 
 

@@ -73,6 +73,23 @@ def layer_matrices(model: Union[nn.Module, Anatomy], *, fold_norm: bool = False,
     return torch.stack(out)
 
 
+def head_weights(anatomy: Anatomy, *, fold_norm: bool = False,
+                 dtype: torch.dtype = torch.float64) -> list[tuple[Tensor, Tensor]]:
+    """Per layer (W_V [H, d_head, d], W_O [H, d, d_head]) on the CPU (GQA groups expanded to
+    H heads), so that sum_h W_O[h] @ W_V[h] is ``layer_matrices(...)[t]``; ``fold_norm``
+    multiplies W_V on the right by diag(gain) of the norm feeding attention, as there."""
+    check_bool("fold_norm", fold_norm)
+    out = []
+    for part in anatomy.layers:
+        with weights_in(part.block, where=f"layer {part.index}"):
+            W_O, W_V = (w.to("cpu", dtype) for w in _weights(part, "self"))
+            gain = part.attn_norm_weight() if fold_norm else None
+        if gain is not None:
+            W_V = W_V * gain.to("cpu", dtype)[None, None, :]
+        out.append((W_V, W_O))
+    return out
+
+
 def layer_biases(model: Union[nn.Module, Anatomy], *, dtype: torch.dtype = torch.float64
                  ) -> Tensor:
     """Tensor[L, d]: c_t = W_O b_V + b_O, the constant part of each attention layer's output."""

@@ -22,16 +22,23 @@ from typing import Callable
 
 import pandas as pd
 
+from ..anatomy.sublayers import sublayer_split
 from ..errors import RecordingError, collecting_fallbacks
 from ..report import Report
 from ..wrappers import refuse_sharded
 from .bottleneck import bottleneck_section, propagation_section
 from .cache import AnalysisCache
 from .columns import SCHEMAS
-from .idealised import idealised_section, idealised_unavailable
+from .idealised import check_idealised_request, idealised_section, idealised_unavailable
 from .jacobian import JacobianView, jacobian_section
 from .metadata import metadata
-from .options import AnalyzeOptions, JacobianOptions, PowerOptions
+from .options import (
+    AnalyzeOptions,
+    IdealisedOptions,
+    JacobianOptions,
+    PowerOptions,
+    TopologyOptions,
+)
 from .power import cross_power_section, has_cross_attention, power_section
 from .preflight import TOKEN_COLUMNS, TokenColumnsWarning, preflight
 from .progress import Progress
@@ -43,8 +50,9 @@ from .subject import Subject
 from .topology import communities_section, topology_section, units_section
 from .trends import trends_section
 
-__all__ = ["AnalyzeOptions", "JacobianOptions", "PowerOptions", "AnalysisCache", "Subject", "analyze",
-           "TOKEN_COLUMNS", "TokenColumnsWarning"]
+__all__ = ["AnalyzeOptions", "IdealisedOptions", "JacobianOptions", "PowerOptions",
+           "TopologyOptions", "AnalysisCache",
+           "Subject", "analyze", "TOKEN_COLUMNS", "TokenColumnsWarning"]
 
 Section = Callable[[], pd.DataFrame]
 _REINIT_SECTIONS = ("jacobian", "bottleneck", "topology")  # also run on the re-initialised model
@@ -80,6 +88,8 @@ def _jacobian_sections(subject: Subject, options: AnalyzeOptions) -> dict:
         sections["bottleneck"] = lambda: bottleneck_section(subject, options)
         sections["propagation"] = lambda: propagation_section(subject, options)
     if options.topology:
+        if options.topology_sublayers:
+            sublayer_split(subject.anatomy)  # refused now, not when the section is read
         sections["topology"] = lambda: topology_section(subject, options)
         sections["units"] = lambda: units_section(subject, options)
         sections["communities"] = lambda: communities_section(subject, options)
@@ -132,6 +142,7 @@ def analyze(subject: Subject, options: AnalyzeOptions) -> Report:
         sections.update(_jacobian_sections(subject, options))
         meta["jacobian"] = JacobianView(subject, options.jacobian_options).describe()
     if options.idealised:
+        check_idealised_request(subject, options)
         reason = idealised_unavailable(subject)
         if reason is None:
             sections["idealised"] = lambda: idealised_section(subject, options)

@@ -103,7 +103,8 @@ SHARED_WEIGHTS = SectionSchema("shared_weights", (
 IDEALISED = SectionSchema("idealised", (
     _ideal("layer", "int", "layer index t (0 = first block)"),
     _ideal("attention", "category", "the attention pattern of the prediction: uniform (the "
-           "paper's idealisation) or recorded", categories=("uniform", "recorded")),
+           "paper's idealisation) or recorded (each head's recorded attention probabilities, "
+           "capture point attn_pattern)", categories=("uniform", "recorded")),
     _ideal("iterate", "category", "the ordering that picks B_t, as in power",
            categories=("F", "I+F")),
     _ideal("n_tokens", "int", "number of non-padding tokens"),
@@ -259,13 +260,23 @@ UNITS = SectionSchema("units", (
            "unit, < 0 suppresses it"),
     _units("log_gain_init", "float", "the same in the freshly initialised model (NaN without "
            "reinit)"),
+    _units("log_gain_attn", "float", "signed gain log ||J_attn e_i|| of the attention sublayer "
+           "x -> resid_mid (topology={'sublayers': True}; NaN otherwise)", optional=True),
+    _units("log_gain_attn_init", "float", "the same at initialisation (NaN without reinit)",
+           optional=True),
+    _units("log_gain_ffn", "float", "signed gain log ||J_ffn e_i|| of the feed-forward "
+           "sublayer resid_mid -> output (topology={'sublayers': True}; NaN otherwise)",
+           optional=True),
+    _units("log_gain_ffn_init", "float", "the same at initialisation (NaN without reinit)",
+           optional=True),
 ), key_columns=("layer", "unit"))
 
 COMMUNITIES = SectionSchema("communities", (
     _communities("layer", "int", "layer l"),
     _communities("community", "int", "community label (as in units)"),
-    _communities("layer_type", "category", "block: the gain of the whole block Jacobian (no "
-                 "attention / feed-forward split)", categories=("block", "attention", "ffn")),
+    _communities("layer_type", "category", "block: the gain of the whole block Jacobian; "
+                 "attention / ffn: of that sublayer (topology={'sublayers': True})",
+                 categories=("block", "attention", "ffn")),
     _communities("n_units", "int", "number of units in the community"),
     _communities("mean_log_gain", "float", "mean of log ||J e_i|| over the community (> 0 "
                  "amplified, < 0 suppressed)"),

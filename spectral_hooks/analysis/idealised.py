@@ -1,7 +1,9 @@
 """Section ``idealised`` (``analyze(idealised=True)``): paper 1's idealised dynamics, FFN-free,
-L2-normalised, uniform attention, driven by the model's own layer matrices F_t, from the tokens
-that entered the first recorded layer; per layer, predicted against observed (alignment with
-the power section's B_t, consensus direction and rate, bipolar consensus, rotation).
+L2-normalised, driven by the model's own layer matrices F_t (uniform attention, the default) or
+by each head's own weights and its recorded attention pattern
+(``idealised={"attention": "recorded"}``, capture point ``attn_pattern``), from the tokens that
+entered the first recorded layer; per layer, predicted against observed (alignment with the
+power section's B_t, consensus direction and rate, bipolar consensus, rotation).
 
     >>> idealised_section(subject, AnalyzeOptions(idealised=True))   # doctest: +SKIP
 """
@@ -9,9 +11,11 @@ the power section's B_t, consensus direction and rate, bipolar consensus, rotati
 from __future__ import annotations
 
 import pandas as pd
+import torch
 
 from ..errors import RecordingError
 from ..metrics.idealised_table import idealised_table
+from ..weights import head_weights
 from .options import AnalyzeOptions
 from .power import layer_matrices_of
 from .subject import Subject
@@ -25,6 +29,29 @@ def idealised_unavailable(subject: Subject) -> str | None:
     return None
 
 
+def check_idealised_request(subject: Subject, options: AnalyzeOptions) -> None:
+    """RecordingError when recorded attention is asked for and the recording cannot give it."""
+    if options.idealised_options.attention != "recorded":
+        return
+    rec = subject.recording
+    if "attn_pattern" not in rec.capture:
+        raise RecordingError(
+            "idealised={'attention': 'recorded'} needs the attention patterns, capture point "
+            "attn_pattern (blocks.<l>.attn.hook_pattern), which was not captured: "
+            "instrument(model, capture=['resid_pre', 'resid_post', 'attn_pattern']) on a model "
+            "loaded with attn_implementation='eager'")
+    first = min(subject.layers)
+    missing = [t for t in range(first, subject.anatomy.n_layers) if t not in rec.layers]
+    if missing:
+        raise RecordingError(
+            f"idealised={{'attention': 'recorded'}} runs the dynamics through every layer from "
+            f"{first} on, and layers {missing} were not recorded: instrument with layers=None")
+
+
+def _real(mask_row):
+    return (mask_row != 0).nonzero().flatten()
+
+
 def start_tokens(subject: Subject, layer: int) -> list:
     """Per recorded sequence, its real tokens entering ``layer`` (in recording order)."""
     rec = subject.recording
@@ -33,15 +60,37 @@ def start_tokens(subject: Subject, layer: int) -> list:
     return [X[b][mask[b] != 0] for b in range(X.shape[0]) if bool((mask[b] != 0).any())]
 
 
+def recorded_patterns(subject: Subject, first: int) -> list:
+    """patterns[t - first][s]: layer t's recorded attention [H, n_s, n_s] of sequence s,
+    restricted to its real tokens (queries and keys), float64 on the CPU."""
+    rec = subject.recording
+    mask = rec.mask.to("cpu")
+    rows = [b for b in range(mask.shape[0]) if bool((mask[b] != 0).any())]
+    out = []
+    for t in range(first, subject.anatomy.n_layers):
+        P = rec.attn_pattern[t].detach().to("cpu", torch.float64)
+        out.append([P[b][:, _real(mask[b])][:, :, _real(mask[b])] for b in rows])
+    return out
+
+
 def idealised_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame:
+    attention = options.idealised_options.attention
+
     def compute() -> pd.DataFrame:
         reason = idealised_unavailable(subject)
         if reason is not None:
             raise RecordingError(f"section idealised: {reason}")
+        check_idealised_request(subject, options)
         F = layer_matrices_of(subject, fold_norm=options.fold_norm)
         first = min(subject.layers)
+        heads = patterns = None
+        if attention == "recorded":
+            heads = [None] * first + head_weights(subject.anatomy, fold_norm=options.fold_norm
+                                                  )[first:]
+            patterns = [None] * first + recorded_patterns(subject, first)
         return idealised_table(
             F, start_tokens(subject, first), subject.tokens("resid_pre"),
             subject.tokens("resid_post"), first=first, layers=list(subject.layers),
-            iterate=options.iterate, causal=bool(subject.anatomy.causal))
-    return subject.memo(("idealised", options.iterate, options.fold_norm), compute)
+            iterate=options.iterate, causal=bool(subject.anatomy.causal), heads=heads,
+            patterns=patterns)
+    return subject.memo(("idealised", options.iterate, options.fold_norm, attention), compute)

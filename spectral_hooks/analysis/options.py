@@ -22,6 +22,7 @@ from typing import Any, Mapping, Optional, Sequence, Union
 from ..errors import OptionError, OptionTypeError, UnknownOptionError
 
 ITERATES = ("F", "I+F")
+IDEALISED_ATTENTIONS = ("uniform", "recorded")
 ABLATIONS = ("symmetric", "schur")
 POSITION_KEYWORDS = ("default", "last", "all")
 
@@ -202,6 +203,69 @@ class PowerOptions:
 
 
 @dataclass(frozen=True, kw_only=True)
+class IdealisedOptions:
+    """Options of the idealised dynamics: ``analyze(idealised={"attention": "recorded"})``;
+    ``idealised=True`` is ``IdealisedOptions()``.
+
+        >>> IdealisedOptions(attention="recorded").attention
+        'recorded'
+
+    Attributes:
+        attention: "uniform" (the paper's idealisation: every head attends uniformly, over
+            keys 0..i in a causal model) or "recorded" (each head's own recorded attention
+            probabilities A_h, per layer and sequence: needs
+            ``instrument(model, capture=[..., "attn_pattern"])`` on an eager-attention model).
+    """
+
+    attention: str = "uniform"
+
+    def __post_init__(self) -> None:
+        if self.attention not in IDEALISED_ATTENTIONS:
+            raise OptionError("idealised.attention", self.attention,
+                              f"one of {IDEALISED_ATTENTIONS}")
+
+    @classmethod
+    def resolve(cls, value: Any) -> Union[bool, "IdealisedOptions"]:
+        """False: off; True: on with the defaults (kept as True); a dict or IdealisedOptions."""
+        if isinstance(value, bool) or isinstance(value, cls):
+            return value
+        if isinstance(value, Mapping):
+            return cls(**_known(cls, value, "idealised"))
+        raise OptionError("idealised", value, "True, False, a dict of options (e.g. "
+                          "{'attention': 'recorded'}) or IdealisedOptions")
+
+
+_DEFAULT_IDEALISED = IdealisedOptions()
+
+
+@dataclass(frozen=True, kw_only=True)
+class TopologyOptions:
+    """Options of the topology sections: ``analyze(topology={"sublayers": True})``;
+    ``topology=True`` is ``TopologyOptions()``.
+
+    Attributes:
+        sublayers: also each unit's gain through the attention sublayer (x -> resid_mid) and
+            the feed-forward one (resid_mid -> block output), and per community by layer type
+            (sequential families only: ``anatomy/sublayers.py``; others are refused).
+    """
+
+    sublayers: bool = False
+
+    def __post_init__(self) -> None:
+        _check_bool("topology.sublayers", self.sublayers)
+
+    @classmethod
+    def resolve(cls, value: Any) -> Union[bool, "TopologyOptions"]:
+        """False: off; True: on with the defaults (kept as True); a dict or TopologyOptions."""
+        if isinstance(value, bool) or isinstance(value, cls):
+            return value
+        if isinstance(value, Mapping):
+            return cls(**_known(cls, value, "topology"))
+        raise OptionError("topology", value, "True, False, a dict of options (e.g. "
+                          "{'sublayers': True}) or TopologyOptions")
+
+
+@dataclass(frozen=True, kw_only=True)
 class AnalyzeOptions:
     """What ``probe.analyze(...)`` computes. Each keyword of ``analyze`` is a field here.
 
@@ -220,9 +284,12 @@ class AnalyzeOptions:
             sym_energy, non-normality and end-to-end effective rank per layer against n models
             re-initialised with seeds ``jacobian.init_seed + i`` (empirical and t-test
             p-values, Benjamini-Hochberg adjusted).
-        topology: residual-unit communities, bridges and amplification.
-        idealised: paper 1's idealised dynamics (FFN-free, L2-normalised, uniform attention,
-            the model's own F_t) from the recorded first-layer tokens, against the observation.
+        topology: residual-unit communities, bridges and amplification: True, False, or its
+            options (a dict or :class:`TopologyOptions`: ``sublayers``).
+        idealised: paper 1's idealised dynamics (FFN-free, L2-normalised, the model's own
+            per-head weights) from the recorded first-layer tokens, against the observation:
+            True (uniform attention), False, or its options (a dict or
+            :class:`IdealisedOptions`: ``attention`` "uniform" or "recorded").
         tokenizer: names the tokens of the Jacobian rows (column ``token``, decoded with its
             ``decode``); None uses the tokenizer the model carries (TransformerLens), if any.
         progress: one display over the whole analysis (``analysis/progress.py``): None or True
@@ -237,14 +304,16 @@ class AnalyzeOptions:
     bottleneck: bool = False
     reinit: bool = False
     reinit_seeds: int = 0
-    topology: bool = False
-    idealised: bool = False
+    topology: Union[bool, TopologyOptions] = False
+    idealised: Union[bool, IdealisedOptions] = False
     tokenizer: Any = None
     progress: Optional[bool] = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "power", PowerOptions.resolve(self.power))
-        for name in ("fold_norm", "bottleneck", "reinit", "topology", "idealised"):
+        object.__setattr__(self, "idealised", IdealisedOptions.resolve(self.idealised))
+        object.__setattr__(self, "topology", TopologyOptions.resolve(self.topology))
+        for name in ("fold_norm", "bottleneck", "reinit"):
             _check_bool(name, getattr(self, name))
         if not _is_int(self.reinit_seeds) or self.reinit_seeds < 0 or self.reinit_seeds == 1:
             raise OptionError("reinit_seeds", self.reinit_seeds,
@@ -279,6 +348,17 @@ class AnalyzeOptions:
         return self.power if isinstance(self.power, PowerOptions) else _DEFAULT_POWER
 
     @property
+    def idealised_options(self) -> IdealisedOptions:
+        """The idealised options in force (the defaults when ``idealised`` is True or off)."""
+        return self.idealised if isinstance(self.idealised, IdealisedOptions) \
+            else _DEFAULT_IDEALISED
+
+    @property
+    def topology_sublayers(self) -> bool:
+        """Whether the topology sections split the gains by sublayer."""
+        return isinstance(self.topology, TopologyOptions) and self.topology.sublayers
+
+    @property
     def jacobian_view(self) -> bool:
         """Whether any Jacobian-based section is asked for."""
         return (self.jacobian is not None or self.bottleneck or self.reinit or self.topology
@@ -299,6 +379,9 @@ class AnalyzeOptions:
                if not f.name.startswith("_") and f.name != "progress"}
         if isinstance(self.power, PowerOptions):
             out["power"] = dataclasses.asdict(self.power)
+        for name in ("idealised", "topology"):
+            if dataclasses.is_dataclass(getattr(self, name)):
+                out[name] = dataclasses.asdict(getattr(self, name))
         out["jacobian"] = self.jacobian.to_dict() if self.jacobian is not None else None
         out["tokenizer"] = None if self.tokenizer is None else type(self.tokenizer).__name__
         if self.jacobian is None and self.jacobian_view:

@@ -1,6 +1,8 @@
 """Sections ``topology`` (per layer), ``units`` (per residual unit) and ``communities`` (per
-layer x community): communities, bridges, their coupling to Jacobian amplification, and each
-unit's and community's signed gain log ||J e_i||, with the init control when ``reinit=True``.
+layer x community x layer type): communities, bridges, their coupling to Jacobian
+amplification, and each unit's and community's signed gain log ||J e_i||, with the init control
+when ``reinit=True``; with ``topology={"sublayers": True}`` also the gains through the
+attention and the feed-forward sublayer (``linearize/sublayers.py``), per community by type.
 
     >>> topology_section(subject, AnalyzeOptions(topology=True))   # doctest: +SKIP
 """
@@ -8,9 +10,11 @@ unit's and community's signed gain log ||J e_i||, with the init control when ``r
 from __future__ import annotations
 
 import pandas as pd
+import torch
 
+from ..linearize.sublayers import sublayer_jacobian
 from ..metrics.community_gain import community_table
-from ..metrics.topology import topology_tables
+from ..metrics.topology import log_gain, topology_tables
 from .jacobian import JacobianView
 from .options import AnalyzeOptions
 from .reinit import init_subject
@@ -18,6 +22,36 @@ from .subject import Subject
 
 #: label permutations of the communities' gain null
 GAIN_SHUFFLES = 1000
+
+
+#: the units table's columns of the sublayer gains: sublayer -> (trained, init)
+SUBLAYER_COLUMNS = {"attention": ("log_gain_attn", "log_gain_attn_init"),
+                    "ffn": ("log_gain_ffn", "log_gain_ffn_init")}
+
+
+def _sublayer_gain(view: JacobianView, layer: int, sublayer: str):
+    """log ||J_sub e_i|| at the view's anchor row: exact where the view is, else estimated."""
+    s, o = view.subject, view.options
+    op = sublayer_jacobian(s.anatomy, s.recording, layer, sublayer=sublayer,
+                           position=view.anchor, sample=o.sample, method=view.method)
+    if view.exact or view.dense_products:
+        J = op.matmat(torch.eye(op.shape[1], dtype=op.dtype, device=op.device))
+        return log_gain(J.to(torch.float64), dense=True)[0]
+    return log_gain(op, n_samples=o.n_samples, seed=o.seed)[0]
+
+
+def _with_sublayers(units: pd.DataFrame, views: dict) -> pd.DataFrame:
+    """``units`` with the sublayer gain columns (NaN where not computed)."""
+    units = units.copy()
+    for sublayer, columns in SUBLAYER_COLUMNS.items():
+        for column, view in zip(columns, (views.get("trained"), views.get("init"))):
+            units[column] = float("nan")
+            if view is None:
+                continue
+            for layer in view.layers:
+                rows = units["layer"] == layer
+                units.loc[rows, column] = _sublayer_gain(view, layer, sublayer).numpy()
+    return units
 
 
 def _tables(subject: Subject, options: AnalyzeOptions) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -29,14 +63,16 @@ def _tables(subject: Subject, options: AnalyzeOptions) -> tuple[pd.DataFrame, pd
         X = {layer: rec.tokens("resid_pre", layer) for layer in view.layers}
         g = {layer: view.amplification(layer) for layer in view.layers}
         gain = {layer: view.log_gain(layer) for layer in view.layers}
-        g_init = gain_init = None
+        g_init = gain_init = init = None
         if options.reinit:
             init = JacobianView(init_subject(subject, seed=o.init_seed), o)
             g_init = {layer: init.amplification(layer) for layer in view.layers}
             gain_init = {layer: init.log_gain(layer) for layer in view.layers}
-        return topology_tables(X, g, g_init_by_layer=g_init, seed=o.seed, gain_by_layer=gain,
-                               gain_init_by_layer=gain_init)
-    return subject.memo(("topology", o, options.reinit), compute)
+        topo, units = topology_tables(X, g, g_init_by_layer=g_init, seed=o.seed,
+                                      gain_by_layer=gain, gain_init_by_layer=gain_init)
+        views = {"trained": view, "init": init} if options.topology_sublayers else {}
+        return topo, _with_sublayers(units, views)
+    return subject.memo(("topology", o, options.reinit, options.topology_sublayers), compute)
 
 
 def topology_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame:

@@ -61,7 +61,8 @@ class LayerParts:
     and returns the new residual stream (or a tuple starting with it). ``attn_out_module``'s
     output (first element if a tuple) is the attention sublayer's contribution to the residual
     stream (after any post-attention norm). TransformerLens models also name the HookPoints
-    whose outputs are the residual stream before and after the block (``resid_*_hook``).
+    whose outputs are the residual stream before and after the block (``resid_*_hook``) and
+    the attention probabilities (``pattern_hook``, see :mod:`.patterns`).
     Decoder blocks of encoder-decoder models also name their cross-attention projections
     (``cross_value``, ``cross_output``: they read the encoder output).
     """
@@ -76,6 +77,7 @@ class LayerParts:
     norm_weight_offset: float = 0.0
     resid_pre_hook: Optional[nn.Module] = None
     resid_post_hook: Optional[nn.Module] = None
+    pattern_hook: Optional[nn.Module] = None
     cross_value: Optional[HeadWeights] = None
     cross_output: Optional[HeadWeights] = None
 

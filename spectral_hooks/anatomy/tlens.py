@@ -56,7 +56,8 @@ def _hooked_transformer(model: nn.Module) -> Optional[Anatomy]:
                    attn_out_module=block.hook_attn_out,
                    value=_tl_value(block.attn, cfg.n_heads), output=_tl3_output(block.attn),
                    attn_norm=getattr(block, "ln1", None),
-                   resid_pre_hook=block.hook_resid_pre, resid_post_hook=block.hook_resid_post)
+                   resid_pre_hook=block.hook_resid_pre, resid_post_hook=block.hook_resid_post,
+                   pattern_hook=getattr(block.attn, "hook_pattern", None))
         for i, block in enumerate(model.blocks))
     return Anatomy(
         family="tlens3", model=model, layers=layers, d_model=cfg.d_model, n_heads=cfg.n_heads,
@@ -94,6 +95,7 @@ def _transformer_bridge(model: nn.Module) -> Optional[Anatomy]:
             attn_norm=inner.layers[i].attn_norm if i < inner.n_layers else None,
             norm_weight_offset=inner.layers[i].norm_weight_offset if i < inner.n_layers else 0.0,
             resid_pre_hook=block.hook_in, resid_post_hook=block.hook_out,
+            pattern_hook=getattr(attn, "hook_pattern", None),
         ))
     return inner.replace(family=f"tlens_bridge/{inner.family}", model=model, layers=tuple(layers),
                          call_root=model, shared_groups=(), call_convention=TL_BRIDGE_CALLS)

@@ -30,8 +30,12 @@ Definitions (float64; one row per layer x community of the ``units`` table):
   log_gain over the community's units (NaN below 3 units or for a constant side).
 - ``*_adj``: Benjamini-Hochberg over every (layer, community) row of the table, one family per
   p-value column.
-- ``layer_type``: "block": the gain is that of the whole block Jacobian (the replay linearises
-  whole blocks; an attention / feed-forward split is not computed).
+- ``layer_type``: "block": the gain of the whole block Jacobian (``log_gain``); "attention" /
+  "ffn": the gain through the attention sublayer x -> resid_mid (``log_gain_attn``) or the
+  feed-forward one resid_mid -> output (``log_gain_ffn``), rows present where the units table
+  has those columns with values (``analyze(topology={"sublayers": True})``). Every layer type
+  uses the same label permutations (the same null sets); ``amplification`` is the block's and
+  is NaN on sublayer rows; the coupling is that of the row's own gain.
 """
 
 from __future__ import annotations
@@ -54,9 +58,40 @@ _NEEDED = ("layer", "unit", "community", "bridge_score", "amplification", "log_g
            "log_gain_init")
 
 
+#: layer type -> (gain column, init gain column) of the units table
+LAYER_TYPES = {"block": ("log_gain", "log_gain_init"),
+               "attention": ("log_gain_attn", "log_gain_attn_init"),
+               "ffn": ("log_gain_ffn", "log_gain_ffn_init")}
+
+
 def _shuffled_means(values: np.ndarray, perms: np.ndarray, members: np.ndarray) -> np.ndarray:
     """Mean of ``values`` over the units a permutation gives the community's labels to."""
     return values[perms[:, members]].mean(axis=1)
+
+
+def _rows(layer: int, layer_type: str, labels, gain, gain0, amp, bridge, perms,
+          n_shuffles: int) -> list[dict]:
+    rows, d = [], len(labels)
+    for c in np.unique(labels):
+        members = np.flatnonzero(labels == c)
+        observed = float(gain[members].mean())
+        observed0 = float(gain0[members].mean())
+        whole = len(members) == d or not n_shuffles
+        null = np.array([]) if whole else _shuffled_means(gain, perms, members)
+        null0 = np.array([]) if whole else _shuffled_means(gain0, perms, members)
+        rho, p = (depth_trend(gain[members], bridge[members]) if len(members) >= 3
+                  else (float("nan"), float("nan")))
+        rows.append(dict(
+            layer=layer, community=int(c), layer_type=layer_type, n_units=len(members),
+            mean_log_gain=observed,
+            mean_log_gain_null=float(null.mean()) if len(null) else float("nan"),
+            mean_log_gain_null_sd=float(null.std(ddof=1)) if len(null) > 1 else float("nan"),
+            gain_pvalue=empirical_pvalues(observed, null)[2],
+            mean_log_gain_init=observed0,
+            gain_init_pvalue=empirical_pvalues(observed0, null0)[2],
+            amplification=float((amp[members] ** 2).mean()),
+            gain_coupling_rho=rho, gain_coupling_pvalue=p))
+    return rows
 
 
 def community_table(units: pd.DataFrame, *, n_shuffles: int = 1000, seed: int = 0
@@ -74,33 +109,21 @@ def community_table(units: pd.DataFrame, *, n_shuffles: int = 1000, seed: int = 
     for layer, df in units.groupby("layer", sort=True):
         df = df.sort_values("unit")
         labels = df["community"].to_numpy()
-        gain = df["log_gain"].to_numpy(dtype=np.float64)
-        gain0 = df["log_gain_init"].to_numpy(dtype=np.float64)
         amp = df["amplification"].to_numpy(dtype=np.float64)
         bridge = df["bridge_score"].to_numpy(dtype=np.float64)
         rng = np.random.default_rng((seed, int(layer)))
         d = len(labels)
         perms = np.stack([rng.permutation(d) for _ in range(n_shuffles)]) if n_shuffles \
             else np.zeros((0, d), dtype=np.intp)
-        for c in np.unique(labels):
-            members = np.flatnonzero(labels == c)
-            observed = float(gain[members].mean())
-            observed0 = float(gain0[members].mean())
-            whole = len(members) == d or not n_shuffles
-            null = np.array([]) if whole else _shuffled_means(gain, perms, members)
-            null0 = np.array([]) if whole else _shuffled_means(gain0, perms, members)
-            rho, p = (depth_trend(gain[members], bridge[members]) if len(members) >= 3
-                      else (float("nan"), float("nan")))
-            rows.append(dict(
-                layer=int(layer), community=int(c), layer_type="block", n_units=len(members),
-                mean_log_gain=observed,
-                mean_log_gain_null=float(null.mean()) if len(null) else float("nan"),
-                mean_log_gain_null_sd=float(null.std(ddof=1)) if len(null) > 1
-                else float("nan"),
-                gain_pvalue=empirical_pvalues(observed, null)[2],
-                mean_log_gain_init=observed0,
-                gain_init_pvalue=empirical_pvalues(observed0, null0)[2],
-                amplification=float((amp[members] ** 2).mean()),
-                gain_coupling_rho=rho, gain_coupling_pvalue=p))
+        for layer_type, (column, column0) in LAYER_TYPES.items():
+            if column not in df.columns or (layer_type != "block"
+                                            and not df[column].notna().any()):
+                continue
+            gain = df[column].to_numpy(dtype=np.float64)
+            gain0 = (df[column0].to_numpy(dtype=np.float64) if column0 in df.columns
+                     else np.full(d, np.nan))
+            rows.extend(_rows(int(layer), layer_type, labels, gain, gain0,
+                              amp if layer_type == "block" else np.full(d, np.nan), bridge,
+                              perms, n_shuffles))
     table = pd.DataFrame(rows, columns=[c for c in COMMUNITY_COLUMNS if not c.endswith("_adj")])
     return with_adjusted(table, COMMUNITY_PVALUES)[COMMUNITY_COLUMNS]

@@ -1,0 +1,45 @@
+"""Running token statistics of a capture (``store="stats"``): count, mean and covariance,
+accumulated in float64 over the real (non-padding) tokens of every forward call."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from .errors import RecordingError
+
+__all__ = ["RunningStats"]
+
+
+@dataclass(frozen=True)
+class RunningStats:
+    """Token statistics of one capture at one layer (padding excluded)."""
+
+    count: int
+    mean: Tensor  # [d] float64
+    cov: Tensor  # [d, d] float64, unbiased (divides by count - 1)
+
+
+class _Accumulator:
+    def __init__(self) -> None:
+        self.count, self.total, self.outer = 0, None, None
+
+    def update(self, x: Tensor, mask: Tensor) -> None:
+        tokens = x[mask.bool()].to(torch.float64)
+        if self.total is None:
+            d = x.shape[-1]
+            self.total = torch.zeros(d, dtype=torch.float64, device=x.device)
+            self.outer = torch.zeros(d, d, dtype=torch.float64, device=x.device)
+        self.count += tokens.shape[0]
+        self.total += tokens.sum(0)
+        self.outer += tokens.T @ tokens
+
+    def result(self) -> RunningStats:
+        if not self.count:
+            raise RecordingError("no tokens recorded yet")
+        mean = self.total / self.count
+        denom = max(self.count - 1, 1)
+        cov = (self.outer - self.count * torch.outer(mean, mean)) / denom
+        return RunningStats(self.count, mean, cov)
