@@ -71,6 +71,12 @@ class OpBatch:
         self.counts = [0] * self.B
         self.what = what
 
+    def member(self, b: int) -> "OpBatch":
+        """Member b of a dense batch on its own (under its name in this batch)."""
+        one = OpBatch(self.dense[b], what=self.what)
+        one.names = [self.names[b]]
+        return one
+
     def check_finite(self, Y: Tensor, mask: Sequence[bool]) -> None:
         """Raise FloatingPointError naming the first masked-in member with NaN / Inf in Y."""
         if bool(torch.isfinite(Y).all()):  # one reduction, one sync: the usual case
