@@ -131,13 +131,6 @@ def _probe_settled(st: dict, cycles: int) -> bool:
                                                  1e-12 * st["scale"]))
 
 
-def _basis(B: int, n: int, cols: int, dtype: torch.dtype, device) -> Tensor:
-    """Zero basis [B, n, cols] stored column by column (each basis vector contiguous): the
-    matvec reads a contiguous vector and Gram-Schmidt reads a contiguous block (~1.5x faster
-    per Arnoldi step than row-major storage, measured at n=768 on one CPU thread)."""
-    return torch.zeros(B, cols, n, dtype=dtype, device=device).transpose(1, 2)
-
-
 def _block_size(batch: OpBatch, block_size: Optional[int]) -> int:
     if block_size is None:
         hints = [o.block_size for o in (batch.ops or [])]
@@ -226,7 +219,7 @@ def _solve(batch: OpBatch, k: int, which: str, tol: float, max_restarts: int, m:
     def randn(*shape: int) -> Tensor:
         return torch.randn(*shape, generator=gen, dtype=torch.float64).to(dev, dt)
 
-    V = _basis(B, n, m + bs, dt, dev)
+    V = torch.zeros(B, n, m + bs, dtype=dt, device=dev)
     Hb = torch.zeros(B, m + bs, m, dtype=dt, device=dev)
     V[:, :, 0] = start
     if bs > 1:  # the start block: v0 and bs - 1 random orthonormal columns
@@ -357,7 +350,7 @@ def _solve(batch: OpBatch, k: int, which: str, tol: float, max_restarts: int, m:
                 finish([b for b in range(B) if not done[b]])
                 continue
             logger.debug("eigs: Krylov space enlarged, ncv %d -> %d", m, m2)
-            V2 = _basis(B, n, m2 + bs, dt, dev)
+            V2 = torch.zeros(B, n, m2 + bs, dtype=dt, device=dev)
             H2 = torch.zeros(B, m2 + bs, m2, dtype=dt, device=dev)
             V2[:, :, :m + bs] = V
             H2[:, :m + bs, :m] = Hb
