@@ -19,13 +19,6 @@ from ._batch import OpBatch
 __all__ = ["extend"]
 
 
-def _scale(Hb: Tensor, j: int, w0: Tensor) -> Tensor:
-    """A lower bound on ||A||: the largest ||A v_i|| seen (column norms of Hb) and ||A v_j||."""
-    if j == 0:
-        return w0
-    return torch.maximum(torch.linalg.vector_norm(Hb[:, :, :j], dim=1).amax(dim=1), w0)
-
-
 def extend(batch: OpBatch, V: Tensor, Hb: Tensor, p: List[int], done: List[bool], m: int,
            bs: int, randn, stop_at: int = 0) -> List[int]:
     """Arnoldi steps j = p_b .. m-1 for every member still running (masked lockstep).
@@ -34,29 +27,40 @@ def extend(batch: OpBatch, V: Tensor, Hb: Tensor, p: List[int], done: List[bool]
     invariant subspace, e.g. the range of a rank-deficient operator) continues with a random
     orthogonal vector and a zero coupling. Single-vector mode with ``stop_at`` > 0: a member
     whose breakdown leaves it with at least ``stop_at`` columns stops there (its Ritz pairs are
-    exact); returns each member's size (m, or the size where it stopped)."""
+    exact); returns each member's size (m, or the size where it stopped).
+
+    One host sync per step (the breakdown / non-finite test); ||A|| is bounded below by a
+    running maximum of the product norms ||A v_i|| (the column norms of Hb)."""
     if bs > 1:
         _extend_block(batch, V, Hb, p, done, m, bs, randn)
         return [m] * len(p)
     active = [not d for d in done]
     size = [m] * len(p)
     j0 = min(pb for pb, a in zip(p, active) if a)
+    norm_lower = torch.linalg.vector_norm(Hb, dim=1).amax(dim=1)  # [B]: largest ||A v_i||
     for j in range(j0, m):
         mask = [a and j >= pb for a, pb in zip(active, p)]
         if not any(mask):
             continue
-        w = batch.apply(V[:, :, j:j + 1], mask)[:, :, 0]
+        product = batch.apply(V[:, :, j:j + 1], mask, check=False)  # [B, n, 1]
+        norm_lower = torch.maximum(norm_lower, torch.linalg.vector_norm(product, dim=(1, 2)))
         Vj = V[:, :, :j + 1]
-        w0 = _scale(Hb, j, torch.linalg.vector_norm(w, dim=1))
-        c = (Vj.mH @ w.unsqueeze(2)).squeeze(2)
-        w = w - (Vj @ c.unsqueeze(2)).squeeze(2)
-        c2 = (Vj.mH @ w.unsqueeze(2)).squeeze(2)
-        w = w - (Vj @ c2.unsqueeze(2)).squeeze(2)
-        c = c + c2
+        c = Vj.mH @ product  # two passes of classical Gram-Schmidt
+        w = torch.baddbmm(product, Vj, c, alpha=-1)
+        c2 = Vj.mH @ w
+        w = torch.baddbmm(w, Vj, c2, alpha=-1)
+        c = (c + c2)[:, :, 0]
+        w = w[:, :, 0]
         beta = torch.linalg.vector_norm(w, dim=1)
-        broke = beta <= 1e-13 * w0.clamp(min=1e-300)
-        if bool(broke.any()):  # invariant subspace: continue with a random orthogonal vector
-            r = randn(*w.shape)
+        threshold = 1e-13 * norm_lower.clamp(min=1e-300)
+        unusual = ~(beta > threshold)  # a breakdown, or a NaN / Inf from the operator
+        if not all(mask):
+            unusual &= torch.tensor(mask, device=V.device)
+        broke = None
+        if bool(unusual.any()):
+            batch.check_finite(product, mask)  # raises, naming the operator
+            broke = beta <= threshold
+            r = randn(*w.shape)  # invariant subspace: continue with a random orthogonal vector
             for _ in range(2):
                 r = r - (Vj @ (Vj.mH @ r.unsqueeze(2))).squeeze(2)
             r = r / torch.linalg.vector_norm(r, dim=1, keepdim=True)
@@ -73,7 +77,7 @@ def extend(batch: OpBatch, V: Tensor, Hb: Tensor, p: List[int], done: List[bool]
             Hb[:, :j + 1, j] = torch.where(keep.unsqueeze(1), c, Hb[:, :j + 1, j])
             Hb[:, j + 1, j] = torch.where(keep, beta.to(Hb.dtype), Hb[:, j + 1, j])
             V[:, :, j + 1] = torch.where(keep.unsqueeze(1), w, V[:, :, j + 1])
-        if stop_at and j + 1 < m:
+        if stop_at and j + 1 < m and broke is not None:
             for b, (mk, br) in enumerate(zip(mask, broke.tolist())):
                 if mk and br and j + 1 >= stop_at:
                     active[b], size[b] = False, j + 1

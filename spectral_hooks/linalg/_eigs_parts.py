@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import List
+from typing import List, Optional
 
 import torch
 from torch import Tensor
 
-from ..errors import ConvergenceWarning
+from ..checks import check_has_data
+from ..errors import ConvergenceWarning, OptionError
 from ._batch import OpBatch
 from ._schur_restart import ZETA
 from .results import EigResult
@@ -24,6 +25,23 @@ from .results import EigResult
 logger = logging.getLogger("spectral_hooks.linalg.krylov")
 _EPS = torch.finfo(torch.float64).eps
 _STALE = 3  # failed explicit checks in a row that do not halve the residual: unreachable
+
+
+def start_vectors(batch: OpBatch, v0: Optional[Tensor], gen: torch.Generator) -> Tensor:
+    """Unit start vectors [B, n]: ``v0`` (broadcast over the batch) or random from ``gen``."""
+    B, n, dev, dt = batch.B, batch.shape[0], batch.device, batch.wdtype
+    if v0 is None:
+        start = torch.randn(B, n, generator=gen, dtype=torch.float64).to(dev, dt)
+    else:
+        if not isinstance(v0, Tensor) or v0.shape[-1] != n:
+            what = tuple(v0.shape) if isinstance(v0, Tensor) else type(v0).__name__
+            raise OptionError("v0", what, f"a tensor [..., {n}]")
+        check_has_data("v0", v0)
+        start = v0.to(dev, dt).expand(*batch.batch_shape, n).reshape(B, n).clone()
+    norms = torch.linalg.vector_norm(start, dim=1, keepdim=True)
+    if not bool((norms > 0).all()):
+        raise OptionError("v0", "a zero vector", "a non-zero start vector")
+    return start / norms
 
 
 def order(theta: Tensor, which: str) -> Tensor:

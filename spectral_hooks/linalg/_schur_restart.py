@@ -20,13 +20,15 @@ ZETA = 1e-12  # |theta| <= ZETA ||A||: an exact zero (rounding allows no relativ
 
 def _real_basis(Y: Tensor, theta: Tensor) -> Tensor:
     """Real columns spanning the (conjugation-closed) span of complex eigenvectors Y."""
-    cols = []
-    for j in range(Y.shape[1]):
-        if theta[j].imag == 0:
-            cols.append(Y[:, j].real)
-        elif theta[j].imag > 0:
-            cols += [Y[:, j].real, Y[:, j].imag]
-    return torch.stack(cols, dim=1)
+    imag = theta.imag.tolist()  # one host sync, not one per column
+    s = Y.shape[1]
+    cols = []  # Re y_j for a real value or the first of a pair, then Im y_j for the latter
+    for j, t in enumerate(imag):
+        if t >= 0:
+            cols.append(j)
+        if t > 0:
+            cols.append(s + j)
+    return torch.cat([Y.real, Y.imag], dim=1)[:, cols]
 
 
 def restart(b: int, st: dict, V: Tensor, Hb: Tensor, p: List[int], m: int, bs: int,

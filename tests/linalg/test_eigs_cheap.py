@@ -1,0 +1,74 @@
+"""The cheap-operator paths of eigs (issue 13): one host sync per Arnoldi step with the
+NaN / Inf test folded into the breakdown test, and dense CPU batches solved one member at a
+time. Checked against a dense float64 oracle (torch.linalg.eigvals)."""
+
+import pytest
+import torch
+
+from spectral_hooks.linalg import LinearOperator, _dense, eigs
+from spectral_hooks.linalg._batch import OpBatch
+
+from ._spectra import set_distance, top_by_modulus
+
+
+def _decaying(n, seed):
+    g = torch.Generator().manual_seed(seed)
+    Q = torch.linalg.qr(torch.randn(n, n, generator=g, dtype=torch.float64)).Q
+    d = 0.8 ** torch.arange(n, dtype=torch.float64)
+    return Q @ torch.diag(d) @ Q.T + 1e-3 * torch.randn(n, n, generator=g, dtype=torch.float64)
+
+
+def _oracle_error(values, A, k):
+    values = values[~torch.isnan(values)]
+    ref = top_by_modulus(torch.linalg.eigvals(A), values.shape[-1])
+    return set_distance(values, ref)
+
+
+@pytest.mark.parametrize("lockstep", [False, True], ids=["one-at-a-time", "lockstep"])
+def test_dense_batch_paths_match_the_oracle(monkeypatch, lockstep):
+    n, k = _dense.ONE_AT_A_TIME_N, 5
+    monkeypatch.setattr(_dense, "ONE_AT_A_TIME_N", 10 ** 9 if lockstep else n)
+    A = torch.stack([_decaying(n, s) for s in range(3)])
+    assert _dense.one_at_a_time(OpBatch(A, what="eigs")) is not lockstep
+    res = eigs(A, k, v0=torch.ones(n))
+    assert res.values.shape[0] == 3 and bool(res.converged.all())
+    assert float(res.residuals.max()) <= 1e-10
+    for b in range(3):
+        assert _oracle_error(res.values[b], A[b], k) < 1e-9
+        x, lam = res.vectors[b], res.values[b]
+        r = A[b].to(x.dtype) @ x - x * lam
+        assert float(torch.linalg.vector_norm(r, dim=0).max()) < 1e-9
+    single = eigs(A[1], k, v0=torch.ones(n))
+    assert _oracle_error(single.values, A[1], k) < 1e-9
+    assert res.n_matvecs >= single.n_matvecs  # the max over members, probes included
+
+
+def _late_nan_operator(n, after, bad):
+    """Returns A x for the first ``after`` applications, then ``bad`` (NaN or Inf) in one entry."""
+    A = _decaying(n, 3)
+    calls = [0]
+
+    def matvec(x):
+        calls[0] += 1
+        y = A @ x
+        if calls[0] > after:
+            y = y.clone()
+            y[0] = bad
+        return y
+    return LinearOperator((n, n), matvec=matvec, dtype=torch.float64, device="cpu",
+                          name=f"late_{bad}")
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_product_mid_run_names_the_operator(bad):
+    op = _late_nan_operator(60, 7, bad)
+    with pytest.raises(FloatingPointError, match=f"late_{bad}"):
+        eigs(op, 3)
+
+
+def test_non_finite_member_of_a_batch_is_named():
+    good = LinearOperator((60, 60), matvec=lambda x: _decaying(60, 4) @ x, dtype=torch.float64,
+                          device="cpu", name="good_op")
+    with pytest.raises(FloatingPointError, match="late_nan") as info:
+        eigs([good, _late_nan_operator(60, 5, float("nan"))], 3)
+    assert "good_op" not in str(info.value)
