@@ -29,7 +29,6 @@ from torch import nn  # noqa: E402
 
 import spectral_hooks as sh  # noqa: E402
 from spectral_hooks.metrics.idealised import idealised_step, token_rate  # noqa: E402
-from spectral_hooks.metrics.idealised_table import idealised_table  # noqa: E402
 from spectral_hooks.metrics.power import alignment, spectrum  # noqa: E402
 from spectral_hooks.metrics.steering_math import rank1_output_edit  # noqa: E402
 
@@ -141,21 +140,16 @@ def real_rows(X: torch.Tensor, mask: torch.Tensor) -> list[torch.Tensor]:
 
 
 def minilm_layers(model, batch, *, recorded_attention: bool = True):
-    with sh.instrument(model) as probe, torch.no_grad():
-        out = model(**batch, output_attentions=True)  # eager attention: the patterns
-    ideal = probe.analyze(idealised=True).idealised  # uniform attention (the paper's)
+    """The idealised dynamics with uniform attention (the paper's) and, when asked, with the
+    attention patterns MiniLM computed (capture point ``attn_pattern``: eager attention)."""
+    capture = ("resid_pre", "resid_post", "attn_out") + (
+        ("attn_pattern",) if recorded_attention else ())
+    with sh.instrument(model, capture=capture) as probe, torch.no_grad():
+        model(**batch)
+    ideal = probe.analyze(idealised=True).idealised
     if not recorded_attention:
         return ideal, None
-    rec, mask = probe.recording, batch["attention_mask"]
-    parts = sh.anatomy_of(model).layers
-    heads = [(p.value_weights().double(), p.output_weights().double()) for p in parts]
-    keep = [mask[b] != 0 for b in range(mask.shape[0])]
-    patterns = [[a[b][:, k][:, :, k] for b, k in enumerate(keep)] for a in out.attentions]
-    recorded = idealised_table(sh.layer_matrices(model), real_rows(rec.tensor("resid_pre", 0), mask),
-                               [rec.tokens("resid_pre", t) for t in range(6)],
-                               [rec.tokens("resid_post", t) for t in range(6)],
-                               heads=heads, patterns=patterns)
-    return ideal, recorded
+    return ideal, probe.analyze(idealised={"attention": "recorded"}).idealised
 
 
 def plot_layers(ideal: pd.DataFrame, recorded: pd.DataFrame, path: Path) -> None:

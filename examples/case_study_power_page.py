@@ -65,7 +65,9 @@ def write_page(args, syn, ideal, recorded, steer_table, caps, seconds) -> None:
              + "). ")
     rec_block = ("" if recorded is None else
                  "Idealised dynamics with MiniLM's *recorded* attention patterns (per head, "
-                 "`output_attentions=True`, eager attention) instead of uniform ones:\n\n"
+                 "captured by `instrument(model, capture=[..., 'attn_pattern'])` under eager "
+                 "attention, `analyze(idealised={'attention': 'recorded'})`) instead of "
+                 "uniform ones:\n\n"
                  + md(recorded[IDEAL_COLS]) + "\n")
     mode = "`--quick` (small synthetic model, one steering gap with alpha given)" if args.quick \
         else "the full run"
@@ -174,9 +176,10 @@ which the idealisation leaves out, set the ceiling.
   description of this input, not a population estimate.
 - The synthetic model uses bidirectional uniform attention; causal uniform attention (the
   section's choice for decoder models) has no closed-form rate here.
-- `analyze(idealised=True)` uses uniform attention; the recorded-attention variant above is run
-  through `metrics.idealised_table(heads=..., patterns=...)` with patterns from
-  `output_attentions=True`; the probe has no capture point for attention patterns yet.
+- `analyze(idealised=True)` uses uniform attention; the recorded-attention variant above uses
+  the patterns the model computed (capture point `attn_pattern`, TransformerLens
+  `hook_pattern`; it needs eager attention), and equals a hand-written float64 loop of the
+  iteration with those patterns (`tests/analysis/test_idealised_recorded.py`).
 """
     (args.out / "case_study_power.md").write_text(text, encoding="utf-8")
     print(f"wrote {args.out / 'case_study_power.md'}")
