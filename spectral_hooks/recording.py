@@ -347,7 +347,7 @@ class Recording(ActivationCacheView):
 
     def tokens(self, capture: str, layer: int) -> Tensor:
         """Tensor[n_tokens, d_model]: the real (non-padding) tokens of all rows."""
-        self._per_token(capture)
+        capture = self._per_token(self._capture(capture))
         x = self.tensor(capture, layer)
         return x[self.mask.to(x.device).bool()]
 

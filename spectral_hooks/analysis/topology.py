@@ -41,7 +41,7 @@ def _sublayer_gain(view: JacobianView, layer: int, sublayer: str):
 
 
 def _with_sublayers(units: pd.DataFrame, views: dict) -> pd.DataFrame:
-    """``units`` with the sublayer gain columns (NaN where not computed)."""
+    """``units`` with the sublayer gain columns (NaN for the init ones without reinit)."""
     units = units.copy()
     for sublayer, columns in SUBLAYER_COLUMNS.items():
         for column, view in zip(columns, (views.get("trained"), views.get("init"))):
@@ -70,8 +70,9 @@ def _tables(subject: Subject, options: AnalyzeOptions) -> tuple[pd.DataFrame, pd
             gain_init = {layer: init.log_gain(layer) for layer in view.layers}
         topo, units = topology_tables(X, g, g_init_by_layer=g_init, seed=o.seed,
                                       gain_by_layer=gain, gain_init_by_layer=gain_init)
-        views = {"trained": view, "init": init} if options.topology_sublayers else {}
-        return topo, _with_sublayers(units, views)
+        if not options.topology_sublayers:  # no all-NaN columns nobody asked for
+            return topo, units
+        return topo, _with_sublayers(units, {"trained": view, "init": init})
     return subject.memo(("topology", o, options.reinit, options.topology_sublayers), compute)
 
 
