@@ -16,6 +16,7 @@ from spectral_hooks.linalg import eigs
 from spectral_hooks.linearize import block_jacobian
 from tests.golden.cases import tiny_batch
 from tests.oracles import last_real_position, token_jacobian
+from tests.profiles import quick_subset
 from tests.tiny_models import make_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -50,8 +51,14 @@ def _hf_native_token_jacobian(probe, layer: int, p: int) -> torch.Tensor:
         return torch.func.jacfwd(f)(H0[p])
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
-@pytest.mark.parametrize("family", ["llama", "gemma2", "olmo2", "qwen2"])
+# quick profile: each family once, each dtype at least once (a Latin square); full: all 12
+_F64_QUICK = {("llama", torch.float32), ("gemma2", torch.bfloat16), ("olmo2", torch.float64),
+              ("qwen2", torch.bfloat16)}
+_F64_CASES = [(f, d) for f in ("llama", "gemma2", "olmo2", "qwen2")
+              for d in (torch.float32, torch.bfloat16, torch.float64)]
+
+
+@pytest.mark.parametrize("family,dtype", quick_subset(_F64_CASES, keep=_F64_QUICK))
 def test_float64_operator_is_linear_and_exact(family, dtype):
     probe = _record(family, dtype)
     assert probe.anatomy.norm_upcasts
@@ -95,8 +102,9 @@ def _wide_model(family: str, dtype: torch.dtype):
     return cls(config(**kw, **extra)).to(dtype).eval()
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
-@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma2", "olmo2"])
+@pytest.mark.parametrize("family,dtype", quick_subset(
+    _F64_CASES, keep={("llama", torch.bfloat16), ("qwen2", torch.float64),
+                      ("gemma2", torch.float32), ("olmo2", torch.float32)}))
 def test_matrix_free_needs_at_most_twice_arpacks_matvecs(family, dtype):
     """Issue 12: on every layer, matrix-free eigs converges to the dense top-k (1e-8,
     with multiplicity) in at most 2x the matvecs scipy ARPACK needs on the same operator."""
