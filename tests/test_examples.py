@@ -265,3 +265,6 @@ def test_case_study_minilm_quick(monkeypatch, capsys, minilm):
                                false_discovery_control(table.two_sided_pvalue))
     page = (docs / "case_study_minilm.md").read_text()
     assert "img/case_study_minilm.png" in page and (docs / "img" / "case_study_minilm.png").exists()
+    gains = ns["gains"]  # per layer and layer type, from the units table of the same report
+    assert set(gains.layer_type) == {"block", "attention", "ffn"} and (gains.n_units == 384).all()
+    assert "unit gains by sublayer" in page
