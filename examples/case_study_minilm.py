@@ -4,8 +4,9 @@ Per layer: sym_energy, non-normality (commutator, departure_rel) and the end-to-
 rank of the trained model against n fresh initialisations of the same config, with empirical
 and single-case t-test p-values, Benjamini-Hochberg adjusted (docs/metrics.md, "Multiple
 testing"). Then the unit gains split by sublayer (attention half, FFN half, whole block;
-``topology={"sublayers": True}``), trained and at init, with their community nulls. Exact computation: dense float64 Jacobians at MiniLM's default position (the last
-real token, [SEP]) of one sentence.
+``topology={"sublayers": True}``), trained and at init, with their community nulls. Exact
+computation: dense float64 Jacobians at MiniLM's default position (the last real token, [SEP])
+of one sentence.
 
 Run (about 10 s a seed on a quiet 2-core machine, plus the trained model's own analysis):
 
