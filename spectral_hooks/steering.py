@@ -58,8 +58,7 @@ class Steering:
     residual_gap_after: float
     _param: Optional[nn.Parameter] = field(default=None, repr=False)
     _original: Optional[Tensor] = field(default=None, repr=False)  # the weight it found
-    _delta: Optional[Tensor] = field(default=None, repr=False)  # float64, W_O layout
-    _to_param: Optional[Callable[[Tensor], Tensor]] = field(default=None, repr=False)
+    _delta: Optional[Tensor] = field(default=None, repr=False)  # float64, the parameter's layout
 
     @property
     def active(self) -> bool:
@@ -91,7 +90,7 @@ class _Stack:
 
     def __init__(self, param: nn.Parameter, base64: Tensor) -> None:
         self.param_ref = weakref.ref(param)
-        self.base64 = base64  # W_O (float64) under the oldest edit
+        self.base64 = base64  # the parameter (float64) under the oldest edit
         self.edits: list[Steering] = []
         self.written: Optional[Tensor] = None  # what the last write put in the parameter
 
@@ -123,7 +122,7 @@ class _Stack:
             for later in self.edits[i + 1:]:  # out of order: replay the later edits' deltas
                 later._original = param.detach().clone()
                 acc = acc + later._delta
-                param.copy_(later._to_param(acc).to(param.dtype).to(param.device))
+                param.copy_(acc.to(param.dtype).to(param.device))
         del self.edits[i]
         self.written = param.detach().clone()
         if not self.edits:
@@ -173,25 +172,44 @@ def steer(model: nn.Module, direction: Tensor, *, layer: int = -1, alpha: Option
             f"layer {index}'s value or output projection weights hold NaN or Inf: steering "
             "cannot solve for the edit; restore finite weights (reload the checkpoint) first",
             layer=index)
-    if part.output is None or part.output.to_param is None:
+    param, why = part.output.writable() if part.output is not None else (None, "")
+    if param is None or part.output is None or part.output.to_param is None:
         raise UnsupportedModelError(f"{anatomy.family}: the output projection of layer {index} "
-                                    "cannot be written back; steering needs a writable W_O")
+                                    f"cannot be written back ({why or 'no writable layout'}); "
+                                    "steering needs a writable W_O")
     W_O64 = W_O.to("cpu", torch.float64)
     edit = rank1_output_edit(W_V.to("cpu", torch.float64), W_O64,
                              direction.to("cpu", torch.float64), alpha=alpha, gap=gap)
-    param = part.output.param
-    new = part.output.to_param(W_O64 + edit.delta_W_O).to(param.dtype).to(param.device)
+    # the parameter moves by the edit (an adapter's additive delta rides along unchanged)
+    delta = part.output.to_param(edit.delta_W_O)
+    expected = W_O64 + edit.delta_W_O  # now: W_O64 may be a view of the parameter
+    new = (param.detach().to("cpu", torch.float64) + delta).to(param.dtype).to(param.device)
     result = Steering(layer=index, direction=direction.detach().clone(), alpha=edit.alpha,
                       reachable_fraction=edit.reachable_fraction,
                       lambda1_before=edit.lambda1_before, lambda1_after=edit.lambda1_after,
                       gap_before=edit.gap_before, gap_after=edit.gap_after,
                       residual_gap_before=edit.residual_gap_before,
                       residual_gap_after=edit.residual_gap_after, _param=param,
-                      _original=param.detach().clone(), _delta=edit.delta_W_O,
-                      _to_param=part.output.to_param)
+                      _original=param.detach().clone(), _delta=delta)
     with _LOCK:
         stack = _STACKS.get(id(param))
         if stack is None or stack.param_ref() is not param:
-            stack = _STACKS[id(param)] = _Stack(param, W_O64)
+            stack = _STACKS[id(param)] = _Stack(param, param.detach().to("cpu", torch.float64))
         stack.push(result, param, new)
+    _check_effective(result, part.output.read, expected, index)
     return result
+
+
+def _check_effective(edit: Steering, read: Callable[[], Tensor], expected: Tensor,
+                     layer: int) -> None:
+    """The forward's W_O now is the edited one (a guard on the effective-weight rule: an
+    adapter that is not additive would leave it elsewhere); else undo and refuse."""
+    got = read().to("cpu", torch.float64)
+    eps = torch.finfo(edit._param.dtype).eps if edit._param is not None else 0.0
+    scale = float(expected.abs().max()) or 1.0
+    if float((got - expected).abs().max()) > 64 * eps * scale:
+        edit.remove(force=True)
+        raise UnsupportedModelError(
+            f"layer {layer}'s output projection did not take the edit (its forward's weight is "
+            "not the stored weight plus the edit, e.g. a non-additive adapter): nothing was "
+            "changed; merge adapters (merge_and_unload()) before steering")

@@ -5,9 +5,13 @@
     True
 
 Unwrapped (and logged at INFO, so a user sees what was instrumented): DistributedDataParallel
-and DataParallel (``.module``), accelerate's wrappers (``.module``) and ``torch.compile``'s
-``OptimizedModule`` (``._orig_mod``). Hooks go on the inner module's blocks, which the wrapper
-calls, so recording through the wrapper works. One limit of ``torch.compile``: a graph compiled
+and DataParallel (``.module``), accelerate's wrappers (``.module``), ``torch.compile``'s
+``OptimizedModule`` (``._orig_mod``) and PEFT's ``PeftModel`` (any task type) and tuner models
+(``LoraModel``, ...: the transformers model inside, whose projections carry the adapters; what
+a projection's weight then is: :mod:`spectral_hooks.anatomy.effective`). Every entry point
+(``instrument``, ``anatomy_of``, ``steer``, the callbacks, the CLI) applies this one rule.
+Hooks go on the inner module's blocks, which the wrapper calls, so recording through the
+wrapper works. One limit of ``torch.compile``: a graph compiled
 *before* the hooks existed does not see them (Dynamo does not guard on module hooks,
 ``torch._dynamo.config.skip_nnmodule_hook_guards``), so instrument before the first compiled
 call, or call ``torch._dynamo.reset()`` after instrumenting; a warning says so when the compiled
@@ -17,29 +21,54 @@ wrapper is instrumented.
 from __future__ import annotations
 
 import logging
+import sys
 from contextlib import ExitStack, contextmanager
-from typing import Iterator
+from typing import Iterator, Optional
 
 from torch import nn
 
 log = logging.getLogger(__name__)
 
 
-def unwrap_model(model: nn.Module) -> nn.Module:
-    """``model`` without DDP / DataParallel / accelerate / torch.compile wrappers."""
+def _peft_inner(model: nn.Module) -> Optional[nn.Module]:
+    """The transformers model inside a PeftModel / PEFT tuner model, else None (peft is never
+    imported here: a model can be a PEFT wrapper only once peft is imported)."""
+    if "peft" not in sys.modules:
+        return None
+    from peft import PeftModel
+    from peft.tuners.tuners_utils import BaseTuner
+
+    if isinstance(model, PeftModel):
+        return model.get_base_model()
+    if isinstance(model, BaseTuner):
+        return model.model
+    return None
+
+
+def unwrap_model(model: nn.Module, *, quiet: bool = False) -> nn.Module:
+    """``model`` without DDP / DataParallel / accelerate / torch.compile / PEFT wrappers;
+    ``quiet``: log nothing (for repeated look-ups such as ``anatomy_of``)."""
+    say = (lambda *args: None) if quiet else log.info
     while True:
+        inner = _peft_inner(model)
+        if isinstance(inner, nn.Module) and inner is not model:
+            say("instrument(): unwrapped %s; instrumenting the %s inside (adapters included)",
+                type(model).__name__, type(inner).__name__)
+            model = inner
+            continue
         inner = getattr(model, "_orig_mod", None)
         if isinstance(inner, nn.Module):
-            log.warning("instrument(): %s is a torch.compile wrapper; hooks go on the original "
-                        "%s. A graph compiled before now does not see them: instrument before "
-                        "the first compiled call or call torch._dynamo.reset()",
-                        type(model).__name__, type(inner).__name__)
+            (say if quiet else log.warning)(
+                "instrument(): %s is a torch.compile wrapper; hooks go on the original %s. A "
+                "graph compiled before now does not see them: instrument before the first "
+                "compiled call or call torch._dynamo.reset()",
+                type(model).__name__, type(inner).__name__)
             model = inner
             continue
         inner = getattr(model, "module", None)
         if isinstance(inner, nn.Module):
-            log.info("instrument(): unwrapped %s; instrumenting the %s inside",
-                     type(model).__name__, type(inner).__name__)
+            say("instrument(): unwrapped %s; instrumenting the %s inside",
+                type(model).__name__, type(inner).__name__)
             model = inner
             continue
         return model

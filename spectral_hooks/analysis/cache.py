@@ -10,7 +10,9 @@ computed in, every entry is dropped (nothing stale, nothing kept alive from an o
 
 What is caught: ``steer()``, ``optimizer.step()`` (plain, foreach, and fused, which does not bump
 ``_version``: every element moves, so the sample does), ``load_state_dict``, ``model.to(...)``,
-new or replaced parameters, writes of whole tensors through ``.data``, and new recordings.
+new or replaced parameters, writes of whole tensors through ``.data``, new recordings, and
+PEFT's ``set_adapter`` / ``disable_adapter()`` / merging (which change the effective weights
+without writing a parameter).
 The documented limit: an in-place write to a few elements that the sample does not cover and
 that bypasses autograd's version counter; call ``probe.invalidate()`` after such an edit.
 """
@@ -22,6 +24,8 @@ from typing import Any, Callable, Hashable
 import numpy as np
 import torch
 from torch import Tensor, nn
+
+from ..anatomy.effective import adapter_modules, adapter_state
 
 SAMPLES_PER_TENSOR = 64
 # numpy has no bfloat16/float8: sample those through an integer view of the same width
@@ -91,12 +95,14 @@ class AnalysisCache:
 
     def __init__(self, model: nn.Module, recording: Any) -> None:
         self._fingerprint = WeightsFingerprint(model)
+        self._adapters = adapter_modules(model)  # PEFT: set_adapter / disable move no tensor
         self._recording = recording
         self._state: Any = None
         self._entries: dict[Hashable, Any] = {}
 
     def _current_state(self) -> tuple:
-        return (id(self._recording), self._recording.generation), self._fingerprint()
+        return ((id(self._recording), self._recording.generation, adapter_state(self._adapters)),
+                self._fingerprint())
 
     def refresh(self) -> None:
         """Check the state now; drop every entry if the weights or the recording changed."""

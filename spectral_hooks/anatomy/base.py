@@ -331,7 +331,9 @@ def anatomy_of(model: nn.Module) -> "Anatomy | EncoderDecoderAnatomy":
     encoder-decoder model (T5, BART, Whisper) as an
     :class:`~spectral_hooks.anatomy.stacks.EncoderDecoderAnatomy`: one Anatomy per stack.
 
-    Raises TypeError for a non-module. A model no family recognises gets the generic
+    Wrappers (DDP, DataParallel, accelerate, ``torch.compile``, PEFT's ``PeftModel``) are
+    looked through (:func:`spectral_hooks.wrappers.unwrap_model`). Raises TypeError for a
+    non-module. A model no family recognises gets the generic
     fallback (:mod:`.generic`: a :class:`~spectral_hooks.errors.GenericAnatomyWarning`, checked
     on the first recorded batch) or :class:`~spectral_hooks.errors.UnsupportedModelError` (a
     ValueError) that names ``spectral_hooks.register_anatomy``.
@@ -339,9 +341,11 @@ def anatomy_of(model: nn.Module) -> "Anatomy | EncoderDecoderAnatomy":
     if not isinstance(model, nn.Module):
         raise OptionTypeError("model", model, "a torch.nn.Module (a transformers or "
                               "TransformerLens model)")
+    from ..wrappers import unwrap_model
     from . import families  # noqa: F401  (registers the built-in families)
     from .generic import generic_anatomy
 
+    model = unwrap_model(model, quiet=True)  # DDP, compile, PeftModel: the one rule
     for _, builder in _REGISTRY:
         anatomy = builder(model)
         if anatomy is not None:

@@ -17,21 +17,40 @@ from typing import Callable, Optional
 from torch import Tensor, nn
 
 from ..errors import UnsupportedModelError
+from .effective import effective_bias, effective_weight, stored_layout_module, writable_weight
 
 
 @dataclass(frozen=True)
 class HeadWeights:
     """How to read one projection as per-head matrices and write it back.
 
-    ``read()`` returns the column-convention tensor ([H, d_head, d_model] for values,
-    [H, d_model, d_head] for outputs); ``to_param(w)`` turns such a tensor back into the
-    layout of ``param`` (used by steering).
+    ``read()`` returns the column-convention tensor of the *effective* weight
+    ([H, d_head, d_model] for values, [H, d_model, d_head] for outputs; see
+    :mod:`.effective`); ``to_param(w)`` turns such a tensor back into the layout of the stored
+    parameter (used by steering: a linear map, so it carries deltas too). ``module`` is the
+    projection module (its writable parameter is decided by
+    :func:`~.effective.writable_weight`); ``fixed_param`` names the parameter directly where
+    there is no such module (TransformerLens).
     """
 
-    param: nn.Parameter
     read: Callable[[], Tensor]
     to_param: Optional[Callable[[Tensor], Tensor]] = None
     bias: Optional[Callable[[], Optional[Tensor]]] = None
+    module: Optional[nn.Module] = None
+    fixed_param: Optional[nn.Parameter] = None
+
+    def writable(self) -> tuple[Optional[nn.Parameter], str]:
+        """(the parameter an edit writes, "") or (None, why it cannot be written)."""
+        if self.module is not None:
+            return writable_weight(self.module)
+        if self.fixed_param is None:
+            return None, "no stored parameter is known for it"
+        return self.fixed_param, ""
+
+    @property
+    def param(self) -> Optional[nn.Parameter]:
+        """The parameter an edit writes (None where it cannot be written: :meth:`writable`)."""
+        return self.writable()[0]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -43,13 +62,10 @@ def is_conv1d(module: nn.Module) -> bool:
 
 
 def column_weight(module: nn.Module) -> Tensor:
-    """The weight as an (out, in) matrix, whatever the module stores. An FSDP2 shard (a
-    DTensor) is gathered whole (``full_tensor()``, a collective: every rank must read it)."""
-    weight = module.weight.detach()
-    gather = getattr(weight, "full_tensor", None)
-    if callable(gather):
-        weight = gather()
-    return weight.t() if is_conv1d(module) else weight
+    """The effective weight (:func:`~.effective.effective_weight`: adapters, parametrizations,
+    FSDP2 shards gathered) as an (out, in) matrix, whatever the module stores."""
+    weight = effective_weight(module)
+    return weight.t() if is_conv1d(stored_layout_module(module)) else weight
 
 
 def expand_kv(w: Tensor, n_heads: int) -> Tensor:
@@ -82,10 +98,9 @@ def value_heads(module: nn.Module, n_heads: int, d_head: int, *, rows: slice = s
         return expand_kv(w, n_heads)
 
     def bias() -> Optional[Tensor]:
-        b = getattr(module, "bias", None)
+        b = effective_bias(module)
         if b is None:
             return None
-        b = b.detach()
         if fused_neox:
             b = b.reshape(n_heads, 3, d_head)[:, 2]
         elif fused_groups:
@@ -94,12 +109,12 @@ def value_heads(module: nn.Module, n_heads: int, d_head: int, *, rows: slice = s
             b = b[rows].reshape(-1, d_head)
         return expand_kv(b, n_heads)
 
-    return HeadWeights(param=module.weight, read=read, bias=bias)
+    return HeadWeights(read=read, bias=bias, module=module)
 
 
 def output_heads(module: nn.Module, n_heads: int, d_head: int) -> HeadWeights:
     """Output projection (nn.Linear or Conv1D): [H, d_model, d_head] and back."""
-    conv = is_conv1d(module)
+    conv = is_conv1d(stored_layout_module(module))
 
     def read() -> Tensor:
         w = column_weight(module)  # [d_model, H * d_head]
@@ -110,7 +125,6 @@ def output_heads(module: nn.Module, n_heads: int, d_head: int) -> HeadWeights:
         return mat.t() if conv else mat
 
     def bias() -> Optional[Tensor]:
-        b = getattr(module, "bias", None)
-        return None if b is None else b.detach()
+        return effective_bias(module)
 
-    return HeadWeights(param=module.weight, read=read, to_param=to_param, bias=bias)
+    return HeadWeights(read=read, to_param=to_param, bias=bias, module=module)

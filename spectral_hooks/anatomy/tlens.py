@@ -34,7 +34,7 @@ def _tl_value(attn: nn.Module, n_heads: int) -> HeadWeights:
     param = getattr(attn, "_W_V", None)
     if not isinstance(param, nn.Parameter):
         param = attn.W_V
-    return HeadWeights(param=param, read=read, bias=bias)
+    return HeadWeights(read=read, bias=bias, fixed_param=param)
 
 
 def _tl3_output(attn: nn.Module) -> HeadWeights:
@@ -42,7 +42,7 @@ def _tl3_output(attn: nn.Module) -> HeadWeights:
         b = getattr(attn, "b_O", None)
         return None if b is None else b.detach()
 
-    return HeadWeights(param=attn.W_O, read=lambda: attn.W_O.detach().transpose(-1, -2),
+    return HeadWeights(fixed_param=attn.W_O, read=lambda: attn.W_O.detach().transpose(-1, -2),
                        to_param=lambda w: w.transpose(-1, -2), bias=bias)
 
 

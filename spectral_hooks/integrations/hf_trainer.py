@@ -45,10 +45,9 @@ from __future__ import annotations
 import logging
 from typing import Any, Iterable, Optional, Sequence
 
-import torch
-
 from ..checks import check_int
 from ..errors import OptionError, OptionTypeError
+from ..wrappers import unwrap_model
 from .loggers import POWER_COLUMNS, MetricsLogger
 from .power_log import JACOBIAN_COLUMNS
 from .tracker import Event
@@ -69,13 +68,6 @@ def _integration_types() -> tuple:
     from transformers.integrations import integration_utils
 
     return tuple(set(integration_utils.INTEGRATION_TO_CALLBACK.values()))
-
-
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    # DistributedDataParallel / DataParallel / accelerate wrappers keep the model in .module
-    while isinstance(getattr(model, "module", None), torch.nn.Module):
-        model = model.module
-    return model
 
 
 class SpectralCallback(TrainerCallback):
@@ -161,7 +153,7 @@ class SpectralCallback(TrainerCallback):
         self.remove()
         if model is None:
             raise ValueError("SpectralCallback: the Trainer passed no model to on_train_begin")
-        self.probe = instrument(_unwrap(model), layers=self.layers, capture=self.capture,
+        self.probe = instrument(unwrap_model(model), layers=self.layers, capture=self.capture,
                                 store=self.store)
 
     def on_step_begin(self, args, state, control, **kwargs: Any):

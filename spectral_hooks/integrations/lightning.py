@@ -23,7 +23,8 @@ from torch import nn
 
 from .._optional import require
 from ..errors import UnsupportedModelError
-from .tracker import SpectralTracker, unwrap
+from ..wrappers import unwrap_model
+from .tracker import SpectralTracker
 
 _pl = require("lightning.pytorch", feature="SpectralLightningCallback")
 
@@ -40,7 +41,7 @@ def find_transformer(module: nn.Module,
         return getattr(module, model)
     for candidate in (module, *module.children()):
         try:
-            anatomy_of(unwrap(candidate))
+            anatomy_of(unwrap_model(candidate, quiet=True))
         except UnsupportedModelError:
             continue
         return candidate

@@ -38,7 +38,7 @@ from typing import Any, Iterable, Optional, Sequence
 import torch
 
 from ..errors import OptionError
-from ..wrappers import is_sharded
+from ..wrappers import is_sharded, unwrap_model
 from .distributed import any_rank, world_size
 from .loggers import POWER_COLUMNS, MetricsLogger
 from .power_log import (
@@ -54,13 +54,6 @@ def is_rank_zero() -> bool:
     """True outside torch.distributed or on its rank 0."""
     dist = torch.distributed
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
-
-
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The module inside DistributedDataParallel / DataParallel / accelerate wrappers."""
-    while isinstance(getattr(model, "module", None), torch.nn.Module):
-        model = model.module
-    return model
 
 
 def cuda_devices(model: torch.nn.Module) -> list[int]:
@@ -177,7 +170,7 @@ class SpectralTracker:
                            jacobian_options=jacobian_options, jacobian_columns=jacobian_columns)
         self.every, self.columns, self.prefix = every, tuple(columns), prefix
         self.loggers = list(loggers)
-        self.probe = instrument(unwrap(model), layers=layers, capture=capture, store=store)
+        self.probe = instrument(unwrap_model(model), layers=layers, capture=capture, store=store)
 
     def due(self, step: int) -> bool:
         return self.event.due(step)
