@@ -1,0 +1,250 @@
+"""PEFT adapters as people fine-tune with them: real ``peft`` layers (LoRA, DoRA, LoHa, LoKr,
+IA3, two named adapters, ``disable_adapter()``, ``modules_to_save``) on tiny BERT and GPT-2
+(Conv1D, fan_in_fan_out) models built offline, float64.
+
+The oracle of every adapted model is PEFT's own ``merge_and_unload()`` of a copy: the power view
+and ``layer_matrices`` of the adapted model must equal the merged model's (1e-6 relative), the
+Jacobian view too (1e-8), and with the adapter disabled they equal the base model's.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+import spectral_hooks as sh
+from spectral_hooks.errors import UnsupportedModelError
+
+peft = pytest.importorskip("peft")
+
+D, VOCAB = 32, 100
+POWER_COLUMNS = ("abs_lambda1", "abs_lambda2", "gap_ratio", "gamma", "lift")
+
+
+def tiny(family: str, *, seq_cls: bool = False):
+    import transformers as tf
+
+    torch.manual_seed(0)
+    if family == "bert":
+        config = tf.BertConfig(vocab_size=VOCAB, hidden_size=D, num_hidden_layers=2,
+                               num_attention_heads=4, intermediate_size=64,
+                               max_position_embeddings=64, num_labels=2)
+        cls = tf.BertForSequenceClassification if seq_cls else tf.BertModel
+    else:
+        config = tf.GPT2Config(vocab_size=VOCAB, n_embd=D, n_layer=2, n_head=4, n_positions=64,
+                               bos_token_id=0, eos_token_id=0, num_labels=2)
+        cls = tf.GPT2ForSequenceClassification if seq_cls else tf.GPT2Model
+    return cls(config).double().eval()
+
+
+TARGETS = {"bert": ["value", "attention.output.dense"], "gpt2": ["c_attn", "attn.c_proj"]}
+
+
+def adapter_config(kind: str, family: str, **extra):
+    targets = TARGETS[family]
+    fan = {"fan_in_fan_out": True} if family == "gpt2" and kind in ("lora", "dora") else {}
+    if kind in ("lora", "dora"):
+        return peft.LoraConfig(r=4, lora_alpha=8, target_modules=targets,
+                               init_lora_weights=False, use_dora=kind == "dora", **fan, **extra)
+    if kind == "loha":
+        return peft.LoHaConfig(r=4, alpha=8, target_modules=targets, init_weights=False, **extra)
+    if kind == "lokr":
+        return peft.LoKrConfig(r=4, alpha=8, target_modules=targets, init_weights=False, **extra)
+    if kind == "ia3":
+        return peft.IA3Config(target_modules=targets, feedforward_modules=[],
+                              init_ia3_weights=False, **extra)
+    raise ValueError(kind)
+
+
+def adapted(kind: str, family: str = "bert", **extra):
+    base = tiny(family)
+    model = peft.get_peft_model(copy.deepcopy(base), adapter_config(kind, family, **extra))
+    return base, model.eval()
+
+
+def merged_of(model):
+    return copy.deepcopy(model).merge_and_unload()
+
+
+def tokens(seed: int = 0):
+    return torch.randint(0, VOCAB, (2, 7), generator=torch.Generator().manual_seed(seed))
+
+
+def power_table(model, ids):
+    with sh.instrument(model) as probe, torch.no_grad():
+        model(input_ids=ids)
+    return probe.analyze(power=True).power
+
+
+def assert_same_power(a, b, rtol=1e-6, columns=POWER_COLUMNS):
+    for col in columns:
+        np.testing.assert_allclose(a[col].to_numpy(float), b[col].to_numpy(float), rtol=rtol,
+                                   atol=1e-12, err_msg=col)
+
+
+KINDS = ["lora", "dora", "loha", "lokr", "ia3"]
+CASES = [(kind, "bert") for kind in KINDS] + [  # LoHa / LoKr have no Conv1D (GPT-2) layer
+    (kind, "gpt2") for kind in ("lora", "dora", "ia3")]
+
+
+@pytest.mark.parametrize("kind,family", CASES)
+def test_power_view_of_adapted_model_equals_merged(kind, family):
+    base, model = adapted(kind, family)
+    merged = merged_of(model)
+    F_base, F_adapted, F_merged = (sh.layer_matrices(m) for m in (base, model, merged))
+    assert (F_adapted - F_base).abs().max() > 1e-4  # the adapter changes F: not a vacuous test
+    torch.testing.assert_close(F_adapted, F_merged, rtol=1e-10, atol=1e-12)
+    ids = tokens()
+    assert_same_power(power_table(model, ids), power_table(merged, ids))
+    with model.disable_adapter():
+        torch.testing.assert_close(sh.layer_matrices(model), F_base, rtol=0, atol=0)
+        assert_same_power(power_table(model, ids), power_table(base, ids))
+
+
+@pytest.mark.parametrize("kind", ["lora", "dora", "ia3"])
+def test_jacobian_view_of_adapted_model_equals_merged(kind):
+    _, model = adapted(kind, "bert")
+    merged = merged_of(model)
+    ids = tokens(1)
+    dense = []
+    for m in (model, merged):
+        with sh.instrument(m) as probe, torch.no_grad():
+            m(input_ids=ids)
+        dense.append(torch.stack([probe.jacobian(layer).to_dense() for layer in (0, 1)]))
+    torch.testing.assert_close(dense[0], dense[1], rtol=1e-8, atol=1e-10)
+
+
+def test_set_adapter_and_disable_change_what_the_same_probe_reports():
+    base = tiny("bert")
+    model = peft.get_peft_model(copy.deepcopy(base), adapter_config("lora", "bert"),
+                                adapter_name="first")
+    torch.manual_seed(7)
+    model.add_adapter("second", adapter_config("lora", "bert"))
+    ids = tokens()
+    with sh.instrument(model) as probe, torch.no_grad():
+        model(input_ids=ids)
+        first = probe.analyze(power=True).power
+        model.set_adapter("second")
+        second = probe.analyze(power=True).power  # same probe: the cache must see the switch
+        with model.disable_adapter():
+            off = probe.analyze(power=True).power
+    # the tokens were recorded under "first": after the switch only F's own columns move
+    weights_only = ("abs_lambda1", "abs_lambda2", "gap_ratio")
+    model.set_adapter("first")
+    assert_same_power(first, power_table(merged_of(model), ids))
+    model.set_adapter("second")
+    assert_same_power(second, power_table(merged_of(model), ids), columns=weights_only)
+    assert_same_power(off, power_table(base, ids), columns=weights_only)
+    assert not np.allclose(first["abs_lambda1"], second["abs_lambda1"])
+
+
+def test_merged_adapter_is_read_once_and_unmerged_under_disable():
+    base, model = adapted("lora", "bert")
+    F_active = sh.layer_matrices(model)
+    model.merge_adapter()  # the base weight now holds the delta; PEFT's forward uses it alone
+    torch.testing.assert_close(sh.layer_matrices(model), F_active, rtol=1e-10, atol=1e-12)
+    with model.disable_adapter():  # PEFT's forward would unmerge first
+        torch.testing.assert_close(sh.layer_matrices(model), sh.layer_matrices(base),
+                                   rtol=1e-10, atol=1e-12)
+
+
+def test_modules_to_save_copy_is_the_one_read():
+    base = tiny("bert")
+    config = peft.LoraConfig(r=4, target_modules=["value"], init_lora_weights=False,
+                             modules_to_save=["attention.output.dense"])
+    model = peft.get_peft_model(copy.deepcopy(base), config).eval()
+    wrapper = model.base_model.model.encoder.layer[0].attention.output.dense
+    assert type(wrapper).__name__ == "ModulesToSaveWrapper"
+    with torch.no_grad():  # as training would: only the copy moves
+        wrapper.modules_to_save["default"].weight.mul_(1.5)
+    F = sh.layer_matrices(model)
+    torch.testing.assert_close(F, sh.layer_matrices(merged_of(model)), rtol=1e-10, atol=1e-12)
+    assert (F[0] - sh.layer_matrices(base)[0]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("wrap", ["peft_model", "tuner_model", "seq_cls"])
+def test_every_wrapper_is_unwrapped_and_outputs_are_bit_identical(wrap):
+    base = tiny("bert", seq_cls=wrap == "seq_cls")
+    config = adapter_config("lora", "bert",
+                            **({"task_type": "SEQ_CLS"} if wrap == "seq_cls" else {}))
+    model = peft.get_peft_model(base, config).eval()
+    target = model.base_model if wrap == "tuner_model" else model
+    ids = tokens()
+    hooks = sum(len(m._forward_hooks) for m in model.modules())
+    with torch.no_grad():
+        plain = model(input_ids=ids)[0]
+        with sh.instrument(target) as probe:
+            recorded = model(input_ids=ids)[0]
+        assert torch.equal(plain, recorded)
+    assert sum(len(m._forward_hooks) for m in model.modules()) == hooks
+    assert probe.recording.resid_post[1].shape == (2, 7, D)
+    assert sh.anatomy_of(target).family == "bert"
+
+
+def test_steering_an_adapted_model_edits_the_effective_weight_and_restores():
+    _, model = adapted("lora", "gpt2")
+    inner = model.base_model.model
+    layer = inner.h[-1].attn.c_proj
+    snapshot = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    u = torch.randn(D, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    with sh.steer(model, u, gap=0.05) as edit:
+        F = sh.layer_matrices(model)[-1]
+        torch.testing.assert_close(F, sh.layer_matrices(merged_of(model))[-1])
+        vals, vecs = torch.linalg.eig(F)
+        top = vals.abs().argmax()
+        assert abs(vals[top].imag) < 1e-8 and vals[top].real > 0
+        torch.testing.assert_close(vals[top].real.item(), edit.lambda1_after.real, rtol=1e-8,
+                                   atol=1e-10)
+        assert vals.abs().sort(descending=True).values[1] / vals[top].abs() <= 0.05 + 1e-9
+        assert not torch.equal(layer.base_layer.weight, snapshot[
+            "base_model.model.h.1.attn.c_proj.base_layer.weight"])
+    for key, value in model.state_dict().items():  # base and adapter weights bit-exact
+        assert torch.equal(value, snapshot[key]), key
+
+
+@pytest.mark.parametrize("kind", ["dora", "ia3"])
+def test_steering_refuses_non_additive_adapters_and_touches_nothing(kind):
+    _, model = adapted(kind, "bert")
+    snapshot = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    with pytest.raises(UnsupportedModelError, match="cannot be written back") as err:
+        sh.steer(model, torch.randn(D, dtype=torch.float64), gap=0.1)
+    assert "\n" not in str(err.value)
+    assert all(torch.equal(v, snapshot[k]) for k, v in model.state_dict().items())
+
+
+def test_parametrized_weight_is_read_as_the_forward_computes_it():
+    from torch.nn.utils import parametrizations
+
+    model = tiny("bert")
+    dense = model.encoder.layer[0].attention.output.dense
+    parametrizations.weight_norm(dense)
+    with torch.no_grad():
+        dense.parametrizations.weight.original0.mul_(2.0)  # the magnitudes: W doubles
+    expected = torch.einsum("hdk,hkm->dm", *(
+        w.double() for w in (dense.weight.detach().reshape(D, 4, 8).permute(1, 0, 2),
+                             model.encoder.layer[0].attention.self.value.weight.detach()
+                             .reshape(4, 8, D))))
+    torch.testing.assert_close(sh.layer_matrices(model)[0], expected)
+    with pytest.raises(UnsupportedModelError, match="parametrization"):
+        sh.steer(model, torch.randn(D, dtype=torch.float64), layer=0, gap=0.1)
+
+
+def test_quantized_projection_is_refused_in_one_sentence():
+    model = tiny("bert").float()
+    quantized = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear},
+                                                       dtype=torch.qint8)
+    with pytest.raises(UnsupportedModelError) as err:
+        sh.layer_matrices(quantized)
+    message = str(err.value)
+    assert "Linear" in message and "quantized" in message and "\n" not in message
+
+
+def test_packed_integer_weight_is_refused():
+    model = tiny("bert")
+    value = model.encoder.layer[0].attention.self.value
+    value.weight = torch.nn.Parameter(torch.zeros(D, D, dtype=torch.int8), requires_grad=False)
+    with pytest.raises(UnsupportedModelError, match="torch.int8 packed weights"):
+        sh.layer_matrices(model)
