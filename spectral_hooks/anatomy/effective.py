@@ -18,8 +18,9 @@ control, the training events) goes through :func:`effective_weight` (via
   alone once adapters are merged (PEFT's forward then ignores unmerged ones);
 - a PEFT ``modules_to_save`` wrapper: the copy that runs (the active adapter's, else the
   original);
-- a weight that cannot be read exactly (packed or quantized: int8/4-bit, a quantized tensor
-  subclass, ``torch.ao`` quantized modules, GPTQ ``qweight``) is refused with
+- a weight that cannot be read exactly (packed or quantized: int8/4-bit, float8 or any weight
+  with a separate scale, a quantized tensor subclass, ``torch.ao`` quantized modules, GPTQ
+  ``qweight``) is refused with
   :class:`~spectral_hooks.errors.UnsupportedModelError` naming the layer type, never read stale.
 """
 
@@ -76,6 +77,7 @@ def stored_layout_module(module: nn.Module) -> nn.Module:
     return module
 
 
+_SCALES = ("weight_scale", "weight_scale_inv", "scales", "weight_scales")  # fp8 / int schemes
 _QUANTIZED_LIBRARIES = ("bitsandbytes", "torchao", "optimum.quanto", "quanto", "hqq",
                         "auto_gptq", "gptqmodel", "awq", "torch.ao.nn.quantized")
 
@@ -91,9 +93,11 @@ def _refuse_unreadable(module: nn.Module, weight: Any) -> None:
         why = "no weight tensor (a quantized or packed layer)"
     elif not weight.is_floating_point():
         why = f"{weight.dtype} packed weights (quantized)"
+    elif weight.element_size() == 1 or any(hasattr(module, name) for name in _SCALES):
+        why = f"{weight.dtype} weights with a separate scale (quantized)"
     elif type(weight) not in (Tensor, nn.Parameter) and not callable(
             getattr(weight, "full_tensor", None)):
-        why = f"a {type(weight).__name__} weight (a quantized tensor subclass)"
+        why = f"a {type(weight).__name__} weight (a tensor subclass such as a quantized one)"
     if why is not None:
         raise UnsupportedModelError(
             f"a {kind} projection holds {why}: its effective matrix cannot be read exactly, so "

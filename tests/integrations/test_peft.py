@@ -335,3 +335,13 @@ def test_cli_refuses_an_adapter_that_does_not_fit(tmp_path, capsys):
                  "--no-figures", "--out", str(tmp_path / "rep")]) == 2
     err = capsys.readouterr().err.strip()
     assert "does not fit" in err and len(err.splitlines()) == 1
+
+
+def test_float8_weight_with_a_scale_is_refused():
+    model = tiny("bert")
+    value = model.encoder.layer[0].attention.self.value
+    value.weight = torch.nn.Parameter(value.weight.detach().to(torch.float8_e4m3fn),
+                                      requires_grad=False)
+    value.weight_scale_inv = torch.ones(1)
+    with pytest.raises(UnsupportedModelError, match="separate scale"):
+        sh.layer_matrices(model)
