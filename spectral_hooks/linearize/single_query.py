@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import logging
 from typing import List, Optional
 
@@ -87,7 +88,11 @@ def _split_attention(module, query: Tensor, key: Tensor, value: Tensor, attentio
     return out.transpose(1, 2), None
 
 
-_SPLIT_REGISTERED = register_attention(SPLIT_ATTENTION, _split_attention)
+@functools.lru_cache(maxsize=None)
+def _split_registered() -> bool:
+    """Register the split core with HF on first use (importing ``AttentionInterface`` pulls in
+    ``transformers.modeling_utils``, seconds of imports, so not at package import)."""
+    return register_attention(SPLIT_ATTENTION, _split_attention)
 
 
 class _FixedKV:
@@ -257,7 +262,7 @@ def _single_query(fn: BlockFunction, *, allow_split: bool = True
     if not fn.convention.cache_kwargs:
         return None
     tol = agreement_tol(fn.x0.dtype)
-    split_ok = allow_split and _SPLIT_REGISTERED and fn.convention.pluggable_attention
+    split_ok = allow_split and _split_registered() and fn.convention.pluggable_attention
     modes = (True, False) if split_ok else (False,)
     for split in modes:
         try:
