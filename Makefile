@@ -1,5 +1,5 @@
 # make demo : set up .venv and run the analysis on the bundled pretrained MiniLM-L6
-# make test : set up .venv, lint (ruff), run the test suite (quick profile, ~10 min on 2 cores)
+# make test : set up .venv, lint (ruff), type-check (pyright), run the test suite (quick profile, ~10 min on 2 cores)
 # make docs : build the docs site (guide, metrics, case studies, results, API reference) into
 #             site/ with warnings as errors
 # make test-all : the same with the long profiles (slow matrix-free golden cases, ...)
@@ -28,7 +28,10 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-test: lint
+typecheck: $(STAMP)
+	$(BIN)/pyright --pythonpath $(BIN)/python
+
+test: lint typecheck
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=15
 
 docs: $(STAMP)
