@@ -361,8 +361,8 @@ class AnalyzeOptions:
     @property
     def jacobian_view(self) -> bool:
         """Whether any Jacobian-based section is asked for."""
-        return (self.jacobian is not None or self.bottleneck or self.reinit or self.topology
-                or self.reinit_seeds > 0)
+        return bool(self.jacobian is not None or self.bottleneck or self.reinit or self.topology
+                    or self.reinit_seeds > 0)
 
     @property
     def jacobian_options(self) -> JacobianOptions:
