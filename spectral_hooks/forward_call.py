@@ -12,7 +12,7 @@ module this is, what was captured, each block's replayable call. The keyword nam
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional, cast
 
 import torch
 from torch import Tensor
@@ -35,7 +35,7 @@ def recorded_layers(anatomy: Anatomy, layers: Optional[Iterable[int]]) -> tuple[
         raise OptionTypeError("layers", layers, "None (every layer), an int, a TransformerLens "
                               "block name ('blocks.3') or a list of them")
     try:
-        layers = layer_list(layers)
+        layers = cast(Iterable[int], layer_list(layers))
     except ValueError as err:
         raise OptionError("layers", layers, "layer indices or TransformerLens block names",
                           hint=str(err)) from None
