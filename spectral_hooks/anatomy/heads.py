@@ -45,10 +45,10 @@ def is_conv1d(module: nn.Module) -> bool:
 def column_weight(module: nn.Module) -> Tensor:
     """The weight as an (out, in) matrix, whatever the module stores. An FSDP2 shard (a
     DTensor) is gathered whole (``full_tensor()``, a collective: every rank must read it)."""
-    weight = module.weight.detach()
+    weight: Tensor = module.weight.detach()  # pyright: ignore[reportCallIssue]  # a Linear/Conv1D weight
     gather = getattr(weight, "full_tensor", None)
     if callable(gather):
-        weight = gather()
+        weight = gather()  # pyright: ignore[reportAssignmentType]  # DTensor.full_tensor()
     return weight.t() if is_conv1d(module) else weight
 
 
@@ -94,7 +94,7 @@ def value_heads(module: nn.Module, n_heads: int, d_head: int, *, rows: slice = s
             b = b[rows].reshape(-1, d_head)
         return expand_kv(b, n_heads)
 
-    return HeadWeights(param=module.weight, read=read, bias=bias)
+    return HeadWeights(param=module.weight, read=read, bias=bias)  # pyright: ignore[reportArgumentType]
 
 
 def output_heads(module: nn.Module, n_heads: int, d_head: int) -> HeadWeights:
@@ -113,4 +113,4 @@ def output_heads(module: nn.Module, n_heads: int, d_head: int) -> HeadWeights:
         b = getattr(module, "bias", None)
         return None if b is None else b.detach()
 
-    return HeadWeights(param=module.weight, read=read, to_param=to_param, bias=bias)
+    return HeadWeights(param=module.weight, read=read, to_param=to_param, bias=bias)  # pyright: ignore[reportArgumentType]

@@ -43,7 +43,7 @@ If training raises, the Trainer does not call ``on_train_end``: call ``callback.
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence, cast
 
 import torch
 
@@ -74,7 +74,7 @@ def _integration_types() -> tuple:
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
     # DistributedDataParallel / DataParallel / accelerate wrappers keep the model in .module
     while isinstance(getattr(model, "module", None), torch.nn.Module):
-        model = model.module
+        model = cast(torch.nn.Module, model.module)
     return model
 
 

@@ -33,7 +33,7 @@ one event costs seconds to minutes.
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Iterable, Optional, Sequence, cast
 
 import torch
 
@@ -59,7 +59,7 @@ def is_rank_zero() -> bool:
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     """The module inside DistributedDataParallel / DataParallel / accelerate wrappers."""
     while isinstance(getattr(model, "module", None), torch.nn.Module):
-        model = model.module
+        model = cast(torch.nn.Module, model.module)
     return model
 
 
