@@ -190,14 +190,18 @@ class ForwardCall:
     """State of one forward of the model while it runs. ``implicit``: the blocks were called
     without the model's own forward (TL3's generate() calls ``forward`` directly)."""
 
+    mask: Optional[Tensor]
+    continues: bool
+    implicit: bool
+
     def __init__(self, mask: Optional[Tensor], continues: bool, implicit: bool = False,
                  token_ids: Optional[Tensor] = None) -> None:
         self.mask, self.continues, self.implicit = mask, continues, implicit
         self.token_ids = token_ids
-        self.counts: dict = {}
-        self.captured: dict = {}
-        self.block_calls: dict = {}
-        self.inputs: Optional[tuple] = None
+        self.counts: dict[Any, int] = {}
+        self.captured: dict[Any, Any] = {}
+        self.block_calls: dict[Any, Any] = {}
+        self.inputs: Optional[tuple[Any, ...]] = None
 
     @classmethod
     def begin(cls, bound: dict) -> "ForwardCall":

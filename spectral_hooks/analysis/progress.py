@@ -48,8 +48,9 @@ class Progress:
         times = times or {}
         self.units: dict[Optional[str], int] = {
             name: n_layers * times.get(name, 2 if name in doubled else 1) for name in sections}
-        self.total, self.done = sum(self.units.values()), 0
-        self.enabled = enabled is not False and not env_disabled()
+        self.total: int = sum(self.units.values())
+        self.done: int = 0
+        self.enabled: bool = enabled is not False and not env_disabled()
         self._section: Optional[str] = None
         self._spent = 0  # units advanced in the current section
         self._bar = None
