@@ -13,7 +13,7 @@ recorded on a freshly initialised model (the probe supplies it; analysis never h
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Optional, cast
+from typing import Any, Callable, Hashable, Iterable, Optional, cast
 
 from torch import Tensor, nn
 
@@ -50,7 +50,7 @@ class Subject:
     def layers(self) -> tuple[int, ...]:
         return self.share_of(self.recording.layers)
 
-    def share_of(self, layers) -> tuple[int, ...]:
+    def share_of(self, layers: Iterable[int]) -> tuple[int, ...]:
         """``layers`` (all, or this rank's share of them: every world-th from rank)."""
         layers = tuple(layers)
         return layers if self.share is None else layers[self.share[0]::self.share[1]]
