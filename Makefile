@@ -1,5 +1,7 @@
 # make demo : set up .venv and run the analysis on the bundled pretrained MiniLM-L6
-# make test : set up .venv, lint (ruff), run the test suite (quick profile, ~10 min on 2 cores)
+# make test : set up .venv, lint (ruff), type-check (pyright), run the test suite (quick profile, ~10 min on 2 cores)
+# make docs : build the docs site (guide, metrics, case studies, results, API reference) into
+#             site/ with warnings as errors
 # make test-all : the same with the long profiles (slow matrix-free golden cases, ...)
 # make bench : rerun every table of benchmarks/RESULTS.md, quick forms (~40 min on 2 idle cores)
 # make bench-full : the full forms the committed figures name (hours on 2 cores; gpu.py's
@@ -9,13 +11,13 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all lint setup clean bench bench-full
+.PHONY: demo test test-all lint typecheck docs setup clean bench bench-full
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[tlens,demo,report,topology,logging,lightning,test]"
+	$(BIN)/pip install -q -e ".[tlens,demo,report,topology,logging,lightning,test,docs]"
 	touch $(STAMP)
 
 setup: $(STAMP)
@@ -26,8 +28,14 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
-test: lint
+typecheck: $(STAMP)
+	$(BIN)/pyright --pythonpath $(BIN)/python
+
+test: lint typecheck
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=15
+
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 test-all: lint
 	SPECTRAL_HOOKS_FULL=1 $(BIN)/python -m pytest -q -n 2 --dist loadfile
@@ -59,4 +67,4 @@ bench-full: $(STAMP)
 	$(BENCH) benchmarks/recording_vs_tlens.py
 
 clean:
-	rm -rf $(VENV) spectral_report
+	rm -rf $(VENV) spectral_report site

@@ -18,7 +18,7 @@ counts forward calls.
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Union
+from typing import TYPE_CHECKING, Any, Iterator, Union
 
 import torch
 from torch import Tensor
@@ -32,6 +32,17 @@ _RUN_ORDER = ("resid_pre", "attn_pattern", "attn_out", "resid_post")  # the orde
 class ActivationCacheView:
     """Mixin for :class:`~spectral_hooks.recording.Recording` (needs ``layers``, ``capture``,
     ``n_layers``, ``store``, ``tensor(point, layer)``, ``mask`` and ``_has_data()``)."""
+
+    if TYPE_CHECKING:  # provided by Recording
+        n_layers: int
+        layers: tuple[int, ...]
+        capture: tuple[str, ...]
+        store: str
+        mask: Any
+
+        def _has_data(self) -> bool: ...
+
+        def tensor(self, capture: str, layer: int) -> torch.Tensor: ...
 
     def keys(self) -> list[str]:
         if not self._has_data():

@@ -23,7 +23,7 @@ import sys
 import traceback
 import warnings
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence, cast
 
 DEFAULT_SENTENCES = (
     "The quick brown fox jumps over the lazy dog.",
@@ -103,7 +103,7 @@ def _load(model_arg: Optional[str], device: str, dtype: str, *, eager: bool = Fa
     try:
         with _quiet_transformers():
             tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
-            extra = {"attn_implementation": "eager"} if eager else {}  # attention weights
+            extra: dict[str, Any] = {"attn_implementation": "eager"} if eager else {}  # attention weights
             model = auto.from_pretrained(path, local_files_only=True, dtype=torch_dtype,
                                          **extra)
     except (OSError, ValueError, KeyError, RuntimeError) as err:
@@ -265,7 +265,7 @@ def analyze(args) -> int:
         options["reinit_seeds"] = args.reinit_seeds
     if args.idealised:
         options["idealised"] = {"attention": args.idealised}
-    report = probe.analyze(tokenizer=tokenizer, **options)
+    report = cast("sh.Report", probe.analyze(tokenizer=tokenizer, **options))
     report.metadata["name_or_path"] = path
     report.metadata["texts"] = texts
     for name in report.sections:  # compute with a progress bar
@@ -307,7 +307,7 @@ def compare(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="spectral-hooks", description=__doc__.split("\n")[0])
+    parser = _Parser(prog="spectral-hooks", description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     a = sub.add_parser("analyze", help="record a model on some text and write a report")

@@ -22,7 +22,7 @@ one :class:`~spectral_hooks.report.Report` per stack, ``{"encoder": ..., "decode
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Optional, Sequence, Union
+from typing import Any, Iterable, Mapping, Optional, Sequence, Union, cast
 
 import torch
 from torch import nn
@@ -80,8 +80,8 @@ def _stack_layers(layers: Layers, stack: str) -> Optional[Iterable[int]]:
         if unknown:
             raise OptionError("layers", dict(layers), f"a mapping with keys from {STACKS}",
                               hint=f"unknown {sorted(unknown)}")
-        return layers.get(stack)
-    return layers
+        return cast(Mapping[str, Optional[Iterable[int]]], layers).get(stack)
+    return cast(Optional[Iterable[int]], layers)  # an int too: instrument takes one
 
 
 class EncoderDecoderProbe:

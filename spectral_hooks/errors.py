@@ -36,6 +36,10 @@ class SpectralHooksError(Exception):
 class OptionError(SpectralHooksError, ValueError):
     """A bad option or argument: names the option, the bad value and what is valid."""
 
+    option: str
+    value: Any
+    valid: Any  # what is valid: a sentence (a list of names for UnknownOptionError)
+
     def __init__(self, option: str, value: Any, valid: str, *, hint: str = "") -> None:
         self.option, self.value, self.valid = option, value, valid
         message = f"{option}={_short_repr(value)} is not valid: expected {valid}"
@@ -89,6 +93,11 @@ class NonFiniteError(RecordingError):
     "block input"), ``sample`` and ``position`` (the recording row) say where the first one is
     in forward order; sample and position are None for a store='stats' recording."""
 
+    layer: int
+    capture: str
+    sample: Optional[int]
+    position: Optional[int]
+
     def __init__(self, message: str, *, layer: int, capture: str,
                  sample: Optional[int] = None, position: Optional[int] = None) -> None:
         self.layer, self.capture, self.sample, self.position = layer, capture, sample, position
@@ -126,6 +135,10 @@ class NonFiniteComputationError(SpectralHooksError, FloatingPointError):
     """A computation from finite recorded values produced NaN or Inf (a block replay that
     overflows, a weight holding Inf). ``layer``, ``sample``, ``position`` say where (None where
     a quantity has no position, e.g. F = W_O W_V)."""
+
+    layer: int
+    sample: Optional[int]
+    position: Optional[int]
 
     def __init__(self, message: str, *, layer: int, sample: Optional[int] = None,
                  position: Optional[int] = None) -> None:

@@ -12,7 +12,7 @@ module this is, what was captured, each block's replayable call. The keyword nam
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional, cast
 
 import torch
 from torch import Tensor
@@ -35,7 +35,7 @@ def recorded_layers(anatomy: Anatomy, layers: Optional[Iterable[int]]) -> tuple[
         raise OptionTypeError("layers", layers, "None (every layer), an int, a TransformerLens "
                               "block name ('blocks.3') or a list of them")
     try:
-        layers = layer_list(layers)
+        layers = cast(Iterable[int], layer_list(layers))
     except ValueError as err:
         raise OptionError("layers", layers, "layer indices or TransformerLens block names",
                           hint=str(err)) from None
@@ -190,14 +190,18 @@ class ForwardCall:
     """State of one forward of the model while it runs. ``implicit``: the blocks were called
     without the model's own forward (TL3's generate() calls ``forward`` directly)."""
 
+    mask: Optional[Tensor]
+    continues: bool
+    implicit: bool
+
     def __init__(self, mask: Optional[Tensor], continues: bool, implicit: bool = False,
                  token_ids: Optional[Tensor] = None) -> None:
         self.mask, self.continues, self.implicit = mask, continues, implicit
         self.token_ids = token_ids
-        self.counts: dict = {}
-        self.captured: dict = {}
-        self.block_calls: dict = {}
-        self.inputs: Optional[tuple] = None
+        self.counts: dict[Any, int] = {}
+        self.captured: dict[Any, Any] = {}
+        self.block_calls: dict[Any, Any] = {}
+        self.inputs: Optional[tuple[Any, ...]] = None
 
     @classmethod
     def begin(cls, bound: dict) -> "ForwardCall":

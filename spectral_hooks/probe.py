@@ -40,6 +40,11 @@ class Probe(BlockJacobians, RecordsOn):
     ``jacobian``, ``jacobian_product``, ``dense_jacobian`` (:class:`BlockJacobians`); the
     same inputs on another model: ``clone_on``, ``record_on`` (:class:`RecordsOn`)."""
 
+    anatomy: Anatomy
+    layers: tuple[int, ...]
+    recording: Recording
+    model: nn.Module
+
     def __init__(self, model: nn.Module, *, layers: Optional[Iterable[int]] = None,
                  capture: Sequence[str] = DEFAULT_CAPTURES, store: str = "device",
                  dtype: Optional[torch.dtype] = None, anatomy: Optional[Anatomy] = None) -> None:

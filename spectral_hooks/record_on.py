@@ -9,7 +9,7 @@ architecture, :meth:`RecordsOn.record_on` replays the recorded model inputs thro
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -30,7 +30,7 @@ class RecordsOn:
         """A new probe with the same layers, captures, store and stack on another model (e.g.
         a re-initialised copy of this one)."""
         rec = self.recording
-        return type(self)(model, layers=self.layers, capture=rec.capture, store=rec.store,
+        return cast(Any, type(self))(model, layers=self.layers, capture=rec.capture, store=rec.store,
                           dtype=rec.dtype,
                           anatomy=stack_of(anatomy_of(model), self.anatomy.stack))
 

@@ -65,8 +65,8 @@ class BlockCall:
     probe: HF blocks take ``hidden_states``, TransformerLens 3 blocks ``resid_pre``).
     """
 
-    args: tuple
-    kwargs: dict
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
     hidden_in_args: bool
     hidden_kwarg: str = "hidden_states"
 
@@ -141,6 +141,12 @@ class _LayerView:
 class Recording(ActivationCacheView):
     """Residual-stream states and attention outputs recorded per layer; also a mapping of
     TransformerLens hook names (see :mod:`spectral_hooks.cache_view`)."""
+
+    n_layers: int
+    layers: tuple[int, ...]
+    capture: tuple[str, ...]
+    store: str
+    dtype: Optional[torch.dtype]
 
     def __init__(self, *, n_layers: int, layers: tuple[int, ...], capture: tuple[str, ...],
                  store: str = "device", dtype: Optional[torch.dtype] = None) -> None:

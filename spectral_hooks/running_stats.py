@@ -4,6 +4,7 @@ accumulated in float64 over the real (non-padding) tokens of every forward call.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 from torch import Tensor
@@ -24,7 +25,9 @@ class RunningStats:
 
 class _Accumulator:
     def __init__(self) -> None:
-        self.count, self.total, self.outer = 0, None, None
+        self.count = 0
+        self.total: Optional[Tensor] = None
+        self.outer: Optional[Tensor] = None
 
     def update(self, x: Tensor, mask: Tensor) -> None:
         tokens = x[mask.bool()].to(torch.float64)
@@ -32,6 +35,7 @@ class _Accumulator:
             d = x.shape[-1]
             self.total = torch.zeros(d, dtype=torch.float64, device=x.device)
             self.outer = torch.zeros(d, d, dtype=torch.float64, device=x.device)
+        assert self.outer is not None  # allocated with the total
         self.count += tokens.shape[0]
         self.total += tokens.sum(0)
         self.outer += tokens.T @ tokens
@@ -39,6 +43,7 @@ class _Accumulator:
     def result(self) -> RunningStats:
         if not self.count:
             raise RecordingError("no tokens recorded yet")
+        assert self.total is not None and self.outer is not None  # a token was counted
         mean = self.total / self.count
         denom = max(self.count - 1, 1)
         cov = (self.outer - self.count * torch.outer(mean, mean)) / denom

@@ -117,11 +117,12 @@ class _Stack:
             self.check(param, f"remove the steering edit of layer {edit.layer}")
         i = self.edits.index(edit)
         with torch.no_grad():
-            param.copy_(edit._original)  # the weight this edit found, bit-exactly
-            acc = self.base64 + sum(e._delta for e in self.edits[:i]) if i else self.base64
+            # an applied edit's _original, _delta and _to_param are set (Steering.apply)
+            param.copy_(edit._original)  # pyright: ignore[reportArgumentType]  # bit-exactly
+            acc = self.base64 + sum(e._delta for e in self.edits[:i]) if i else self.base64  # pyright: ignore
             for later in self.edits[i + 1:]:  # out of order: replay the later edits' deltas
                 later._original = param.detach().clone()
-                acc = acc + later._delta
+                acc = acc + later._delta  # pyright: ignore[reportOperatorIssue]
                 param.copy_(acc.to(param.dtype).to(param.device))
         del self.edits[i]
         self.written = param.detach().clone()

@@ -64,7 +64,7 @@ def layer_matrices(model: Union[nn.Module, Anatomy], *, fold_norm: bool = False,
                 W_O, W_V = (w.to(device, dtype) for w in _weights(part, attention))
                 gain = part.attn_norm_weight() if fold_norm else None
                 if callable(getattr(gain, "full_tensor", None)):
-                    gain = gain.full_tensor()  # an FSDP2 shard: every rank gathers it
+                    gain = gain.full_tensor()  # pyright: ignore  # an FSDP2 shard (DTensor): every rank gathers it
             F = torch.einsum("hdk,hkm->dm", W_O, W_V)
             if gain is not None:
                 F = F * gain.to(device, dtype)[None, :]
@@ -144,7 +144,7 @@ class LayerOperators:
                         for w in _weights(part, self.attention))
             gain = part.attn_norm_weight() if self.fold_norm else None
             if callable(getattr(gain, "full_tensor", None)):
-                gain = gain.full_tensor()  # an FSDP2 shard: every rank gathers it
+                gain = gain.full_tensor()  # pyright: ignore  # an FSDP2 shard (DTensor): every rank gathers it
         H, d, dk = W_O.shape
         A = W_O.permute(1, 0, 2).reshape(d, H * dk)        # [d, H d_head]
         B = W_V.reshape(H * dk, W_V.shape[-1])              # [H d_head, d]

@@ -19,7 +19,7 @@ that bypasses autograd's version counter; call ``probe.invalidate()`` after such
 
 from __future__ import annotations
 
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, cast
 
 import numpy as np
 import torch
@@ -38,7 +38,7 @@ def _sample_view(tensor: Tensor) -> Any:
     DTensor is sampled through its local shard (no communication; each rank checks its own)."""
     local = getattr(tensor, "to_local", None)
     if callable(local):
-        tensor = local()
+        tensor = cast(Tensor, local())
     flat = tensor.detach().reshape(-1)
     stride = max(1, flat.numel() // SAMPLES_PER_TENSOR)
     if tensor.device.type != "cpu" or not tensor.is_contiguous() or tensor.is_complex():

@@ -13,7 +13,7 @@ computation from finite inputs, are named where they arise: F = W_O W_V here, bl
 
 from __future__ import annotations
 
-from typing import Iterator, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 from torch import Tensor
@@ -68,6 +68,7 @@ def check_recording_finite(recording: Recording, *, sample: Optional[int] = None
     if recording.store == "stats":
         _check_stats(recording)
         return
+    first: Optional[dict[str, Any]]
     first, count = None, 0
     for layer in recording.layers:
         for capture, x, real, offset in _tensors(recording, layer, sample):

@@ -91,6 +91,7 @@ def idealised_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame
         return idealised_table(
             F, start_tokens(subject, first), subject.tokens("resid_pre"),
             subject.tokens("resid_post"), first=first, layers=list(subject.layers),
-            iterate=options.iterate, causal=bool(subject.anatomy.causal), heads=heads,
-            patterns=patterns)
+            iterate=options.iterate, causal=bool(subject.anatomy.causal),
+            heads=heads,  # pyright: ignore[reportArgumentType]  # None below `first`: unused
+            patterns=patterns)  # pyright: ignore[reportArgumentType]  # likewise
     return subject.memo(("idealised", options.iterate, options.fold_norm, attention), compute)

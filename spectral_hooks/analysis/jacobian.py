@@ -27,7 +27,7 @@ from torch import Tensor
 
 from ..errors import OptionError, RecordingError
 from ..linalg import IdentityOperator, LinearOperator
-from ..linearize import block_jacobian
+from ..linearize import BlockJacobian, block_jacobian
 from ..linearize.end_to_end import end_to_end_jacobians, end_to_end_operators
 from ..metrics.jacobian import (
     MATRIX_FREE_ABSENT,
@@ -110,7 +110,7 @@ class JacobianView:
     def _memo(self, key: tuple, compute):
         return self.subject.memo(("jacobian", self.options.sample) + key, compute)
 
-    def operator(self, layer: int, position: int) -> LinearOperator:
+    def operator(self, layer: int, position: int) -> BlockJacobian:
         s = self.subject
         return self._memo(("operator", layer, position, self.method), lambda: block_jacobian(
             s.anatomy, s.recording, layer, position=position, sample=self.options.sample,

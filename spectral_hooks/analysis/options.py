@@ -124,7 +124,7 @@ class JacobianOptions:
             return cls(**_known(cls, value, "jacobian"))
         raise OptionError("jacobian", value, "None, True, a dict of options or JacobianOptions")
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
         out["positions"] = list(self.positions) if isinstance(self.positions, tuple) \
             else self.positions
@@ -361,8 +361,8 @@ class AnalyzeOptions:
     @property
     def jacobian_view(self) -> bool:
         """Whether any Jacobian-based section is asked for."""
-        return (self.jacobian is not None or self.bottleneck or self.reinit or self.topology
-                or self.reinit_seeds > 0)
+        return bool(self.jacobian is not None or self.bottleneck or self.reinit or self.topology
+                    or self.reinit_seeds > 0)
 
     @property
     def jacobian_options(self) -> JacobianOptions:
@@ -374,7 +374,7 @@ class AnalyzeOptions:
         """The progress switch in force (``progress``, else ``jacobian.progress``)."""
         return self.progress if self.progress is not None else self.jacobian_options.progress
 
-    def to_dict(self) -> dict:  # the options that shape results: not the progress display
+    def to_dict(self) -> dict[str, Any]:  # the options that shape results: not the progress display
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                if not f.name.startswith("_") and f.name != "progress"}
         if isinstance(self.power, PowerOptions):

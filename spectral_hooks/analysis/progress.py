@@ -46,10 +46,11 @@ class Progress:
                  enabled: Optional[bool] = None, doubled: Sequence[str] = (),
                  times: Optional[dict[str, int]] = None) -> None:
         times = times or {}
-        self.units = {name: n_layers * times.get(name, 2 if name in doubled else 1)
-                      for name in sections}
-        self.total, self.done = sum(self.units.values()), 0
-        self.enabled = enabled is not False and not env_disabled()
+        self.units: dict[Optional[str], int] = {
+            name: n_layers * times.get(name, 2 if name in doubled else 1) for name in sections}
+        self.total: int = sum(self.units.values())
+        self.done: int = 0
+        self.enabled: bool = enabled is not False and not env_disabled()
         self._section: Optional[str] = None
         self._spent = 0  # units advanced in the current section
         self._bar = None

@@ -7,24 +7,31 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
+from torch import nn
+
+from ..anatomy import Anatomy
 from ..anatomy.base import fresh_model
 from ..errors import RecordingError
+from ..recording import Recording
 from .cache import AnalysisCache
 from .subject import Subject
 
 
-def _check(subject: Subject) -> None:
+def _check(subject: Subject) -> Callable[[nn.Module], tuple[Anatomy, Recording]]:
     if subject.record_on is None:
         raise RecordingError("reinit needs a way to record the inputs on a fresh model; this "
                              "subject has none (analyse through probe.analyze)")
+    return subject.record_on
 
 
 def init_subject(subject: Subject, *, seed: int) -> Subject:
     """``subject``'s inputs recorded on a fresh model (``seed``), computed once per state."""
-    _check(subject)
+    record_on = _check(subject)
 
     def compute() -> Subject:
-        anatomy, recording = subject.record_on(fresh_model(subject.model, seed=seed))
+        anatomy, recording = record_on(fresh_model(subject.model, seed=seed))
         return Subject(anatomy=anatomy, recording=recording, cache=subject.cache,
                        label="init", namespace=("init", seed))
     return subject.memo(("init_subject", seed), compute)
@@ -33,8 +40,8 @@ def init_subject(subject: Subject, *, seed: int) -> Subject:
 def transient_init_subject(subject: Subject, *, seed: int) -> Subject:
     """Like :func:`init_subject`, but neither it nor what is computed on it is kept in the
     trained subject's cache (its own cache goes with it): many seeds, one model in memory."""
-    _check(subject)
-    anatomy, recording = subject.record_on(fresh_model(subject.model, seed=seed))
+    record_on = _check(subject)
+    anatomy, recording = record_on(fresh_model(subject.model, seed=seed))
     return Subject(anatomy=anatomy, recording=recording,
                    cache=AnalysisCache(anatomy.model, recording), label="init",
                    namespace=("init", seed))

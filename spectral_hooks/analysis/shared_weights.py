@@ -6,7 +6,10 @@ it predicts against the observed mean token direction.
 
 from __future__ import annotations
 
+from typing import cast
+
 import pandas as pd
+from torch import Tensor
 
 from ..metrics.shared_weights import shared_weight_table
 from .options import AnalyzeOptions
@@ -18,7 +21,8 @@ def shared_weights_section(subject: Subject, options: AnalyzeOptions) -> pd.Data
     def compute() -> pd.DataFrame:
         F = layer_matrices_of(subject, fold_norm=options.fold_norm)
         post, pre = subject.tokens("resid_post"), subject.tokens("resid_pre")
-        tables = [shared_weight_table(F[g[0]], [post[i] for i in g], pre[g[0]]).assign(group=n)
+        tables = [shared_weight_table(F[g[0]], [cast(Tensor, post[i]) for i in g],
+                                      cast(Tensor, pre[g[0]])).assign(group=n)
                   for n, g in enumerate(subject.shared_groups())]
         return pd.concat(tables, ignore_index=True)
     return subject.memo(("shared_weights", options.fold_norm), compute)

@@ -13,7 +13,7 @@ recorded on a freshly initialised model (the probe supplies it; analysis never h
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Optional
+from typing import Any, Callable, Hashable, Iterable, Optional, cast
 
 from torch import Tensor, nn
 
@@ -30,7 +30,7 @@ class Subject:
     anatomy: Anatomy
     recording: Recording
     cache: AnalysisCache
-    record_on: Optional[Callable[[nn.Module], Recording]] = None
+    record_on: Optional[Callable[[nn.Module], tuple[Anatomy, Recording]]] = None
     label: str = "trained"
     namespace: Hashable = "trained"  # keeps memo entries of different subjects apart
     #: (rank, world): analyse only this rank's share of the layers, every world-th one from
@@ -50,7 +50,7 @@ class Subject:
     def layers(self) -> tuple[int, ...]:
         return self.share_of(self.recording.layers)
 
-    def share_of(self, layers) -> tuple[int, ...]:
+    def share_of(self, layers: Iterable[int]) -> tuple[int, ...]:
         """``layers`` (all, or this rank's share of them: every world-th from rank)."""
         layers = tuple(layers)
         return layers if self.share is None else layers[self.share[0]::self.share[1]]
@@ -98,6 +98,7 @@ class Subject:
         if spec == "all":
             return real.nonzero().flatten().tolist()
         rows = real.nonzero().flatten().tolist()
+        spec = cast("tuple[int, ...]", spec)  # the named specs are handled above
         bad = [p for p in spec if (p >= 0 and p not in rows) or (p < 0 and -p > len(rows))]
         if bad:
             raise OptionError("jacobian.positions", list(spec),

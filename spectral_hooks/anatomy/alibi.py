@@ -36,7 +36,7 @@ def bloom_gelu_as_formula(block: nn.Module):
             if own[id(module)] is None:
                 del module.forward
             else:
-                module.forward = own[id(module)]
+                module.forward = own[id(module)]  # pyright: ignore[reportAttributeAccessIssue]  # not None here
 
 
 BLOOM = register(HFFamily(

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional, cast
 
 import torch
 from torch import Tensor, nn
@@ -243,7 +243,7 @@ def fresh_model(model: nn.Module, *, seed: int = 0) -> nn.Module:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         if config is not None and hasattr(type(model), "_from_config"):  # HF transformers
-            fresh = type(model)._from_config(config)
+            fresh = cast(Any, type(model))._from_config(config)
         elif type(model).__name__ == "HookedTransformer" and hasattr(model, "cfg"):
             fresh = type(model)(model.cfg)
         else:
@@ -323,7 +323,7 @@ def family_infos(*, builtin: bool = False) -> list[FamilyInfo]:
     from . import families  # noqa: F401  (registers the built-in families)
 
     return [_INFOS[name] for name, builder in _REGISTRY if name in _INFOS and (
-        not builtin or getattr(builder, "__module__", "").startswith(__package__))]
+        not builtin or getattr(builder, "__module__", "").startswith(__package__ or ""))]
 
 
 def anatomy_of(model: nn.Module) -> "Anatomy | EncoderDecoderAnatomy":

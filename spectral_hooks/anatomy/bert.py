@@ -1,5 +1,7 @@
 """BERT and ALBERT: post-norm, bidirectional. ALBERT applies one shared layer N times."""
 
+from typing import Any, cast
+
 from torch import nn
 
 from .hf import HFFamily, register
@@ -16,7 +18,7 @@ BERT = register(HFFamily(
 
 def albert_application_order(base: nn.Module) -> list[nn.Module]:
     """The AlbertLayer modules in the order the encoder applies them (shared ones repeated)."""
-    config, groups = base.config, base.encoder.albert_layer_groups
+    config, groups = cast(Any, base).config, cast(Any, base).encoder.albert_layer_groups
     order = []
     for i in range(config.num_hidden_layers):
         group = groups[int(i / (config.num_hidden_layers / config.num_hidden_groups))]

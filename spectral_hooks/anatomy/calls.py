@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 from dataclasses import dataclass
-from typing import Callable, ContextManager, Optional
+from typing import Any, Callable, ContextManager, Optional
 
 from torch import nn
 
@@ -58,9 +58,9 @@ class BlockCallConvention:
     pluggable_attention: bool = True
     score_modifier_kwargs: tuple[str, ...] = ("softmax_scale_bias", "position_bias", "s_aux",
                                               "sinks")
-    replay_context: Optional[Callable[[nn.Module], ContextManager]] = None
+    replay_context: Optional[Callable[[nn.Module], ContextManager[Any]]] = None
 
-    def replaying(self, block: nn.Module) -> ContextManager:
+    def replaying(self, block: nn.Module) -> ContextManager[Any]:
         """The context every replay of ``block`` runs in (``replay_context``; else nothing)."""
         if self.replay_context is None:
             return contextlib.nullcontext()

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import copy
 import sys
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import torch
 from torch import Tensor, nn
@@ -61,10 +61,11 @@ def running_module(module: nn.Module) -> nn.Module:
     _, to_save = _peft_classes()
     if to_save is None or not isinstance(module, to_save):
         return module
-    active = list(module.active_adapters)
-    copies = module.modules_to_save
-    if module.disable_adapters or not active or any(a not in copies for a in active):
-        return running_module(module.original_module)
+    wrapper: Any = module  # PEFT's attributes (nn.Module's __getattr__ types them loosely)
+    active = list(wrapper.active_adapters)
+    copies = wrapper.modules_to_save
+    if wrapper.disable_adapters or not active or any(a not in copies for a in active):
+        return running_module(wrapper.original_module)
     return running_module(copies[active[0]])
 
 
@@ -73,7 +74,7 @@ def stored_layout_module(module: nn.Module) -> nn.Module:
     the base layer under PEFT tuner layers, the running copy of a modules_to_save wrapper."""
     module = running_module(module)
     while is_tuner_layer(module):
-        module = module.get_base_layer()
+        module = cast(Any, module).get_base_layer()
     return module
 
 
@@ -106,7 +107,7 @@ def _refuse_unreadable(module: nn.Module, weight: Any) -> None:
 
 
 def _plain_weight(module: nn.Module) -> Tensor:
-    weight = getattr(module, "weight", None)
+    weight: Any = getattr(module, "weight", None)
     _refuse_unreadable(module, weight)
     weight = weight.detach()
     gather = getattr(weight, "full_tensor", None)
@@ -115,7 +116,7 @@ def _plain_weight(module: nn.Module) -> Tensor:
     return weight
 
 
-def _merged_copy(layer: nn.Module) -> nn.Module:
+def _merged_copy(layer: Any) -> nn.Module:
     """A float64 copy of a PEFT tuner layer with exactly the adapters its forward applies merged
     into the base layer (PEFT's own merge: LoRA, DoRA, LoHa, LoKr, IA3, ...)."""
     base = layer.get_base_layer()
@@ -167,15 +168,16 @@ def writable_weight(module: nn.Module) -> tuple[Optional[nn.Parameter], str]:
     cannot be written."""
     module = running_module(module)
     if is_tuner_layer(module):
-        base = module.get_base_layer()
+        tuner: Any = module
+        base = tuner.get_base_layer()
         kind = type(module).__module__.split(".")[-2] if "." in type(module).__module__ else ""
         dora = any(bool(v) for v in getattr(module, "use_dora", {}).values())
-        applied = [] if module.disable_adapters else list(module.active_adapters)
+        applied = [] if tuner.disable_adapters else list(tuner.active_adapters)
         if applied and (dora or kind not in ("lora", "loha", "lokr")):
             name = "DoRA" if dora else type(module).__name__
             return None, (f"a PEFT {name} adapter is applied: its effective weight is not the "
                           "base weight plus a fixed delta (merge_and_unload() it first)")
-        if module.merged and module.disable_adapters:
+        if tuner.merged and tuner.disable_adapters:
             return None, "PEFT would unmerge its adapters on the next forward"
         module = base
     if torch.nn.utils.parametrize.is_parametrized(module, "weight"):
@@ -199,5 +201,6 @@ def adapter_state(modules: list[nn.Module]) -> tuple:
     """Which adapters each of ``modules`` (:func:`adapter_modules`) applies: a hashable summary
     that changes with ``set_adapter``, ``disable_adapter()`` and merging, which change
     effective weights without touching a parameter (the analysis cache keys on it)."""
+    layers: list[Any] = list(modules)
     return tuple((tuple(m.active_adapters), bool(m.disable_adapters),
-                  tuple(getattr(m, "merged_adapters", ()))) for m in modules)
+                  tuple(getattr(m, "merged_adapters", ()))) for m in layers)

@@ -36,7 +36,7 @@ knows no CLS token: its default Jacobian position is the last real token (-1); p
 from __future__ import annotations
 
 import warnings
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import torch
 from torch import Tensor, nn
@@ -81,7 +81,7 @@ def _block_list(model: nn.Module) -> Optional[nn.ModuleList]:
     return best
 
 
-def _child(module: nn.Module, names: tuple[str, ...]) -> Optional[nn.Module]:
+def _child(module: Optional[nn.Module], names: tuple[str, ...]) -> Optional[nn.Module]:
     for name in names:
         child = getattr(module, name, None)
         if isinstance(child, nn.Module):
@@ -97,10 +97,11 @@ def _layer(index: int, block: nn.Module, n_heads: int, d_head: int) -> LayerPart
     attn = _child(block, _ATTN_NAMES)
     v_mod, o_mod = _child(attn, _VALUE_NAMES), _child(attn, _OUTPUT_NAMES)
     ok = _has_weight(v_mod) and _has_weight(o_mod)
+    attn = cast(nn.Module, attn)  # the first block's is checked (_check_structure)
     return LayerParts(
         index=index, block=block, attention=attn, attn_out_module=attn,
-        value=value_heads(v_mod, n_heads, d_head) if ok else None,
-        output=output_heads(o_mod, n_heads, d_head) if ok else None,
+        value=value_heads(cast(nn.Module, v_mod), n_heads, d_head) if ok else None,
+        output=output_heads(cast(nn.Module, o_mod), n_heads, d_head) if ok else None,
     )
 
 
@@ -114,6 +115,7 @@ def _check_structure(model: nn.Module, blocks: Optional[nn.ModuleList]) -> nn.Mo
     if not separate and (attention is None or _child(attention, _FUSED_NAMES) is None):
         raise refuse(model, "its blocks have no attention with query and value projections, "
                      "as state-space and recurrent models (Mamba, RWKV) have none")
+    assert attention is not None  # refused above
     return attention
 
 
@@ -122,6 +124,7 @@ def generic_anatomy(model: nn.Module) -> Anatomy:
     :class:`GenericAnatomyWarning`; raises :class:`UnsupportedModelError` when there is none."""
     blocks = _block_list(model)
     _check_structure(model, blocks)
+    assert blocks is not None  # refused by _check_structure
     config = getattr(model, "config", None)
     d_model = config_int(config, "hidden_size", "n_embd", "d_model")
     n_heads = config_int(config, "num_attention_heads", "n_head", "num_heads")

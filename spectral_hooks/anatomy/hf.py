@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Union, cast
 
 from torch import nn
 
@@ -165,7 +165,7 @@ def build(model: nn.Module, family: HFFamily) -> Anatomy:
         raise UnsupportedModelError(f"{type(model).__name__}: expected blocks at "
                                     f"'{family.blocks}' "
                          f"for the {family.name} family")
-    blocks = family.block_order(base) if family.block_order else list(container)
+    blocks = family.block_order(base) if family.block_order else list(cast(nn.ModuleList, container))
     d_model, n_heads, n_kv, d_head = _dims(config, 0, family.heads)
     n_kv = family.n_kv_heads or n_kv
     layers, seen = [], {}
@@ -174,8 +174,9 @@ def build(model: nn.Module, family: HFFamily) -> Anatomy:
         value, output = _projections(family, block, n_heads, n_kv, d_head, d_model)
         cross_value, cross_output = _cross_projections(family, block, n_heads, d_head)
         layers.append(LayerParts(
-            index=index, block=block, attention=attention,
-            attn_out_module=get_path(block, family.attn_out),
+            # a family's declared paths exist in the models it names (tests/families)
+            index=index, block=block, attention=cast(nn.Module, attention),
+            attn_out_module=cast(nn.Module, get_path(block, family.attn_out)),
             value=value, output=output,
             attn_norm=get_path(block, family.attn_norm),
             norm_weight_offset=family.norm_weight_offset,
@@ -188,7 +189,7 @@ def build(model: nn.Module, family: HFFamily) -> Anatomy:
         family=family.name, model=model, layers=tuple(layers), d_model=d_model,
         n_heads=n_heads, n_kv_heads=n_kv, d_head=d_head, causal=causal,
         norm_placement=family.norm_placement,
-        call_root=get_path(base, family.call_root) if family.call_root else base,
+        call_root=cast(nn.Module, get_path(base, family.call_root)) if family.call_root else base,
         final_norm=get_path(base, family.final_norm), shared_groups=shared, config=config,
         layer_kinds=config_layer_kinds(config, len(layers)), norm_upcasts=family.norm_upcasts,
         call_convention=family.call_convention, default_position=family.position(config),

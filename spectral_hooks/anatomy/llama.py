@@ -6,10 +6,24 @@ normalised before the residual add), and post-sublayer norms only (OLMo2). Every
 them computes its norms in float32 whatever the model dtype (``norm_upcasts``).
 """
 
+from typing import Optional, TypedDict
+
 from .hf import HFFamily, register
 
-_COMMON = dict(blocks="layers", attention="self_attn", value="self_attn.v_proj",
-               output="self_attn.o_proj", final_norm="norm", norm_upcasts=True)
+
+class _Common(TypedDict):
+    """The fields of :class:`HFFamily` that these families share, typed."""
+
+    blocks: str
+    attention: str
+    value: str
+    output: str
+    final_norm: Optional[str]
+    norm_upcasts: bool
+
+
+_COMMON = _Common(blocks="layers", attention="self_attn", value="self_attn.v_proj",
+                  output="self_attn.o_proj", final_norm="norm", norm_upcasts=True)
 
 LLAMA = register(HFFamily(
     name="llama", model_types=("llama", "mistral", "qwen2", "qwen3", "olmo"),

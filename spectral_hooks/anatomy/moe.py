@@ -15,6 +15,8 @@ weights gathered and applied by ``bmm``, no data-dependent control flow, any flo
 
 from __future__ import annotations
 
+from typing import Optional, TypedDict
+
 from torch import nn
 
 from .calls import BlockCallConvention
@@ -26,11 +28,28 @@ def traceable_experts(block: nn.Module):
     return experts_implementation(block, "batched_mm")
 
 
-_MOE = dict(blocks="layers", attention="self_attn", value="self_attn.v_proj",
-            output="self_attn.o_proj", attn_out="self_attn", attn_norm="input_layernorm",
-            norm_placement="pre", final_norm="norm", norm_upcasts=True,
-            call_convention=BlockCallConvention(replay_context=traceable_experts),
-            tested_by="tests/families/test_moe.py", attention_type="full; mixture-of-experts MLP")
+class _MoeFacts(TypedDict):
+    """The fields of :class:`HFFamily` that these families share, typed."""
+
+    blocks: str
+    attention: str
+    value: str
+    output: str
+    attn_out: str
+    attn_norm: Optional[str]
+    norm_placement: str
+    final_norm: Optional[str]
+    norm_upcasts: bool
+    call_convention: BlockCallConvention
+    tested_by: str
+    attention_type: str
+
+
+_MOE = _MoeFacts(blocks="layers", attention="self_attn", value="self_attn.v_proj",
+                 output="self_attn.o_proj", attn_out="self_attn", attn_norm="input_layernorm",
+                 norm_placement="pre", final_norm="norm", norm_upcasts=True,
+                 call_convention=BlockCallConvention(replay_context=traceable_experts),
+                 tested_by="tests/families/test_moe.py", attention_type="full; mixture-of-experts MLP")
 
 MIXTRAL = register(HFFamily(name="mixtral", model_types=("mixtral",), **_MOE))
 QWEN2_MOE = register(HFFamily(name="qwen2_moe", model_types=("qwen2_moe",), **_MOE))

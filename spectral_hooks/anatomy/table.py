@@ -57,7 +57,7 @@ def table_in(text: str) -> str:
 
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m spectral_hooks.anatomy.table",
-                                     description=__doc__.splitlines()[0])
+                                     description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--write", metavar="README", help="replace the table in this file")
     args = parser.parse_args(argv)
     table = supported_models_table()

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional, cast
 
 from torch import Tensor, nn
 
@@ -23,7 +23,7 @@ from .calls import TL3_CALLS, TL_BRIDGE_CALLS
 from .heads import expand_kv
 
 
-def _tl_value(attn: nn.Module, n_heads: int) -> HeadWeights:
+def _tl_value(attn: Any, n_heads: int) -> HeadWeights:
     def read() -> Tensor:
         return expand_kv(attn.W_V.detach().transpose(-1, -2), n_heads)
 
@@ -37,7 +37,7 @@ def _tl_value(attn: nn.Module, n_heads: int) -> HeadWeights:
     return HeadWeights(read=read, bias=bias, fixed_param=param)
 
 
-def _tl3_output(attn: nn.Module) -> HeadWeights:
+def _tl3_output(attn: Any) -> HeadWeights:
     def bias() -> Optional[Tensor]:
         b = getattr(attn, "b_O", None)
         return None if b is None else b.detach()
@@ -49,7 +49,7 @@ def _tl3_output(attn: nn.Module) -> HeadWeights:
 def _hooked_transformer(model: nn.Module) -> Optional[Anatomy]:
     if type(model).__name__ != "HookedTransformer" or not hasattr(model, "cfg"):
         return None
-    cfg = model.cfg
+    cfg = cast(Any, model).cfg
     n_kv = getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
     layers = tuple(
         LayerParts(index=i, block=block, attention=block.attn,
@@ -58,7 +58,7 @@ def _hooked_transformer(model: nn.Module) -> Optional[Anatomy]:
                    attn_norm=getattr(block, "ln1", None),
                    resid_pre_hook=block.hook_resid_pre, resid_post_hook=block.hook_resid_post,
                    pattern_hook=getattr(block.attn, "hook_pattern", None))
-        for i, block in enumerate(model.blocks))
+        for i, block in enumerate(cast(Any, model).blocks))
     return Anatomy(
         family="tlens3", model=model, layers=layers, d_model=cfg.d_model, n_heads=cfg.n_heads,
         n_kv_heads=n_kv, d_head=cfg.d_head, causal=cfg.attention_dir == "causal",
@@ -71,7 +71,7 @@ def _hooked_transformer(model: nn.Module) -> Optional[Anatomy]:
 def _bridge_attn_out(block: nn.Module) -> nn.Module:
     aliases = getattr(block, "hook_aliases", {}) or {}
     target = get_path(block, aliases.get("hook_attn_out", "attn.hook_out"))
-    return target if target is not None else block.attn
+    return target if target is not None else cast(nn.Module, block.attn)
 
 
 def _transformer_bridge(model: nn.Module) -> Optional[Anatomy]:
@@ -82,9 +82,9 @@ def _transformer_bridge(model: nn.Module) -> Optional[Anatomy]:
 
     # norms, causality and sizes of the wrapped model (one stack: encoder-decoder bridges are
     # not supported)
-    inner = stack_of(anatomy_of(model.original_model), what="a TransformerLens bridge")
+    inner = stack_of(anatomy_of(cast(Any, model).original_model), what="a TransformerLens bridge")
     layers = []
-    for i, block in enumerate(model.blocks):
+    for i, block in enumerate(cast(Any, model).blocks):
         attn = block.attn
         o_module = get_path(attn, "o._original_component")
         layers.append(LayerParts(

@@ -22,7 +22,7 @@ A two-tower ``CLIPModel`` / ``SiglipModel`` is refused with a pointer to its tow
 (``model.vision_model``, ``model.text_model``), each a model of its own to instrument.
 """
 
-from typing import Any, Optional
+from typing import Any, Optional, TypedDict
 
 from torch import nn
 
@@ -30,13 +30,43 @@ from ..errors import UnsupportedModelError
 from .base import Anatomy, FamilyInfo, register_anatomy
 from .hf import HFFamily, model_type_of, register
 
-_VIT = dict(blocks="layers", attention="attention", value="attention.v_proj",
-            output="attention.o_proj", attn_out="attention", attn_norm="layernorm_before",
-            norm_placement="pre", final_norm="layernorm", causal=False, default_position=0,
-            tested_by="tests/families/test_vision.py")
-_CLIP = dict(blocks="encoder.layers", attention="self_attn", value="self_attn.v_proj",
-             output="self_attn.out_proj", attn_out="self_attn", attn_norm="layer_norm1",
-             norm_placement="pre", tested_by="tests/families/test_vision.py")
+
+class _VitFacts(TypedDict):
+    """The fields of :class:`HFFamily` that these families share, typed."""
+
+    blocks: str
+    attention: str
+    value: str
+    output: str
+    attn_out: str
+    attn_norm: Optional[str]
+    norm_placement: str
+    final_norm: Optional[str]
+    causal: bool
+    default_position: int
+    tested_by: str
+
+
+_VIT = _VitFacts(blocks="layers", attention="attention", value="attention.v_proj",
+                 output="attention.o_proj", attn_out="attention", attn_norm="layernorm_before",
+                 norm_placement="pre", final_norm="layernorm", causal=False, default_position=0,
+                 tested_by="tests/families/test_vision.py")
+class _ClipFacts(TypedDict):
+    """The fields of :class:`HFFamily` that these families share, typed."""
+
+    blocks: str
+    attention: str
+    value: str
+    output: str
+    attn_out: str
+    attn_norm: Optional[str]
+    norm_placement: str
+    tested_by: str
+
+
+_CLIP = _ClipFacts(blocks="encoder.layers", attention="self_attn", value="self_attn.v_proj",
+                   output="self_attn.out_proj", attn_out="self_attn", attn_norm="layer_norm1",
+                   norm_placement="pre", tested_by="tests/families/test_vision.py")
 
 
 def centre_patch(config: Any) -> int:

@@ -24,7 +24,7 @@ rank's tokens, in rank order.
 from __future__ import annotations
 
 import zlib
-from typing import Any, Optional, Sequence, Union
+from typing import Any, Optional, Sequence, Union, cast
 
 import torch
 from torch import Tensor
@@ -70,7 +70,7 @@ def all_reduce_stats(recording: Any, *, group: Optional[Any] = None,
             device = torch.device("cuda", torch.cuda.current_device())
         else:
             device = torch.device("cpu")
-    f64 = dict(dtype=torch.float64, device=device)
+    f64: dict[str, Any] = dict(dtype=torch.float64, device=device)
 
     # 1. the same keys on every rank? (max and min of a signature, one MAX reduction)
     signature = float(zlib.crc32(repr(keys).encode()))
@@ -194,7 +194,7 @@ def gather_rows(rows: Optional[Tensor], counts: Sequence[int], width: int, *, ds
                          f"{counts[dist.get_rank(group)]}")
     buf = torch.zeros(max(counts), width, dtype=torch.float64, device=device)
     if n:
-        buf[:n] = rows.detach().to(device, torch.float64)
+        buf[:n] = cast(Tensor, rows).detach().to(device, torch.float64)
     parts = [torch.empty_like(buf) for _ in counts] if rank == dst else None
     dist.gather(buf, parts, dst=dst, group=group)
     if parts is None:

@@ -77,7 +77,7 @@ class SpectralLightningCallback(_pl.Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self.tracker is not None and batch_idx % trainer.accumulate_grad_batches == 0:
-            self.tracker.probe.clear()
+            self.tracker.probe.clear()  # pyright: ignore[reportOptionalMemberAccess]  # attached
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         step = trainer.global_step + 1  # every rank: tokens and FSDP2 shards go to rank 0
@@ -95,7 +95,7 @@ class SpectralLightningCallback(_pl.Callback):
 
     def on_validation_batch_end(self, trainer, pl_module, *args: Any, **kwargs: Any) -> None:
         if self.tracker is not None:
-            self.tracker.probe.clear()  # evaluation forwards are not training steps
+            self.tracker.probe.clear()  # pyright: ignore[reportOptionalMemberAccess]  # not training steps
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
         if self.tracker is not None:

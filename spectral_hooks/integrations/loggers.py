@@ -72,6 +72,9 @@ class _Base:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
+    def close(self) -> None:
+        raise NotImplementedError
+
 
 def _check(metrics: Mapping[str, float], step: int) -> None:
     if not isinstance(step, int) or isinstance(step, bool):
@@ -150,9 +153,9 @@ class WandbLogger(_Base):
         _check(metrics, step)
         values = {k: float(v) for k, v in metrics.items()}
         if self._owns:
-            self.run.log(values, step=step)
+            self.run.log(values, step=step)  # pyright: ignore[reportOptionalMemberAccess]  # set in __init__
         else:
-            self.run.log({**values, "spectral/step": step})
+            self.run.log({**values, "spectral/step": step})  # pyright: ignore[reportOptionalMemberAccess]
 
     def close(self) -> None:
         if self._owns and self.run is not None:

@@ -21,7 +21,7 @@ recorded tokens of the layer are gathered to rank 0 as well, so the data-depende
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Optional
+from typing import Any, Iterable, Optional, cast
 
 import torch
 from torch import Tensor
@@ -42,7 +42,7 @@ _OPTIONS = ("iterate", "fold_norm", "dense_limit", "top_k")
 def full(tensor: Optional[Tensor]) -> Optional[Tensor]:
     """``tensor`` itself, or the whole tensor of a DTensor shard (a collective)."""
     gather = getattr(tensor, "full_tensor", None)
-    return gather() if callable(gather) else tensor
+    return cast(Tensor, gather()) if callable(gather) else tensor
 
 
 def check_power_options(options: dict) -> dict:
@@ -94,7 +94,7 @@ def power_metrics(probe: Any, *, columns: Iterable[str], prefix: str = "spectral
         with weights_in(part.block, where=f"layer {layer}"):  # accelerate offload / meta
             W_O, W_V = full(part.output_weights()), full(part.value_weights())
             gain = full(part.attn_norm_weight()) if fold_norm else None
-            W_O, W_V = W_O.to("cpu", torch.float64), W_V.to("cpu", torch.float64)
+            W_O, W_V = cast(Tensor, W_O).to("cpu", torch.float64), cast(Tensor, W_V).to("cpu", torch.float64)
         if across_ranks:
             tokens = [None, None]
             if counts is not None:

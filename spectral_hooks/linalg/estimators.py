@@ -89,7 +89,7 @@ def _mean(samples: Tensor, n_matvecs: int) -> Estimate:
     return Estimate(val, se, n_matvecs)
 
 
-def _scalar_est(op, n_samples: int, seed: int, dist: str, what: str,
+def _scalar_est(op: LinearOperator | Tensor, n_samples: int, seed: int, dist: str, what: str,
                 f: Callable[[_Op, Tensor], Tensor], per_sample: int) -> Estimate:
     _check_n(n_samples, what, 1)
     A = _Op(op, what)
@@ -97,14 +97,14 @@ def _scalar_est(op, n_samples: int, seed: int, dist: str, what: str,
     return _mean(f(A, Z), per_sample * n_samples)
 
 
-def hutchinson_trace(op, *, n_samples: int, seed: int = 0,
+def hutchinson_trace(op: LinearOperator | Tensor, *, n_samples: int, seed: int = 0,
                      distribution: str = "rademacher") -> Estimate:
     """tr(A) ~ mean of z^T A z (Hutchinson 1989); n_samples matvecs."""
     return _scalar_est(op, n_samples, seed, distribution, "hutchinson_trace",
                        lambda A, Z: (Z.conj() * A.mm(Z)).sum(-2), 1)
 
 
-def frobenius_sq(op, *, n_samples: int, seed: int = 0) -> Estimate:
+def frobenius_sq(op: LinearOperator | Tensor, *, n_samples: int, seed: int = 0) -> Estimate:
     """||A||_F^2 ~ mean of ||A z||^2, Rademacher z; n_samples matvecs (A may be m x n)."""
     _check_n(n_samples, "frobenius_sq")
     A = _Op(op, "frobenius_sq", square=False)
@@ -112,13 +112,13 @@ def frobenius_sq(op, *, n_samples: int, seed: int = 0) -> Estimate:
     return _mean(A.mm(Z).abs().pow(2).sum(-2), n_samples)
 
 
-def trace_of_square(op, *, n_samples: int, seed: int = 0) -> Estimate:
+def trace_of_square(op: LinearOperator | Tensor, *, n_samples: int, seed: int = 0) -> Estimate:
     """tr(A A) ~ mean of z^T A (A z), Rademacher z; 2 matvecs per sample, no adjoint."""
     return _scalar_est(op, n_samples, seed, "rademacher", "trace_of_square",
                        lambda A, Z: (Z.conj() * A.mm(A.mm(Z))).sum(-2), 2)
 
 
-def diagonal(op, *, n_samples: int, seed: int = 0) -> Estimate:
+def diagonal(op: LinearOperator | Tensor, *, n_samples: int, seed: int = 0) -> Estimate:
     """diag(A) ~ mean of z * (A z), Rademacher z (Bekas et al. 2007); n_samples matvecs."""
     _check_n(n_samples, "diagonal")
     A = _Op(op, "diagonal")
@@ -126,7 +126,7 @@ def diagonal(op, *, n_samples: int, seed: int = 0) -> Estimate:
     return _mean(Z.conj() * A.mm(Z), n_samples)
 
 
-def column_norms_sq(op, *, n_samples: int, seed: int = 0) -> Estimate:
+def column_norms_sq(op: LinearOperator | Tensor, *, n_samples: int, seed: int = 0) -> Estimate:
     """diag(A^H A) = squared column norms ~ mean of z * A^H (A z); 2 products per sample."""
     _check_n(n_samples, "column_norms_sq")
     A = _Op(op, "column_norms_sq", square=False)
@@ -136,7 +136,7 @@ def column_norms_sq(op, *, n_samples: int, seed: int = 0) -> Estimate:
     return _mean((Z.conj() * A.rmm(A.mm(Z))).real, 2 * n_samples)
 
 
-def hutchpp_trace(op, *, n_matvecs: int, seed: int = 0) -> Estimate:
+def hutchpp_trace(op: LinearOperator | Tensor, *, n_matvecs: int, seed: int = 0) -> Estimate:
     """Hutch++ (Meyer, Musco, Musco, Woodruff 2021): tr(A) with n_matvecs products.
 
     A third of the budget sketches S, Q = orth(A S) captures the top of the spectrum exactly

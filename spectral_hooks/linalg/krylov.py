@@ -86,7 +86,7 @@ spectrum of a small matrix use ``torch.linalg.eig``.
 from __future__ import annotations
 
 import logging
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -109,6 +109,9 @@ from ._schur_restart import inject as _inject
 from ._schur_restart import restart as _restart
 from ._schur_restart import same_set as _same_set
 from .results import EigResult
+
+if TYPE_CHECKING:
+    from .operators import LinearOperator
 
 __all__ = ["eigs"]
 
@@ -165,7 +168,8 @@ def _validate(batch: OpBatch, k: int, which: str, tol: float, ncv: Optional[int]
     return ncv, max(1, min(bs, n - ncv))
 
 
-def eigs(op, k: int, *, which: str = "LM", tol: float = 1e-10, max_restarts: int = 1000,
+def eigs(op: LinearOperator | Sequence[LinearOperator] | Tensor, k: int, *,
+         which: str = "LM", tol: float = 1e-10, max_restarts: int = 1000,
          ncv: Optional[int] = None, v0: Optional[Tensor] = None, seed: int = 0,
          return_vectors: bool = True, block_size: Optional[int] = None) -> EigResult:
     """Top-k eigenpairs of a square operator (or a batch of them, in lockstep).

@@ -15,7 +15,7 @@ Example::
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence, Union
+from typing import Any, Callable, Optional, Sequence, Union, overload
 
 import torch
 from torch import Tensor
@@ -39,6 +39,10 @@ class LinearOperator:
     as many ``matvec`` calls (e.g. batched JVPs); :func:`~spectral_hooks.linalg.eigs` then
     defaults to a block Krylov method. Composites inherit the largest hint of their parts.
     """
+
+    device: torch.device
+    name: str
+    n_matvecs: int
 
     def __init__(
         self,
@@ -157,24 +161,30 @@ class LinearOperator:
     def H(self) -> "LinearOperator":
         return self.T
 
-    def __matmul__(self, other):
+    @overload
+    def __matmul__(self, other: "LinearOperator") -> "LinearOperator": ...
+
+    @overload
+    def __matmul__(self, other: Tensor) -> Tensor: ...
+
+    def __matmul__(self, other: "LinearOperator | Tensor") -> "LinearOperator | Tensor":
         if isinstance(other, LinearOperator):
             return _Product(self, other)
         if isinstance(other, Tensor):
             return self.matvec(other) if other.ndim == 1 else self.matmat(other)
         return NotImplemented
 
-    def __add__(self, other):
+    def __add__(self, other: "LinearOperator") -> "LinearOperator":
         if isinstance(other, LinearOperator):
             return _Sum(self, other, 1.0)
         return NotImplemented
 
-    def __sub__(self, other):
+    def __sub__(self, other: "LinearOperator") -> "LinearOperator":
         if isinstance(other, LinearOperator):
             return _Sum(self, other, -1.0)
         return NotImplemented
 
-    def __mul__(self, alpha):
+    def __mul__(self, alpha: "float | complex | Tensor") -> "LinearOperator":
         if isinstance(alpha, (int, float, complex)) or (
             isinstance(alpha, Tensor) and alpha.ndim == 0
         ):
@@ -183,7 +193,7 @@ class LinearOperator:
 
     __rmul__ = __mul__
 
-    def __neg__(self):
+    def __neg__(self) -> "LinearOperator":
         return _Scaled(self, -1.0)
 
 
@@ -316,7 +326,7 @@ class IdentityOperator(LinearOperator):
         )
 
 
-def aslinearoperator(obj) -> LinearOperator:
+def aslinearoperator(obj: Any) -> LinearOperator:
     """Return ``obj`` if it is a LinearOperator, wrap a 2-D tensor in a DenseOperator."""
     if isinstance(obj, LinearOperator):
         return obj

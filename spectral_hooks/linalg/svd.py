@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import Optional
+from typing import TYPE_CHECKING, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -35,6 +35,9 @@ from ..checks import check_int
 from ..errors import ConvergenceWarning, OptionError
 from ._batch import OpBatch
 from .results import SvdResult
+
+if TYPE_CHECKING:
+    from .operators import LinearOperator
 
 __all__ = ["svds"]
 
@@ -71,7 +74,8 @@ def _normalize(w: Tensor, Q: Tensor, ref: Tensor, gen, full: bool):
     return w, nrm
 
 
-def svds(op, k: int, *, method: str = "lanczos", n_oversamples: int = 10, n_iter: int = 4,
+def svds(op: LinearOperator | Sequence[LinearOperator] | Tensor, k: int, *,
+         method: str = "lanczos", n_oversamples: int = 10, n_iter: int = 4,
          tol: float = 1e-10, ncv: Optional[int] = None, max_restarts: int = 500, seed: int = 0,
          return_vectors: bool = True) -> SvdResult:
     """Top-k singular triplets of an m x n operator (or a batch [..., m, n] / list).

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Callable, Optional, Union
+from typing import Any, Callable, Optional, Union, cast
 
 import torch
 from torch import Tensor
@@ -97,6 +97,7 @@ class _Engine:
             return self._block_jvp(V)
         if self._jvp is None:
             self._build_jvp()
+        assert self._jvp is not None  # built above
         if V.ndim == 2:
             return self._jvp(V)
         return self._batched("jvp", self._jvp, V)
@@ -104,7 +105,8 @@ class _Engine:
     def _build_block(self) -> None:
         """Linearise the single-query block on a batch of BLOCK_WIDTH copies of its input:
         the c query rows run as one matrix-matrix pass (see single_query.py)."""
-        fn, W = self.fn, self.block_width
+        fn, W = cast(SingleQueryFunction, self.fn), self.block_width  # block_width: single query
+        assert W is not None
         X0 = self.x0.expand(W, *self.x0.shape).contiguous()
         if self.method in ("auto", "linearize"):
             try:
@@ -132,6 +134,7 @@ class _Engine:
                 self.block_width = None
                 return self.jvp(V)
         W, k = self.block_width, V.shape[0]
+        assert W is not None and self._block is not None  # built above
         out = []
         for i in range(0, k, W):
             chunk = V[i:i + W]
@@ -145,6 +148,7 @@ class _Engine:
     def vjp(self, U: Tensor) -> Tensor:
         if self._vjp is None:
             self._build_vjp()
+        assert self._vjp is not None  # built above
         if U.ndim == 2:
             return self._vjp(U)
         return self._batched("vjp", self._vjp, U)
@@ -152,7 +156,7 @@ class _Engine:
     def _build_vjp(self) -> None:
         try:
             with _math_sdpa():
-                _, vjp_fn = torch.func.vjp(self.fn, self.x0)
+                vjp_fn = torch.func.vjp(self.fn, self.x0)[1]
             self._vjp = lambda u: vjp_fn(u)[0]
             return
         except REPLAY_ERRORS as err:  # e.g. an autograd.Function without setup_context
@@ -193,7 +197,7 @@ def _make_operator(engine: _Engine, name: str, *, kind: str,
     def as_rows(x: Tensor) -> Tensor:
         return x.to(dtype).reshape(m, d)
 
-    at = dict(layer=fn.layer, sample=fn.sample, positions=fn.positions.tolist())
+    at: dict[str, Any] = dict(layer=fn.layer, sample=fn.sample, positions=fn.positions.tolist())
 
     def cplx(f: Callable, x: Tensor, what: str) -> Tensor:
         out = torch.complex(f(x.real), f(x.imag)) if x.is_complex() else f(x)

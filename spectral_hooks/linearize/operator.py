@@ -16,7 +16,7 @@ the constructor.
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Protocol, Sequence, Tuple, Union
+from typing import Callable, Optional, Protocol, Sequence, Tuple, Union, cast
 
 import torch
 from torch import Tensor
@@ -122,7 +122,7 @@ class JacobianProduct(LinearOperator):
         factors = tuple(factors)
         chain: LinearOperator = factors[0]
         for J in factors[1:]:
-            chain = J @ chain
+            chain = cast(LinearOperator, J @ chain)
         first, last = factors[0].layer, factors[-1].layer
         super().__init__(chain.shape, matvec=chain.matvec, rmatvec=chain.rmatvec,
                          matmat=chain.matmat, rmatmat=chain.rmatmat, dtype=chain.dtype,

@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import logging
-from typing import List, Optional
+from typing import List, Optional, cast
 
 import torch
 from torch import Tensor
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from ..anatomy.hf import attention_implementation, register_attention
 from ..errors import fallback
@@ -73,7 +74,7 @@ def _split_attention(module, query: Tensor, key: Tensor, value: Tensor, attentio
     s_fixed = (qh @ Kf[0].transpose(-1, -2)).reshape(h, c, q1, p).permute(1, 0, 2, 3)
     if g > 1:
         key, value = key.repeat_interleave(g, 1), value.repeat_interleave(g, 1)
-    s = torch.cat([s_fixed, query @ key.transpose(-1, -2)], dim=-1) * scaling
+    s = torch.cat([s_fixed, query @ key.transpose(-1, -2)], dim=-1) * cast(float, scaling)
     if softcap is not None:
         s = torch.tanh(s / softcap) * softcap
     if attention_mask is not None:
@@ -87,7 +88,11 @@ def _split_attention(module, query: Tensor, key: Tensor, value: Tensor, attentio
     return out.transpose(1, 2), None
 
 
-_SPLIT_REGISTERED = register_attention(SPLIT_ATTENTION, _split_attention)
+@functools.lru_cache(maxsize=None)
+def _split_registered() -> bool:
+    """Register the split core with HF on first use (importing ``AttentionInterface`` pulls in
+    ``transformers.modeling_utils``, seconds of imports, so not at package import)."""
+    return register_attention(SPLIT_ATTENTION, _split_attention)
 
 
 class _FixedKV:
@@ -110,6 +115,7 @@ class _FixedKV:
         if self.split:
             _PENDING.set((self.keys, self.values, self.refused))
             return key_states, value_states
+        assert self.values is not None  # filled with the keys
         return (torch.cat([self.keys, key_states], dim=-2),
                 torch.cat([self.values, value_states], dim=-2))
 
@@ -188,7 +194,7 @@ class SingleQueryFunction:
         """Every tensor the block call reads besides X: parameters/buffers, the fixed keys and
         values, and the recorded call's other tensors (mask, positions, rotary cos/sin)."""
         self._template()
-        return [*self.params.values(), self.cache.keys, self.cache.values,
+        return [*self.params.values(), cast(Tensor, self.cache.keys), cast(Tensor, self.cache.values),
                 *(self._leaves[i] for i in self._tensor_slots)]
 
     def batched_with(self, inputs: List[Tensor], X: Tensor) -> Tensor:
@@ -204,7 +210,7 @@ class SingleQueryFunction:
         leaves[self._cache_leaf] = cache
         for i, t in zip(self._tensor_slots, inputs[n + 2:]):
             leaves[i] = t
-        args, kwargs = tree_unflatten(leaves, self._spec)
+        args, kwargs = tree_unflatten(leaves, cast(TreeSpec, self._spec))  # set by _template
         _PENDING.set(None)
         with _math_sdpa(), self._core(), self.convention.replaying(self.block):
             out = torch.func.functional_call(self.block, params, args, kwargs)
@@ -257,7 +263,7 @@ def _single_query(fn: BlockFunction, *, allow_split: bool = True
     if not fn.convention.cache_kwargs:
         return None
     tol = agreement_tol(fn.x0.dtype)
-    split_ok = allow_split and _SPLIT_REGISTERED and fn.convention.pluggable_attention
+    split_ok = allow_split and _split_registered() and fn.convention.pluggable_attention
     modes = (True, False) if split_ok else (False,)
     for split in modes:
         try:

@@ -96,7 +96,7 @@ class StackedJacobians:
     def _build_vjp(self) -> None:
         try:
             with _math_sdpa():
-                _, vjp_fn = torch.func.vjp(self.g, self.x0)
+                vjp_fn = torch.func.vjp(self.g, self.x0)[1]
             self._vjp = lambda u: vjp_fn(u)[0]
             return
         except REPLAY_ERRORS as err:  # e.g. an autograd.Function without setup_context
@@ -126,11 +126,13 @@ class StackedJacobians:
     def matmat_all(self, X: Tensor) -> Tensor:
         if self._jvp is None:
             self._build_jvp()
+        assert self._jvp is not None  # built above
         return self._checked(self._apply(self._jvp, X), "JVP")
 
     def rmatmat_all(self, X: Tensor) -> Tensor:
         if self._vjp is None:
             self._build_vjp()
+        assert self._vjp is not None  # built above
         return self._checked(self._apply(self._vjp, X), "VJP")
 
     def _checked(self, Y: Tensor, what: str) -> Tensor:

@@ -25,7 +25,7 @@ dense: the exact singular values of the matrix product.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union
+from typing import Optional, Sequence, Union, cast
 
 import pandas as pd
 import torch
@@ -131,7 +131,7 @@ def bottleneck_table(operators: Sequence[_Op], *, k: int = 32, variant: str = "t
         raise ValueError(f"{what}: variant must be one of {VARIANTS}, got {variant!r}")
     if variant == "schur":
         _check_schur(operators, d, what)
-        operators = [schur_diagonal(o.to(torch.float64)) for o in operators]
+        operators = [schur_diagonal(cast(Tensor, o).to(torch.float64)) for o in operators]
         dense = True
     start = _count(operators)
     rows = []
@@ -150,7 +150,7 @@ def bottleneck_table(operators: Sequence[_Op], *, k: int = 32, variant: str = "t
     ops = [_as_op(o) for o in operators]
     if variant == "symmetric":
         ops = [symmetric_part(o) for o in ops]
-    P: Optional[LinearOperator] = None
+    P: Optional[_Op] = None
     for depth, o in enumerate(ops, start=1):
         P = o if P is None else o @ P
         res = svds(P, k, method=method, tol=tol, seed=seed + depth, return_vectors=False)
@@ -170,7 +170,7 @@ def _check_schur(operators: Sequence[_Op], d: int, what: str) -> None:
 
 def _ablated(o: _Op, variant: str, dense: bool) -> _Op:
     if variant == "schur":
-        return schur_diagonal(o.to(torch.float64))
+        return schur_diagonal(cast(Tensor, o).to(torch.float64))  # dense (_check_schur)
     if dense:
         M = _as_dense(o)
         return 0.5 * (M + M.T)
@@ -211,7 +211,7 @@ def single_layer_ablation_table(operators: Sequence[_Op], *, variant: str,
         raise ValueError(f"{what}: k must be an int with 1 <= k <= d = {d}, got {k!r}")
     rows, ops, start = [], [_as_op(o) for o in operators], _count(operators)
     for m, layer in enumerate(layers):
-        chain = ops[:m] + [_ablated(ops[m], variant, dense=False)] + ops[m + 1:]
+        chain = ops[:m] + [cast(LinearOperator, _ablated(ops[m], variant, dense=False))] + ops[m + 1:]
         P = chain[0]
         for o in chain[1:]:
             P = o @ P
@@ -233,7 +233,7 @@ def _single_layer_dense(operators: Sequence[_Op], variant: str, layers: list[int
         after.append(after[-1] @ M)
     rows = []
     for m, layer in enumerate(layers):
-        P = after[len(mats) - 1 - m] @ _ablated(mats[m], variant, dense=True) @ before[m]
+        P = after[len(mats) - 1 - m] @ cast(Tensor, _ablated(mats[m], variant, dense=True)) @ before[m]
         rows.append(_rank_row(variant, len(mats), torch.linalg.svdvals(P), tau, False, 0,
                               ablated_layer=layer))
     return pd.DataFrame(rows, columns=list(BOTTLENECK_COLUMNS))
@@ -311,6 +311,7 @@ def propagation_table(operators: Sequence[_Op], *, start_layer: int = 0,
         res = svds(op, k, tol=tol, seed=seed + 1 + layer)
         y = op.matvec(x.to(op.dtype)).to(torch.float64)
         nx, ny = float(torch.linalg.vector_norm(x)), float(torch.linalg.vector_norm(y))
+        assert res.U is not None and res.Vh is not None  # svds returns vectors by default
         U, V = res.U.to(torch.float64), res.Vh.mH.to(torch.float64)
         rows.append(dict(
             layer=layer, norm=ny, growth=ny / nx if nx > 0 else float("nan"),

@@ -40,6 +40,8 @@ Definitions (float64; one row per layer x community of the ``units`` table):
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 import pandas as pd
 
@@ -111,7 +113,7 @@ def community_table(units: pd.DataFrame, *, n_shuffles: int = 1000, seed: int = 
         labels = df["community"].to_numpy()
         amp = df["amplification"].to_numpy(dtype=np.float64)
         bridge = df["bridge_score"].to_numpy(dtype=np.float64)
-        rng = np.random.default_rng((seed, int(layer)))
+        rng = np.random.default_rng((seed, int(cast(int, layer))))
         d = len(labels)
         perms = np.stack([rng.permutation(d) for _ in range(n_shuffles)]) if n_shuffles \
             else np.zeros((0, d), dtype=np.intp)
@@ -122,8 +124,8 @@ def community_table(units: pd.DataFrame, *, n_shuffles: int = 1000, seed: int = 
             gain = df[column].to_numpy(dtype=np.float64)
             gain0 = (df[column0].to_numpy(dtype=np.float64) if column0 in df.columns
                      else np.full(d, np.nan))
-            rows.extend(_rows(int(layer), layer_type, labels, gain, gain0,
+            rows.extend(_rows(int(cast(int, layer)), layer_type, labels, gain, gain0,
                               amp if layer_type == "block" else np.full(d, np.nan), bridge,
                               perms, n_shuffles))
     table = pd.DataFrame(rows, columns=[c for c in COMMUNITY_COLUMNS if not c.endswith("_adj")])
-    return with_adjusted(table, COMMUNITY_PVALUES)[COMMUNITY_COLUMNS]
+    return cast(pd.DataFrame, with_adjusted(table, COMMUNITY_PVALUES)[COMMUNITY_COLUMNS])

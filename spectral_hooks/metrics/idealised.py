@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, cast
 
 import torch
 from torch import Tensor
@@ -95,6 +95,7 @@ def idealised_step(
     if heads is None:
         if A.ndim == 3:
             raise ValueError("per-head patterns [H, n, n] need heads=(W_V, W_O), not F")
+        assert F is not None  # exactly one of F and heads (checked above)
         F = _f64(F)
         if F.shape != (d, d):
             raise ValueError(f"F must be [{d}, {d}], got {tuple(F.shape)}")
@@ -134,8 +135,8 @@ def idealised_run(
     out = []
     for t, layer in enumerate(layers):
         A = None if patterns is None else patterns[t]
-        X = (idealised_step(X, layer, A=A, causal=causal) if Fs is not None
-             else idealised_step(X, heads=layer, A=A, causal=causal))
+        X = (idealised_step(X, cast(Tensor, layer), A=A, causal=causal) if Fs is not None
+             else idealised_step(X, heads=cast("tuple[Tensor, Tensor]", layer), A=A, causal=causal))
         out.append(X)
     return out
 

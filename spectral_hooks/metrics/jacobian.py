@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 from torch import Tensor
@@ -210,6 +210,7 @@ def _matrix_free(op: LinearOperator, k: int, n_samples: int, seed: int, tol: flo
     hutch = _hutchinson(op, n_samples, seed + 4)
     lam = top_k_by_modulus(ej.values, k)
     null, null_se = frac_complex_top_null(d, k, seed=seed)
+    assert sd.U is not None and sd.Vh is not None  # svds returns vectors by default
     return JacobianMetrics(
         d=d, k=k, dense=False, eigenvalues=ej.values, eig_residuals=ej.residuals,
         converged=conv, singular_values=sj.S, delta_singular_values=sd.S,
@@ -285,7 +286,7 @@ def jacobian_row(metrics: JacobianMetrics, *, layer: int, position: int) -> dict
     (0, 3, 0.0, 0.0)
     """
     m, t = metrics, f"_top{metrics.k}"
-    row = dict(layer=int(layer), position=int(position), top_eig_abs=m.top_eig_abs)
+    row: dict[str, Any] = dict(layer=int(layer), position=int(position), top_eig_abs=m.top_eig_abs)
     # each null right after the metric it qualifies
     row.update({f"frac_complex{t}": m.top.frac_complex, f"frac_complex{t}_null": m.top_null,
                 f"frac_complex{t}_null_se": m.top_null_se,

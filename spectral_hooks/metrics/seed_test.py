@@ -25,6 +25,8 @@ column.
 
 from __future__ import annotations
 
+from typing import cast
+
 import numpy as np
 import pandas as pd
 
@@ -70,4 +72,4 @@ def seed_test_table(trained: pd.DataFrame, init: pd.DataFrame) -> pd.DataFrame:
                          n_init=len(z), difference=value - mean, greater_pvalue=greater,
                          less_pvalue=less, two_sided_pvalue=two, t_stat=t, t_pvalue=p_t))
     table = pd.DataFrame(rows, columns=[c for c in SEED_TEST_COLUMNS if not c.endswith("_adj")])
-    return with_adjusted(table, SEED_TEST_PVALUES)[SEED_TEST_COLUMNS]
+    return cast(pd.DataFrame, with_adjusted(table, SEED_TEST_PVALUES)[SEED_TEST_COLUMNS])

@@ -33,14 +33,14 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from spectral_hooks.linalg.krylov import eigs
-from spectral_hooks.linalg.operators import IdentityOperator
+from spectral_hooks.linalg.operators import IdentityOperator, LinearOperator
 
 if TYPE_CHECKING:  # shape annotations only (jaxtyping is not a runtime dependency)
     from jaxtyping import Complex, Float
@@ -188,7 +188,7 @@ def _plane(v: Tensor, is_complex: bool) -> Tensor:
     return q
 
 
-def _eig_topk(F: Tensor, iterate: str, real_tol: float, k: int) -> tuple[Tensor, Tensor, Tensor, bool]:
+def _eig_topk(F: Tensor | LinearOperator, iterate: str, real_tol: float, k: int) -> tuple[Tensor, Tensor, Tensor, bool]:
     """Top-k eigenpairs of F (of I + F for "I+F") by linalg.eigs, tidied like :func:`_eig_sorted`."""
     if isinstance(F, Tensor):
         A = F + torch.eye(F.shape[0], dtype=F.dtype) if iterate == "I+F" else F
@@ -197,6 +197,7 @@ def _eig_topk(F: Tensor, iterate: str, real_tol: float, k: int) -> tuple[Tensor,
             if iterate == "I+F" else F
     res = eigs(A, k, which="LM", return_vectors=True, **_EIGS_KW)
     vals = res.values.to("cpu", torch.complex128)
+    assert res.vectors is not None  # return_vectors=True
     vecs = res.vectors.to("cpu", torch.complex128)
     keep = torch.isfinite(vals) & torch.isfinite(vecs).all(dim=0)
     vals, vecs = vals[keep], vecs[:, keep]
@@ -206,8 +207,9 @@ def _eig_topk(F: Tensor, iterate: str, real_tol: float, k: int) -> tuple[Tensor,
 
 
 def _spectrum_one(
-    F: Tensor, iterate: str, real_tol: float, dense_limit: int = DENSE_LIMIT, top_k: int = TOP_K,
-    *, layer: int | None = None, dense_eig: tuple | None = None,
+    F: Tensor | LinearOperator, iterate: str, real_tol: float, dense_limit: int = DENSE_LIMIT,
+    top_k: int = TOP_K,
+    *, layer: int | None = None, dense_eig: tuple[Tensor, Tensor] | None = None,
 ) -> LayerSpectrum:
     d = F.shape[-1]
     k = max(int(top_k), 3)  # 3 values always hold lambda1 (maybe a pair) and lambda2
@@ -227,7 +229,7 @@ def _spectrum_one(
     elif dense_eig is not None:  # computed already, batched over layers on the device
         vals, vecs, is_real = _tidy(*dense_eig, iterate, real_tol)
     else:
-        vals, vecs, is_real = _eig_sorted(F, iterate, real_tol)
+        vals, vecs, is_real = _eig_sorted(cast(Tensor, F), iterate, real_tol)  # formed above
     shift = 1.0 if iterate == "I+F" else 0.0
     c1 = not bool(is_real[0])
     i2 = 2 if c1 else 1

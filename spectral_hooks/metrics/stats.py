@@ -33,7 +33,7 @@ Definitions (all float64, no scipy at run time; the tests check them against sci
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from typing import Optional, Sequence, cast
 
 import numpy as np
 import pandas as pd
@@ -54,7 +54,7 @@ def _as_pvalues(p, what: str) -> np.ndarray:
     return x
 
 
-def bh_adjust(p: Sequence[float]) -> np.ndarray:
+def bh_adjust(p: Sequence[float] | np.ndarray) -> np.ndarray:
     """Benjamini-Hochberg adjusted p-values of one family (NaN in, NaN out).
 
     >>> bh_adjust([0.5]).tolist(), bh_adjust([]).tolist()
@@ -88,7 +88,7 @@ def with_adjusted(df: pd.DataFrame, columns: Sequence[str], *,
     for name in columns:
         if name not in out.columns:
             raise ValueError(f"with_adjusted: no column {name!r} (has {list(out.columns)})")
-        values = pd.to_numeric(out[name], errors="coerce").to_numpy(dtype=np.float64)
+        values = cast(pd.Series, pd.to_numeric(out[name], errors="coerce")).to_numpy(dtype=np.float64)
         if by:
             adj = np.full(len(out), np.nan)
             for _, index in out.groupby(list(by), sort=False, dropna=False).indices.items():
@@ -101,7 +101,8 @@ def with_adjusted(df: pd.DataFrame, columns: Sequence[str], *,
     return out
 
 
-def empirical_pvalues(observed: float, null: Sequence[float]) -> tuple[float, float, float]:
+def empirical_pvalues(observed: float, null: Sequence[float] | np.ndarray
+                      ) -> tuple[float, float, float]:
     """(p_greater, p_less, p_two_sided) of ``observed`` against the draws ``null``.
 
     Non-finite draws are dropped; an observation that is not finite, or no draws left, give
@@ -125,7 +126,7 @@ def welch_t(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float
     x = np.asarray(a, dtype=np.float64).reshape(-1)
     y = np.asarray(b, dtype=np.float64).reshape(-1)
     x, y = x[np.isfinite(x)], y[np.isfinite(y)]
-    nan = (float("nan"),) * 3
+    nan = (float("nan"), float("nan"), float("nan"))
     if len(x) < 2 or len(y) < 2:
         return nan
     vx, vy = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
@@ -138,7 +139,8 @@ def welch_t(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float
     return t, student_t_two_sided(t, df), df
 
 
-def single_case_t(observed: float, sample: Sequence[float]) -> tuple[float, float, float]:
+def single_case_t(observed: float, sample: Sequence[float] | np.ndarray
+                  ) -> tuple[float, float, float]:
     """Crawford-Howell t of one value against a sample, its two-sided p-value and df = n - 1.
 
     >>> t, p, df = single_case_t(3.0, [0.0, 1.0, 2.0, 1.0])
@@ -149,9 +151,9 @@ def single_case_t(observed: float, sample: Sequence[float]) -> tuple[float, floa
     y = y[np.isfinite(y)]
     n = len(y)
     if not math.isfinite(observed) or n < 2:
-        return (float("nan"),) * 3
+        return (float("nan"), float("nan"), float("nan"))
     s = float(y.std(ddof=1))
     if not s > 0:
-        return (float("nan"),) * 3
+        return (float("nan"), float("nan"), float("nan"))
     t = float((observed - y.mean()) / (s * math.sqrt((n + 1) / n)))
     return t, student_t_two_sided(t, n - 1), float(n - 1)

@@ -60,7 +60,7 @@ imported only inside the functions that use them.
 from __future__ import annotations
 
 import math
-from typing import Mapping, Optional, Union
+from typing import Mapping, Optional, Union, cast
 
 import numpy as np
 import pandas as pd
@@ -323,4 +323,4 @@ def topology_tables(X_by_layer: Mapping[int, Tensor], g_by_layer: Mapping[int, T
                          TOPOLOGY_PVALUES)
     units = (pd.concat(unit_frames, ignore_index=True) if unit_frames
              else pd.DataFrame(columns=UNITS_COLUMNS))
-    return topo[TOPOLOGY_COLUMNS], units[UNITS_COLUMNS]
+    return cast(pd.DataFrame, topo[TOPOLOGY_COLUMNS]), cast(pd.DataFrame, units[UNITS_COLUMNS])

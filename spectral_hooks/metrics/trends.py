@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from typing import Optional, Sequence
+from typing import Optional, Sequence, cast
 
 import numpy as np
 import pandas as pd
@@ -106,7 +106,8 @@ def _pearson(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (b @ a) / np.sqrt(float(a @ a) * (b ** 2).sum(-1))
 
 
-def depth_trend(values: Sequence[float], layers: Optional[Sequence[float]] = None
+def depth_trend(values: Sequence[float] | np.ndarray,
+                layers: Optional[Sequence[float] | np.ndarray] = None
                 ) -> tuple[float, float]:
     """Spearman rho of ``values`` against ``layers`` (default 0..n-1) and its two-sided p-value.
 
@@ -163,8 +164,9 @@ def trends_table(df: pd.DataFrame, metrics: Sequence[str], *, layer_col: str = "
                          f"(has {list(df.columns)})")
     rows = []
     for name in metrics:
-        per_layer = pd.to_numeric(df[name], errors="coerce").groupby(df[layer_col]).mean()
-        per_layer = per_layer[np.isfinite(per_layer.to_numpy(dtype=np.float64))]
+        numeric = cast(pd.Series, pd.to_numeric(df[name], errors="coerce"))
+        per_layer = cast(pd.Series, numeric.groupby(df[layer_col]).mean())
+        per_layer = cast(pd.Series, per_layer[np.isfinite(per_layer.to_numpy(dtype=np.float64))])
         rho, p = depth_trend(per_layer.to_numpy(dtype=np.float64),
                              per_layer.index.to_numpy(dtype=np.float64))
         rows.append(dict(metric=name, spearman_rho=rho, pvalue=p, n_layers=len(per_layer)))

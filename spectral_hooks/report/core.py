@@ -210,20 +210,65 @@ class Report:
             if df is not None:
                 yield name, df
 
-    power = property(lambda self: self.get("power"), doc="Power-method view, one row per layer.")
-    spectra = property(lambda self: self.get("spectra"), doc="Eigenvalues in long format.")
-    jacobian = property(lambda self: self.get("jacobian"), doc="Jacobian view, layer x position.")
-    bottleneck = property(lambda self: self.get("bottleneck"), doc="Cumulative ranks, variant x depth.")
-    trends = property(lambda self: self.get("trends"), doc="Spearman depth trends per metric.")
-    topology = property(lambda self: self.get("topology"), doc="Unit-graph topology, one row per layer.")
-    units = property(lambda self: self.get("units"), doc="Per-unit topology, layer x unit.")
-    communities = property(lambda self: self.get("communities"),
-                           doc="Per-community gain and coupling, layer x community.")
-    reinit_test = property(lambda self: self.get("reinit_test"),
-                           doc="Trained vs n re-initialisations, metric x layer.")
-    propagation = property(lambda self: self.get("propagation"), doc="Perturbation propagation.")
-    shared_weights = property(lambda self: self.get("shared_weights"), doc="Shared-weight analysis.")
-    idealised = property(lambda self: self.get("idealised"), doc="Idealised dynamics vs observed.")
+    @property
+    def power(self) -> pd.DataFrame | None:
+        """Power-method view, one row per layer."""
+        return self.get("power")
+
+    @property
+    def spectra(self) -> pd.DataFrame | None:
+        """Eigenvalues in long format."""
+        return self.get("spectra")
+
+    @property
+    def jacobian(self) -> pd.DataFrame | None:
+        """Jacobian view, layer x position."""
+        return self.get("jacobian")
+
+    @property
+    def bottleneck(self) -> pd.DataFrame | None:
+        """Cumulative ranks, variant x depth."""
+        return self.get("bottleneck")
+
+    @property
+    def trends(self) -> pd.DataFrame | None:
+        """Spearman depth trends per metric."""
+        return self.get("trends")
+
+    @property
+    def topology(self) -> pd.DataFrame | None:
+        """Unit-graph topology, one row per layer."""
+        return self.get("topology")
+
+    @property
+    def units(self) -> pd.DataFrame | None:
+        """Per-unit topology, layer x unit."""
+        return self.get("units")
+
+    @property
+    def communities(self) -> pd.DataFrame | None:
+        """Per-community gain and coupling, layer x community."""
+        return self.get("communities")
+
+    @property
+    def reinit_test(self) -> pd.DataFrame | None:
+        """Trained vs n re-initialisations, metric x layer."""
+        return self.get("reinit_test")
+
+    @property
+    def propagation(self) -> pd.DataFrame | None:
+        """Perturbation propagation."""
+        return self.get("propagation")
+
+    @property
+    def shared_weights(self) -> pd.DataFrame | None:
+        """Shared-weight analysis."""
+        return self.get("shared_weights")
+
+    @property
+    def idealised(self) -> pd.DataFrame | None:
+        """Idealised dynamics vs observed."""
+        return self.get("idealised")
 
     def __repr__(self) -> str:
         model = self.metadata.get("model")

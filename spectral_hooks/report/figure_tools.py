@@ -10,6 +10,7 @@ Imports matplotlib: only `spectral_hooks.report.plots` and its figure modules im
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -49,7 +50,8 @@ def _section(report, name: str, columns: tuple[str, ...] = ()) -> pd.DataFrame:
 def _num(df: pd.DataFrame, col: str) -> np.ndarray:
     if col not in df.columns:
         return np.full(len(df), np.nan)
-    return pd.to_numeric(df[col], errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+    return cast(pd.Series, pd.to_numeric(df[col], errors="coerce")).to_numpy(dtype=float,
+                                                                            na_value=np.nan)
 
 
 def _finite(*arrays: np.ndarray) -> bool:
@@ -66,9 +68,9 @@ def _per_layer(df: pd.DataFrame, x: str, cols: list[str]) -> pd.DataFrame:
     work = pd.DataFrame({x: _num(df, x)})
     for c in present:
         work[c] = _num(df, c)
-    work = work[np.isfinite(work[x])]
+    work = cast(pd.DataFrame, work[np.isfinite(work[x])])
     g = work.groupby(x, sort=True)
-    out = g.mean()
+    out = cast(pd.DataFrame, g.mean())
     for c in present:
         out[c + "__min"] = g[c].min()
         out[c + "__max"] = g[c].max()
@@ -82,8 +84,10 @@ def _trend_label(report, metric: str) -> str:
     row = trends[trends["metric"] == metric]
     if len(row) == 0:
         return ""
-    rho = float(pd.to_numeric(row["spearman_rho"], errors="coerce").iloc[0]) if "spearman_rho" in row else math.nan
-    p = float(pd.to_numeric(row["pvalue"], errors="coerce").iloc[0]) if "pvalue" in row else math.nan
+    rho = float(cast(pd.Series, pd.to_numeric(row["spearman_rho"], errors="coerce")).iloc[0]) \
+        if "spearman_rho" in row else math.nan
+    p = float(cast(pd.Series, pd.to_numeric(row["pvalue"], errors="coerce")).iloc[0]) \
+        if "pvalue" in row else math.nan
     if not math.isfinite(rho):
         return ""
     return f" ({base_state(report)}, depth trend: Spearman ρ = {rho:+.2f}, p = {_fmt_p(p)})"
@@ -146,7 +150,7 @@ def tag(fig: Figure, series: list[tuple[str, str]], categories: list[str] | None
     for item in series:
         if item not in seen:
             seen.append(item)
-    fig.spectral_hooks_meta = {
+    fig.spectral_hooks_meta = {  # pyright: ignore[reportAttributeAccessIssue]  # our own tag
         "series": [{"label": label, "state": state} for label, state in seen],
         "categories": list(categories or []),
         "layout": layout,
@@ -159,6 +163,7 @@ def legend_labels(fig: Figure) -> list[str]:
     legends = list(fig.legends) + [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
     out: list[str] = []
     for leg in legends:
+        assert leg is not None  # filtered above
         out += [t.get_text() for t in leg.get_texts() if t.get_text() not in out]
     return out
 

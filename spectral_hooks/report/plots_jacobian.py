@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import math
 import re
+from typing import cast
 
 import numpy as np
+import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
@@ -58,7 +60,7 @@ def rotation_symmetry_vs_depth(report) -> Figure:
     ):
         drawn = False
         for v in variants:
-            rows = df if v is None else df[df["variant"].astype(str) == v]
+            rows = df if v is None else cast(pd.DataFrame, df[df["variant"].astype(str) == v])
             agg = _per_layer(rows, "layer", [col])
             x = agg.index.to_numpy(dtype=float)
             y = agg[col].to_numpy() if col in agg else np.full(len(agg), np.nan)
@@ -114,7 +116,7 @@ def bottleneck_erank(report) -> Figure:
                            (ax2, "surviving", "surviving directions\nσ_i ≥ 10⁻² σ₁")):
         drawn = False
         for v in order:
-            sub = df[df["variant"].astype(str) == v].sort_values("depth")
+            sub = cast(pd.DataFrame, df[df["variant"].astype(str) == v]).sort_values("depth")
             x, y = _num(sub, "depth"), _num(sub, col)
             y = np.where(y > 0, y, np.nan)  # log axis
             if _finite(y):
@@ -219,7 +221,7 @@ def units_scatter(report, *, max_panels: int = 12, ncols: int = 4) -> Figure:
     used_ranks: set[int] = set()
     state = rows_state(report, df)
     for ax, layer in zip(axes, layers):
-        sub = df[lay == layer]
+        sub = cast(pd.DataFrame, df[lay == layer])
         bx, ay = _num(sub, "bridge_score"), _num(sub, "amplification")
         ok = np.isfinite(bx) & np.isfinite(ay)
         if ok.any():

@@ -6,8 +6,10 @@
 from __future__ import annotations
 
 import math
+from typing import cast
 
 import numpy as np
+import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Circle
@@ -48,7 +50,7 @@ def eigenvalues_plane(report, source: str = "F", *, max_panels: int = 48, ncols:
     gets one panel per variant and layer (never one panel for two model states).
     """
     df = _section(report, "spectra", ("source", "layer", "real", "imag"))
-    df = df[df["source"].astype(str) == source]
+    df = cast(pd.DataFrame, df[df["source"].astype(str) == source])
     if len(df) == 0:
         raise MissingSectionError(f"section 'spectra' has no rows with source == {source!r}")
     layer_col = _num(df, "layer")
@@ -68,7 +70,7 @@ def eigenvalues_plane(report, source: str = "F", *, max_panels: int = 48, ncols:
         sel = layer_col == layer
         if variant is not None:
             sel &= (df["variant"].astype(str) == variant).to_numpy()
-        state = rows_state(report, df[sel])
+        state = rows_state(report, cast(pd.DataFrame, df[sel]))
         series.append((f"layer {layer}" + (f" · {variant}" if variant else ""), state))
         re, im = re_all[sel], im_all[sel]
         ok = np.isfinite(re) & np.isfinite(im)

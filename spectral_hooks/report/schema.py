@@ -24,6 +24,7 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -110,9 +111,10 @@ class Column:
         missing = values.isna()
         if self.dtype not in _MISSING_OK and not self.nullable and bool(missing.any()):
             return f"{int(missing.sum())} missing value(s) in a non-nullable {self.dtype} column"
-        problem = _dtype_problem(values, self.dtype, values[~missing])
+        present = cast(pd.Series, values[~missing])
+        problem = _dtype_problem(values, self.dtype, present)
         if problem is None and self.categories is not None:
-            extra = sorted({str(v) for v in values[~missing].unique()} - set(self.categories))
+            extra = sorted({str(v) for v in present.unique()} - set(self.categories))
             if extra:
                 problem = f"unexpected value(s) {extra} (allowed: {list(self.categories)})"
         return problem
@@ -243,7 +245,7 @@ def schema_doc(schemas: Iterable[SectionSchema]) -> pd.DataFrame:
     if not frames:
         return pd.DataFrame(columns=["section", "name", "dtype", "meaning", "anchor", "optional", "nullable"])
     out = pd.concat(frames, ignore_index=True)
-    return out[["section"] + [c for c in out.columns if c != "section"]]
+    return cast(pd.DataFrame, out[["section"] + [c for c in out.columns if c != "section"]])
 
 
 # ---------------------------------------------------------------------- registry

@@ -18,8 +18,9 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+import numpy as np
 import pandas as pd
 
 from .._optional import MissingExtraError
@@ -241,8 +242,8 @@ def _write_table(df: pd.DataFrame, path: Path, format: str, section: str) -> dic
             encoded[col] = _encode_csv_column(s, kind, where)
         else:
             if kind == "complex":
-                encoded[_COMPLEX_RE_PREFIX + col] = pd.Series(s.to_numpy().real)
-                encoded[_COMPLEX_IM_PREFIX + col] = pd.Series(s.to_numpy().imag)
+                encoded[_COMPLEX_RE_PREFIX + col] = pd.Series(np.real(s.to_numpy()))
+                encoded[_COMPLEX_IM_PREFIX + col] = pd.Series(np.imag(s.to_numpy()))
             elif kind == "text" or kind == "category":
                 encoded[col] = pd.Series([_json_cell(x, where) for x in s.astype(object)], dtype=object)
             else:
@@ -314,7 +315,7 @@ def _read_table(path: Path, info: Mapping[str, Any], section: str) -> pd.DataFra
                 f"report section {section!r} ({str(path)!r}), column {entry['name']!r}: "
                 f"read as {got}, the manifest says {entry['dtype']}")
     df = pd.DataFrame({k: v.reset_index(drop=True) for k, v in data.items()}, index=pd.RangeIndex(n_rows))
-    df = df[[e["name"] for e in columns]] if columns else df
+    df = cast(pd.DataFrame, df[[e["name"] for e in columns]]) if columns else df
     index_info = info.get("index")
     if index_info:
         cols = index_info["columns"]

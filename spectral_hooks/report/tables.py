@@ -15,6 +15,7 @@ from __future__ import annotations
 import fnmatch
 import math
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import pandas as pd
@@ -162,7 +163,7 @@ def _variant_sort(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 def _spectra_summary(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     keys = [k for k in ("source", "variant", "layer") if k in df.columns]
-    re_, im = (pd.to_numeric(df[c], errors="coerce") for c in ("real", "imag"))
+    re_, im = (cast(pd.Series, pd.to_numeric(df[c], errors="coerce")) for c in ("real", "imag"))
     mod = np.hypot(re_, im)
     work = df[keys].assign(max_abs=mod, frac_complex=(im.abs() > 1e-6 * mod).astype(float),
                            n_outside_unit=(mod > 1).astype(int), n_eigenvalues=1)
@@ -182,18 +183,19 @@ def summary_frame(name: str, df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
         return _spectra_summary(df)
     notes = []
     if "ablated_layer" in df.columns:
-        ablated = pd.to_numeric(df["ablated_layer"], errors="coerce")
+        ablated = cast(pd.Series, pd.to_numeric(df["ablated_layer"], errors="coerce"))
         if (ablated >= 0).any():
-            df = df[ablated < 0]
+            df = cast(pd.DataFrame, df[ablated < 0])
             notes.append("whole-model variants only (ablations of single layers: full table)")
     cols = _headline_columns(name, df)
     keys = [k for k in KEY_COLUMNS if k in cols]
-    out = df[cols]
+    out = cast(pd.DataFrame, df[cols])
     if keys and out.duplicated(keys).any():
         numeric = [c for c in cols if c not in keys and (pd.api.types.is_numeric_dtype(out[c])
                                                          or pd.api.types.is_bool_dtype(out[c]))]
         grouped = out.groupby(keys, sort=False, observed=True, dropna=False)
-        agg = grouped[numeric].mean(numeric_only=False) if numeric else grouped.size().to_frame("_")
+        agg = cast(pd.DataFrame, grouped[numeric].mean(numeric_only=False) if numeric
+                   else grouped.size().to_frame("_"))
         agg["n_rows"] = grouped.size()
         out = agg.drop(columns="_", errors="ignore").reset_index()
         counts = sorted(set(out["n_rows"].tolist()))
@@ -205,7 +207,7 @@ def summary_frame(name: str, df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     out = _variant_sort(out, numeric_keys + (["variant"] if "variant" in keys else []))
     if "variant" in out.columns:  # variant after the layer / depth it qualifies
         order = numeric_keys + ["variant"] + [c for c in out.columns if c not in keys]
-        out = out[order + [c for c in out.columns if c not in order]]
+        out = cast(pd.DataFrame, out[order + [c for c in out.columns if c not in order]])
     return out.reset_index(drop=True), "; ".join(notes)
 
 
