@@ -215,14 +215,21 @@ class IdealisedOptions:
             keys 0..i in a causal model) or "recorded" (each head's own recorded attention
             probabilities A_h, per layer and sequence: needs
             ``instrument(model, capture=[..., "attn_pattern"])`` on an eager-attention model).
+        iterate: the one ordering of every spectral column of the table (B_t, the rates, the
+            rotation angle, the poles): "I+F" (default: the matrix the idealised dynamics
+            iterates, so the rates are its convergence rates) or "F" (the power section's
+            default B_t). Independent of ``AnalyzeOptions.iterate``.
     """
 
     attention: str = "uniform"
+    iterate: str = "I+F"
 
     def __post_init__(self) -> None:
         if self.attention not in IDEALISED_ATTENTIONS:
             raise OptionError("idealised.attention", self.attention,
                               f"one of {IDEALISED_ATTENTIONS}")
+        if self.iterate not in ITERATES:
+            raise OptionError("idealised.iterate", self.iterate, f"one of {ITERATES}")
 
     @classmethod
     def resolve(cls, value: Any) -> Union[bool, "IdealisedOptions"]:
