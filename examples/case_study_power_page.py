@@ -130,7 +130,8 @@ mode takes over); the last measurable step is not that limit: observed vs predic
 The deviations from the mean token contract at 1/|mu_1| and the mean at |mu_2/mu_1|; until the
 slower of the two dominates, a step contracts by a mixture of both (and, for a
 non-normal I + F, by the transient of its non-orthogonal eigenvectors), so the measured rate
-differs from the asymptotic one: below it in {n_below} of {len(syn)} rows. With gap 0.01 and 0.001 the tokens reach rounding level
+differs from the asymptotic one: below it in {n_below} of {len(syn)} rows. With gap 0.01 and
+0.001 the tokens reach rounding level
 (tan ~ 1e-12 .. 1e-16) within 3-6 layers, so only the first few steps are measurable and the
 gap-0.001 step stays {(steered.iloc[-1]['observed rate (last step)'] / steered.iloc[-1]['predicted rate'] - 1):+.0%}
 off. The unsteered layer (gap {unsteered["gap |l2/l1| of F'"]:.3f}) aligns slowly: its last step
