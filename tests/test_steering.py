@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import spectral_hooks as sh
+from spectral_hooks.errors import OptionError
 from tests.tiny_models import make_model
 
 
@@ -132,3 +133,29 @@ def test_min_cos_is_validated():
     for bad in (-0.1, 1.5, True, "0.9"):
         with pytest.raises(ValueError, match="min_cos"):
             sh.steer(model, torch.randn(32), min_cos=bad)
+
+
+def test_power_reports_the_steered_token_alignment():
+    """analyze(power={"direction": edit.direction}): gamma_u is the mean |cos| of each layer's
+    recorded output tokens with u (numpy from the recording); validated options."""
+    import numpy as np
+
+    model = make_model("gpt2", dtype=torch.float64)
+    u = torch.randn(32, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    ids = torch.randint(0, 100, (2, 6), generator=torch.Generator().manual_seed(6))
+    with sh.steer(model, u, gap=0.01) as edit, sh.instrument(model) as probe, torch.no_grad():
+        model(input_ids=ids)
+        power = probe.analyze(power={"direction": edit.direction, "reference_layer": 0}).power
+    assert (power.ref_layer == 0).all()
+    un = (u / u.norm()).numpy()
+    for t in range(len(power)):
+        X = probe.recording.tensor("resid_post", t).double().reshape(-1, 32).numpy()
+        expected = np.abs(X @ un / np.linalg.norm(X, axis=1)).mean()
+        assert power.gamma_u[t] == pytest.approx(expected, rel=1e-10)
+    assert power.gamma_u.iloc[-1] > 0.9 > power.gamma_u.iloc[0]  # the steered layer's output
+    with pytest.raises(OptionError, match="power.direction"):
+        sh.AnalyzeOptions(power={"direction": [0.0, 0.0]})
+    with pytest.raises(OptionError, match="power.direction"):
+        probe.analyze(power={"direction": torch.ones(5)}).power
+    with pytest.raises(OptionError, match="power.reference_layer"):
+        probe.analyze(power={"reference_layer": 9}).power

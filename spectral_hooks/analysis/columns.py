@@ -47,6 +47,7 @@ POWER = SectionSchema("power", (
     _power("abs_mu1", "float", "|mu_1| of the ordering quantity (mu = lambda for F, 1 + lambda for I+F)"),
     _power("abs_mu2", "float", "|mu_2| of the ordering quantity"),
     _power("gap_ratio", "float", "r_t = |mu_2| / |mu_1|; smaller = a stronger pull"),
+    _power("gap_diff", "float", "|mu_1| - |mu_2|: the gap as a difference (same ordering)"),
     _power("lambda1_is_complex", "bool", "lambda_1 belongs to a complex conjugate pair"),
     _power("subspace_dim", "int", "dimension of the principal subspace B_t (1, or 2 for a pair)"),
     _power("gamma_in", "float", "mean alignment of the input tokens (resid_pre) with B_t"),
@@ -64,6 +65,14 @@ POWER = SectionSchema("power", (
     _power("mean_cos", "float", "mean pairwise cosine of the output tokens (consensus)"),
     _power("collapse_residual", "float", "||X - 1 xbar^T||_F / ||X||_F of the output tokens"),
     _power("erank", "float", "effective rank of the output token matrix"),
+    _power("ref_layer", "int", "the one fixed reference layer r (power.reference_layer; default "
+           "the last analysed layer)"),
+    _power("gamma_ref", "float", "mean alignment of the output tokens with B_r of the reference "
+           "layer (a single global eigenvector would keep it high at every depth)"),
+    _power("gamma_ref_null", "float", "expected alignment of a random direction with B_r"),
+    _power("subspace_cos_ref", "float", "cosine of the smallest principal angle between B_t and B_r"),
+    _power("gamma_u", "float", "mean |cos(x, u)| of the output tokens with power.direction u "
+           "(e.g. a steering direction); NaN without one"),
     _power("truncated", "bool", "only the top eigenvalues of F_t were computed (d above the dense limit)"),
     _power("n_computed", "int", "number of eigenvalues of F_t computed (d when not truncated)"),
     _power("converged", "bool", "False only when the Krylov eigensolver did not converge"),

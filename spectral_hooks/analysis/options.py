@@ -16,6 +16,7 @@ metadata stores as its resolved options.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Union
 
@@ -175,14 +176,33 @@ class PowerOptions:
             at any width) or False (top-k, matrix-free, at any width). Rows say which
             (``truncated``, ``n_computed``).
         k: eigenpairs of F computed matrix-free (at least 3 are always used).
+        reference_layer: the one fixed layer r whose B_r every row's ``gamma_ref`` and
+            ``subspace_cos_ref`` compare with (None: the last analysed layer; negative ok).
+        direction: a d_model vector u (e.g. a steering direction, ``edit.direction``): column
+            ``gamma_u`` = mean |cos(x_i, u)| of each layer's output tokens (None: NaN).
+            Stored as a tuple of floats.
     """
 
     full: Optional[bool] = None
     k: int = 8
+    reference_layer: Optional[int] = None
+    direction: Optional[tuple] = None
 
     def __post_init__(self) -> None:
         _check_optional_bool("power.full", self.full)
         _check_int("power.k", self.k, minimum=1)
+        if self.reference_layer is not None:
+            _check_int("power.reference_layer", self.reference_layer, minimum=-(2 ** 31))
+        if self.direction is not None:
+            try:
+                u = tuple(float(x) for x in self.direction)  # a tensor, array or sequence
+            except (TypeError, ValueError, RuntimeError):
+                raise OptionError("power.direction", type(self.direction).__name__,
+                                  "a real vector of length d_model") from None
+            if not u or not all(math.isfinite(x) for x in u) or not any(u):
+                raise OptionError("power.direction", "a zero, empty or non-finite vector",
+                                  "a finite non-zero vector of length d_model")
+            object.__setattr__(self, "direction", u)
 
     def matrix_free(self, d: int) -> bool:
         """Whether F's spectrum is computed matrix-free at width d.
