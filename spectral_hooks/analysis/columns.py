@@ -66,7 +66,7 @@ POWER = SectionSchema("power", (
     _power("collapse_residual", "float", "||X - 1 xbar^T||_F / ||X||_F of the output tokens"),
     _power("erank", "float", "effective rank of the output token matrix"),
     _power("ref_layer", "int", "the one fixed reference layer r (power.reference_layer; default "
-           "the last analysed layer)"),
+           "the model's last layer)"),
     _power("gamma_ref", "float", "mean alignment of the output tokens with B_r of the reference "
            "layer (a single global eigenvector would keep it high at every depth)"),
     _power("gamma_ref_null", "float", "expected alignment of a random direction with B_r"),

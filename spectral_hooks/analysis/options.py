@@ -177,7 +177,7 @@ class PowerOptions:
             (``truncated``, ``n_computed``).
         k: eigenpairs of F computed matrix-free (at least 3 are always used).
         reference_layer: the one fixed layer r whose B_r every row's ``gamma_ref`` and
-            ``subspace_cos_ref`` compare with (None: the last analysed layer; negative ok).
+            ``subspace_cos_ref`` compare with (None: the model's last layer; negative ok).
         direction: a d_model vector u (e.g. a steering direction, ``edit.direction``): column
             ``gamma_u`` = mean |cos(x_i, u)| of each layer's output tokens (None: NaN).
             Stored as a tuple of floats.

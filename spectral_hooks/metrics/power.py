@@ -281,7 +281,7 @@ def power_table(
       lift = gamma / gamma_null, gamma2_dim (2..4),
       gamma2_in, gamma2, gamma2_null (same with B2_t), rho, rho_pvalue (tokens whose alignment
       grew; exact binomial), n_tokens, and mean_cos, collapse_residual, erank of the output tokens,
-      ref_layer (``reference_layer``, default the last row's layer), gamma_ref (mean alignment
+      ref_layer (``reference_layer``, default the stack's last layer L - 1), gamma_ref (mean alignment
       of the output tokens with B_r of that one fixed layer: a single global eigenvector would
       keep it high at every depth), gamma_ref_null (gamma_null for B_r's dimension),
       subspace_cos_ref (cosine of the smallest principal angle between B_t and B_r),
@@ -300,7 +300,7 @@ def power_table(
     L, d = F.shape[0], F.shape[-1]
     idx = _layer_indices(L, layers)
     u = unit_direction(direction, d) if direction is not None else None
-    r = _layer_indices(L, [reference_layer])[0] if reference_layer is not None else idx[-1]
+    r = _layer_indices(L, [reference_layer])[0] if reference_layer is not None else L - 1
     spectra = _layer_spectra(F_in, F, idx, iterate, real_tol, dense_limit, top_k)
     B_r = (spectra[idx.index(r)] if r in idx else
            _layer_spectra(F_in, F, [r], iterate, real_tol, dense_limit, top_k)[0]).B

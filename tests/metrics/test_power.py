@@ -421,6 +421,9 @@ def test_gap_difference_reference_layer_and_direction_columns_match_numpy(iterat
                         direction=torch.tensor(u))
     default = power_table(torch.tensor(F), None, T(post), iterate=iterate)
     assert (default.ref_layer == L - 1).all() and default.gamma_u.isna().all()
+    part = power_table(torch.tensor(F), None, T(post), iterate=iterate, layers=[0, 1])
+    assert (part.ref_layer == L - 1).all()  # not the last analysed layer: ranks agree
+    np.testing.assert_allclose(part.gamma_ref, default.gamma_ref[:2], rtol=1e-12)
     B_r = _oracle_basis(F[1], iterate)
     shift = 1.0 if iterate == "I+F" else 0.0
     for t in range(L):
