@@ -255,6 +255,22 @@ TOPOLOGY = SectionSchema("topology", (
               "against the label shuffles"),
     _topology("coupling_pvalue_shuffled_adj", "float", _ADJ + "coupling_pvalue_shuffled (family: "
               "the layers)"),
+    _topology("bridge_gain_rho", "float", "Spearman rho of bridge score vs the signed gain "
+              "log ||J e_i||: > 0 bridges amplified, < 0 suppressed, relative to other units"),
+    _topology("bridge_gain_pvalue", "float", "two-sided p-value of bridge_gain_rho"),
+    _topology("bridge_gain_pvalue_adj", "float", _ADJ + "bridge_gain_pvalue (family: the layers)"),
+    _topology("bridge_gain_rho_init", "float", "the same at initialisation (NaN without reinit)"),
+    _topology("bridge_gain_pvalue_init", "float", "two-sided p-value of bridge_gain_rho_init"),
+    _topology("bridge_gain_pvalue_init_adj", "float", _ADJ + "bridge_gain_pvalue_init (family: "
+              "the layers)"),
+    _topology("bridge_gain_rho_vs_init", "float", "Spearman rho of bridge score vs the paired "
+              "change log_gain - log_gain_init: what training did to bridges (NaN without reinit)"),
+    _topology("bridge_gain_pvalue_vs_init", "float", "two-sided p-value of bridge_gain_rho_vs_init"),
+    _topology("bridge_gain_pvalue_vs_init_adj", "float", _ADJ + "bridge_gain_pvalue_vs_init "
+              "(family: the layers)"),
+    _topology("bridge_log_gain", "float", "mean signed gain log ||J e_i|| of the bridges (bridge "
+              "score in the top 10%): < 0 suppressed, > 0 amplified"),
+    _topology("bridge_log_gain_init", "float", "the same at initialisation (NaN without reinit)"),
     _topology("n_units", "int", "number of units d"),
     _topology("n_tokens", "int", "number of recorded tokens the correlations use"),
 ), key_columns=("layer",))
@@ -330,13 +346,28 @@ REINIT_TEST = SectionSchema("reinit_test", (
     _reinit_test("dense", "bool", "exact computation (dense Jacobians / end-to-end products)"),
 ), key_columns=("metric", "layer"))
 
+_jsum = partial(Column, anchor="jacobian_summary")
+JACOBIAN_SUMMARY = SectionSchema("jacobian_summary", (
+    _jsum("variant", "category", "trained, or init (reinit=True)", categories=("trained", "init")),
+    _jsum("layer", "int", "layer l"),
+    _jsum("metric", "str", "a float column of the jacobian table (standard errors left out)"),
+    _jsum("mean", "float", "mean of the metric over every row of the layer: samples x positions"),
+    _jsum("sd_samples", "float", "standard deviation (ddof 1) across samples of each sample's "
+          "mean over its positions; NaN for one sample"),
+    _jsum("se_samples", "float", "sd_samples / sqrt(n_samples): standard error of the mean over "
+          "samples"),
+    _jsum("n_samples", "int", "samples (batch rows) with a finite value"),
+    _jsum("n_rows", "int", "rows (samples x positions) with a finite value"),
+), key_columns=("variant", "metric", "layer"))
+
 #: ``power``'s columns for the cross-attention F of a decoder stack (docs/metrics.md, power).
 CROSS_POWER = SectionSchema("cross_power", POWER.columns, key_columns=POWER.key_columns)
 
 #: Every section the library produces, by name.
 SCHEMAS: dict[str, SectionSchema] = {
     s.name: s
-    for s in (POWER, CROSS_POWER, SPECTRA, SHARED_WEIGHTS, IDEALISED, JACOBIAN, TRENDS, BOTTLENECK,
+    for s in (POWER, CROSS_POWER, SPECTRA, SHARED_WEIGHTS, IDEALISED, JACOBIAN, JACOBIAN_SUMMARY,
+              TRENDS, BOTTLENECK,
               PROPAGATION, TOPOLOGY, UNITS, COMMUNITIES, REINIT_TEST)
 }
 

@@ -68,6 +68,11 @@ class JacobianOptions:
             exact, dense computation) or False (force matrix-free). Each row of the jacobian
             table says which was used (``dense``).
         sample: the batch row whose tokens are linearised.
+        samples: None (only ``sample``), "all" (every recorded batch row) or a list of batch
+            rows: the jacobian table gets rows for each of them (column ``sample``) and the
+            ``jacobian_summary`` section averages every metric over samples and positions,
+            with the spread across samples (sd and standard error of the per-sample means).
+            The other sections (bottleneck, topology, trends) stay at ``sample``.
         n_samples: Hutchinson probes of the matrix-free estimators.
         seed: seeds every random draw (start vectors, probes, nulls, community detection).
         init_seed: the seed of the freshly initialised model (``reinit=True``).
@@ -83,6 +88,7 @@ class JacobianOptions:
     positions: Union[str, tuple[int, ...]] = "default"
     dense: Optional[bool] = None
     sample: int = 0
+    samples: Union[None, str, tuple[int, ...]] = None
     n_samples: int = 64
     seed: int = 0
     init_seed: int = 1
@@ -105,6 +111,12 @@ class JacobianOptions:
                 self.tol, (int, float)) or not 0 < self.tol < 1):
             raise OptionError("jacobian.tol", self.tol, "None or a float in (0, 1)")
         object.__setattr__(self, "positions", _positions(self.positions))
+        if self.samples is not None and self.samples != "all":
+            if isinstance(self.samples, (str, bytes)) or not isinstance(self.samples, Sequence) \
+                    or not self.samples or not all(_is_int(x) and x >= 0 for x in self.samples):
+                raise OptionError("jacobian.samples", self.samples,
+                                  'None, "all" or a non-empty list of batch rows (ints >= 0)')
+            object.__setattr__(self, "samples", tuple(int(x) for x in self.samples))
         ablations = (self.ablations,) if isinstance(self.ablations, str) else self.ablations
         ablations = tuple(ablations)
         unknown = [a for a in ablations if a not in ABLATIONS]
@@ -130,6 +142,8 @@ class JacobianOptions:
         out["positions"] = list(self.positions) if isinstance(self.positions, tuple) \
             else self.positions
         out["ablations"] = list(self.ablations)
+        if isinstance(self.samples, tuple):
+            out["samples"] = list(self.samples)
         return out
 
 

@@ -56,6 +56,7 @@ SECTION_NAMES: tuple[str, ...] = (
     "shared_weights",
     "idealised",
     "jacobian",
+    "jacobian_summary",
     "trends",
     "bottleneck",
     "propagation",
@@ -213,6 +214,8 @@ class Report:
     power = property(lambda self: self.get("power"), doc="Power-method view, one row per layer.")
     spectra = property(lambda self: self.get("spectra"), doc="Eigenvalues in long format.")
     jacobian = property(lambda self: self.get("jacobian"), doc="Jacobian view, layer x position.")
+    jacobian_summary = property(lambda self: self.get("jacobian_summary"),
+                                doc="Jacobian metrics averaged over samples and positions.")
     bottleneck = property(lambda self: self.get("bottleneck"), doc="Cumulative ranks, variant x depth.")
     trends = property(lambda self: self.get("trends"), doc="Spearman depth trends per metric.")
     topology = property(lambda self: self.get("topology"), doc="Unit-graph topology, one row per layer.")
