@@ -152,6 +152,24 @@ def minilm_layers(model, batch, *, recorded_attention: bool = True):
     return ideal, probe.analyze(idealised={"attention": "recorded"}).idealised
 
 
+def orderings(model) -> pd.DataFrame:
+    """Per layer, the leading mode of F_t (ordered by |lambda|) against that of I + F_t (ordered
+    by |1 + lambda|): where F's leads with lambda near -2 the two are different modes."""
+    rows = []
+    for t, F in enumerate(sh.layer_matrices(model)):
+        a, b = spectrum(F, iterate="F"), spectrum(F, iterate="I+F")
+        cos = torch.linalg.svdvals(a.B.T @ b.B)  # cosines of the principal angles
+        rows.append({
+            "layer": t, "lambda1 of F": f"{a.lambda1.real:.3f}{a.lambda1.imag:+.3f}i",
+            "|lambda1| (F)": abs(a.lambda1), "|1+lambda1(F)|": abs(1 + a.lambda1),
+            "lambda1 of I+F's mode": f"{b.lambda1.real:.3f}{b.lambda1.imag:+.3f}i",
+            "|mu1| (I+F)": abs(b.mu1), "I+F complex": b.lambda1_is_complex,
+            "same mode": bool(torch.allclose(torch.tensor(a.lambda1), torch.tensor(b.lambda1))),
+            "max cos(B_F, B_I+F)": float(cos.max()),
+        })
+    return pd.DataFrame(rows)
+
+
 def plot_layers(ideal: pd.DataFrame, recorded: pd.DataFrame, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.4, 4.0))
     ax.plot(ideal.layer, ideal.gamma_obs, "ko-", label="MiniLM (observed)")
@@ -159,7 +177,7 @@ def plot_layers(ideal: pd.DataFrame, recorded: pd.DataFrame, path: Path) -> None
     if recorded is not None:
         ax.plot(recorded.layer, recorded.gamma_pred, "^--", label="idealised, recorded attention")
     ax.plot(ideal.layer, ideal.gamma_null, ":", color="grey", label="random direction (null)")
-    ax.set(xlabel="layer t", ylabel="gamma_t: mean alignment with B_t of F_t",
+    ax.set(xlabel="layer t", ylabel="gamma_t: mean alignment with B_t of I + F_t",
            title="MiniLM-L6: idealised dynamics vs the real residual stream")
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -279,6 +297,8 @@ def main() -> dict:
                   "A rank-one edit of the output projection steers the residual stream."]
     batch = tokenizer(texts, padding=True, return_tensors="pt")
     ideal, recorded = minilm_layers(model, batch, recorded_attention=not args.quick)
+    modes = orderings(model)
+    print(modes.to_string())
     plot_layers(ideal, recorded, img / "case_power_minilm_layers.png")
     # quick: one gap, alpha given (the full run solves it: 253.5 for gap 0.01 on this u)
     steer_table, caps = (minilm_steering(model, batch, (0.01,), alphas=(253.5,)) if args.quick
@@ -289,9 +309,10 @@ def main() -> dict:
     print(caps)
     write_page = runpy.run_path(str(Path(__file__).with_name("case_study_power_page.py")))[
         "write_page"]
-    write_page(args, syn, ideal, recorded, steer_table, caps, time.perf_counter() - start)
+    write_page(args, syn, ideal, recorded, steer_table, caps, time.perf_counter() - start,
+               modes=modes)
     return {"synthetic": syn, "idealised": ideal, "recorded": recorded, "steering": steer_table,
-            "ceilings": caps, "out": args.out}
+            "ceilings": caps, "orderings": modes, "out": args.out}
 
 
 if __name__ == "__main__":

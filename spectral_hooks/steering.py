@@ -56,6 +56,7 @@ class Steering:
     gap_after: float
     residual_gap_before: float
     residual_gap_after: float
+    eigvec_cos_after: float = math.nan  # |cos(v1, direction)| of the edited F (accepted >= min_cos)
     _param: Optional[nn.Parameter] = field(default=None, repr=False)
     _original: Optional[Tensor] = field(default=None, repr=False)  # the weight it found
     _delta: Optional[Tensor] = field(default=None, repr=False)  # float64, the parameter's layout
@@ -141,7 +142,10 @@ def _stack_of(param: nn.Parameter) -> _Stack:
     return stack
 
 
-def _check_options(alpha: Optional[float], gap: float) -> None:
+def _check_options(alpha: Optional[float], gap: float, min_cos: float = 0.9) -> None:
+    if isinstance(min_cos, bool) or not isinstance(min_cos, (int, float)) \
+            or not 0 <= min_cos <= 1:
+        raise OptionError("min_cos", min_cos, "a float in [0, 1]: the accepted |cos(v1, direction)|")
     if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not 0 < gap < 1:
         raise OptionError("gap", gap, "a float in (0, 1): the target |lambda2|/|lambda1|",
                           hint="gap >= 1 holds for every matrix and would edit nothing")
@@ -152,17 +156,22 @@ def _check_options(alpha: Optional[float], gap: float) -> None:
 
 
 def steer(model: nn.Module, direction: Tensor, *, layer: int = -1, alpha: Optional[float] = None,
-          gap: float = 0.1) -> Steering:
-    """Edit layer ``layer``'s output projection so its F has principal eigenvector ``direction``.
+          gap: float = 0.1, min_cos: float = 0.9) -> Steering:
+    """Edit layer ``layer``'s output projection, W_O' = W_O + alpha u w^T, so that
+    F' = F + alpha u u_r^T (u = ``direction`` normalised, u_r its part reachable through W_V:
+    u_r = u unless W_V is rank-deficient, e.g. GQA) has a principal eigenvector close to u.
 
     ``alpha=None`` picks the smallest alpha giving |lambda2|/|lambda1| <= ``gap`` with a real
-    positive lambda1 whose eigenvector aligns with ``direction``, for F and for the residual
-    update I + F alike (see :func:`~spectral_hooks.metrics.steering_math.rank1_output_edit`).
-    ``gap`` is in (0, 1); ``alpha``, when given, is finite and >= 0.
+    positive lambda1 whose eigenvector v1 has |cos(v1, u)| >= ``min_cos``, for F and for the
+    residual update I + F alike (see
+    :func:`~spectral_hooks.metrics.steering_math.rank1_output_edit`); v1 is u only in the limit
+    alpha -> infinity. ``gap`` is in (0, 1), ``min_cos`` in [0, 1]; ``alpha``, when given, is
+    finite and >= 0 (then ``gap`` and ``min_cos`` are not enforced: read ``gap_after`` and
+    ``eigvec_cos_after``).
     ``gap_*`` report F's ratio, ``residual_gap_*`` that of I + F. Edits nest and interleave
     safely (module docstring).
     """
-    _check_options(alpha, gap)
+    _check_options(alpha, gap, min_cos)
     anatomy = stack_of(anatomy_of(model), what="steer")
     index = anatomy.layer_index(layer)  # a LayerIndexError naming layer=... when out of range
     part = anatomy.layers[index]
@@ -180,7 +189,8 @@ def steer(model: nn.Module, direction: Tensor, *, layer: int = -1, alpha: Option
                                     "steering needs a writable W_O")
     W_O64 = W_O.to("cpu", torch.float64)
     edit = rank1_output_edit(W_V.to("cpu", torch.float64), W_O64,
-                             direction.to("cpu", torch.float64), alpha=alpha, gap=gap)
+                             direction.to("cpu", torch.float64), alpha=alpha, gap=gap,
+                             min_cos=float(min_cos))
     # the parameter moves by the edit (an adapter's additive delta rides along unchanged)
     delta = part.output.to_param(edit.delta_W_O)
     expected = W_O64 + edit.delta_W_O  # now: W_O64 may be a view of the parameter
@@ -190,7 +200,8 @@ def steer(model: nn.Module, direction: Tensor, *, layer: int = -1, alpha: Option
                       lambda1_before=edit.lambda1_before, lambda1_after=edit.lambda1_after,
                       gap_before=edit.gap_before, gap_after=edit.gap_after,
                       residual_gap_before=edit.residual_gap_before,
-                      residual_gap_after=edit.residual_gap_after, _param=param,
+                      residual_gap_after=edit.residual_gap_after,
+                      eigvec_cos_after=edit.eigvec_cos_after, _param=param,
                       _original=param.detach().clone(), _delta=delta)
     with _LOCK:
         stack = _STACKS.get(id(param))

@@ -211,7 +211,10 @@ def test_case_study_training_quick(monkeypatch, capsys):
     with sh.instrument(model) as probe, torch.no_grad():
         model(input_ids=batch)
     positions = range(15, 64, 16)
-    oracle = [jacobian_metrics_oracle(token_jacobian(probe, 1, position=p), 16) for p in positions]
+    # both held-out windows (jacobian samples="all"), every position
+    oracle = [jacobian_metrics_oracle(token_jacobian(probe, 1, position=p, sample=s), 16)
+              for s in range(batch.shape[0]) for p in positions]
+    assert batch.shape[0] == 2 and (results.n_windows == 2).all()
     row = results[(results.seed == 1) & (results.step == 40) & (results.layer == 1)].iloc[0]
     for name in ("sym_energy", "departure_rel", "frac_complex"):
         assert row[name] == pytest.approx(np.mean([o[name] for o in oracle]), rel=1e-6)

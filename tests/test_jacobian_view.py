@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import spectral_hooks as sh
+from spectral_hooks.errors import OptionError
 from tests.oracles import jacobian_metrics_oracle, last_real_position, token_jacobian
 from tests.tiny_models import make_model
 
@@ -119,3 +120,44 @@ def test_positions_all_skips_generate_decode_steps():
     table = probe.analyze(jacobian={"k": 4, "positions": "all", "dense": True,
                                     "progress": False}).jacobian
     assert sorted(set(table.position)) == [0, 1, 2, 3]
+
+
+def test_samples_all_rows_and_summary_match_the_jacfwd_oracle():
+    """jacobian={"samples": "all"}: rows for every batch row (each against torch.func.jacfwd of
+    the recorded block, dense float64), and jacobian_summary = the numpy mean over samples x
+    positions and the sd / se across the per-sample means."""
+    model = make_model("gpt2", dtype=torch.float64)
+    ids = torch.randint(0, 100, (3, 5), generator=torch.Generator().manual_seed(11))
+    with sh.instrument(model) as probe, torch.no_grad():
+        model(input_ids=ids)
+    positions = (2, 4)
+    report = probe.analyze(power=False, jacobian={"samples": "all", "positions": positions,
+                                                   "k": 4, "dense": True, "ablations": ()})
+    table, summary = report.jacobian, report.jacobian_summary
+    assert sorted(set(table["sample"])) == [0, 1, 2] and len(table) == 3 * 2 * len(positions)
+    oracle = {}
+    for s in range(3):
+        for layer in range(2):
+            for p in positions:
+                o = jacobian_metrics_oracle(token_jacobian(probe, layer, position=p, sample=s), 4)
+                oracle[s, layer, p] = o
+                row = table[(table["sample"] == s) & (table.layer == layer)
+                            & (table.position == p)].iloc[0]
+                for name in ("sym_energy", "departure_rel", "frac_complex"):
+                    assert row[name] == pytest.approx(o[name], rel=1e-8, abs=1e-12)
+    for layer in range(2):
+        for name in ("sym_energy", "departure_rel", "frac_complex", "commutator"):
+            per_sample = np.array([np.mean([oracle[s, layer, p][name] for p in positions])
+                                   for s in range(3)])
+            got = summary[(summary.layer == layer) & (summary.metric == name)].iloc[0]
+            assert got["mean"] == pytest.approx(per_sample.mean(), rel=1e-8)
+            assert got["sd_samples"] == pytest.approx(per_sample.std(ddof=1), rel=1e-6, abs=1e-12)
+            assert got["se_samples"] == pytest.approx(per_sample.std(ddof=1) / np.sqrt(3),
+                                                      rel=1e-6, abs=1e-12)
+            assert got["n_samples"] == 3 and got["n_rows"] == 3 * len(positions)
+    assert "sym_energy_se" not in set(summary.metric) and "jacobian_summary" not in \
+        probe.analyze(power=False, jacobian={"k": 4}).sections
+    with pytest.raises(OptionError, match="jacobian.samples"):
+        probe.analyze(power=False, jacobian={"samples": [0, 7]})
+    with pytest.raises(OptionError, match="jacobian.samples"):
+        sh.AnalyzeOptions(jacobian={"samples": "some"})

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import spectral_hooks as sh
+from spectral_hooks.errors import OptionError
 from tests.tiny_models import make_model
 
 
@@ -94,3 +95,67 @@ def test_steering_bad_input():
         sh.steer(model, torch.zeros(32))
     with pytest.raises(ValueError, match="out of range"):
         sh.steer(model, torch.randn(32), layer=5)
+
+
+def _leading_cos(F: torch.Tensor, u: torch.Tensor) -> float:
+    """Dense float64 oracle: |cos(v1, u)| for F's leading eigenvector (real lambda1 here)."""
+    vals, vecs = torch.linalg.eig(F.double())
+    v = vecs[:, vals.abs().argmax()]
+    assert abs(vals[vals.abs().argmax()].imag) < 1e-8
+    v = v.real / v.real.norm()
+    return abs(float(v @ (u / u.norm())))
+
+
+@pytest.mark.parametrize("min_cos", [0.5, 0.99])
+def test_min_cos_is_the_accepted_eigenvector_alignment(min_cos):
+    """F' = F + alpha u u_r^T: v1 is not u, only within min_cos of it (the oracle's v1 from
+    torch.linalg.eig of the edited layer matrix, float64); a stricter min_cos needs more alpha."""
+    model = make_model("gpt2", dtype=torch.float64)
+    u = torch.randn(32, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    F = sh.layer_matrices(model)[-1].double()
+    with sh.steer(model, u, gap=0.5, min_cos=min_cos) as edit:
+        F2 = sh.layer_matrices(model)[-1].double()
+        cos = _leading_cos(F2, u)
+        assert cos >= min_cos
+        assert edit.eigvec_cos_after == pytest.approx(cos, rel=1e-6)
+        # the edit is exactly F + alpha u u^T here (full-rank W_V: u_r = u)
+        assert edit.reachable_fraction == pytest.approx(1.0, abs=1e-9)
+        torch.testing.assert_close(F2, F + edit.alpha * torch.outer(u, u) / u.dot(u),
+                                   rtol=1e-9, atol=1e-9)
+        alpha = edit.alpha
+    with sh.steer(model, u, gap=0.5, min_cos=0.999) as strict:
+        assert strict.alpha >= alpha and strict.eigvec_cos_after >= 0.999
+        assert _leading_cos(sh.layer_matrices(model)[-1], u) >= 0.999
+
+
+def test_min_cos_is_validated():
+    model = make_model("gpt2")
+    for bad in (-0.1, 1.5, True, "0.9"):
+        with pytest.raises(ValueError, match="min_cos"):
+            sh.steer(model, torch.randn(32), min_cos=bad)
+
+
+def test_power_reports_the_steered_token_alignment():
+    """analyze(power={"direction": edit.direction}): gamma_u is the mean |cos| of each layer's
+    recorded output tokens with u (numpy from the recording); validated options."""
+    import numpy as np
+
+    model = make_model("gpt2", dtype=torch.float64)
+    u = torch.randn(32, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    ids = torch.randint(0, 100, (2, 6), generator=torch.Generator().manual_seed(6))
+    with sh.steer(model, u, gap=0.01) as edit, sh.instrument(model) as probe, torch.no_grad():
+        model(input_ids=ids)
+        power = probe.analyze(power={"direction": edit.direction, "reference_layer": 0}).power
+    assert (power.ref_layer == 0).all()
+    un = (u / u.norm()).numpy()
+    for t in range(len(power)):
+        X = probe.recording.tensor("resid_post", t).double().reshape(-1, 32).numpy()
+        expected = np.abs(X @ un / np.linalg.norm(X, axis=1)).mean()
+        assert power.gamma_u[t] == pytest.approx(expected, rel=1e-10)
+    assert power.gamma_u.iloc[-1] > 0.9 > power.gamma_u.iloc[0]  # the steered layer's output
+    with pytest.raises(OptionError, match="power.direction"):
+        sh.AnalyzeOptions(power={"direction": [0.0, 0.0]})
+    with pytest.raises(OptionError, match="power.direction"):
+        probe.analyze(power={"direction": torch.ones(5)}).power
+    with pytest.raises(OptionError, match="power.reference_layer"):
+        probe.analyze(power={"reference_layer": 9}).power

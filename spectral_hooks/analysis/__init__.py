@@ -30,7 +30,7 @@ from .bottleneck import bottleneck_section, propagation_section
 from .cache import AnalysisCache
 from .columns import SCHEMAS
 from .idealised import check_idealised_request, idealised_section, idealised_unavailable
-from .jacobian import JacobianView, jacobian_section
+from .jacobian import JacobianView, jacobian_section, jacobian_summary, sample_rows
 from .metadata import metadata
 from .options import (
     AnalyzeOptions,
@@ -82,6 +82,9 @@ def _jacobian_sections(subject: Subject, options: AnalyzeOptions) -> dict:
         init = (lambda: init_subject(subject, seed=o.init_seed)) if options.reinit else None
         sections["jacobian"] = lambda: jacobian_section(
             subject, options, init() if init is not None else None)
+        if o.samples is not None:
+            sample_rows(subject, o)  # refused now, not when the section is read
+            sections["jacobian_summary"] = lambda: jacobian_summary(sections["jacobian"]())
         sections["trends"] = lambda: trends_section(subject, options)
         sections["jacobian_spectra"] = lambda: JacobianView(subject, o).eigen_table()
     if options.bottleneck:

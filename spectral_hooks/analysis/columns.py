@@ -47,6 +47,7 @@ POWER = SectionSchema("power", (
     _power("abs_mu1", "float", "|mu_1| of the ordering quantity (mu = lambda for F, 1 + lambda for I+F)"),
     _power("abs_mu2", "float", "|mu_2| of the ordering quantity"),
     _power("gap_ratio", "float", "r_t = |mu_2| / |mu_1|; smaller = a stronger pull"),
+    _power("gap_diff", "float", "|mu_1| - |mu_2|: the gap as a difference (same ordering)"),
     _power("lambda1_is_complex", "bool", "lambda_1 belongs to a complex conjugate pair"),
     _power("subspace_dim", "int", "dimension of the principal subspace B_t (1, or 2 for a pair)"),
     _power("gamma_in", "float", "mean alignment of the input tokens (resid_pre) with B_t"),
@@ -64,6 +65,14 @@ POWER = SectionSchema("power", (
     _power("mean_cos", "float", "mean pairwise cosine of the output tokens (consensus)"),
     _power("collapse_residual", "float", "||X - 1 xbar^T||_F / ||X||_F of the output tokens"),
     _power("erank", "float", "effective rank of the output token matrix"),
+    _power("ref_layer", "int", "the one fixed reference layer r (power.reference_layer; default "
+           "the model's last layer)"),
+    _power("gamma_ref", "float", "mean alignment of the output tokens with B_r of the reference "
+           "layer (a single global eigenvector would keep it high at every depth)"),
+    _power("gamma_ref_null", "float", "expected alignment of a random direction with B_r"),
+    _power("subspace_cos_ref", "float", "cosine of the smallest principal angle between B_t and B_r"),
+    _power("gamma_u", "float", "mean |cos(x, u)| of the output tokens with power.direction u "
+           "(e.g. a steering direction); NaN without one"),
     _power("truncated", "bool", "only the top eigenvalues of F_t were computed (d above the dense limit)"),
     _power("n_computed", "int", "number of eigenvalues of F_t computed (d when not truncated)"),
     _power("converged", "bool", "False only when the Krylov eigensolver did not converge"),
@@ -246,6 +255,22 @@ TOPOLOGY = SectionSchema("topology", (
               "against the label shuffles"),
     _topology("coupling_pvalue_shuffled_adj", "float", _ADJ + "coupling_pvalue_shuffled (family: "
               "the layers)"),
+    _topology("bridge_gain_rho", "float", "Spearman rho of bridge score vs the signed gain "
+              "log ||J e_i||: > 0 bridges amplified, < 0 suppressed, relative to other units"),
+    _topology("bridge_gain_pvalue", "float", "two-sided p-value of bridge_gain_rho"),
+    _topology("bridge_gain_pvalue_adj", "float", _ADJ + "bridge_gain_pvalue (family: the layers)"),
+    _topology("bridge_gain_rho_init", "float", "the same at initialisation (NaN without reinit)"),
+    _topology("bridge_gain_pvalue_init", "float", "two-sided p-value of bridge_gain_rho_init"),
+    _topology("bridge_gain_pvalue_init_adj", "float", _ADJ + "bridge_gain_pvalue_init (family: "
+              "the layers)"),
+    _topology("bridge_gain_rho_vs_init", "float", "Spearman rho of bridge score vs the paired "
+              "change log_gain - log_gain_init: what training did to bridges (NaN without reinit)"),
+    _topology("bridge_gain_pvalue_vs_init", "float", "two-sided p-value of bridge_gain_rho_vs_init"),
+    _topology("bridge_gain_pvalue_vs_init_adj", "float", _ADJ + "bridge_gain_pvalue_vs_init "
+              "(family: the layers)"),
+    _topology("bridge_log_gain", "float", "mean signed gain log ||J e_i|| of the bridges (bridge "
+              "score in the top 10%): < 0 suppressed, > 0 amplified"),
+    _topology("bridge_log_gain_init", "float", "the same at initialisation (NaN without reinit)"),
     _topology("n_units", "int", "number of units d"),
     _topology("n_tokens", "int", "number of recorded tokens the correlations use"),
 ), key_columns=("layer",))
@@ -321,13 +346,28 @@ REINIT_TEST = SectionSchema("reinit_test", (
     _reinit_test("dense", "bool", "exact computation (dense Jacobians / end-to-end products)"),
 ), key_columns=("metric", "layer"))
 
+_jsum = partial(Column, anchor="jacobian_summary")
+JACOBIAN_SUMMARY = SectionSchema("jacobian_summary", (
+    _jsum("variant", "category", "trained, or init (reinit=True)", categories=("trained", "init")),
+    _jsum("layer", "int", "layer l"),
+    _jsum("metric", "str", "a float column of the jacobian table (standard errors left out)"),
+    _jsum("mean", "float", "mean of the metric over every row of the layer: samples x positions"),
+    _jsum("sd_samples", "float", "standard deviation (ddof 1) across samples of each sample's "
+          "mean over its positions; NaN for one sample"),
+    _jsum("se_samples", "float", "sd_samples / sqrt(n_samples): standard error of the mean over "
+          "samples"),
+    _jsum("n_samples", "int", "samples (batch rows) with a finite value"),
+    _jsum("n_rows", "int", "rows (samples x positions) with a finite value"),
+), key_columns=("variant", "metric", "layer"))
+
 #: ``power``'s columns for the cross-attention F of a decoder stack (docs/metrics.md, power).
 CROSS_POWER = SectionSchema("cross_power", POWER.columns, key_columns=POWER.key_columns)
 
 #: Every section the library produces, by name.
 SCHEMAS: dict[str, SectionSchema] = {
     s.name: s
-    for s in (POWER, CROSS_POWER, SPECTRA, SHARED_WEIGHTS, IDEALISED, JACOBIAN, TRENDS, BOTTLENECK,
+    for s in (POWER, CROSS_POWER, SPECTRA, SHARED_WEIGHTS, IDEALISED, JACOBIAN, JACOBIAN_SUMMARY,
+              TRENDS, BOTTLENECK,
               PROPAGATION, TOPOLOGY, UNITS, COMMUNITIES, REINIT_TEST)
 }
 

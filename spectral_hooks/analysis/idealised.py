@@ -2,8 +2,9 @@
 L2-normalised, driven by the model's own layer matrices F_t (uniform attention, the default) or
 by each head's own weights and its recorded attention pattern
 (``idealised={"attention": "recorded"}``, capture point ``attn_pattern``), from the tokens that
-entered the first recorded layer; per layer, predicted against observed (alignment with the
-power section's B_t, consensus direction and rate, bipolar consensus, rotation).
+entered the first recorded layer; per layer, predicted against observed (alignment with B_t,
+consensus direction and rate, bipolar consensus, rotation), every spectral column in one ordering
+(``idealised={"iterate": ...}``, default "I+F": the matrix the dynamics iterates).
 
     >>> idealised_section(subject, AnalyzeOptions(idealised=True))   # doctest: +SKIP
 """
@@ -75,6 +76,7 @@ def recorded_patterns(subject: Subject, first: int) -> list:
 
 def idealised_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame:
     attention = options.idealised_options.attention
+    iterate = options.idealised_options.iterate  # one ordering for the table (not options.iterate)
 
     def compute() -> pd.DataFrame:
         reason = idealised_unavailable(subject)
@@ -91,7 +93,7 @@ def idealised_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame
         return idealised_table(
             F, start_tokens(subject, first), subject.tokens("resid_pre"),
             subject.tokens("resid_post"), first=first, layers=list(subject.layers),
-            iterate=options.iterate, causal=bool(subject.anatomy.causal),
+            iterate=iterate, causal=bool(subject.anatomy.causal),
             heads=heads,  # pyright: ignore[reportArgumentType]  # None below `first`: unused
             patterns=patterns)  # pyright: ignore[reportArgumentType]  # likewise
-    return subject.memo(("idealised", options.iterate, options.fold_norm, attention), compute)
+    return subject.memo(("idealised", iterate, options.fold_norm, attention), compute)

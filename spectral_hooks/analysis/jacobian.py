@@ -38,6 +38,7 @@ from ..metrics.jacobian import (
     jacobian_row,
 )
 from ..metrics.jacobian_nulls import NULL_MC_MAX_D
+from ..metrics.stats import sample_summary
 from ..metrics.topology import amplification, log_gain
 from . import progress
 from .options import JacobianOptions
@@ -218,13 +219,45 @@ class JacobianView:
                         seed=o.seed)[0]
 
 
+def sample_rows(subject: Subject, o: JacobianOptions) -> list[int]:
+    """The batch rows the jacobian table linearises: ``o.sample``, or ``o.samples``."""
+    if o.samples is None:
+        return [o.sample]
+    n = subject.recording.n_samples
+    rows = list(range(n)) if o.samples == "all" else list(o.samples)
+    bad = [r for r in rows if not r < n]
+    if bad:
+        raise OptionError("jacobian.samples", list(o.samples), f"recorded batch rows, 0..{n - 1}")
+    return rows
+
+
+def _views(subject: Subject, o: JacobianOptions) -> list[JacobianView]:
+    return [JacobianView(subject, replace(o, sample=r, samples=None))
+            for r in sample_rows(subject, o)]
+
+
 def jacobian_section(subject: Subject, options, init: Subject | None = None) -> pd.DataFrame:
-    """One row per (variant, layer, position); ``init`` adds the re-initialised model's rows."""
+    """One row per (variant, sample, layer, position); ``init`` adds the re-initialised model's
+    rows."""
     o = options.jacobian_options
-    frames = [JacobianView(subject, o).table()]
+    frames = [view.table() for view in _views(subject, o)]
     if init is not None:
-        frames.append(JacobianView(init, o).table())
+        frames += [view.table() for view in _views(init, o)]
     tokenizer = options.tokenizer if options.tokenizer is not None \
         else subject.anatomy.tokenizer
     return name_tokens(pd.concat(frames, ignore_index=True), subject.recording.token_ids,
                        tokenizer)
+
+
+#: jacobian-table columns that are not metrics (identifiers, counts, flags)
+_NOT_METRICS = {"layer", "position", "sample", "token_id", "n_matvecs", "k", "n_eigenvalues",
+                "d"}
+
+
+def jacobian_summary(table: pd.DataFrame) -> pd.DataFrame:
+    """``jacobian_summary``: per variant, layer and metric of the jacobian table, the mean over
+    its samples and positions and the spread across samples (``metrics.stats.sample_summary``).
+    Metrics: the float columns, standard errors (``*_se``) left out."""
+    metrics = [c for c in table.columns if c not in _NOT_METRICS and not c.endswith("_se")
+               and pd.api.types.is_float_dtype(table[c])]
+    return sample_summary(table, metrics)

@@ -16,6 +16,7 @@ metadata stores as its resolved options.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence, Union
 
@@ -67,6 +68,11 @@ class JacobianOptions:
             exact, dense computation) or False (force matrix-free). Each row of the jacobian
             table says which was used (``dense``).
         sample: the batch row whose tokens are linearised.
+        samples: None (only ``sample``), "all" (every recorded batch row) or a list of batch
+            rows: the jacobian table gets rows for each of them (column ``sample``) and the
+            ``jacobian_summary`` section averages every metric over samples and positions,
+            with the spread across samples (sd and standard error of the per-sample means).
+            The other sections (bottleneck, topology, trends) stay at ``sample``.
         n_samples: Hutchinson probes of the matrix-free estimators.
         seed: seeds every random draw (start vectors, probes, nulls, community detection).
         init_seed: the seed of the freshly initialised model (``reinit=True``).
@@ -82,6 +88,7 @@ class JacobianOptions:
     positions: Union[str, tuple[int, ...]] = "default"
     dense: Optional[bool] = None
     sample: int = 0
+    samples: Union[None, str, tuple[int, ...]] = None
     n_samples: int = 64
     seed: int = 0
     init_seed: int = 1
@@ -104,6 +111,12 @@ class JacobianOptions:
                 self.tol, (int, float)) or not 0 < self.tol < 1):
             raise OptionError("jacobian.tol", self.tol, "None or a float in (0, 1)")
         object.__setattr__(self, "positions", _positions(self.positions))
+        if self.samples is not None and self.samples != "all":
+            if isinstance(self.samples, (str, bytes)) or not isinstance(self.samples, Sequence) \
+                    or not self.samples or not all(_is_int(x) and x >= 0 for x in self.samples):
+                raise OptionError("jacobian.samples", self.samples,
+                                  'None, "all" or a non-empty list of batch rows (ints >= 0)')
+            object.__setattr__(self, "samples", tuple(int(x) for x in self.samples))
         ablations = (self.ablations,) if isinstance(self.ablations, str) else self.ablations
         ablations = tuple(ablations)
         unknown = [a for a in ablations if a not in ABLATIONS]
@@ -129,6 +142,8 @@ class JacobianOptions:
         out["positions"] = list(self.positions) if isinstance(self.positions, tuple) \
             else self.positions
         out["ablations"] = list(self.ablations)
+        if isinstance(self.samples, tuple):
+            out["samples"] = list(self.samples)
         return out
 
 
@@ -175,14 +190,33 @@ class PowerOptions:
             at any width) or False (top-k, matrix-free, at any width). Rows say which
             (``truncated``, ``n_computed``).
         k: eigenpairs of F computed matrix-free (at least 3 are always used).
+        reference_layer: the one fixed layer r whose B_r every row's ``gamma_ref`` and
+            ``subspace_cos_ref`` compare with (None: the model's last layer; negative ok).
+        direction: a d_model vector u (e.g. a steering direction, ``edit.direction``): column
+            ``gamma_u`` = mean |cos(x_i, u)| of each layer's output tokens (None: NaN).
+            Stored as a tuple of floats.
     """
 
     full: Optional[bool] = None
     k: int = 8
+    reference_layer: Optional[int] = None
+    direction: Optional[tuple] = None
 
     def __post_init__(self) -> None:
         _check_optional_bool("power.full", self.full)
         _check_int("power.k", self.k, minimum=1)
+        if self.reference_layer is not None:
+            _check_int("power.reference_layer", self.reference_layer, minimum=-(2 ** 31))
+        if self.direction is not None:
+            try:
+                u = tuple(float(x) for x in self.direction)  # a tensor, array or sequence
+            except (TypeError, ValueError, RuntimeError):
+                raise OptionError("power.direction", type(self.direction).__name__,
+                                  "a real vector of length d_model") from None
+            if not u or not all(math.isfinite(x) for x in u) or not any(u):
+                raise OptionError("power.direction", "a zero, empty or non-finite vector",
+                                  "a finite non-zero vector of length d_model")
+            object.__setattr__(self, "direction", u)
 
     def matrix_free(self, d: int) -> bool:
         """Whether F's spectrum is computed matrix-free at width d.
@@ -215,14 +249,21 @@ class IdealisedOptions:
             keys 0..i in a causal model) or "recorded" (each head's own recorded attention
             probabilities A_h, per layer and sequence: needs
             ``instrument(model, capture=[..., "attn_pattern"])`` on an eager-attention model).
+        iterate: the one ordering of every spectral column of the table (B_t, the rates, the
+            rotation angle, the poles): "I+F" (default: the matrix the idealised dynamics
+            iterates, so the rates are its convergence rates) or "F" (the power section's
+            default B_t). Independent of ``AnalyzeOptions.iterate``.
     """
 
     attention: str = "uniform"
+    iterate: str = "I+F"
 
     def __post_init__(self) -> None:
         if self.attention not in IDEALISED_ATTENTIONS:
             raise OptionError("idealised.attention", self.attention,
                               f"one of {IDEALISED_ATTENTIONS}")
+        if self.iterate not in ITERATES:
+            raise OptionError("idealised.iterate", self.iterate, f"one of {ITERATES}")
 
     @classmethod
     def resolve(cls, value: Any) -> Union[bool, "IdealisedOptions"]:

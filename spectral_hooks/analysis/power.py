@@ -15,6 +15,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from ..errors import OptionError
 from ..metrics.power import power_table
 from ..metrics.spectrum import BATCHED_EIG_DEVICES
 from ..metrics.stats import with_adjusted
@@ -81,8 +82,20 @@ def cross_power_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFra
 def power_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame:
     def compute() -> pd.DataFrame:
         F = power_matrices_of(subject, options)
+        po = options.power_options
+        direction = None
+        if po.direction is not None:
+            if len(po.direction) != subject.anatomy.d_model:
+                raise OptionError("power.direction", f"a vector of length {len(po.direction)}",
+                                  f"a vector of length d_model = {subject.anatomy.d_model}")
+            direction = torch.tensor(po.direction, dtype=torch.float64)
+        L = subject.anatomy.n_layers
+        if po.reference_layer is not None and not -L <= po.reference_layer < L:
+            raise OptionError("power.reference_layer", po.reference_layer,
+                              f"a layer index in [-{L}, {L})")
         table = power_table(F, subject.tokens("resid_pre"), subject.tokens("resid_post"),
                             iterate=options.iterate, layers=list(subject.layers),
+                            reference_layer=po.reference_layer, direction=direction,
                             **spectrum_options(subject, options))
         return with_adjusted(table, PVALUES)
     return subject.memo(("power", options.iterate, options.fold_norm,

@@ -104,7 +104,7 @@ def idealised_table(
     *,
     first: int = 0,
     layers: Optional[Sequence[int]] = None,
-    iterate: str = "F",
+    iterate: str = "I+F",
     causal: bool = False,
     heads: Optional[Sequence[tuple[Tensor, Tensor]]] = None,
     patterns: Optional[Sequence[Sequence[Tensor]]] = None,
@@ -120,9 +120,16 @@ def idealised_table(
     (needed with ``patterns``: per layer, per sequence, head patterns [H, n_s, n_s], e.g. the
     recorded attention probabilities); otherwise uniform attention shared by all heads.
     ``layers``: the rows to keep (the dynamics always runs through every layer from ``first``).
-    Columns (``IDEALISED_COLUMNS``; docs/metrics.md#idealised): B_t is the principal subspace
-    of F_t in the ``iterate`` ordering, as in the power table, so gamma_obs is its gamma.
+    Columns (``IDEALISED_COLUMNS``; docs/metrics.md#idealised). One ordering for the whole
+    table, named in its ``iterate`` column: B_t, lambda_1, lambda_2 (and so the rates, the
+    rotation angle and the poles) are the leading modes of F_t in the ``iterate`` ordering, and
+    mu_k = 1 + lambda_k. "I+F" (the default) is the matrix the dynamics iterates: the rates are
+    its convergence rates. With "F", B_t is the power table's (gamma_obs is its gamma) and the
+    theory columns describe F's two leading modes under I + F: where those are not I + F's
+    leading modes (lambda_1 near -2, say) predicted_rate can exceed 1.
     """
+    if iterate not in ("F", "I+F"):
+        raise ValueError(f"iterate must be 'F' or 'I+F', got {iterate!r}")
     F_in, F = F, _check_square(F)
     if F.ndim != 3:
         raise ValueError(f"F must be [L, d, d], got shape {tuple(F.shape)}")
@@ -138,9 +145,9 @@ def idealised_table(
         raise ValueError(f"start tokens must be [n_s, {d}]")
     n = sum(x.shape[0] for x in X)
     keep = sorted(set(range(first, L)) if layers is None else {int(t) % L for t in layers})
-    # spectra through the cache power_table uses (the same F object: computed once)
+    # spectra through the cache power_table uses (the same F object: computed once); one
+    # ordering for every spectral column (B_t, rates, rotation, poles)
     spectra = dict(zip(keep, _layer_spectra(F_in, F, keep, iterate, real_tol, DENSE_LIMIT, TOP_K)))
-    rates = dict(zip(keep, _layer_spectra(F_in, F, keep, "I+F", real_tol, DENSE_LIMIT, TOP_K)))
     rows = []
     for t in range(first, L):
         p_in = torch.cat(X)
@@ -153,8 +160,8 @@ def idealised_table(
         pred = torch.cat(X)
         o_in, o_out = (_flat(resid_pre, t, d, n, "resid_pre"),
                        _flat(resid_post, t, d, n, "resid_post"))
-        s, r = spectra[t], rates[t]
-        B = s.B
+        s = spectra[t]
+        B, mu1, mu2 = s.B, 1 + s.lambda1, 1 + s.lambda2
         rows.append({
             "layer": t, "attention": "recorded" if patterns is not None else "uniform",
             "iterate": iterate, "n_tokens": n, "n_sequences": len(X),
@@ -163,9 +170,10 @@ def idealised_table(
             "gamma_null": gamma_null(d, B.shape[1]),
             "mean_cos_pred": consensus(pred).mean_cos,
             "mean_cos_obs": consensus(o_out).mean_cos if o_out is not None else _NAN,
-            "predicted_rate": r.gap_ratio, "token_rate": token_rate(r.mu1, r.mu2),
+            "predicted_rate": abs(mu2) / abs(mu1) if abs(mu1) > 0 else _NAN,
+            "token_rate": token_rate(mu1, mu2),
             "lambda1_is_complex": s.lambda1_is_complex,
-            "rotation_theory_deg": math.degrees(abs(cmath.phase(1 + s.lambda1)))
+            "rotation_theory_deg": math.degrees(abs(cmath.phase(mu1)))
             if s.lambda1_is_complex else _NAN,
             **_mean_direction_columns(B, p_in, pred, o_in, o_out, s.lambda1_is_complex),
             **_pole_columns(B, pred, o_out),

@@ -69,6 +69,7 @@ __all__ = [
     "consensus",
     "power_table",
     "spectra_table",
+    "subspace_cos",
     "POWER_COLUMNS",
     "DENSE_LIMIT",
     "TOP_K",
@@ -77,10 +78,14 @@ __all__ = [
 
 POWER_COLUMNS = (
     "layer", "iterate", "lambda1_real", "lambda1_imag", "abs_lambda1", "abs_lambda2", "abs_mu1", "abs_mu2",
-    "gap_ratio", "lambda1_is_complex", "subspace_dim", "gamma_in", "gamma", "gamma_null", "lift",
+    "gap_ratio", "gap_diff", "lambda1_is_complex", "subspace_dim", "gamma_in", "gamma", "gamma_null", "lift",
     "gamma2_dim", "gamma2_in", "gamma2", "gamma2_null", "rho", "rho_pvalue", "n_tokens",
-    "mean_cos", "collapse_residual", "erank", "truncated", "n_computed", "converged",
+    "mean_cos", "collapse_residual", "erank", "ref_layer", "gamma_ref", "gamma_ref_null",
+    "subspace_cos_ref", "gamma_u", "truncated", "n_computed", "converged",
 )  # fmt: skip
+
+#: the columns that compare a layer with a fixed reference layer or a given direction
+REFERENCE_COLUMNS = ("ref_layer", "gamma_ref", "gamma_ref_null", "subspace_cos_ref", "gamma_u")
 
 
 # --------------------------------------------------------------------------- alignment
@@ -109,6 +114,27 @@ def alignment(X: Float[Tensor, "*batch d"], B: Float[Tensor, "d r"]) -> Float[Te
     den = X.norm(dim=-1)
     a = torch.where(den > 0, num / torch.where(den > 0, den, 1.0), 0.0)
     return a.clamp(0.0, 1.0)
+
+
+def subspace_cos(A: Float[Tensor, "d r"], B: Float[Tensor, "d s"]) -> float:
+    """Cosine of the smallest principal angle between span(A) and span(B) (orthonormal bases):
+    the largest singular value of A^T B, in [0, 1]; 1 when the subspaces share a direction.
+
+    >>> subspace_cos(torch.eye(3)[:, :1], torch.eye(3)[:, 1:])
+    0.0
+    """
+    A = torch.as_tensor(A).detach().to("cpu", torch.float64)
+    B = torch.as_tensor(B).detach().to("cpu", torch.float64)
+    return min(1.0, float(torch.linalg.svdvals(A.T @ B).max()))
+
+
+def unit_direction(u: Tensor, d: int) -> Float[Tensor, " d"]:
+    """u as a float64 unit vector of length d (ValueError for a wrong length, zero or non-finite)."""
+    u = torch.as_tensor(u).detach().to("cpu", torch.float64).reshape(-1)
+    if u.numel() != d or not bool(torch.isfinite(u).all()) or float(u.norm()) == 0:
+        raise ValueError(f"direction must be a finite non-zero vector of length {d}, got "
+                         f"{u.numel()} entries")
+    return u / u.norm()
 
 
 # --------------------------------------------------------------------------- consensus
@@ -212,6 +238,19 @@ def _alignment_columns(s: LayerSpectrum, pre: Tensor | None, post: Tensor | None
     }  # fmt: skip
 
 
+def _reference_columns(B: Tensor, B_r: Tensor | None, r: int, post: Tensor | None,
+                       u: Tensor | None, d: int) -> dict:
+    """The columns of ``REFERENCE_COLUMNS`` (NaN where there is no reference / direction)."""
+    nan = float("nan")
+    return {
+        "ref_layer": r if B_r is not None else -1,
+        "gamma_ref": _mean(alignment(post, B_r)) if post is not None and B_r is not None else nan,
+        "gamma_ref_null": gamma_null(d, B_r.shape[1]) if B_r is not None else nan,
+        "subspace_cos_ref": subspace_cos(B, B_r) if B_r is not None else nan,
+        "gamma_u": _mean(alignment(post, u)) if post is not None and u is not None else nan,
+    }
+
+
 def power_table(
     F: Float[Tensor, "L d d"],
     resid_pre: Sequence[Float[Tensor, "N d"] | None] | None = None,
@@ -222,6 +261,8 @@ def power_table(
     real_tol: float = 1e-9,
     dense_limit: int = DENSE_LIMIT,
     top_k: int = TOP_K,
+    reference_layer: int | None = None,
+    direction: Tensor | None = None,
 ) -> pd.DataFrame:
     """One row per layer t: spectrum of F_t and how layer t's tokens align with its principal subspace.
 
@@ -235,11 +276,17 @@ def power_table(
     Columns (``POWER_COLUMNS``), per METRICS.md section 1:
       layer, iterate, lambda1_real, lambda1_imag, abs_lambda1, abs_lambda2 (eigenvalues of F),
       abs_mu1, abs_mu2 (of the ordering quantity; = abs_lambda* for "F"), gap_ratio = abs_mu2 /
-      abs_mu1, lambda1_is_complex, subspace_dim (1 or 2), gamma_in / gamma (mean alignment of the
-      input / output tokens with B_t), gamma_null, lift = gamma / gamma_null, gamma2_dim (2..4),
+      abs_mu1, gap_diff = abs_mu1 - abs_mu2, lambda1_is_complex, subspace_dim (1 or 2),
+      gamma_in / gamma (mean alignment of the input / output tokens with B_t), gamma_null,
+      lift = gamma / gamma_null, gamma2_dim (2..4),
       gamma2_in, gamma2, gamma2_null (same with B2_t), rho, rho_pvalue (tokens whose alignment
       grew; exact binomial), n_tokens, and mean_cos, collapse_residual, erank of the output tokens,
-      then truncated (top-k spectrum, d > dense_limit), n_computed (eigenvalues computed: d, or
+      ref_layer (``reference_layer``, default the stack's last layer L - 1), gamma_ref (mean alignment
+      of the output tokens with B_r of that one fixed layer: a single global eigenvector would
+      keep it high at every depth), gamma_ref_null (gamma_null for B_r's dimension),
+      subspace_cos_ref (cosine of the smallest principal angle between B_t and B_r),
+      gamma_u (mean |cos| of the output tokens with ``direction``, e.g. a steering direction;
+      NaN without one), then truncated (top-k spectrum, d > dense_limit), n_computed (eigenvalues computed: d, or
       about top_k) and converged (False only when the Krylov solver did not converge).
     dense_limit, top_k: see :func:`spectrum`. Spectra are shared with :func:`spectra_table`
     through the module cache (same F tensor object, unchanged, same options: computed once).
@@ -252,16 +299,22 @@ def power_table(
         raise ValueError(f"F must be [L, d, d], got shape {tuple(F.shape)}")
     L, d = F.shape[0], F.shape[-1]
     idx = _layer_indices(L, layers)
+    u = unit_direction(direction, d) if direction is not None else None
+    r = _layer_indices(L, [reference_layer])[0] if reference_layer is not None else L - 1
+    spectra = _layer_spectra(F_in, F, idx, iterate, real_tol, dense_limit, top_k)
+    B_r = (spectra[idx.index(r)] if r in idx else
+           _layer_spectra(F_in, F, [r], iterate, real_tol, dense_limit, top_k)[0]).B
     rows = []
-    for t, s in zip(idx, _layer_spectra(F_in, F, idx, iterate, real_tol, dense_limit, top_k)):
+    for t, s in zip(idx, spectra):
         pre = _tokens(resid_pre, t, L, d, "resid_pre")
         post = _tokens(resid_post, t, L, d, "resid_post")
         rows.append({
             "layer": t, "iterate": iterate, "lambda1_real": s.lambda1.real, "lambda1_imag": s.lambda1.imag,
             "abs_lambda1": abs(s.lambda1), "abs_lambda2": abs(s.lambda2), "abs_mu1": abs(s.mu1),
-            "abs_mu2": abs(s.mu2), "gap_ratio": s.gap_ratio, "lambda1_is_complex": s.lambda1_is_complex,
-            **_alignment_columns(s, pre, post, d), "truncated": s.truncated, "n_computed": s.n_computed,
-            "converged": s.converged,
+            "abs_mu2": abs(s.mu2), "gap_ratio": s.gap_ratio, "gap_diff": abs(s.mu1) - abs(s.mu2),
+            "lambda1_is_complex": s.lambda1_is_complex, **_alignment_columns(s, pre, post, d),
+            **_reference_columns(s.B, B_r, r, post, u, d), "truncated": s.truncated,
+            "n_computed": s.n_computed, "converged": s.converged,
         })  # fmt: skip
     return pd.DataFrame(rows, columns=list(POWER_COLUMNS))
 

@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from spectral_hooks.linalg import LinearOperator
-from spectral_hooks.metrics.power import POWER_COLUMNS, _alignment_columns
+from spectral_hooks.metrics.power import POWER_COLUMNS, _alignment_columns, _reference_columns
 from spectral_hooks.metrics.spectrum import (
     TOP_K,
     LayerSpectrum,
@@ -103,8 +103,10 @@ def power_row_from_factors(W_O: Tensor, W_V: Tensor, resid_pre: Optional[Tensor]
         "layer": layer, "iterate": iterate, "lambda1_real": s.lambda1.real,
         "lambda1_imag": s.lambda1.imag, "abs_lambda1": abs(s.lambda1),
         "abs_lambda2": abs(s.lambda2), "abs_mu1": abs(s.mu1), "abs_mu2": abs(s.mu2),
-        "gap_ratio": s.gap_ratio, "lambda1_is_complex": s.lambda1_is_complex,
-        **_alignment_columns(s, pre, post, d), "truncated": s.truncated,
+        "gap_ratio": s.gap_ratio, "gap_diff": abs(s.mu1) - abs(s.mu2),
+        "lambda1_is_complex": s.lambda1_is_complex,
+        **_alignment_columns(s, pre, post, d), **_reference_columns(s.B, None, -1, None, None, d),
+        "truncated": s.truncated,
         "n_computed": s.n_computed, "converged": s.converged,
     }
     return {c: row[c] for c in POWER_COLUMNS}

@@ -40,7 +40,12 @@ import pandas as pd
 
 from .trends import student_t_two_sided
 
-__all__ = ["bh_adjust", "with_adjusted", "empirical_pvalues", "welch_t", "single_case_t"]
+__all__ = ["bh_adjust", "with_adjusted", "empirical_pvalues", "welch_t", "single_case_t",
+           "sample_summary", "SAMPLE_SUMMARY_COLUMNS"]
+
+#: columns of :func:`sample_summary`
+SAMPLE_SUMMARY_COLUMNS = ("variant", "layer", "metric", "mean", "sd_samples", "se_samples",
+                          "n_samples", "n_rows")
 
 
 def _as_pvalues(p, what: str) -> np.ndarray:
@@ -157,3 +162,31 @@ def single_case_t(observed: float, sample: Sequence[float] | np.ndarray
         return (float("nan"), float("nan"), float("nan"))
     t = float((observed - y.mean()) / (s * math.sqrt((n + 1) / n)))
     return t, student_t_two_sided(t, n - 1), float(n - 1)
+
+
+def sample_summary(table: pd.DataFrame, metrics: Sequence[str], *, by: Sequence[str] = (
+        "variant", "layer"), sample: str = "sample") -> pd.DataFrame:
+    """Per group of ``by`` and metric: the mean over every row (samples x positions), and the
+    spread across samples: each sample's mean over its rows, their standard deviation
+    (``sd_samples``, ddof=1; NaN for one sample) and ``se_samples`` = sd / sqrt(n_samples), the
+    standard error of the mean over samples. NaN values are left out (``n_rows`` counts the rest).
+
+    >>> t = pd.DataFrame({"variant": "trained", "layer": 0, "sample": [0, 0, 1, 1],
+    ...                   "x": [1.0, 3.0, 5.0, 7.0]})
+    >>> sample_summary(t, ["x"])[["mean", "sd_samples", "n_samples", "n_rows"]].values.tolist()
+    [[4.0, 2.8284271247461903, 2.0, 4.0]]
+    """
+    rows = []
+    for key, group in table.groupby(list(by), sort=True, observed=True):
+        key = key if isinstance(key, tuple) else (key,)
+        for metric in metrics:
+            x = group[[sample, metric]].dropna()
+            per_sample = x.groupby(sample)[metric].mean().to_numpy(dtype=np.float64)
+            n = len(per_sample)
+            sd = float(np.std(per_sample, ddof=1)) if n > 1 else float("nan")
+            rows.append({**dict(zip(by, key)), "metric": metric,
+                         "mean": float(x[metric].mean()) if len(x) else float("nan"),
+                         "sd_samples": sd, "se_samples": sd / math.sqrt(n) if n > 1
+                         else float("nan"), "n_samples": n, "n_rows": len(x)})
+    return pd.DataFrame(rows, columns=[*by, "metric", "mean", "sd_samples", "se_samples",
+                                       "n_samples", "n_rows"])

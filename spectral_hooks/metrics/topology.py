@@ -88,18 +88,25 @@ from .trends import depth_trend
 
 __all__ = ["UnitGraph", "Communities", "unit_graph", "communities", "modularity",
            "participation", "amplification", "community_amplification", "spearman",
-           "log_gain", "topology_tables", "TOPOLOGY_COLUMNS", "UNITS_COLUMNS",
+           "log_gain", "topology_tables", "signed_bridge_gain", "TOPOLOGY_COLUMNS", "UNITS_COLUMNS",
            "TOPOLOGY_PVALUES", "CONSTANT_RTOL"]
 
 TOPOLOGY_COLUMNS = ["layer", "n_communities", "modularity", "method", "coupling_rho",
                     "coupling_pvalue", "coupling_pvalue_adj", "coupling_rho_init",
                     "coupling_pvalue_init", "coupling_pvalue_init_adj", "coupling_rho_shuffled",
                     "coupling_pvalue_shuffled", "coupling_pvalue_shuffled_adj",
-                    "n_units", "n_tokens"]
+                    "bridge_gain_rho", "bridge_gain_pvalue", "bridge_gain_pvalue_adj",
+                    "bridge_gain_rho_init", "bridge_gain_pvalue_init",
+                    "bridge_gain_pvalue_init_adj", "bridge_gain_rho_vs_init",
+                    "bridge_gain_pvalue_vs_init", "bridge_gain_pvalue_vs_init_adj",
+                    "bridge_log_gain", "bridge_log_gain_init", "n_units", "n_tokens"]
+#: share of units with the highest bridge score that ``bridge_log_gain`` averages over
+BRIDGE_QUANTILE = 0.9
 UNITS_COLUMNS = ["layer", "unit", "community", "bridge_score", "amplification", "log_gain",
                  "log_gain_init"]
 #: p-value columns of the topology table, each adjusted over the layers (one family per column)
-TOPOLOGY_PVALUES = ("coupling_pvalue", "coupling_pvalue_init", "coupling_pvalue_shuffled")
+TOPOLOGY_PVALUES = ("coupling_pvalue", "coupling_pvalue_init", "coupling_pvalue_shuffled",
+                    "bridge_gain_pvalue", "bridge_gain_pvalue_init", "bridge_gain_pvalue_vs_init")
 
 
 # -- amplification -----------------------------------------------------------------------------
@@ -233,6 +240,44 @@ def _optional_vector(values: Optional[Mapping[int, Tensor]], layer, d: int, what
     return _coupling_input(values[layer], layer, d, what, name)
 
 
+def signed_bridge_gain(P: Tensor, gain: Optional[Tensor], gain_init: Optional[Tensor] = None,
+                       *, quantile: float = BRIDGE_QUANTILE) -> dict:
+    """The signed test of "bridges are suppressed / amplified": Spearman of bridge score P_i vs
+    the signed gain log ||J e_i|| (> 0: the more a unit bridges communities, the more the block
+    amplifies it; < 0: suppresses it), at init, and vs the paired change log_gain - log_gain_init
+    (what training did to bridges relative to other units); and the mean signed gain of the
+    bridges, the units with P_i at or above the ``quantile`` of P (absolute: < 0 suppressed).
+    Units with a non-finite gain are left out. NaN where a gain is not given.
+
+    >>> import torch
+    >>> P = torch.linspace(0, 1, 10, dtype=torch.float64)
+    >>> out = signed_bridge_gain(P, -P, P)
+    >>> out["bridge_gain_rho"], out["bridge_gain_rho_vs_init"], round(out["bridge_log_gain"], 3)
+    (-1.0, -1.0, -1.0)
+    """
+    nan = float("nan")
+
+    def rho(g):
+        if g is None:
+            return nan, nan
+        ok = torch.isfinite(g)
+        return spearman(P[ok], g[ok]) if int(ok.sum()) >= 3 else (nan, nan)
+
+    def bridges(g):
+        if g is None:
+            return nan
+        top = (P >= torch.quantile(P, quantile)) & torch.isfinite(g)
+        return float(g[top].mean()) if bool(top.any()) else nan
+
+    r, p = rho(gain)
+    r0, p0 = rho(gain_init)
+    rd, pd_ = rho(gain - gain_init if gain is not None and gain_init is not None else None)
+    return {"bridge_gain_rho": r, "bridge_gain_pvalue": p, "bridge_gain_rho_init": r0,
+            "bridge_gain_pvalue_init": p0, "bridge_gain_rho_vs_init": rd,
+            "bridge_gain_pvalue_vs_init": pd_, "bridge_log_gain": bridges(gain),
+            "bridge_log_gain_init": bridges(gain_init)}
+
+
 def _nan_vector(x: Optional[Tensor], d: int) -> np.ndarray:
     return np.full(d, np.nan) if x is None else x.numpy()
 
@@ -270,6 +315,9 @@ def topology_tables(X_by_layer: Mapping[int, Tensor], g_by_layer: Mapping[int, T
       (NaN when n_shuffles = 0); ``coupling_pvalue_shuffled``: the two-sided empirical p-value
       of the observed coupling against those permutations, (1 + #{|rho_perm| >= |rho|}) /
       (n + 1). Permutations come from ``torch.Generator`` seeded with (seed, layer);
+    - ``bridge_gain_*``, ``bridge_log_gain*``: the signed test of :func:`signed_bridge_gain`
+      (the coupling above uses the unsigned ||Delta J e_i||), from ``gain_by_layer`` and
+      ``gain_init_by_layer``;
     - ``*_adj``: each p-value column Benjamini-Hochberg adjusted over the layers of the table.
     """
     what = "topology_tables"
@@ -313,7 +361,7 @@ def topology_tables(X_by_layer: Mapping[int, Tensor], g_by_layer: Mapping[int, T
                          coupling_pvalue_init=p_init,
                          coupling_rho_shuffled=float(shuffled.mean()) if len(shuffled)
                          else float("nan"), coupling_pvalue_shuffled=p_shuffled,
-                         n_units=d, n_tokens=N))
+                         **signed_bridge_gain(P, gain, gain0), n_units=d, n_tokens=N))
         unit_frames.append(pd.DataFrame(dict(
             layer=np.full(d, layer), unit=np.arange(d), community=comm.labels.numpy(),
             bridge_score=P.numpy(), amplification=g.numpy(), log_gain=_nan_vector(gain, d),

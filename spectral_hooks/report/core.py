@@ -56,6 +56,7 @@ SECTION_NAMES: tuple[str, ...] = (
     "shared_weights",
     "idealised",
     "jacobian",
+    "jacobian_summary",
     "trends",
     "bottleneck",
     "propagation",
@@ -224,6 +225,11 @@ class Report:
     def jacobian(self) -> pd.DataFrame | None:
         """Jacobian view, layer x position."""
         return self.get("jacobian")
+
+    @property
+    def jacobian_summary(self) -> pd.DataFrame | None:
+        """Jacobian metrics averaged over samples and positions."""
+        return self.get("jacobian_summary")
 
     @property
     def bottleneck(self) -> pd.DataFrame | None:

@@ -52,8 +52,9 @@ def oracle_prediction(model, family, X0, attentions, rows) -> list[np.ndarray]:
 
 
 def principal_basis(F: np.ndarray) -> np.ndarray:
+    """B of I + F's leading mode (the idealised table's default ordering)."""
     vals, vecs = np.linalg.eig(F)
-    v = vecs[:, int(np.argmax(np.abs(vals)))]
+    v = vecs[:, int(np.argmax(np.abs(1 + vals)))]
     if abs(v.imag).max() > 1e-9:
         return np.linalg.qr(np.stack([v.real, v.imag], 1))[0]
     return (v.real / np.linalg.norm(v.real))[:, None]
@@ -126,5 +127,5 @@ def test_the_option_is_validated():
     with pytest.raises(OptionError, match="idealised"):
         sh.AnalyzeOptions(idealised={"atention": "recorded"})
     options = sh.AnalyzeOptions(idealised=sh.IdealisedOptions(attention="recorded"))
-    assert options.to_dict()["idealised"] == {"attention": "recorded"}
+    assert options.to_dict()["idealised"] == {"attention": "recorded", "iterate": "I+F"}
     assert sh.AnalyzeOptions(idealised=True).idealised_options.attention == "uniform"

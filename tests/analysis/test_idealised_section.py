@@ -40,8 +40,9 @@ def test_prediction_matches_a_numpy_run_and_observation_matches_power(family, ca
     mask[1, 5:] = 0  # a padded second sequence: five real tokens
     with sh.instrument(model) as probe, torch.no_grad():
         model(input_ids=ids, attention_mask=mask)
-    report = probe.analyze(idealised=True)
+    report = probe.analyze(idealised=True, iterate="I+F")
     table, power = report.idealised, report.power
+    assert (table.iterate == "I+F").all()  # the table's one ordering: the one its dynamics iterates
     assert table.layer.tolist() == [0, 1] and (table.n_tokens == 12).all()
     assert (table.n_sequences == 2).all() and (table.attention == "uniform").all()
     np.testing.assert_allclose(table.gamma_obs, power.gamma, rtol=1e-12)
@@ -52,7 +53,7 @@ def test_prediction_matches_a_numpy_run_and_observation_matches_power(family, ca
     F = [layer_matrix_and_bias(model, family, t)[0].numpy() for t in range(2)]
     for t, pred in enumerate(numpy_prediction(F, seqs, causal)):
         vals, vecs = np.linalg.eig(F[t])
-        i = int(np.argmax(np.abs(vals)))
+        i = int(np.argmax(np.abs(1 + vals)))  # I + F's leading mode
         v = vecs[:, i]
         B = (np.linalg.qr(np.stack([v.real, v.imag], 1))[0] if abs(v.imag).max() > 1e-9
              else (v.real / np.linalg.norm(v.real))[:, None])
@@ -62,9 +63,13 @@ def test_prediction_matches_a_numpy_run_and_observation_matches_power(family, ca
         n = len(U)
         mean_cos = (np.square(U.sum(0)).sum() - n) / (n * (n - 1))
         assert table.mean_cos_pred[t] == pytest.approx(mean_cos, rel=1e-9)
-    # the same options give the same (memoised) table; iterate changes B_t as in power
-    other = probe.analyze(idealised=True, iterate="I+F")
+    # idealised={"iterate": "F"} gives the power section's default B_t; the power option alone
+    # does not change the idealised table
+    other = probe.analyze(idealised={"iterate": "F"})
+    assert (other.idealised.iterate == "F").all()
     np.testing.assert_allclose(other.idealised.gamma_obs, other.power.gamma, rtol=1e-12)
+    same = probe.analyze(idealised=True)
+    np.testing.assert_allclose(same.idealised.gamma_obs, table.gamma_obs, rtol=0)
 
 
 @pytest.mark.filterwarnings("ignore::spectral_hooks.analysis.TokenColumnsWarning")
@@ -80,3 +85,5 @@ def test_stats_only_recording_skips_the_section_with_its_reason():
 def test_the_option_is_validated():
     with pytest.raises(OptionError, match="idealised"):
         sh.AnalyzeOptions(idealised="yes")
+    with pytest.raises(OptionError, match="idealised.iterate"):
+        sh.AnalyzeOptions(idealised={"iterate": "2F"})

@@ -207,7 +207,7 @@ def test_table_matches_the_power_table_and_a_numpy_run():
     pre = [g.standard_normal((7, d)) for _ in range(L)]
     post = [g.standard_normal((7, d)) for _ in range(L)]
     T = lambda xs: [torch.tensor(x) for x in xs]  # noqa: E731
-    table = idealised_table(torch.tensor(F), T(seqs), T(pre), T(post))
+    table = idealised_table(torch.tensor(F), T(seqs), T(pre), T(post), iterate="F")
     assert list(table.columns) == list(IDEALISED_COLUMNS)
     power = power_table(torch.tensor(F), T(pre), T(post))
     np.testing.assert_allclose(table.gamma_obs, power.gamma, rtol=1e-13)
@@ -231,3 +231,62 @@ def test_table_matches_the_power_table_and_a_numpy_run():
         idealised_table(torch.tensor(F), T(seqs), None, T([x[:5] for x in post]))
     with pytest.raises(ValueError, match="heads"):
         idealised_table(torch.tensor(F), T(seqs), patterns=[[None, None]] * L)
+
+
+def leading_mode(F: np.ndarray, iterate: str):
+    """Dense float64 oracle: (lambda_1, lambda_2, B) of F in one ordering (|lambda| or
+    |1 + lambda|); lambda_2 = the first eigenvalue that is not lambda_1's conjugate."""
+    vals, vecs = np.linalg.eig(F)
+    key = np.abs(vals + (1.0 if iterate == "I+F" else 0.0))
+    order = np.argsort(-key, kind="stable")
+    i = order[0]
+    lam1 = vals[i]
+    lam2 = next(vals[j] for j in order[1:] if not np.isclose(vals[j], np.conj(lam1))
+                and not np.isclose(vals[j], lam1))
+    v = vecs[:, i]
+    B = (np.linalg.qr(np.stack([v.real, v.imag], 1))[0] if abs(lam1.imag) > 1e-9
+         else (v.real / np.linalg.norm(v.real))[:, None])
+    return lam1, lam2, B
+
+
+def test_one_ordering_per_table_when_F_and_I_plus_F_lead_with_different_modes():
+    """F's leading pair -1.9 +- 0.4i has |1 + lambda| = 0.98 (as on MiniLM's layers 1, 3, 4), so
+    I + F leads with the real lambda = 1.3 (mu = 2.3): every spectral column of a table must come
+    from the one ordering named in its ``iterate`` column (the old table took B_t and the angle
+    from F but the rates from I + F: predicted_rate 0.73 on an "F" row whose B_t is the pair)."""
+    d, L = 7, 3
+    blocks = np.zeros((d, d))
+    blocks[:2, :2] = [[-1.9, -0.4], [0.4, -1.9]]  # lambda = -1.9 +- 0.4i
+    blocks[2, 2] = 1.3
+    blocks[3:5, 3:5] = [[0.6, -0.5], [0.5, 0.6]]  # lambda = 0.6 +- 0.5i
+    blocks[5, 5], blocks[6, 6] = 0.2, -0.1
+    S = np.eye(d) + 0.3 * rng(20).standard_normal((d, d))  # not orthogonal: F non-normal
+    F = S @ blocks @ np.linalg.inv(S)
+    X0 = clustered_tokens(9, d, 21)
+    Fs = torch.tensor(F)[None].repeat(L, 1, 1)
+    default = idealised_table(Fs, [torch.tensor(X0)])
+    assert (default.iterate == "I+F").all()
+    pred = [x.numpy() for x in idealised_run(torch.tensor(X0), [torch.tensor(F)] * L)]
+    for iterate in ("F", "I+F"):
+        table = idealised_table(Fs, [torch.tensor(X0)], iterate=iterate)
+        lam1, lam2, B = leading_mode(F, iterate)
+        mu1, mu2 = 1 + lam1, 1 + lam2
+        assert (table.iterate == iterate).all()
+        assert table.predicted_rate.to_numpy() == pytest.approx(abs(mu2) / abs(mu1), rel=1e-9)
+        assert table.token_rate.to_numpy() == pytest.approx(max(abs(mu2), 1) / abs(mu1),
+                                                            rel=1e-9)
+        complex1 = abs(lam1.imag) > 1e-9
+        assert table.lambda1_is_complex.tolist() == [complex1] * L
+        theory = table.rotation_theory_deg.to_numpy()
+        if complex1:
+            assert theory == pytest.approx(math.degrees(abs(np.angle(mu1))), rel=1e-9)
+        else:
+            assert np.isnan(theory).all()
+        for t in range(L):
+            gamma = (np.linalg.norm(pred[t] @ B, axis=1) / np.linalg.norm(pred[t], axis=1)).mean()
+            assert table.gamma_pred[t] == pytest.approx(gamma, rel=1e-9)
+        if iterate == "F":  # the pair leads: ~156 deg, a rate above 1 (not I + F's leading mode)
+            assert complex1 and table.predicted_rate.iloc[0] > 1
+        else:
+            assert not complex1 and abs(mu1) == pytest.approx(2.3, rel=1e-9)
+            np.testing.assert_allclose(table.gamma_pred, default.gamma_pred, rtol=1e-12)

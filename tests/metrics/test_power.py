@@ -395,3 +395,54 @@ def test_rank1_edit_bad_input():
     P = np.linalg.svd(W_Vg.reshape(-1, 16).numpy())[2]
     with pytest.raises(ValueError):  # orthogonal to the value row space: unreachable
         rank1_output_edit(W_Vg, W_Og, t64(P[-1]))
+
+
+def _oracle_basis(F: np.ndarray, iterate: str = "F") -> np.ndarray:
+    """Dense float64 numpy oracle: orthonormal basis of the leading mode (1-D real, 2-D pair)."""
+    vals, vecs = np.linalg.eig(F)
+    i = int(np.argmax(np.abs(vals + (1.0 if iterate == "I+F" else 0.0))))
+    v = vecs[:, i]
+    if abs(vals[i].imag) > 1e-9:
+        return np.linalg.qr(np.stack([v.real, v.imag], 1))[0]
+    return (v.real / np.linalg.norm(v.real))[:, None]
+
+
+@pytest.mark.parametrize("iterate", ["F", "I+F"])
+def test_gap_difference_reference_layer_and_direction_columns_match_numpy(iterate):
+    """gap_diff = |mu1| - |mu2|; gamma_ref / subspace_cos_ref against one fixed layer's B_r
+    (numpy eig + SVD of B_t^T B_r); gamma_u = mean |cos(x, u)|, all from dense float64 numpy."""
+    g = np.random.default_rng(30)
+    L, d, n = 4, 7, 9
+    F = g.standard_normal((L, d, d))
+    post = [g.standard_normal((n, d)) for _ in range(L)]
+    u = g.standard_normal(d)
+    T = lambda xs: [torch.tensor(x) for x in xs]  # noqa: E731
+    table = power_table(torch.tensor(F), None, T(post), iterate=iterate, reference_layer=1,
+                        direction=torch.tensor(u))
+    default = power_table(torch.tensor(F), None, T(post), iterate=iterate)
+    assert (default.ref_layer == L - 1).all() and default.gamma_u.isna().all()
+    part = power_table(torch.tensor(F), None, T(post), iterate=iterate, layers=[0, 1])
+    assert (part.ref_layer == L - 1).all()  # not the last analysed layer: ranks agree
+    np.testing.assert_allclose(part.gamma_ref, default.gamma_ref[:2], rtol=1e-12)
+    B_r = _oracle_basis(F[1], iterate)
+    shift = 1.0 if iterate == "I+F" else 0.0
+    for t in range(L):
+        q = np.linalg.eigvals(F[t]) + shift
+        q = q[np.argsort(-np.abs(q), kind="stable")]
+        second = next(x for x in q[1:] if not np.isclose(x, np.conj(q[0])))
+        assert table.gap_diff[t] == pytest.approx(abs(q[0]) - abs(second), rel=1e-9)
+        X = post[t] / np.linalg.norm(post[t], axis=1, keepdims=True)
+        assert table.gamma_ref[t] == pytest.approx(np.linalg.norm(X @ B_r, axis=1).mean(),
+                                                   rel=1e-9)
+        B_t = _oracle_basis(F[t], iterate)
+        assert table.subspace_cos_ref[t] == pytest.approx(
+            np.linalg.svd(B_t.T @ B_r, compute_uv=False).max(), rel=1e-9)
+        assert table.gamma_u[t] == pytest.approx(np.abs(X @ u / np.linalg.norm(u)).mean(),
+                                                 rel=1e-12)
+        assert table.gamma_ref_null[t] == gamma_null(d, B_r.shape[1])
+    assert (table.ref_layer == 1).all() and table.subspace_cos_ref[1] == pytest.approx(1.0)
+    np.testing.assert_allclose(table.gamma_ref[1], table.gamma[1], rtol=1e-12)
+    with pytest.raises(ValueError, match="length 7"):
+        power_table(torch.tensor(F), direction=torch.ones(6))
+    with pytest.raises(ValueError, match="out of range"):
+        power_table(torch.tensor(F), reference_layer=L)

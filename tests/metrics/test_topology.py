@@ -322,3 +322,39 @@ def test_unit_graph_at_d_4096():
     assert torch.equal(G.weights, G.weights.T)
     P = participation(G, torch.arange(4096) % 7)
     assert P.shape == (4096,) and bool(((P >= 0) & (P < 1)).all())
+
+
+def test_signed_bridge_gain_against_numpy_and_scipy():
+    """A trained block that suppresses the planted bridges (columns scaled by 0.3) and one that
+    amplifies them (x 3), against an unstructured init: signed Spearman and the bridges' mean
+    log gain from numpy column norms of the dense J and scipy.stats.spearmanr."""
+    from scipy.stats import spearmanr
+
+    from spectral_hooks.metrics.topology import log_gain
+
+    X = planted()
+    d = X.shape[1]
+    g = np.random.default_rng(40)
+    J_init = np.eye(d) + 0.3 * g.standard_normal((d, d))
+    for scale, sign in ((0.3, -1), (3.0, 1)):
+        J = np.eye(d) + 0.3 * g.standard_normal((d, d))
+        J[:, BRIDGES] *= scale
+        gain = log_gain(torch.tensor(J), dense=True)[0]
+        gain0 = log_gain(torch.tensor(J_init), dense=True)[0]
+        np.testing.assert_allclose(gain.numpy(), np.log(np.linalg.norm(J, axis=0)), rtol=1e-12)
+        topo, units = topology_tables({0: X}, {0: gain.exp()}, gain_by_layer={0: gain},
+                                      gain_init_by_layer={0: gain0}, n_shuffles=0)
+        row = topo.iloc[0]
+        P = units.bridge_score.to_numpy()
+        lg, lg0 = np.log(np.linalg.norm(J, axis=0)), np.log(np.linalg.norm(J_init, axis=0))
+        for col, y in (("", lg), ("_init", lg0), ("_vs_init", lg - lg0)):
+            ref = spearmanr(P, y)
+            assert row[f"bridge_gain_rho{col}"] == pytest.approx(ref.statistic, abs=1e-12)
+            assert row[f"bridge_gain_pvalue{col}"] == pytest.approx(ref.pvalue, rel=1e-6)
+        top = P >= np.quantile(P, 0.9)
+        assert row["bridge_log_gain"] == pytest.approx(lg[top].mean(), rel=1e-12)
+        assert row["bridge_log_gain_init"] == pytest.approx(lg0[top].mean(), rel=1e-12)
+        assert np.sign(row["bridge_gain_rho"]) == sign and np.sign(row["bridge_log_gain"]) == sign
+        assert np.sign(row["bridge_gain_rho_vs_init"]) == sign
+    none = topology_tables({0: X}, {0: gain.exp()}, n_shuffles=0)[0].iloc[0]
+    assert math.isnan(none["bridge_gain_rho"]) and math.isnan(none["bridge_log_gain_init"])
