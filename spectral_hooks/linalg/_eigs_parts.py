@@ -66,6 +66,11 @@ def ritz(Hb: Tensor, s: int, bs: int, k: int, which: str, real: bool, tol: float
     a rank-deficient operator) when ||R^T y|| <= tol ||A||. The k-th value is separated when
     the next one is converged, cannot reach it within its residual, or both are exact zeros.
     """
+    dev = Hb.device
+    if dev.type != "cpu":
+        # the small projected problem is solved on the host: one copy (one sync) instead of
+        # the device eig's own host round trips (it runs on the CPU anyway, MAGMA geev)
+        Hb = Hb[:s + bs, :s].cpu()
     H, R = Hb[:s, :s], Hb[s:s + bs, :s]
     theta, Y = torch.linalg.eig(H)
     est = torch.linalg.vector_norm(R.to(Y.dtype) @ Y, dim=0)
@@ -90,8 +95,8 @@ def ritz(Hb: Tensor, s: int, bs: int, k: int, which: str, real: bool, tol: float
     i = kw - lo  # kw and kw - 1 in the three values read from k - 1 on
     gap_ok = bool(conv[kw] or kv[i] + e3[i] < kv[i - 1]
                   or (which == "LM" and z3[i - 1] and z3[i]))
-    return dict(theta=theta, Y=Y, est=est, kw=kw, gap_ok=gap_ok, nconv=sum(conv[:kw]), m=s,
-                scale=scale, imag=imag)
+    return dict(theta=theta.to(dev), Y=Y.to(dev), est=est.to(dev), kw=kw, gap_ok=gap_ok,
+                nconv=sum(conv[:kw]), m=s, scale=scale, imag=imag)
 
 
 def unreachable(b: int, st: dict, best: List[float], stale: List[int],
