@@ -50,6 +50,8 @@ bench: $(STAMP)
 	$(BENCH) benchmarks/dense_threshold.py --widths 128 256 512
 	$(BENCH) benchmarks/jacobian_spectra.py --quick
 	$(BENCH) benchmarks/eigs_vs_arpack.py --quick
+	$(BENCH) benchmarks/eigs_vs_arpack.py --llama --rounds 3
+	$(BENCH) benchmarks/launch_budget.py --quick
 	$(BENCH) benchmarks/training_overhead.py --model minilm --rounds 2
 	$(BENCH) benchmarks/distributed.py --quick
 	$(BENCH) benchmarks/gpu.py --device cpu --layers 2 --d-model 1024 --tokens 128
@@ -60,6 +62,8 @@ bench-full: $(STAMP)
 	$(BENCH) benchmarks/dense_threshold.py
 	$(BENCH) benchmarks/jacobian_spectra.py
 	$(BENCH) benchmarks/eigs_vs_arpack.py --quick
+	$(BENCH) benchmarks/eigs_vs_arpack.py --llama --rounds 5
+	$(BENCH) benchmarks/launch_budget.py
 	$(BENCH) benchmarks/training_overhead.py --model minilm --rounds 6
 	$(BENCH) benchmarks/training_overhead.py --model gpt2-small --rounds 4 --batch 4
 	$(BENCH) benchmarks/distributed.py

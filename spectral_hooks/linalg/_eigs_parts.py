@@ -66,22 +66,37 @@ def ritz(Hb: Tensor, s: int, bs: int, k: int, which: str, real: bool, tol: float
     a rank-deficient operator) when ||R^T y|| <= tol ||A||. The k-th value is separated when
     the next one is converged, cannot reach it within its residual, or both are exact zeros.
     """
+    dev = Hb.device
+    if dev.type != "cpu":
+        # the small projected problem is solved on the host: one copy (one sync) instead of
+        # the device eig's own host round trips (it runs on the CPU anyway, MAGMA geev)
+        Hb = Hb[:s + bs, :s].cpu()
     H, R = Hb[:s, :s], Hb[s:s + bs, :s]
     theta, Y = torch.linalg.eig(H)
     est = torch.linalg.vector_norm(R.to(Y.dtype) @ Y, dim=0)
-    scale = float(torch.linalg.vector_norm(Hb[:s + bs, :s], dim=0).max())
     idx = order(theta, which)
     theta, Y, est = theta[idx], Y[:, idx], est[idx]
-    kw = k + 1 if (real and theta[k - 1].imag > 0) else k
-    zero = theta.abs() <= ZETA * scale
-    floor = _EPS ** (2 / 3) * float(torch.linalg.matrix_norm(H))
-    denom = torch.where(zero, torch.full_like(est, scale), theta.abs().clamp(min=floor))
-    conv = (est <= tol * denom).tolist()
-    kv = key(theta, which)
-    gap_ok = bool(conv[kw] or kv[kw] + est[kw] < kv[kw - 1]
-                  or (which == "LM" and zero[kw - 1] and zero[kw]))
-    return dict(theta=theta, Y=Y, est=est, kw=kw, gap_ok=gap_ok, nconv=sum(conv[:kw]), m=s,
-                scale=scale)
+    # every number the tests need, read in ONE host sync (issue 24: each is a GPU stall)
+    scale_t = torch.linalg.vector_norm(Hb[:s + bs, :s], dim=0).max()
+    floor_t = _EPS ** (2 / 3) * torch.linalg.matrix_norm(H)
+    zero_t = theta.abs() <= ZETA * scale_t
+    denom = torch.where(zero_t, scale_t.to(est.dtype).expand_as(est),
+                        torch.maximum(theta.abs(), floor_t))
+    conv_t = est <= tol * denom
+    kv_t = key(theta, which)
+    lo = k - 1
+    host = torch.cat([conv_t.to(est.dtype), theta.imag, kv_t[lo:lo + 3], est[lo:lo + 3],
+                      zero_t[lo:lo + 3].to(est.dtype), scale_t.reshape(1).to(est.dtype)]).tolist()
+    conv = [bool(c) for c in host[:s]]
+    imag = host[s:2 * s]
+    kv, e3, z3 = host[2 * s:2 * s + 3], host[2 * s + 3:2 * s + 6], host[2 * s + 6:2 * s + 9]
+    scale = host[-1]
+    kw = k + 1 if (real and imag[k - 1] > 0) else k
+    i = kw - lo  # kw and kw - 1 in the three values read from k - 1 on
+    gap_ok = bool(conv[kw] or kv[i] + e3[i] < kv[i - 1]
+                  or (which == "LM" and z3[i - 1] and z3[i]))
+    return dict(theta=theta.to(dev), Y=Y.to(dev), est=est.to(dev), kw=kw, gap_ok=gap_ok,
+                nconv=sum(conv[:kw]), m=s, scale=scale, imag=imag)
 
 
 def unreachable(b: int, st: dict, best: List[float], stale: List[int],

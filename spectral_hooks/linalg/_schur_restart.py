@@ -18,9 +18,11 @@ _KEEP = 0.5  # share of the unconverged part of the space kept at a restart (tun
 ZETA = 1e-12  # |theta| <= ZETA ||A||: an exact zero (rounding allows no relative accuracy)
 
 
-def _real_basis(Y: Tensor, theta: Tensor) -> Tensor:
-    """Real columns spanning the (conjugation-closed) span of complex eigenvectors Y."""
-    imag = theta.imag.tolist()  # one host sync, not one per column
+def _real_basis(Y: Tensor, theta: Tensor, imag: Optional[list] = None) -> Tensor:
+    """Real columns spanning the (conjugation-closed) span of complex eigenvectors Y
+    (``imag``: theta.imag as a host list, when the caller has read it already)."""
+    if imag is None:
+        imag = theta.imag.tolist()  # one host sync, not one per column
     s = Y.shape[1]
     cols = []  # Re y_j for a real value or the first of a pair, then Im y_j for the latter
     for j, t in enumerate(imag):
@@ -39,9 +41,12 @@ def restart(b: int, st: dict, V: Tensor, Hb: Tensor, p: List[int], m: int, bs: i
     if keep is None:
         keep = max(kw, nconv + max(1, int((m - nconv) * _KEEP)))
         keep = min(keep, m - 1)
-    if real and theta[keep - 1].imag > 0:  # never split a conjugate pair
+    imag = st.get("imag")  # read by ritz() with its other numbers: no sync here
+    if imag is None:
+        imag = theta.imag.tolist()
+    if real and imag[keep - 1] > 0:  # never split a conjugate pair
         keep = keep + 1 if keep + 1 <= m - 1 else keep - 1
-    X = _real_basis(Y[:, :keep], theta[:keep]) if real else Y[:, :keep]
+    X = _real_basis(Y[:, :keep], theta[:keep], imag[:keep]) if real else Y[:, :keep]
     W = torch.linalg.qr(X.to(V.dtype)).Q
     H, R = Hb[b, :m, :m].clone(), Hb[b, m:m + bs, :m].clone()
     S = W.mH @ H @ W
@@ -132,5 +137,6 @@ def fresh_residuals(batch: OpBatch, members: List[int], out: List[dict], real: b
         zero = theta.abs() <= ZETA * scale
         theta = torch.where(zero, torch.zeros_like(theta), theta)
         st["theta"] = torch.cat([theta, st["theta"][st["kw"]:]])
+        st.pop("imag", None)  # exact zeros changed theta: a later restart reads it afresh
         r = torch.linalg.vector_norm(Ax - x * theta, dim=0)
         st["resid"] = torch.where(zero, r / scale, r / theta.abs().clamp(min=1e-300))

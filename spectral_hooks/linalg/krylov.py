@@ -42,8 +42,10 @@ A probe lasts until its leading Ritz value (the first beyond the checked set) ha
 residual estimate below PROBE_TOL |theta| (thick restarts keep the checked set and the probe's
 best vectors), at most PROBE_MAX_CYCLES extra cycles: a missed eigenvalue at the edge of a
 cluster (MiniLM layer 3's J - I: the second copy of -1, next to values of modulus 0.98) climbs
-past the k-th value only after a few cycles. Cost: ncv - k matvecs per probe cycle (one cycle
-when its leading value settles at once), counted in n_matvecs.
+past the k-th value only after a few cycles. In single-vector mode the probe is tested every
+TEST_EVERY (8) Arnoldi steps and ends the moment its leading value settles (a rival is still
+judged at the end of a cycle); cost: the steps until then, counted in n_matvecs (a Llama
+d=1024 block Jacobian, k=16: ~100 of ~310).
 Which test is safe: the probe's Ritz values are unconverged after one cycle, so a
 residual-widened test (|theta'| + residual >= |lambda_k|) fires on almost every clustered
 spectrum and would double the cost; the probe uses "a Ritz value beats |lambda_k|"
@@ -64,7 +66,22 @@ becomes vector j + b). Residual estimates are ||R^T y||, restarts and the verifi
 are the same with the residual block in place of the residual vector. For b = 1 this is the
 method above, step for step. A block space needs more matvecs than a single-vector one for
 the same accuracy, so the speed-up comes from cheaper columns only; the default ``ncv`` grows
-with b (see :func:`eigs`).
+with b (see :func:`eigs`). A block step makes no host sync (issue 24): the NaN / Inf test of
+the products is read once per expansion, block Gram-Schmidt has no breakdown branch (a third
+pass and QR turn a column QR made up from rounding into a direction off the basis, with the
+coupling as computed), and the Ritz tests read their numbers in one sync per cycle (on an
+accelerator from a host copy of the small projected matrix).
+
+Device-aware defaults (issue 24). What an application costs decides the shape. On the CPU a
+column costs about what it costs inside a block of up to 32 (a batched JVP of a Llama d=1024
+block: 8 ms for one column, 29 ms for 2-32), and sequential steps are cheap, so the default is
+the single-vector method, with a wider space than ARPACK's default, ncv = max(3k, 20,
+min(6k, 96)): fewest applications, ~1.1x ARPACK ncv=64's on that operator, probe and final
+check included. On an accelerator one application of 32-64 columns costs about one column's
+kernel launches and one read of the weights, and every sequential step and host sync is a
+launch train and a pipeline stall, so the default is block Krylov with the operator's
+``block_size`` hint (ACCEL_BLOCK = 32 without one). ``block_size=`` and ``ncv=`` override
+either.
 
 Multiplicity, zeros, invariant subspaces (issue 12). A single Krylov space sees one copy of a
 repeated eigenvalue; the probe sees the next (it is an eigenvalue of the deflated operator), and
@@ -124,6 +141,15 @@ _STALL = 40  # restarts without convergence before the Krylov space is enlarged
 #: estimate below PROBE_TOL |theta|, or after PROBE_MAX_CYCLES extra cycles
 PROBE_TOL = 1e-3
 PROBE_MAX_CYCLES = 8
+#: single-vector mode: the default ncv is max(3k, 20, min(6k, NCV_WIDE)) (at most n)
+NCV_WIDE = 96
+#: single-vector mode: a probe's tests run every TEST_EVERY Arnoldi steps, not only at the end of
+#: a cycle (it ends as soon as its leading Ritz value settles). The main iteration tests at the
+#: end of a cycle only: on a strongly non-normal operator, mid-cycle "converged" estimates
+#: that fresh matvecs then refute, and probe rivals seen in a part-built space, cost more than
+#: the steps they save (measured with both: 1,855 vs 1,589 matvecs on tests/linalg's line
+#: problem; and only 238 -> 221 on a Llama block Jacobian)
+TEST_EVERY = 8
 
 
 def _probe_settled(st: dict, cycles: int) -> bool:
@@ -134,13 +160,23 @@ def _probe_settled(st: dict, cycles: int) -> bool:
                                                  1e-12 * st["scale"]))
 
 
+#: block width eigs uses on an accelerator (any device but the CPU) for an operator without a
+#: ``block_size`` hint (dense tensors): there a matmul of 32 columns costs about one column's
+#: kernel launches and one column's read of the matrix
+ACCEL_BLOCK = 32
+
+
 def _block_size(batch: OpBatch, block_size: Optional[int]) -> int:
-    if block_size is None:
-        hints = [o.block_size for o in (batch.ops or [])]
-        return min(hints) if hints and all(h is not None for h in hints) else 1
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-        raise OptionError("block_size", block_size, "a positive int or None")
-    return block_size
+    """Columns per operator application: the device-aware default of :func:`eigs` (see its
+    docstring), or ``block_size`` as given."""
+    if block_size is not None:
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+            raise OptionError("block_size", block_size, "a positive int or None")
+        return block_size
+    if batch.device.type == "cpu":
+        return 1
+    hints = [o.block_size for o in (batch.ops or [])]
+    return min(hints) if hints and all(h is not None for h in hints) else ACCEL_BLOCK
 
 
 def _validate(batch: OpBatch, k: int, which: str, tol: float, ncv: Optional[int],
@@ -162,7 +198,7 @@ def _validate(batch: OpBatch, k: int, which: str, tol: float, ncv: Optional[int]
     if ncv is None:
         ncv = max(3 * k, 20, 2 * k + 7 * bs) if bs > 1 else 0
         if bs == 1 or ncv + bs > n:  # no room for a block space: the classic method
-            bs, ncv = 1, min(n, max(3 * k, 20))
+            bs, ncv = 1, min(n, max(3 * k, 20, min(6 * k, NCV_WIDE)))
     if not (k + 2 <= ncv <= n):
         raise OptionError("ncv", ncv, f"an int with k + 2 = {k + 2} <= ncv <= n = {n}")
     return ncv, max(1, min(bs, n - ncv))
@@ -183,15 +219,16 @@ def eigs(op: LinearOperator | Sequence[LinearOperator] | Tensor, k: int, *,
     ``op``: a LinearOperator, a list of LinearOperators of one shape, or a dense tensor
     [..., n, n]. ``which``: "LM" (largest modulus), "LR" (largest real part) or "SM"
     (smallest modulus; slow without shift-invert). ``ncv``: Krylov subspace size (default
-    max(3k, 20), at most n; ARPACK's default is max(2k + 1, 20); a wider space needs fewer
-    matvecs on a clustered top spectrum (n=768, k=16: 770 at 48, 626 at 80) but about 2 ncv
-    on an easy one (first cycle and probe); in block mode
-    max(3k, 20, 2k + 7b), and block mode falls back to b = 1 where that leaves no room for a
-    block, ncv + b > n). ``v0``: start vector [n] or [..., n]; random (``seed``) otherwise.
-    ``block_size``: columns per operator application (block Krylov, see the module doc);
-    default: the operators' ``block_size`` hint (batched-JVP operators carry one), else 1, the
-    classic method (fewest matvecs; always for dense tensors). Returns an :class:`EigResult`;
-    see the module docstring for the guarantees.
+    max(3k, 20, min(6k, 96)), at most n; ARPACK's default is max(2k + 1, 20); a wider space
+    needs fewer matvecs on a clustered top spectrum (a Llama d=1024 block Jacobian, k=16:
+    430 at 48, 365 at 64, 310 at 96); in block mode max(3k, 20, 2k + 7b), and block mode
+    falls back to b = 1 where that leaves no room for a block, ncv + b > n). ``v0``: start
+    vector [n] or [..., n]; random (``seed``) otherwise. ``block_size``: columns per operator
+    application (block Krylov, see the module doc); default by device (module doc,
+    "Device-aware defaults"): on the CPU 1, the classic method (fewest matvecs); on an
+    accelerator the operators' ``block_size`` hint (batched-JVP operators carry 32), else
+    ACCEL_BLOCK. Returns an :class:`EigResult`; see the module docstring for the
+    guarantees.
     """
     batch = OpBatch(op, what="eigs")
     check_int("seed", seed)
@@ -254,13 +291,23 @@ def _solve(batch: OpBatch, k: int, which: str, tol: float, max_restarts: int, m:
 
     if m > DENSE_SHARE * n:
         finish(list(range(B)))
+    every = TEST_EVERY if bs == 1 else 0
     while not all(done):
-        size = _extend(batch, V, Hb, p, done, m, bs, randn, stop_at=k + 2 if bs == 1 else 0)
+        # single-vector mode extends TEST_EVERY steps at a time: a probe is tested then (a
+        # small eig of H, no matvec) and ends as soon as it settles
+        t = min(m, min(p[b] for b in range(B) if not done[b]) + every) if every else m
+        before = list(p)
+        size = _extend(batch, V, Hb, p, done, t, bs, randn, stop_at=k + 2 if bs == 1 else 0)
         checks = []
         grow = False
         for b in range(B):
-            if done[b]:
+            if done[b] or (bs == 1 and before[b] >= t):  # (a member ahead waits)
                 continue
+            end = size[b] >= m or size[b] < t  # the space is full, or invariant (breakdown)
+            if bs == 1:
+                p[b] = size[b]
+            if not end and (not probing[b] or size[b] < k + 2):
+                continue  # mid-cycle tests are for probes only (see TEST_EVERY)
             st = _ritz(Hb[b], size[b], bs, k, which, real, tol_int[b])
             theta, Y, kw = st["theta"], st["Y"], st["kw"]
             passed = st["nconv"] == kw and st["gap_ok"]
@@ -276,6 +323,10 @@ def _solve(batch: OpBatch, k: int, which: str, tol: float, max_restarts: int, m:
                 part = Y[kw_prev[b]:, :kw].abs().amax(dim=0)
                 margin = 1e-8 * abs(kth_prev[b]) if kth_prev[b] else tol * st["scale"]
                 rival = bool(((part > 1e-8) & (key > kth_prev[b] + margin)).any())
+                if not end and (rival or kw != kw_prev[b]
+                                or not _probe_settled(st, probe_cycles[b])):
+                    probing[b] = True  # mid-cycle only a settled probe ends; a rival is
+                    continue           # judged at the end of the cycle, as before
                 if not rival and kw == kw_prev[b]:
                     if _probe_settled(st, probe_cycles[b]):
                         done[b] = True  # the checked result from before the probe stands

@@ -36,8 +36,9 @@ class LinearOperator:
     ``vectorized=True``. ``n_matvecs`` counts applications of A or A^H (a matmat of k
     columns counts k); composite operators count their own applications.
     ``block_size``: a hint that one ``matmat`` of about this many columns is much cheaper than
-    as many ``matvec`` calls (e.g. batched JVPs); :func:`~spectral_hooks.linalg.eigs` then
-    defaults to a block Krylov method. Composites inherit the largest hint of their parts.
+    as many ``matvec`` calls (e.g. batched JVPs); :func:`~spectral_hooks.linalg.eigs` then runs
+    block Krylov of this width on an accelerator (on the CPU one column per step: fewest
+    applications). Composites inherit the largest hint of their parts.
     """
 
     device: torch.device

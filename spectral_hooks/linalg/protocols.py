@@ -30,7 +30,7 @@ class Operator(Protocol):
 
     ``rmatvec`` / ``rmatmat`` raise ``NotImplementedError`` where the adjoint is unknown (svds
     needs it, eigs does not). ``block_size``: columns per ``matmat`` that cost about one
-    application (a hint for eigs' block Krylov mode), or None. ``n_matvecs``: applications so
+    application (the block width eigs uses on an accelerator), or None. ``n_matvecs``: applications so
     far (a matmat of k columns counts k).
     """
 

@@ -33,7 +33,8 @@ the full sequence. Where the HF attention core is pluggable and the check passes
 GPT-2, GPT-NeoX, the Llama family, Gemma 2/3, OLMo2), the query row is scored against the fixed
 keys and its own key separately, 32 rows run at once, and one traced JVP graph
 (:mod:`.shared`) serves every block of the same structure; such operators carry
-``block_size=32`` and ``eigs`` defaults to block Krylov on them.
+``block_size=32`` and ``eigs`` runs block Krylov on them on an accelerator (one column per
+step on the CPU, see :func:`~spectral_hooks.linalg.eigs`).
 
 Implementations a replay can trace: a family's ``call_convention.replay_context`` (an anatomy
 fact) is entered around every call of its block, e.g. mixture-of-experts layers switch from

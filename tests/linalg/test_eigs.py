@@ -225,17 +225,32 @@ def test_block_mode_batched_and_blind_start():
     assert set_distance(res.values, torch.tensor([3.0, 2.0, 1.9], dtype=torch.complex128)) < 1e-8
 
 
-def test_block_size_hint_sets_the_default_and_widths():
+def test_block_size_default_is_device_aware():
+    # issue 24: on the CPU one column per Arnoldi step (fewest applications: ARPACK-level
+    # counts) whatever the operator's hint; block Krylov when asked for, and by default on an
+    # accelerator (the hint's width, or ACCEL_BLOCK for an operator without one)
+    from spectral_hooks.linalg import krylov
+    from spectral_hooks.linalg._batch import OpBatch
+
     A, vals = make_matrix(300, [2.0, 1.8 + 0.5j, 1.6], bulk_radius=1.2, seed=8)
     op = _CountingMatmat(A, hint=12)
     res = eigs(op, 6)
     _check(res, vals, 6)
-    assert max(op.widths) == 12 and len(op.widths) < res.n_matvecs / 4
+    assert op.widths.count(1) > 0.9 * len(op.widths)  # only the final checks apply several
+    blocked = _CountingMatmat(A, hint=12)
+    resb = eigs(blocked, 6, block_size=12)
+    _check(resb, vals, 6)
+    assert max(blocked.widths) == 12 and len(blocked.widths) < resb.n_matvecs / 4
+    assert res.n_matvecs < resb.n_matvecs  # one column at a time needs fewer matvecs
     assert (op - DenseOperator(torch.eye(300, dtype=torch.float64))).block_size == 12
-    plain = _CountingMatmat(A)
-    res1 = eigs(plain, 6)
-    assert set(plain.widths) <= {1, 2, 3, 4, 5, 6, 7}  # final check applies the kept pairs
-    assert res1.n_matvecs < res.n_matvecs  # one column at a time needs fewer matvecs
+
+    def on(device, hint):
+        return OpBatch(LinearOperator((300, 300), matvec=lambda x: x, dtype=torch.float64,
+                                      device=device, block_size=hint), what="eigs")
+    assert krylov._block_size(on("cpu", 12), None) == 1
+    assert krylov._block_size(on("cuda", 12), None) == 12
+    assert krylov._block_size(on("cuda", None), None) == krylov.ACCEL_BLOCK
+    assert krylov._block_size(on("cuda", 12), 1) == 1  # as given
     with pytest.raises(ValueError, match="block_size"):
         eigs(A, 3, block_size=0)
     with pytest.raises(ValueError, match="block_size"):

@@ -66,6 +66,14 @@ def test_non_finite_product_mid_run_names_the_operator(bad):
         eigs(op, 3)
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_non_finite_product_in_block_mode_names_the_operator(bad):
+    # block mode reads its NaN / Inf test once per expansion (no per-step sync): still raised
+    op = _late_nan_operator(60, 9, bad)
+    with pytest.raises(FloatingPointError, match=f"late_{bad}"):
+        eigs(op, 3, block_size=4)
+
+
 def test_non_finite_member_of_a_batch_is_named():
     good = LinearOperator((60, 60), matvec=lambda x: _decaying(60, 4) @ x, dtype=torch.float64,
                           device="cpu", name="good_op")

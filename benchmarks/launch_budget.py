@@ -1,0 +1,189 @@
+"""Benchmark (issue 24): what one ``eigs`` call on a Llama block Jacobian costs in GPU terms,
+counted on the CPU, and a time model that turns the counts into a projected H200 time.
+
+Per ``eigs`` call (top-16 of a Llama-shaped block's last-token Jacobian, float64 operator,
+tol 1e-8) and per solver shape (the CPU default: one column per step; ``block_size=32/64``: the
+shape an accelerator gets by default), counted with ``torch.profiler`` on the CPU:
+
+* column applications (``n_matvecs``) and sequential operator applications (calls of the
+  operator's matmat: on a GPU each is one pass of the JVP graph, whatever its width),
+* host syncs: ``aten::_local_scalar_dense`` (every ``.item()`` / ``float(t)`` / ``bool(t)`` /
+  ``.tolist()`` of a tensor), split into the solver's and the operator's own,
+* top-level aten ops of the solver (each one or more kernel launches on a GPU; the operator's
+  own ops are inside a ``record_function("operator")`` range and counted per application).
+
+Time model (documented assumptions, H200 SXM, float64; see benchmarks/results/launch_budget.md):
+``T = launches * LAUNCH + syncs * SYNC + flops / FP64 + bytes / HBM`` with LAUNCH = 5 us per
+kernel launch (CUDA launch overhead plus PyTorch dispatch, ~3-10 us measured on recent GPUs),
+SYNC = 15 us per host sync (a device-to-host copy of a scalar and the pipeline drain it
+forces), FP64 = 67 TFLOP/s (H200 dense float64 tensor core peak; 34 TFLOP/s vector) and HBM =
+4.8 TB/s (HBM3e). The operator's cost per application is taken from its FLOPs and weight
+bytes (one pass over the block's weights per application, at most one launch per aten op of a
+one-column application as counted here). Llama-3-8B: d=4096, GQA 32/8, ffn 14336, 32 layers.
+
+    python benchmarks/launch_budget.py [--quick] [--widths 1024 2048 4096] [--tokens 128]
+
+``--quick``: d = 1024 only, the eigs counts (no full-section run). One torch thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_v, "1")
+
+import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
+
+K, TOL = 16, 1e-8
+LAUNCH, SYNC = 5e-6, 15e-6          # s per kernel launch, s per host sync (see module doc)
+FP64, HBM = 67e12, 4.8e12           # H200: dense float64 tensor-core FLOP/s, HBM3e bytes/s
+SHAPES = {1024: (8, 2, 3584), 2048: (16, 4, 7168), 4096: (32, 8, 14336)}
+
+
+def build(d: int, tokens: int, layers: int = 1):
+    """A Llama-shaped model at random init (offline config), instrumented, one forward."""
+    from transformers import LlamaConfig, LlamaModel
+
+    import spectral_hooks as sh
+
+    heads, kv, ffn = SHAPES[d]
+    cfg = LlamaConfig(hidden_size=d, intermediate_size=ffn, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=kv, head_dim=d // heads,
+                      vocab_size=1000, max_position_embeddings=max(8192, tokens),
+                      rope_theta=500000.0, rms_norm_eps=1e-5, bos_token_id=0, eos_token_id=0,
+                      pad_token_id=0)
+    torch.manual_seed(0)
+    model = LlamaModel(cfg).eval()
+    ids = torch.randint(0, 1000, (1, tokens), generator=torch.Generator().manual_seed(1))
+    probe = sh.instrument(model)
+    with torch.no_grad():
+        model(input_ids=ids)
+    return model, probe
+
+
+def block_flops_bytes(d: int, tokens: int, dtype_bytes: int = 8) -> tuple:
+    """FLOPs and weight bytes of one single-query JVP column of a Llama block (last token):
+    the projections and the MLP (2 flops per weight), attention over ``tokens`` keys."""
+    heads, kv, ffn = SHAPES[d]
+    hd = d // heads
+    weights = d * d + 2 * d * kv * hd + d * d + 3 * d * ffn
+    flops = 2 * weights + 4 * tokens * d
+    return flops, weights * dtype_bytes
+
+
+class Counted:
+    """Wraps an operator's matmat/matvec: counts sequential applications and puts each in a
+    ``record_function("operator")`` range (so its ops are not top-level solver ops)."""
+
+    def __init__(self, op):
+        self.op, self.calls = op, 0
+        for name in ("_matmat", "_matvec"):
+            f = getattr(op, name)
+            if f is not None:
+                setattr(op, name, self._wrap(f))
+
+    def _wrap(self, f):
+        def g(X):
+            self.calls += 1
+            with record_function("operator"):
+                return f(X)
+        return g
+
+
+def count(fn) -> dict:
+    """Run fn under the profiler; the solver's syncs and top-level ops, the operator's syncs."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        out = fn()
+    events = prof.events()
+    by_id = {e.id: e for e in events}
+
+    def under_operator(e) -> bool:
+        p = e.cpu_parent
+        while p is not None:
+            if p.name == "operator":
+                return True
+            p = by_id.get(p.id, p).cpu_parent
+        return False
+    top = [e for e in events if e.cpu_parent is None and e.name.startswith("aten::")]
+    syncs = [e for e in events if e.name == "aten::_local_scalar_dense"]
+    op_syncs = sum(under_operator(e) for e in syncs)
+    return dict(out=out, solver_syncs=len(syncs) - op_syncs, operator_syncs=op_syncs,
+                solver_top_ops=len(top))
+
+
+def projected(c: dict, d: int, tokens: int, op_launches: int) -> float:
+    """Seconds on an H200 for one eigs call with counts ``c`` (see the module doc)."""
+    flops, nbytes = block_flops_bytes(d, tokens)
+    apps = c["applications"]
+    operator = apps * (op_launches * LAUNCH + nbytes / HBM) + c["n_matvecs"] * flops / FP64
+    n = d
+    solver_flops = 4 * n * c["ncv"] ** 2 * max(1, c["n_matvecs"] / max(1, c["ncv"]))
+    return operator + c["solver_top_ops"] * LAUNCH + c["solver_syncs"] * SYNC + \
+        solver_flops / FP64 + (c["operator_syncs"]) * SYNC
+
+
+def eigs_counts(d: int, tokens: int, shapes, out_rows: list) -> None:
+    from spectral_hooks.linalg import eigs
+
+    model, probe = build(d, tokens)
+    J = probe.jacobian(0)
+    n = J.shape[0]
+    J.matmat(torch.randn(n, 32, dtype=torch.float64))  # build the traced graphs first
+    J.matmat(torch.randn(n, 1, dtype=torch.float64))
+    # one-column application's top-level ops (launches per application on a GPU)
+    c1 = count(lambda: J.matmat(torch.randn(n, 1, dtype=torch.float64)))
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        J.matmat(torch.randn(n, 1, dtype=torch.float64))
+    op_ops = sum(1 for e in prof.events() if e.name.startswith("aten::"))
+    del c1
+    counted = Counted(J)
+    for label, kw in shapes:
+        counted.calls = 0
+        t = time.perf_counter()
+        c = count(lambda: eigs(J, K, tol=TOL, **kw))
+        wall_profiled = time.perf_counter() - t
+        res = c.pop("out")
+        c.update(applications=counted.calls, n_matvecs=res.n_matvecs,
+                 converged=bool(res.converged), ncv=kw.get("ncv") or 96)
+        t = time.perf_counter()
+        eigs(J, K, tol=TOL, **kw)
+        c["cpu_wall_s"] = round(time.perf_counter() - t, 3)
+        c["cpu_wall_profiled_s"] = round(wall_profiled, 3)
+        c["operator_ops_per_application"] = op_ops
+        c["h200_projected_s"] = round(projected(c, d, tokens, op_ops), 4)
+        row = dict(d=d, tokens=tokens, k=K, tol=TOL, shape=label, **c,
+                   torch=torch.__version__, threads=torch.get_num_threads(),
+                   load_avg_1min=round(os.getloadavg()[0], 2),
+                   date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+        out_rows.append(row)
+        print(json.dumps(row), flush=True)
+    probe.remove()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--widths", type=int, nargs="+", default=[1024, 2048, 4096])
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--out", default=None, help="append the JSON lines to this file")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    widths = [1024] if args.quick else args.widths
+    shapes = [("cpu default (1 column)", {}), ("block_size=32", dict(block_size=32)),
+              ("block_size=64", dict(block_size=64))]
+    rows: list = []
+    for d in widths:
+        eigs_counts(d, args.tokens, shapes, rows)
+    if args.out:
+        with open(args.out, "a") as f:
+            for r in rows:
+                f.write(json.dumps(r) + "\n")
+
+
+if __name__ == "__main__":
+    main()
