@@ -104,17 +104,22 @@ def test_power_view_of_adapted_model_equals_merged(kind, family):
         assert_same_power(power_table(model, ids), power_table(base, ids))
 
 
+def _block_jacobians(model, ids):
+    with sh.instrument(model) as probe, torch.no_grad():
+        model(input_ids=ids)
+    return torch.stack([probe.jacobian(layer).to_dense() for layer in (0, 1)])
+
+
 @pytest.mark.parametrize("kind", ["lora", "dora", "ia3"])
 def test_jacobian_view_of_adapted_model_equals_merged(kind):
-    _, model = adapted(kind, "bert")
-    merged = merged_of(model)
+    base, model = adapted(kind, "bert")
     ids = tokens(1)
-    dense = []
-    for m in (model, merged):
-        with sh.instrument(m) as probe, torch.no_grad():
-            m(input_ids=ids)
-        dense.append(torch.stack([probe.jacobian(layer).to_dense() for layer in (0, 1)]))
-    torch.testing.assert_close(dense[0], dense[1], rtol=1e-8, atol=1e-10)
+    adapted_J, merged_J = _block_jacobians(model, ids), _block_jacobians(merged_of(model), ids)
+    assert (adapted_J - _block_jacobians(base, ids)).abs().max() > 1e-6  # the adapter matters
+    torch.testing.assert_close(adapted_J, merged_J, rtol=1e-8, atol=1e-10)
+    with model.disable_adapter():
+        torch.testing.assert_close(_block_jacobians(model, ids), _block_jacobians(base, ids),
+                                   rtol=1e-8, atol=1e-10)
 
 
 def test_set_adapter_and_disable_change_what_the_same_probe_reports():
