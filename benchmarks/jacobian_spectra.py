@@ -10,8 +10,9 @@ Contenders (each timed end to end, in one process, interleaved per layer where p
   then per layer ``spectral_hooks.linalg.eigs(probe.jacobian(l), 16, tol=TOL)`` (float64
   operator, the default). The operator's JVPs are single-query (only the last row is
   recomputed, earlier keys/values fixed) and batched: 32 columns per application through one
-  traced graph shared by all 12 blocks, so eigs defaults to block Krylov (32 columns per
-  step). Measured on all 12 layers; the total includes the recording forward.
+  traced graph shared by all 12 blocks (``block_size=32``): on a GPU eigs runs block Krylov
+  with it, on the CPU (since issue 24) one column per step. Measured on all 12 layers; the
+  total includes the recording forward.
 * user ARPACK: ``scipy.sparse.linalg.eigs(op, k=16, tol=1e-6)`` over a ``LinearOperator`` whose
   matvec is a full-sequence ``torch.func.jvp`` of the float32 block (under the MATH SDPA
   backend), last row read off; at ARPACK's default ncv and at ncv=96 (needed to be right on this
@@ -454,15 +455,15 @@ def main() -> None:
         f"| ours eigs tol={opt.tol:g}, block_size=1 (one column per application; incl. "
         f"verification probe + final check) | {ours1_n} | "
         f"{sum(o['wall'] for o in ours1.values()):.1f} | {e_ours1:.1e} |",
-        f"| ours eigs tol={opt.tol:g}, default (block Krylov, 32 columns per application: the "
-        f"end-to-end row) | {ours_n} | "
+        f"| ours eigs tol={opt.tol:g}, default (on the CPU one column per step, on a GPU block "
+        f"Krylov: the end-to-end row) | {ours_n} | "
         f"{sum(o['wall'] - o['build'] for o in ours.values()):.1f} | {max(e_ours.values()):.1e} |",
         f"| ARPACK default ncv, tol={opt.arpack_tol:g} (layers {arp_def} only) | {n_def} | {w_def:.1f} | {e_def:.1e} |",
         f"| ARPACK {big}, tol={opt.arpack_tol:g} | {n_big} | {w_big:.1f} | {e_big:.1e} |",
         "",
-        f"Matvecs ours (block_size=1) / ARPACK({big}): {ours1_n / max(1, n_big):.2f}; block "
-        f"mode / ARPACK({big}): {ours_n / max(1, n_big):.2f} (in ~{ours_n / 32:.0f} applications "
-        f"of 32 columns). Per layer (ours b=1 / ours block / ARPACK default / {big}): " + ", ".join(
+        f"Matvecs ours (block_size=1) / ARPACK({big}): {ours1_n / max(1, n_big):.2f}; default "
+        f"/ ARPACK({big}): {ours_n / max(1, n_big):.2f}. Per layer (ours b=1 / ours default / "
+        f"ARPACK default / {big}): " + ", ".join(
             f"L{l}: {ours1[l]['n']}/{ours[l]['n']}/{arp.get((l, 'default'), {}).get('n', '-')}/"
             f"{arp[(l, big)]['n']}" for l in layers) + ".",
         "",

@@ -23,7 +23,9 @@ one-column application as counted here). Llama-3-8B: d=4096, GQA 32/8, ffn 14336
 
     python benchmarks/launch_budget.py [--quick] [--widths 1024 2048 4096] [--tokens 128]
 
-``--quick``: d = 1024 only, the eigs counts (no full-section run). One torch thread.
+``--quick``: d = 1024 only, the eigs counts (no full-section run). d = 4096 runs with 32 tokens
+(``--tokens-4096``: CPU memory and time; the operator's FLOPs hardly depend on the tokens).
+One torch thread.
 """
 
 from __future__ import annotations
@@ -96,38 +98,44 @@ class Counted:
 
 
 def count(fn) -> dict:
-    """Run fn under the profiler; the solver's syncs and top-level ops, the operator's syncs."""
+    """Run fn under the profiler. Host syncs (``aten::_local_scalar_dense``) split three ways:
+    the operator's own (inside its record_function range), the CPU eig's workspace queries
+    (inside ``aten::linalg_eig``: on an accelerator eigs solves the small projected problem on
+    a host copy, so these never touch the device), and the solver's (the ones a GPU pays)."""
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         out = fn()
     events = prof.events()
-    by_id = {e.id: e for e in events}
 
-    def under_operator(e) -> bool:
+    def inside(e, name) -> bool:
         p = e.cpu_parent
         while p is not None:
-            if p.name == "operator":
+            if p.name == name:
                 return True
-            p = by_id.get(p.id, p).cpu_parent
+            p = p.cpu_parent
         return False
     top = [e for e in events if e.cpu_parent is None and e.name.startswith("aten::")]
     syncs = [e for e in events if e.name == "aten::_local_scalar_dense"]
-    op_syncs = sum(under_operator(e) for e in syncs)
-    return dict(out=out, solver_syncs=len(syncs) - op_syncs, operator_syncs=op_syncs,
-                solver_top_ops=len(top))
+    op_syncs = sum(inside(e, "operator") for e in syncs)
+    eig_syncs = sum(inside(e, "aten::linalg_eig") and not inside(e, "operator") for e in syncs)
+    return dict(out=out, solver_syncs=len(syncs) - op_syncs - eig_syncs,
+                host_eig_reads=eig_syncs, operator_syncs=op_syncs, solver_top_ops=len(top),
+                all_top_ops=len(top) + sum(e.cpu_parent is not None and e.cpu_parent.name ==
+                                           "operator" for e in events))
 
 
 def projected(c: dict, d: int, tokens: int, op_launches: int) -> float:
-    """Seconds on an H200 for one eigs call with counts ``c`` (see the module doc)."""
+    """Seconds on an H200 for one eigs call with counts ``c`` (see the module doc): every
+    solver top-level op one launch, every operator application ``op_launches`` launches plus
+    one pass over the block's float64 weights, the FLOPs of every column at the fp64 rate,
+    every solver and operator sync one stall."""
     flops, nbytes = block_flops_bytes(d, tokens)
     apps = c["applications"]
     operator = apps * (op_launches * LAUNCH + nbytes / HBM) + c["n_matvecs"] * flops / FP64
-    n = d
-    solver_flops = 4 * n * c["ncv"] ** 2 * max(1, c["n_matvecs"] / max(1, c["ncv"]))
-    return operator + c["solver_top_ops"] * LAUNCH + c["solver_syncs"] * SYNC + \
-        solver_flops / FP64 + (c["operator_syncs"]) * SYNC
+    return operator + c["solver_top_ops"] * LAUNCH + \
+        (c["solver_syncs"] + c["operator_syncs"]) * SYNC
 
 
-def eigs_counts(d: int, tokens: int, shapes, out_rows: list) -> None:
+def eigs_counts(d: int, tokens: int, shapes, out_rows: list, section: bool) -> None:
     from spectral_hooks.linalg import eigs
 
     model, probe = build(d, tokens)
@@ -135,50 +143,108 @@ def eigs_counts(d: int, tokens: int, shapes, out_rows: list) -> None:
     n = J.shape[0]
     J.matmat(torch.randn(n, 32, dtype=torch.float64))  # build the traced graphs first
     J.matmat(torch.randn(n, 1, dtype=torch.float64))
-    # one-column application's top-level ops (launches per application on a GPU)
-    c1 = count(lambda: J.matmat(torch.randn(n, 1, dtype=torch.float64)))
+    # ops of one one-column application (kernel launches per application on a GPU)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         J.matmat(torch.randn(n, 1, dtype=torch.float64))
     op_ops = sum(1 for e in prof.events() if e.name.startswith("aten::"))
-    del c1
     counted = Counted(J)
-    for label, kw in shapes:
-        counted.calls = 0
-        t = time.perf_counter()
-        c = count(lambda: eigs(J, K, tol=TOL, **kw))
-        wall_profiled = time.perf_counter() - t
-        res = c.pop("out")
-        c.update(applications=counted.calls, n_matvecs=res.n_matvecs,
-                 converged=bool(res.converged), ncv=kw.get("ncv") or 96)
-        t = time.perf_counter()
-        eigs(J, K, tol=TOL, **kw)
-        c["cpu_wall_s"] = round(time.perf_counter() - t, 3)
-        c["cpu_wall_profiled_s"] = round(wall_profiled, 3)
-        c["operator_ops_per_application"] = op_ops
-        c["h200_projected_s"] = round(projected(c, d, tokens, op_ops), 4)
-        row = dict(d=d, tokens=tokens, k=K, tol=TOL, shape=label, **c,
-                   torch=torch.__version__, threads=torch.get_num_threads(),
+
+    def emit(row):
+        row.update(torch=torch.__version__, threads=torch.get_num_threads(),
                    load_avg_1min=round(os.getloadavg()[0], 2),
                    date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
         out_rows.append(row)
         print(json.dumps(row), flush=True)
+    for label, kw in shapes:
+        counted.calls = 0
+        t = time.perf_counter()
+        c = count(lambda: eigs(J, K, tol=TOL, **kw))
+        c["cpu_wall_profiled_s"] = round(time.perf_counter() - t, 3)
+        res = c.pop("out")
+        c.update(applications=counted.calls, n_matvecs=res.n_matvecs,
+                 converged=bool(res.converged), operator_ops_per_application=op_ops)
+        if not kw:  # the CPU default, timed without the profiler too
+            t = time.perf_counter()
+            eigs(J, K, tol=TOL, **kw)
+            c["cpu_wall_s"] = round(time.perf_counter() - t, 3)
+        c["h200_projected_s"] = round(projected(c, d, tokens, op_ops), 4)
+        emit(dict(what="eigs call", d=d, tokens=tokens, k=K, tol=TOL, shape=label, **c))
+    if section:  # a full jacobian section (1 layer): eigs + the section's svds / estimators
+        t = time.perf_counter()
+        c = count(lambda: probe.analyze(power=False, progress=False,
+                                        jacobian={"k": K, "dense": False}).jacobian)
+        c["cpu_wall_profiled_s"] = round(time.perf_counter() - t, 3)
+        table = c.pop("out")
+        c["n_matvecs"] = int(table["n_matvecs"].sum()) if "n_matvecs" in table else None
+        emit(dict(what="jacobian section (1 layer, dense=False, CPU default)", d=d,
+                  tokens=tokens, k=K, **c))
     probe.remove()
+
+
+def table(path: str) -> str:
+    """Markdown table of a JSON-lines file this script wrote, and the Llama-3-8B projection:
+    32 x (the d=4096 eigs call in the accelerator's default shape, block_size=32 = the JVP
+    operator's hint + the rest of a jacobian section, i.e. the d=1024 section's counts minus
+    its eigs call's, taken as launch- and sync-bound and unchanged with d)."""
+    rows = [json.loads(line) for line in open(path)]
+    out = ["| d | tokens | shape | column applications | sequential applications | "
+           "host syncs: solver + operator (host eig reads) | top-level aten ops: solver / "
+           "with the operator's | CPU s (profiled) | H200 projected s |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r["what"] != "eigs call":
+            continue
+        wall = r.get("cpu_wall_s")
+        wall = f"{wall} ({r['cpu_wall_profiled_s']})" if wall else f"({r['cpu_wall_profiled_s']})"
+        out.append(f"| {r['d']} | {r['tokens']} | {r['shape']} | {r['n_matvecs']} | "
+                   f"{r['applications']} | {r['solver_syncs']} + {r['operator_syncs']} "
+                   f"({r['host_eig_reads']}) | {r['solver_top_ops']:,} / {r['all_top_ops']:,} | "
+                   f"{wall} | {r['h200_projected_s']} |")
+    sec = [r for r in rows if r["what"].startswith("jacobian section")]
+    e1 = [r for r in rows if r["what"] == "eigs call" and r["d"] == 1024
+          and r["shape"].startswith("cpu default")]
+    e4 = [r for r in rows if r["what"] == "eigs call" and r["d"] == 4096
+          and r["shape"] == "block_size=32"]
+    if sec and e1 and e4:
+        s, e = sec[-1], e1[-1]
+        ops = s["all_top_ops"] - e["all_top_ops"]
+        syncs = s["solver_syncs"] + s["operator_syncs"] - e["solver_syncs"] - e["operator_syncs"]
+        mv = s["n_matvecs"] - e["n_matvecs"]
+        flops, nbytes = block_flops_bytes(4096, 512)
+        rest = ops * LAUNCH + syncs * SYNC + mv * (flops / FP64 + nbytes / HBM)
+        layer = e4[-1]["h200_projected_s"] + rest
+        out += ["", f"Jacobian section, d=1024, 1 layer, CPU default: {s['n_matvecs']} "
+                f"column applications, {s['solver_syncs'] + s['operator_syncs']} host syncs, "
+                f"{s['all_top_ops']:,} top-level aten ops, {s['cpu_wall_profiled_s']} s "
+                "(profiled); beyond its eigs call: "
+                f"{mv} columns, {syncs} syncs, {ops:,} ops (svds, estimators, operator builds).",
+                f"Projected Llama-3-8B jacobian section on an H200 (32 layers): 32 x "
+                f"({e4[-1]['h200_projected_s']:.3f} s eigs + {rest:.3f} s rest) = "
+                f"**{32 * layer:.1f} s**."]
+    return "\n".join(out) + "\n"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--table", default=None, help="print the markdown table of a JSONL file")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--widths", type=int, nargs="+", default=[1024, 2048, 4096])
     ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--tokens-4096", type=int, default=32,
+                    help="tokens at d=4096 (CPU memory and time)")
     ap.add_argument("--out", default=None, help="append the JSON lines to this file")
     args = ap.parse_args()
+    if args.table:
+        print(table(args.table))
+        return
     torch.set_num_threads(1)
     widths = [1024] if args.quick else args.widths
     shapes = [("cpu default (1 column)", {}), ("block_size=32", dict(block_size=32)),
               ("block_size=64", dict(block_size=64))]
     rows: list = []
     for d in widths:
-        eigs_counts(d, args.tokens, shapes, rows)
+        eigs_counts(d, args.tokens_4096 if d == 4096 else args.tokens, shapes, rows,
+                    section=(d == 1024 and not args.quick))
     if args.out:
         with open(args.out, "a") as f:
             for r in rows:
