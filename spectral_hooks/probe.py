@@ -32,7 +32,7 @@ from .report import Report
 from .suspend import is_suspended, suspended  # noqa: F401  (suspended: public re-export)
 from .wrappers import unwrap_model
 
-log = logging.getLogger(__name__)
+log: logging.Logger = logging.getLogger(__name__)
 
 
 class Probe(BlockJacobians, RecordsOn):

@@ -34,7 +34,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from ..errors import fallback
 from .function import _math_sdpa, agreement_tol, plain_jvp
 
-log = logging.getLogger("spectral_hooks.linearize")
+log: logging.Logger = logging.getLogger("spectral_hooks.linearize")
 _TRACES: "OrderedDict[tuple, Tuple[fx.GraphModule, fx.GraphModule]]" = OrderedDict()
 _MAX_TRACES = 8
 

@@ -38,7 +38,7 @@ from ..errors import fallback
 from ..recording import map_tensors
 from .function import REPLAY_ERRORS, BlockFunction, _first, _math_sdpa, agreement_tol
 
-log = logging.getLogger("spectral_hooks.linearize")
+log: logging.Logger = logging.getLogger("spectral_hooks.linearize")
 SPLIT_ATTENTION = "spectral_hooks_single_query"
 _PENDING: contextvars.ContextVar = contextvars.ContextVar("spectral_hooks_fixed_kv",
                                                           default=None)

@@ -20,6 +20,7 @@ checks the factorisation and both factors against ``torch.func.jacfwd``).
 from __future__ import annotations
 
 import contextlib
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -29,6 +30,10 @@ from ..errors import OptionError, UnsupportedModelError
 from .engine import _Engine, _make_operator
 from .function import BlockFunction, _first, agreement_tol, block_function
 from .operator import BlockJacobian
+
+if TYPE_CHECKING:
+    from ..anatomy import Anatomy
+    from ..recording import Recording
 
 SUBLAYERS = ("attention", "ffn")
 __all__ = ["SUBLAYERS", "SublayerFunction", "sublayer_function", "sublayer_jacobian"]
@@ -86,7 +91,7 @@ class SublayerFunction(BlockFunction):
         return self.run(self.hidden[0], mid)[0].index_select(0, self.positions)
 
 
-def sublayer_function(anatomy, recording, layer: int, *, sublayer: str, sample: int = 0,
+def sublayer_function(anatomy: Anatomy, recording: Recording, layer: int, *, sublayer: str, sample: int = 0,
                       position: int = -1, dtype: torch.dtype = torch.float64
                       ) -> SublayerFunction:
     """The ``sublayer`` of block ``layer`` at its recorded input (token rows, see module doc);
@@ -110,7 +115,7 @@ def sublayer_function(anatomy, recording, layer: int, *, sublayer: str, sample: 
     return sub
 
 
-def sublayer_jacobian(anatomy, recording, layer: int, *, sublayer: str, sample: int = 0,
+def sublayer_jacobian(anatomy: Anatomy, recording: Recording, layer: int, *, sublayer: str, sample: int = 0,
                       position: int = -1, dtype: torch.dtype = torch.float64,
                       method: str = "auto") -> BlockJacobian:
     """d x d operator J_attn or J_ffn at one token row (matvec = JVP, rmatvec = VJP)."""

@@ -25,7 +25,7 @@ __all__ = ["UnitGraph", "Communities", "unit_graph", "communities", "modularity"
            "participation", "CONSTANT_RTOL"]
 
 # Named as before the split so that log filters on "spectral_hooks.metrics.topology" still apply.
-logger = logging.getLogger("spectral_hooks.metrics.topology")
+logger: logging.Logger = logging.getLogger("spectral_hooks.metrics.topology")
 
 CONSTANT_RTOL = 1e-12  # a unit is constant when its centred norm <= CONSTANT_RTOL * the largest
 

@@ -46,7 +46,7 @@ from .storage import (  # noqa: F401  (re-exported: they lived here)
 
 __all__ = ["Report", "SECTION_NAMES", "KEY_COLUMNS", "SCHEMA_VERSION"]
 
-logger = logging.getLogger(__name__)
+logger: logging.Logger = logging.getLogger(__name__)
 
 #: Known sections, in the order they are shown.
 SECTION_NAMES: tuple[str, ...] = (
