@@ -64,6 +64,13 @@ def resolve_dense(dense: bool | None, d: int) -> bool:
 class JacobianView:
     """Per-layer block Jacobians of ``subject`` under ``options`` (computed on demand)."""
 
+    subject: Subject
+    options: JacobianOptions
+    exact: bool
+    method: str
+    label: str
+    tol: float
+
     def __init__(self, subject: Subject, options: JacobianOptions, *,
                  method: str = "auto") -> None:
         d = subject.anatomy.d_model

@@ -150,8 +150,18 @@ class BlockFunction:
     Returns the block's output at the same rows, [m, d]. Built by :func:`block_function`.
     """
 
+    block: torch.nn.Module
+    call: BlockCall
+    params: dict[str, Tensor]
+    convention: BlockCallConvention
+    layer: int
+    sample: int
+    hidden: Tensor
+    positions: Tensor
+    x0: Tensor
+
     def __init__(self, block: torch.nn.Module, call: BlockCall, hidden: Tensor,
-                 positions: Tensor, params: dict, layer: int, sample: int,
+                 positions: Tensor, params: dict[str, Tensor], layer: int, sample: int,
                  convention: BlockCallConvention) -> None:
         self.block, self.call, self.params = block, call, params
         self.convention = convention  # how this family's blocks are called (anatomy fact)

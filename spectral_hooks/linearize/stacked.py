@@ -83,8 +83,19 @@ class StackedJacobians:
     ``spectral_hooks.linalg`` (``size``, ``dtype``, ``matmat_all``, ``rmatmat_all``).
     """
 
-    def __init__(self, g: Callable, x0: Tensor, layers: List[int], *, sample: int = 0,
-                 positions: tuple = ()) -> None:
+    g: Callable[[Tensor], Tensor]
+    x0: Tensor
+    layers: List[int]
+    sample: int
+    positions: tuple[int, ...]
+    size: int
+    n: int
+    dtype: torch.dtype
+    device: torch.device
+    n_calls: int
+
+    def __init__(self, g: Callable[[Tensor], Tensor], x0: Tensor, layers: List[int], *,
+                 sample: int = 0, positions: tuple[int, ...] = ()) -> None:
         self.g, self.x0, self.layers = g, x0, layers  # x0: [L, 1, d]
         self.sample, self.positions = sample, positions  # where (for error messages)
         self.size = x0.shape[0]

@@ -20,7 +20,7 @@ checks the factorisation and both factors against ``torch.func.jacfwd``).
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 import torch
 from torch import Tensor
@@ -51,6 +51,11 @@ def _hooked(module: torch.nn.Module, hook):
 class SublayerFunction(BlockFunction):
     """One sublayer of block ``layer`` restricted to rows ``positions`` (see module doc)."""
 
+    module: torch.nn.Module
+    kind: str
+    sublayer: str
+    mid0: Tensor
+
     def __init__(self, fn: BlockFunction, module: torch.nn.Module, kind: str, sublayer: str
                  ) -> None:
         super().__init__(fn.block, fn.call, fn.hidden, fn.positions, fn.params, fn.layer,
@@ -64,7 +69,7 @@ class SublayerFunction(BlockFunction):
         if sublayer == "ffn":
             self.x0 = self.mid0[self.positions].clone()
 
-    def run(self, H: Tensor, mid=None) -> tuple[Tensor, Tensor]:
+    def run(self, H: Tensor, mid: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
         """(block output, resid_mid) [L, d] on input H; ``mid`` replaces resid_mid."""
         seen = {}
 
