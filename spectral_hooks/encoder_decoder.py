@@ -94,7 +94,8 @@ class EncoderDecoderProbe:
     def __init__(self, model: nn.Module, anatomy: EncoderDecoderAnatomy, *, probe_type: type,
                  layers: Layers = None, capture: Sequence[str] = DEFAULT_CAPTURES,
                  store: str = "device", dtype: Optional[torch.dtype] = None) -> None:
-        self.model, self.anatomy = model, anatomy
+        self.model: nn.Module = model
+        self.anatomy: EncoderDecoderAnatomy = anatomy
         self.probes: dict[str, Any] = {}  # stack -> Probe
         attached = False
         try:

@@ -40,7 +40,7 @@ from ..metrics.jacobian import (
 from ..metrics.jacobian_nulls import NULL_MC_MAX_D
 from ..metrics.topology import amplification, log_gain
 from . import progress
-from .options import JacobianOptions
+from .options import AnalyzeOptions, JacobianOptions
 from .subject import Subject
 from .token_text import name_tokens
 
@@ -225,7 +225,7 @@ class JacobianView:
                         seed=o.seed)[0]
 
 
-def jacobian_section(subject: Subject, options, init: Subject | None = None) -> pd.DataFrame:
+def jacobian_section(subject: Subject, options: AnalyzeOptions, init: Subject | None = None) -> pd.DataFrame:
     """One row per (variant, layer, position); ``init`` adds the re-initialised model's rows."""
     o = options.jacobian_options
     frames = [JacobianView(subject, o).table()]
