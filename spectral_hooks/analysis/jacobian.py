@@ -19,7 +19,7 @@ which exact-only columns a matrix-free table lacks.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Iterable, Union
+from typing import Any, Iterable, Union
 
 import pandas as pd
 import torch
@@ -90,7 +90,7 @@ class JacobianView:
         self.label = subject.label
         self.tol = options.tol if options.tol is not None else DEFAULT_TOL[torch.float64]
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         """The ``jacobian`` entry of the report metadata: which computation, and why."""
         o, d = self.options, self.subject.anatomy.d_model
         out = {"computation": "exact" if self.exact else "matrix-free",
@@ -110,7 +110,7 @@ class JacobianView:
     def positions(self) -> list[int]:
         return self.subject.positions(self.options.positions, self.options.sample)
 
-    def bar(self, items: Iterable, desc: str) -> Iterable:
+    def bar(self, items: Iterable[Any], desc: str) -> Iterable[Any]:
         """Iterate ``items``, advancing the analysis' progress display per layer."""
         return progress.layers(items, f"{desc} ({self.label})")
 
@@ -193,7 +193,7 @@ class JacobianView:
         choice = self.options.bottleneck_dense
         return self.subject.anatomy.d_model <= SCHUR_MAX_D if choice is None else choice
 
-    def end_to_end(self, dense: bool) -> list:
+    def end_to_end(self, dense: bool) -> list[Any]:
         """P_1..P_L at the default position through the whole stack (bidirectional models)."""
         s, o = self.subject, self.options
         if dense:

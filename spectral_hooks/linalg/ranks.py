@@ -14,7 +14,7 @@ raise ValueError. From a truncated spectrum these are the ranks of that truncati
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence, Union
+from typing import TYPE_CHECKING, Sequence, TypeAlias, Union
 
 import torch
 from torch import Tensor
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     import numpy as np
 
 #: singular values: a tensor (any float dtype), a list or a numpy array
-SingularValues = Union[Tensor, Sequence[float], "np.ndarray"]
+SingularValues: TypeAlias = Union[Tensor, Sequence[float], "np.ndarray"]
 
 
 def _check(s: SingularValues, name: str) -> Tensor:

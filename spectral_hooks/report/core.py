@@ -343,7 +343,7 @@ class Report:
 
         return load_plots().figure(self, name)
 
-    def figures(self) -> dict:
+    def figures(self) -> dict[str, Any]:
         """Every figure the present sections allow, by name."""
         from .lazy_plots import load_plots
 

@@ -10,7 +10,7 @@ Imports matplotlib: only `spectral_hooks.report.plots` and its figure modules im
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pandas as pd
@@ -171,7 +171,7 @@ def legend_labels(fig: Figure) -> list[str]:
     return out
 
 
-def figure_meta(fig: Figure) -> dict:
+def figure_meta(fig: Figure) -> dict[str, Any]:
     """What ``fig`` shows: states, series, categories, legend labels (for HTML and tests)."""
     meta = dict(getattr(fig, "spectral_hooks_meta", None) or {"series": [], "categories": []})
     states: list[str] = []
