@@ -104,7 +104,7 @@ def cache_length(kwargs: dict[str, Any]) -> int:
     return 0
 
 
-def without_caches(kwargs: dict) -> dict:
+def without_caches(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in kwargs.items() if k not in CACHE_KWARGS and not is_cache(v)}
 
 
@@ -113,7 +113,7 @@ def in_backward() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
-def padding_mask(kwargs: dict) -> Optional[Tensor]:
+def padding_mask(kwargs: dict[str, Any]) -> Optional[Tensor]:
     mask = kwargs.get(MASK_KWARG)
     return mask if isinstance(mask, Tensor) and mask.ndim == 2 else None
 

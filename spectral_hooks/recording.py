@@ -110,7 +110,7 @@ class _Run:
     chunks: dict = field(default_factory=dict)  # (capture, layer) -> list[Tensor]
     masks: list = field(default_factory=list)
     steps: list = field(default_factory=list)
-    block_calls: dict = field(default_factory=dict)  # layer -> BlockCall (prefill only)
+    block_calls: dict[int, BlockCall] = field(default_factory=dict)  # layer -> BlockCall (prefill only)
     token_ids: list = field(default_factory=list)  # per step: Tensor[batch, n_new] or None
     inputs: Optional[tuple] = None  # the model call's (args, kwargs), caches removed
 
@@ -176,7 +176,7 @@ class Recording(ActivationCacheView):
         return t.detach().to(device=device, dtype=dtype, copy=copy)
 
     def commit(self, captured: dict[Any, Any], mask: Tensor, *, continues: bool,
-               block_calls: dict, inputs: Optional[tuple] = None,
+               block_calls: dict[int, BlockCall], inputs: Optional[tuple[Any, ...]] = None,
                token_ids: Optional[Tensor] = None) -> None:
         """Add one forward call: ``captured[(capture, layer)] = Tensor[batch, pos, d]``."""
         self._cache.clear()

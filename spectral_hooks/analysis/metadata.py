@@ -18,7 +18,7 @@ from .options import AnalyzeOptions
 from .subject import Subject
 
 
-def versions() -> dict:
+def versions() -> dict[str, Any]:
     import transformers
 
     return {"spectral_hooks": __version__, "torch": torch.__version__,
