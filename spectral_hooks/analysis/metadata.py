@@ -32,7 +32,7 @@ def config_hash(config: Any) -> Optional[str]:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def metadata(subject: Subject, options: AnalyzeOptions) -> dict:
+def metadata(subject: Subject, options: AnalyzeOptions) -> dict[str, Any]:
     """The metadata dict of a new report (``timings_s`` and ``fallbacks`` fill in as sections
     are computed)."""
     anatomy, rec = subject.anatomy, subject.recording

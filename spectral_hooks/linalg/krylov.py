@@ -115,7 +115,7 @@ if TYPE_CHECKING:
 
 __all__ = ["eigs"]
 
-logger = logging.getLogger(__name__)
+logger: logging.Logger = logging.getLogger(__name__)
 _WHICH = ("LM", "LR", "SM")
 _STALL = 40  # restarts without convergence before the Krylov space is enlarged
 

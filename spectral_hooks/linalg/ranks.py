@@ -14,7 +14,7 @@ raise ValueError. From a truncated spectrum these are the ranks of that truncati
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence, TypeAlias, Union
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 from torch import Tensor
@@ -25,9 +25,6 @@ __all__ = ["effective_rank", "participation_ratio", "stable_rank", "surviving"]
 
 if TYPE_CHECKING:
     import numpy as np
-
-#: singular values: a tensor (any float dtype), a list or a numpy array
-SingularValues: TypeAlias = Union[Tensor, Sequence[float], "np.ndarray"]
 
 
 def _check(s: Tensor | Sequence[float] | np.ndarray, name: str) -> Tensor:

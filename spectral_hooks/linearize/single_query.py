@@ -106,8 +106,9 @@ class _FixedKV:
     :func:`_split_attention` and returns the new ones only (``split=True``). It never grows.
     """
 
-    def __init__(self, split: bool = False, refused: tuple = ()) -> None:
-        self.keys = self.values = None
+    def __init__(self, split: bool = False, refused: tuple[str, ...] = ()) -> None:
+        self.keys: Optional[Tensor] = None
+        self.values: Optional[Tensor] = None
         self.split = split
         self.refused = refused  # score-modifying core keywords the split core refuses
 

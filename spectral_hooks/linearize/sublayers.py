@@ -55,6 +55,7 @@ class SublayerFunction(BlockFunction):
     kind: str
     sublayer: str
     mid0: Tensor
+    x0: Tensor
 
     def __init__(self, fn: BlockFunction, module: torch.nn.Module, kind: str, sublayer: str
                  ) -> None:
