@@ -22,7 +22,7 @@ from typing import Iterator
 
 from torch import nn
 
-log = logging.getLogger(__name__)
+log: logging.Logger = logging.getLogger(__name__)
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
