@@ -38,7 +38,7 @@ def restart(b: int, st: dict, V: Tensor, Hb: Tensor, p: List[int], m: int, bs: i
     theta, Y, nconv, kw = st["theta"], st["Y"], st["nconv"], st["kw"]
     if keep is None:
         keep = max(kw, nconv + max(1, int((m - nconv) * _KEEP)))
-        keep = min(keep, m - 1)
+        keep = min(keep, m - 1)  # pyright: ignore[reportArgumentType]
     if real and theta[keep - 1].imag > 0:  # never split a conjugate pair
         keep = keep + 1 if keep + 1 <= m - 1 else keep - 1
     X = _real_basis(Y[:, :keep], theta[:keep]) if real else Y[:, :keep]
