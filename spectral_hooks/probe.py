@@ -38,7 +38,16 @@ log: logging.Logger = logging.getLogger(__name__)
 class Probe(BlockJacobians, RecordsOn):
     """Hooks on one model; see :func:`instrument`. Block Jacobians at the recorded inputs:
     ``jacobian``, ``jacobian_product``, ``dense_jacobian`` (:class:`BlockJacobians`); the
-    same inputs on another model: ``clone_on``, ``record_on`` (:class:`RecordsOn`)."""
+    same inputs on another model: ``clone_on``, ``record_on`` (:class:`RecordsOn`).
+
+        >>> import torch
+        >>> from transformers import GPT2Config, GPT2Model
+        >>> model = GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)).eval()
+        >>> with instrument(model) as probe:
+        ...     _ = model(torch.tensor([[1, 2, 3]]))
+        >>> probe.layers, probe.analyze().sections
+        ((0, 1), ['power', 'spectra'])
+    """
 
     anatomy: Anatomy
     layers: tuple[int, ...]

@@ -95,6 +95,16 @@ class Report:
     Access a section as an attribute (``report.power``) or by name (``report["power"]``).
     Known sections that were not computed read as None through their attribute; ``report[name]``
     raises KeyError for them. ``report.sections`` lists the names present.
+
+        >>> import torch
+        >>> from transformers import GPT2Config, GPT2Model
+        >>> import spectral_hooks as sh
+        >>> model = GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)).eval()
+        >>> with sh.instrument(model) as probe:
+        ...     _ = model(torch.tensor([[1, 2, 3]]))
+        >>> report = probe.analyze()
+        >>> report.sections, len(report.power), report.jacobian is None
+        (['power', 'spectra'], 2, True)
     """
 
     def __init__(
