@@ -140,17 +140,7 @@ class _LayerView:
 
 class Recording(ActivationCacheView):
     """Residual-stream states and attention outputs recorded per layer; also a mapping of
-    TransformerLens hook names (see :mod:`spectral_hooks.cache_view`).
-
-        >>> import torch
-        >>> from transformers import GPT2Config, GPT2Model
-        >>> import spectral_hooks as sh
-        >>> model = GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)).eval()
-        >>> with sh.instrument(model) as probe:
-        ...     _ = model(torch.tensor([[1, 2, 3]]))
-        >>> probe.recording.layers, probe.recording["blocks.1.hook_resid_post"].shape
-        ((0, 1), torch.Size([1, 3, 32]))
-    """
+    TransformerLens hook names (see :mod:`spectral_hooks.cache_view`)."""
 
     n_layers: int
     layers: tuple[int, ...]

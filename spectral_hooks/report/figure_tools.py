@@ -10,15 +10,12 @@ Imports matplotlib: only `spectral_hooks.report.plots` and its figure modules im
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-
-if TYPE_CHECKING:
-    from .core import Report
 
 ALPHA = 0.05  # significance level used to mark p-values
 COMPLEX_TOL = 1e-6  # |Im| > tol |lambda| counts as complex (METRICS.md section 2)
@@ -40,7 +37,7 @@ def _new_figure(width: float, height: float) -> Figure:
     return fig
 
 
-def _section(report: Report, name: str, columns: tuple[str, ...] = ()) -> pd.DataFrame:
+def _section(report: Any, name: str, columns: tuple[str, ...] = ()) -> pd.DataFrame:
     df = report.get(name)
     if df is None or len(df) == 0:
         raise MissingSectionError(f"the report has no {name!r} section")
@@ -80,7 +77,7 @@ def _per_layer(df: pd.DataFrame, x: str, cols: list[str]) -> pd.DataFrame:
     return out
 
 
-def _trend_label(report: Report, metric: str) -> str:
+def _trend_label(report: Any, metric: str) -> str:
     trends = report.get("trends")
     if trends is None or "metric" not in trends.columns:
         return ""
@@ -117,13 +114,13 @@ def _integer_xaxis(ax) -> None:
 NULL_STATE = "null"  # a reference drawn from random matrices, not a model
 
 
-def base_state(report: Report) -> str:
+def base_state(report: Any) -> str:
     """The state of rows without a ``variant`` column: the analysed model, or a difference."""
     meta = getattr(report, "metadata", None) or {}
     return "difference" if "compare" in meta else "trained"
 
 
-def rows_state(report: Report, df: pd.DataFrame) -> str:
+def rows_state(report: Any, df: pd.DataFrame) -> str:
     """The model state of the rows ``df`` ("trained", "init", ...); several joined by "+"."""
     if "variant" not in df.columns:
         return base_state(report)
@@ -131,7 +128,7 @@ def rows_state(report: Report, df: pd.DataFrame) -> str:
     return "+".join(values) if values else base_state(report)
 
 
-def column_state(report: Report, column: str) -> str:
+def column_state(report: Any, column: str) -> str:
     """The state a column of a section without ``variant`` shows (``*_init``: init...)."""
     if column.endswith("_init"):
         return "init"

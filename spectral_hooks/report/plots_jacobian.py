@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import TYPE_CHECKING, cast
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -31,9 +31,6 @@ from .figure_tools import (
     tag,
 )
 
-if TYPE_CHECKING:
-    from .core import Report
-
 
 # ---------------------------------------------------------------------- Jacobian view
 def _variants(df) -> list:
@@ -44,7 +41,7 @@ def _variants(df) -> list:
     return [v for v in VARIANT_STYLE if v in found] + [v for v in found if v not in VARIANT_STYLE]
 
 
-def rotation_symmetry_vs_depth(report: Report) -> Figure:
+def rotation_symmetry_vs_depth(report: Any) -> Figure:
     """frac_complex of J (full spectrum, else its top-k) and sym_energy of ΔJ vs depth, each with
     its null; one line per variant (trained, init): positions of a layer are averaged, variants
     never are."""
@@ -103,7 +100,7 @@ def rotation_symmetry_vs_depth(report: Report) -> Figure:
     return tag(fig, series, [v for v in variants if v is not None])
 
 
-def bottleneck_erank(report: Report) -> Figure:
+def bottleneck_erank(report: Any) -> Figure:
     """Effective rank (and surviving directions) of the cumulative Jacobian product per variant."""
     df = _section(report, "bottleneck", ("variant", "depth"))
     if "ablated_layer" in df.columns:  # whole-model variants; single-layer ablations: the table
@@ -140,7 +137,7 @@ def bottleneck_erank(report: Report) -> Figure:
 
 
 # ---------------------------------------------------------------------- topology
-def topology_coupling(report: Report) -> Figure:
+def topology_coupling(report: Any) -> Figure:
     """Spearman coupling between bridge score and amplification per layer, with its controls."""
     df = _section(report, "topology", ("layer",)).sort_values("layer")
     x = _num(df, "layer")
@@ -203,7 +200,7 @@ def topology_coupling(report: Report) -> Figure:
 _RANK_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b")
 
 
-def units_scatter(report: Report, *, max_panels: int = 12, ncols: int = 4) -> Figure:
+def units_scatter(report: Any, *, max_panels: int = 12, ncols: int = 4) -> Figure:
     """Bridge score vs amplification of each residual unit, one panel per layer.
 
     Colour: the unit's community, by size rank within its layer (community labels are arbitrary
