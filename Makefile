@@ -56,6 +56,7 @@ bench: $(STAMP)
 	$(BENCH) benchmarks/distributed.py --quick
 	$(BENCH) benchmarks/gpu.py --device cpu --layers 2 --d-model 1024 --tokens 128
 	$(BENCH) benchmarks/recording_vs_tlens.py --quick
+	$(BENCH) benchmarks/hygiene.py
 
 bench-full: $(STAMP)
 	$(BENCH) benchmarks/cache_lookup.py

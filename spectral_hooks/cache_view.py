@@ -65,7 +65,7 @@ class ActivationCacheView:
     def __len__(self) -> int:
         return len(self.keys())
 
-    def __getitem__(self, key: Union[str, tuple]) -> Tensor:
+    def __getitem__(self, key: Union[str, tuple[Any, ...]]) -> Tensor:
         if key == "mask":
             return self.mask
         point, layer = _resolve(key)

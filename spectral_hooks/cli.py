@@ -223,7 +223,7 @@ def _summary(report) -> str:
     return power[cols].to_string(index=False, float_format=lambda v: f"{v:.4g}")
 
 
-def analyze(args) -> int:
+def analyze(args: argparse.Namespace) -> int:
     import torch
 
     import spectral_hooks as sh
@@ -289,7 +289,7 @@ def _warn_not_converged(report) -> None:
                                 "(converged=False in the report); consider a larger --k budget")
 
 
-def compare(args) -> int:
+def compare(args: argparse.Namespace) -> int:
     from .report import Report
 
     for d in (args.a, args.b):

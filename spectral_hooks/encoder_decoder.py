@@ -89,12 +89,24 @@ class EncoderDecoderProbe:
     removed together (context manager, :meth:`remove`), ``n_handles`` counts both.
 
     ``probe_type`` is :class:`~spectral_hooks.probe.Probe` (passed in by ``instrument``, which
-    lives in probe.py: this module sits beside it and does not import it)."""
+    lives in probe.py: this module sits beside it and does not import it).
+
+        >>> import torch
+        >>> from transformers import T5Config, T5Model
+        >>> import spectral_hooks as sh
+        >>> t5 = T5Model(T5Config(d_model=32, d_ff=64, num_layers=2, num_heads=4, d_kv=8,
+        ...                       vocab_size=100)).eval()
+        >>> with sh.instrument(t5) as probe:
+        ...     _ = t5(input_ids=torch.tensor([[1, 2, 3]]), decoder_input_ids=torch.tensor([[0, 1]]))
+        >>> type(probe).__name__, sorted(probe.probes)
+        ('EncoderDecoderProbe', ['decoder', 'encoder'])
+    """
 
     def __init__(self, model: nn.Module, anatomy: EncoderDecoderAnatomy, *, probe_type: type,
                  layers: Layers = None, capture: Sequence[str] = DEFAULT_CAPTURES,
                  store: str = "device", dtype: Optional[torch.dtype] = None) -> None:
-        self.model, self.anatomy = model, anatomy
+        self.model: nn.Module = model
+        self.anatomy: EncoderDecoderAnatomy = anatomy
         self.probes: dict[str, Any] = {}  # stack -> Probe
         attached = False
         try:

@@ -70,7 +70,11 @@ def _short_repr(value: Any, limit: int = 80) -> str:
 class UnknownOptionError(OptionError, TypeError):
     """An option name that does not exist (a TypeError, as for an unknown keyword)."""
 
-    def __init__(self, where: str, unknown: list, known: list) -> None:
+    option: str
+    value: Any
+    valid: Any
+
+    def __init__(self, where: str, unknown: list[str], known: list[str]) -> None:
         self.option, self.value, self.valid = where, unknown, known
         SpectralHooksError.__init__(self, f"unknown {where} option(s) {sorted(unknown)}: "
                                           f"choose from {sorted(known)}")

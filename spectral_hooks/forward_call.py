@@ -55,7 +55,7 @@ def recorded_points(capture: Any) -> tuple[str, ...]:
     return points
 
 
-def output_points(anatomy: Anatomy, capture: tuple[str, ...]) -> list[tuple]:
+def output_points(anatomy: Anatomy, capture: tuple[str, ...]) -> list[tuple[Any, ...]]:
     """(LayerParts attribute, capture point, output -> recorded tensor) for every point captured
     by a module's output hook (``resid_*`` only where a TransformerLens HookPoint has them;
     ``attn_pattern`` where the anatomy says it can be read, else UnsupportedModelError)."""
@@ -68,7 +68,7 @@ def output_points(anatomy: Anatomy, capture: tuple[str, ...]) -> list[tuple]:
     return points
 
 
-def application_orders(anatomy: Anatomy, attr: str) -> dict:
+def application_orders(anatomy: Anatomy, attr: str) -> dict[Any, Any]:
     """module id -> (module, [layer indices in application order]) for ``LayerParts.attr``."""
     orders: dict = {}
     for part in anatomy.layers:
@@ -87,7 +87,7 @@ def is_cache(value: Any) -> bool:
     return value is not None and hasattr(value, "get_seq_length")
 
 
-def cache_length(kwargs: dict) -> int:
+def cache_length(kwargs: dict[str, Any]) -> int:
     """Positions already in a KV cache passed to the model or to a block (0: a fresh call)."""
     for name in CACHE_KWARGS:
         value = kwargs.get(name)
@@ -104,7 +104,7 @@ def cache_length(kwargs: dict) -> int:
     return 0
 
 
-def without_caches(kwargs: dict) -> dict:
+def without_caches(kwargs: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in kwargs.items() if k not in CACHE_KWARGS and not is_cache(v)}
 
 
@@ -113,12 +113,12 @@ def in_backward() -> bool:
     return torch._C._current_graph_task_id() != -1
 
 
-def padding_mask(kwargs: dict) -> Optional[Tensor]:
+def padding_mask(kwargs: dict[str, Any]) -> Optional[Tensor]:
     mask = kwargs.get(MASK_KWARG)
     return mask if isinstance(mask, Tensor) and mask.ndim == 2 else None
 
 
-def replayable_call(args: tuple, kwargs: dict, to_store: Callable[..., Tensor], *,
+def replayable_call(args: tuple[Any, ...], kwargs: dict[str, Any], to_store: Callable[..., Tensor], *,
                     hidden_kwarg: str) -> BlockCall:
     """A block's call with its residual input stored, KV caches dropped, use_cache off.
     ``hidden_kwarg``: the keyword of the residual input when it is not passed positionally."""
@@ -151,7 +151,8 @@ def verified(anatomy: Anatomy, call: "ForwardCall", output: Any, *,
         raise
 
 
-def bind_model_call(signature: inspect.Signature, args: tuple, kwargs: dict) -> dict:
+def bind_model_call(signature: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any]
+                    ) -> dict[str, Any]:
     """The model call's arguments by name (``**kwargs`` flattened), checked for emptiness and
     for string batches that the model would pad out of the probe's sight."""
     try:
@@ -176,7 +177,7 @@ def bind_model_call(signature: inspect.Signature, args: tuple, kwargs: dict) -> 
     return bound
 
 
-def token_ids_of(bound: dict) -> Optional[Tensor]:
+def token_ids_of(bound: dict[str, Any]) -> Optional[Tensor]:
     """The integer token ids [batch, pos] the model was called with, or None (embeddings,
     strings)."""
     for name in MODEL_INPUT_KWARGS:
@@ -204,12 +205,12 @@ class ForwardCall:
         self.inputs: Optional[tuple[Any, ...]] = None
 
     @classmethod
-    def begin(cls, bound: dict) -> "ForwardCall":
+    def begin(cls, bound: dict[str, Any]) -> "ForwardCall":
         """The state of a model call whose arguments are ``bound`` (see bind_model_call)."""
         return cls(padding_mask(bound), continues=cache_length(bound) > 0,
                    token_ids=token_ids_of(bound))
 
-    def next_layer(self, key: tuple, order: list[int]) -> Optional[int]:
+    def next_layer(self, key: tuple[Any, ...], order: list[int]) -> Optional[int]:
         """The layer of this application of a module (None past its last application)."""
         count = self.counts.get(key, 0)
         self.counts[key] = count + 1

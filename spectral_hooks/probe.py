@@ -32,7 +32,7 @@ from .report import Report
 from .suspend import is_suspended, suspended  # noqa: F401  (suspended: public re-export)
 from .wrappers import unwrap_model
 
-log = logging.getLogger(__name__)
+log: logging.Logger = logging.getLogger(__name__)
 
 
 class Probe(BlockJacobians, RecordsOn):
@@ -40,17 +40,12 @@ class Probe(BlockJacobians, RecordsOn):
     ``jacobian``, ``jacobian_product``, ``dense_jacobian`` (:class:`BlockJacobians`); the
     same inputs on another model: ``clone_on``, ``record_on`` (:class:`RecordsOn`)."""
 
-    anatomy: Anatomy
-    layers: tuple[int, ...]
-    recording: Recording
-    model: nn.Module
-
     def __init__(self, model: nn.Module, *, layers: Optional[Iterable[int]] = None,
                  capture: Sequence[str] = DEFAULT_CAPTURES, store: str = "device",
                  dtype: Optional[torch.dtype] = None, anatomy: Optional[Anatomy] = None) -> None:
-        self.anatomy = stack_of(anatomy if anatomy is not None else anatomy_of(model),
-                                what="Probe")
-        self.model = model
+        self.anatomy: Anatomy = stack_of(anatomy if anatomy is not None else anatomy_of(model),
+                                         what="Probe")
+        self.model: nn.Module = model
         capture = fc.recorded_points(capture)  # TransformerLens hook names accepted
         if store not in STORES:
             raise OptionError("store", store, f"one of {STORES}")
@@ -58,9 +53,9 @@ class Probe(BlockJacobians, RecordsOn):
                                   or not dtype.is_floating_point):
             raise OptionError("dtype", dtype, "a floating torch.dtype (e.g. torch.float32) or "
                               "None", hint="recorded states are cast to it")
-        self.layers = fc.recorded_layers(self.anatomy, layers)
-        self.recording = Recording(n_layers=self.anatomy.n_layers, layers=self.layers,
-                                   capture=capture, store=store, dtype=dtype)
+        self.layers: tuple[int, ...] = fc.recorded_layers(self.anatomy, layers)
+        self.recording: Recording = Recording(n_layers=self.anatomy.n_layers, layers=self.layers,
+                                              capture=capture, store=store, dtype=dtype)
         self._handles: list = []
         self._call: Optional[fc.ForwardCall] = None
         self._cache = AnalysisCache(model, self.recording)

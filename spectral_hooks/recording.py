@@ -74,7 +74,7 @@ class BlockCall:
     def hidden(self) -> Tensor:
         return self.args[0] if self.hidden_in_args else self.kwargs[self.hidden_kwarg]
 
-    def with_hidden(self, hidden: Tensor) -> tuple[tuple, dict]:
+    def with_hidden(self, hidden: Tensor) -> tuple[tuple[Any, ...], dict[str, Any]]:
         """The call's (args, kwargs) with the residual input replaced by ``hidden``."""
         if self.hidden_in_args:
             return (hidden,) + tuple(self.args[1:]), dict(self.kwargs)
@@ -110,7 +110,7 @@ class _Run:
     chunks: dict = field(default_factory=dict)  # (capture, layer) -> list[Tensor]
     masks: list = field(default_factory=list)
     steps: list = field(default_factory=list)
-    block_calls: dict = field(default_factory=dict)  # layer -> BlockCall (prefill only)
+    block_calls: dict[int, BlockCall] = field(default_factory=dict)  # layer -> BlockCall (prefill only)
     token_ids: list = field(default_factory=list)  # per step: Tensor[batch, n_new] or None
     inputs: Optional[tuple] = None  # the model call's (args, kwargs), caches removed
 
@@ -175,8 +175,8 @@ class Recording(ActivationCacheView):
         dtype = self.dtype if self.dtype is not None and t.is_floating_point() else t.dtype
         return t.detach().to(device=device, dtype=dtype, copy=copy)
 
-    def commit(self, captured: dict, mask: Tensor, *, continues: bool,
-               block_calls: dict, inputs: Optional[tuple] = None,
+    def commit(self, captured: dict[Any, Any], mask: Tensor, *, continues: bool,
+               block_calls: dict[int, BlockCall], inputs: Optional[tuple[Any, ...]] = None,
                token_ids: Optional[Tensor] = None) -> None:
         """Add one forward call: ``captured[(capture, layer)] = Tensor[batch, pos, d]``."""
         self._cache.clear()
@@ -388,7 +388,7 @@ class Recording(ActivationCacheView):
         raise IndexError(sample)  # unreachable
 
     @property
-    def model_inputs(self) -> list[Optional[tuple]]:
+    def model_inputs(self) -> list[Optional[tuple[Any, ...]]]:
         """Per run, the (args, kwargs) the model was called with (None when unknown), so the
         same inputs can be replayed through another model (e.g. a re-initialised copy)."""
         return [run.inputs for run in self._runs]

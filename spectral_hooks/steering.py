@@ -44,7 +44,15 @@ class SteeringStateError(SpectralHooksError, RuntimeError):
 
 @dataclass(eq=False)
 class Steering:
-    """An applied steering edit and what it achieved (eigenvalues of the steered layer's F)."""
+    """An applied steering edit and what it achieved (eigenvalues of the steered layer's F).
+
+        >>> import torch
+        >>> from transformers import GPT2Config, GPT2Model
+        >>> model = GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)).eval()
+        >>> with steer(model, torch.ones(32) / 32 ** 0.5, layer=1, gap=0.5) as edit:
+        ...     edit.layer, edit.gap_after <= 0.5
+        (1, True)
+    """
 
     layer: int
     direction: Tensor
@@ -170,6 +178,16 @@ def steer(model: nn.Module, direction: Tensor, *, layer: int = -1, alpha: Option
     ``eigvec_cos_after``).
     ``gap_*`` report F's ratio, ``residual_gap_*`` that of I + F. Edits nest and interleave
     safely (module docstring).
+
+        >>> import torch
+        >>> from transformers import GPT2Config, GPT2Model
+        >>> model = GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)).eval()
+        >>> before = model.h[1].attn.c_proj.weight.detach().clone()
+        >>> edit = steer(model, torch.ones(32) / 32 ** 0.5, layer=1, gap=0.5)
+        >>> edit.gap_after <= 0.5
+        True
+        >>> edit.remove(); torch.equal(model.h[1].attn.c_proj.weight, before)  # bit-exact undo
+        True
     """
     _check_options(alpha, gap, min_cos)
     anatomy = stack_of(anatomy_of(model), what="steer")

@@ -76,7 +76,7 @@ def point_of(point: str) -> str:
     return parsed if parsed is not None else point
 
 
-def capture_points(capture: Union[str, Any]) -> tuple:
+def capture_points(capture: Union[str, Any]) -> tuple[str, ...]:
     """``instrument(capture=...)``: one point or several, by any name, duplicates dropped."""
     items = (capture,) if isinstance(capture, str) else tuple(capture)
     points = [point_of(c) if isinstance(c, str) else c for c in items]

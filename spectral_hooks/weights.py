@@ -45,6 +45,10 @@ def layer_matrices(model: Union[nn.Module, Anatomy], *, fold_norm: bool = False,
     ``attention="cross"``: F of the cross-attention of a decoder stack (it maps the encoder
     output into the decoder's residual stream), e.g.
     ``layer_matrices(anatomy_of(t5).decoder, attention="cross")``; no ``fold_norm`` then.
+
+        >>> from transformers import GPT2Config, GPT2Model
+        >>> layer_matrices(GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4))).shape
+        torch.Size([2, 32, 32])
     """
     check_bool("fold_norm", fold_norm)
     check_float_dtype("dtype", dtype)
@@ -92,7 +96,12 @@ def head_weights(anatomy: Anatomy, *, fold_norm: bool = False,
 
 def layer_biases(model: Union[nn.Module, Anatomy], *, dtype: torch.dtype = torch.float64
                  ) -> Tensor:
-    """Tensor[L, d]: c_t = W_O b_V + b_O, the constant part of each attention layer's output."""
+    """Tensor[L, d]: c_t = W_O b_V + b_O, the constant part of each attention layer's output.
+
+        >>> from transformers import GPT2Config, GPT2Model
+        >>> layer_biases(GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4))).shape
+        torch.Size([2, 32])
+    """
     check_float_dtype("dtype", dtype)
     anatomy = _anatomy(model)
     out = []

@@ -27,7 +27,7 @@ from typing import Iterator, Optional
 
 from torch import nn
 
-log = logging.getLogger(__name__)
+log: logging.Logger = logging.getLogger(__name__)
 
 
 def _peft_inner(model: nn.Module) -> Optional[nn.Module]:

@@ -67,7 +67,7 @@ class WeightsFingerprint:
             self._views[id(tensor)] = cached
         return cached[1]
 
-    def __call__(self) -> tuple[list, list]:
+    def __call__(self) -> tuple[list[Any], list[Any]]:
         tensors = [t for t in (slots[name] for slots, name in self._slots) if t is not None]
         meta = [(id(t), t.data_ptr(), t._version, t.dtype) for t in tensors]
         if len(self._views) > len(tensors):

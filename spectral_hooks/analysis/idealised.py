@@ -11,8 +11,11 @@ consensus direction and rate, bipolar consensus, rotation), every spectral colum
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 import torch
+from torch import Tensor
 
 from ..errors import RecordingError
 from ..metrics.idealised_table import idealised_table
@@ -53,7 +56,7 @@ def _real(mask_row):
     return (mask_row != 0).nonzero().flatten()
 
 
-def start_tokens(subject: Subject, layer: int) -> list:
+def start_tokens(subject: Subject, layer: int) -> list[Tensor]:
     """Per recorded sequence, its real tokens entering ``layer`` (in recording order)."""
     rec = subject.recording
     X, mask = rec.tensor("resid_pre", layer), rec.mask.to("cpu")
@@ -61,7 +64,7 @@ def start_tokens(subject: Subject, layer: int) -> list:
     return [X[b][mask[b] != 0] for b in range(X.shape[0]) if bool((mask[b] != 0).any())]
 
 
-def recorded_patterns(subject: Subject, first: int) -> list:
+def recorded_patterns(subject: Subject, first: int) -> list[Any]:
     """patterns[t - first][s]: layer t's recorded attention [H, n_s, n_s] of sequence s,
     restricted to its real tokens (queries and keys), float64 on the CPU."""
     rec = subject.recording

@@ -19,7 +19,7 @@ which exact-only columns a matrix-free table lacks.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Iterable, Union
+from typing import Any, Iterable, Union
 
 import pandas as pd
 import torch
@@ -41,7 +41,7 @@ from ..metrics.jacobian_nulls import NULL_MC_MAX_D
 from ..metrics.stats import sample_summary
 from ..metrics.topology import amplification, log_gain
 from . import progress
-from .options import JacobianOptions
+from .options import AnalyzeOptions, JacobianOptions
 from .subject import Subject
 from .token_text import name_tokens
 
@@ -65,6 +65,13 @@ def resolve_dense(dense: bool | None, d: int) -> bool:
 class JacobianView:
     """Per-layer block Jacobians of ``subject`` under ``options`` (computed on demand)."""
 
+    subject: Subject
+    options: JacobianOptions
+    exact: bool
+    method: str
+    label: str
+    tol: float
+
     def __init__(self, subject: Subject, options: JacobianOptions, *,
                  method: str = "auto") -> None:
         d = subject.anatomy.d_model
@@ -84,7 +91,7 @@ class JacobianView:
         self.label = subject.label
         self.tol = options.tol if options.tol is not None else DEFAULT_TOL[torch.float64]
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         """The ``jacobian`` entry of the report metadata: which computation, and why."""
         o, d = self.options, self.subject.anatomy.d_model
         out = {"computation": "exact" if self.exact else "matrix-free",
@@ -104,7 +111,7 @@ class JacobianView:
     def positions(self) -> list[int]:
         return self.subject.positions(self.options.positions, self.options.sample)
 
-    def bar(self, items: Iterable, desc: str) -> Iterable:
+    def bar(self, items: Iterable[Any], desc: str) -> Iterable[Any]:
         """Iterate ``items``, advancing the analysis' progress display per layer."""
         return progress.layers(items, f"{desc} ({self.label})")
 
@@ -187,7 +194,7 @@ class JacobianView:
         choice = self.options.bottleneck_dense
         return self.subject.anatomy.d_model <= SCHUR_MAX_D if choice is None else choice
 
-    def end_to_end(self, dense: bool) -> list:
+    def end_to_end(self, dense: bool) -> list[Any]:
         """P_1..P_L at the default position through the whole stack (bidirectional models)."""
         s, o = self.subject, self.options
         if dense:
@@ -224,7 +231,7 @@ def sample_rows(subject: Subject, o: JacobianOptions) -> list[int]:
     if o.samples is None:
         return [o.sample]
     n = subject.recording.n_samples
-    rows = list(range(n)) if o.samples == "all" else list(o.samples)
+    rows = list(range(n)) if o.samples == "all" else [int(r) for r in o.samples]
     bad = [r for r in rows if not r < n]
     if bad:
         raise OptionError("jacobian.samples", list(o.samples), f"recorded batch rows, 0..{n - 1}")
@@ -236,7 +243,8 @@ def _views(subject: Subject, o: JacobianOptions) -> list[JacobianView]:
             for r in sample_rows(subject, o)]
 
 
-def jacobian_section(subject: Subject, options, init: Subject | None = None) -> pd.DataFrame:
+def jacobian_section(subject: Subject, options: AnalyzeOptions,
+                     init: Subject | None = None) -> pd.DataFrame:
     """One row per (variant, sample, layer, position); ``init`` adds the re-initialised model's
     rows."""
     o = options.jacobian_options

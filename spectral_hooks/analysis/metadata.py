@@ -18,7 +18,7 @@ from .options import AnalyzeOptions
 from .subject import Subject
 
 
-def versions() -> dict:
+def versions() -> dict[str, Any]:
     import transformers
 
     return {"spectral_hooks": __version__, "torch": torch.__version__,
@@ -32,7 +32,7 @@ def config_hash(config: Any) -> Optional[str]:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def metadata(subject: Subject, options: AnalyzeOptions) -> dict:
+def metadata(subject: Subject, options: AnalyzeOptions) -> dict[str, Any]:
     """The metadata dict of a new report (``timings_s`` and ``fallbacks`` fill in as sections
     are computed)."""
     anatomy, rec = subject.anatomy, subject.recording

@@ -284,6 +284,10 @@ class TopologyOptions:
     """Options of the topology sections: ``analyze(topology={"sublayers": True})``;
     ``topology=True`` is ``TopologyOptions()``.
 
+        >>> from spectral_hooks import TopologyOptions
+        >>> TopologyOptions(sublayers=True).sublayers
+        True
+
     Attributes:
         sublayers: also each unit's gain through the attention sublayer (x -> resid_mid) and
             the feed-forward one (resid_mid -> block output), and per community by layer type

@@ -11,6 +11,8 @@ table).
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import pandas as pd
 import torch
 from torch import Tensor
@@ -19,7 +21,7 @@ from ..errors import OptionError
 from ..metrics.power import power_table
 from ..metrics.spectrum import BATCHED_EIG_DEVICES
 from ..metrics.stats import with_adjusted
-from ..weights import layer_matrices, layer_operators
+from ..weights import LayerOperators, layer_matrices, layer_operators
 from .finite import check_layer_matrices_finite
 from .options import AnalyzeOptions
 from .subject import Subject
@@ -45,7 +47,7 @@ def layer_matrices_of(subject: Subject, *, fold_norm: bool, on_device: bool = Fa
     return subject.memo(("F", fold_norm, str(device)), compute)
 
 
-def power_matrices_of(subject: Subject, options: AnalyzeOptions):
+def power_matrices_of(subject: Subject, options: AnalyzeOptions) -> Tensor | LayerOperators:
     """What the power view's spectra are computed from: the dense F_t stack, or where
     ``options.power`` says matrix-free (by default d_model >= POWER_MATRIX_FREE_D) the layer
     operators x -> W_O (W_V x) on the model's device (``weights.LayerOperators``: no d x d
@@ -57,7 +59,7 @@ def power_matrices_of(subject: Subject, options: AnalyzeOptions):
         subject.anatomy, fold_norm=options.fold_norm))
 
 
-def spectrum_options(subject: Subject, options: AnalyzeOptions) -> dict:
+def spectrum_options(subject: Subject, options: AnalyzeOptions) -> dict[str, Any]:
     """``dense_limit`` / ``top_k`` of the metrics' spectrum for these options: ``full=True``
     never truncates, whatever the width."""
     po = options.power_options
@@ -81,7 +83,8 @@ def cross_power_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFra
 
 def power_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame:
     def compute() -> pd.DataFrame:
-        F = power_matrices_of(subject, options)
+        # the metrics take either form: [L, d, d] or a stack of layer operators (duck-typed)
+        F = cast(Tensor, power_matrices_of(subject, options))
         po = options.power_options
         direction = None
         if po.direction is not None:

@@ -27,7 +27,7 @@ import contextvars
 import os
 import sys
 import time
-from typing import Iterable, Iterator, Optional, Sequence
+from typing import Any, Iterable, Iterator, Optional, Sequence
 
 _CURRENT: contextvars.ContextVar[Optional["Progress"]] = contextvars.ContextVar(
     "spectral_hooks_progress", default=None)
@@ -73,7 +73,7 @@ class Progress:
             self._close()
             self._section = None
 
-    def layers(self, items: Iterable, label: str = "") -> Iterator:
+    def layers(self, items: Iterable[Any], label: str = "") -> Iterator[Any]:
         """Iterate ``items`` (layers, or (layer, position) pairs), one unit per finished layer."""
         items = list(items)
         layer_of = lambda item: item[0] if isinstance(item, tuple) else item  # noqa: E731
@@ -118,7 +118,7 @@ def _is_terminal() -> bool:
     return bool(isatty and isatty())
 
 
-def layers(items: Iterable, label: str = "") -> Iterator:
+def layers(items: Iterable[Any], label: str = "") -> Iterator[Any]:
     """``Progress.layers`` of the section being computed (plain iteration outside one)."""
     current = _CURRENT.get()
     return iter(items) if current is None else current.layers(items, label)

@@ -6,7 +6,10 @@ the Jacobian view is on), one row per eigenvalue.
 
 from __future__ import annotations
 
+from typing import cast
+
 import pandas as pd
+from torch import Tensor
 
 from ..metrics.power import spectra_table
 from .options import AnalyzeOptions
@@ -18,7 +21,8 @@ def spectra_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame:
     """Every layer of the model (recorded or not: F is read from the weights), or this rank's
     share of them in a distributed analysis (``subject.share``)."""
     def compute() -> pd.DataFrame:
-        F = power_matrices_of(subject, options)
+        # the metrics take either form: [L, d, d] or a stack of layer operators (duck-typed)
+        F = cast(Tensor, power_matrices_of(subject, options))
         return spectra_table(F, iterate=options.iterate,
                              layers=subject.share_of(range(F.shape[0])),
                              **spectrum_options(subject, options))

@@ -65,6 +65,12 @@ class LayerParts:
     the attention probabilities (``pattern_hook``, see :mod:`.patterns`).
     Decoder blocks of encoder-decoder models also name their cross-attention projections
     (``cross_value``, ``cross_output``: they read the encoder output).
+
+        >>> from transformers import GPT2Config, GPT2Model
+        >>> from spectral_hooks import anatomy_of
+        >>> part = anatomy_of(GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4))).layers[0]
+        >>> part.index, part.value_weights().shape, part.output_weights().shape  # W_V^h, W_O^h
+        (0, torch.Size([4, 8, 32]), torch.Size([4, 32, 8]))
     """
 
     index: int
@@ -158,6 +164,12 @@ class Anatomy:
     returns the checked anatomy or raises; the generic fallback's, see generic.py);
     ``stack`` ("encoder" or "decoder" for one stack of an
     encoder-decoder model, see :mod:`spectral_hooks.anatomy.stacks`; None otherwise).
+
+        >>> from transformers import GPT2Config, GPT2Model
+        >>> from spectral_hooks import anatomy_of
+        >>> anatomy = anatomy_of(GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)))
+        >>> anatomy.family, anatomy.n_layers, anatomy.d_model, anatomy.n_heads
+        ('gpt2', 2, 32, 4)
     """
 
     family: str
@@ -337,6 +349,11 @@ def anatomy_of(model: nn.Module) -> "Anatomy | EncoderDecoderAnatomy":
     fallback (:mod:`.generic`: a :class:`~spectral_hooks.errors.GenericAnatomyWarning`, checked
     on the first recorded batch) or :class:`~spectral_hooks.errors.UnsupportedModelError` (a
     ValueError) that names ``spectral_hooks.register_anatomy``.
+
+        >>> from transformers import GPT2Config, GPT2Model
+        >>> anatomy = anatomy_of(GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)))
+        >>> anatomy.family, anatomy.n_layers, anatomy.causal
+        ('gpt2', 2, True)
     """
     if not isinstance(model, nn.Module):
         raise OptionTypeError("model", model, "a torch.nn.Module (a transformers or "

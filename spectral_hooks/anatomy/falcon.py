@@ -10,11 +10,13 @@ like GPT-NeoX's.
 
 from __future__ import annotations
 
+from typing import Any
+
 from .calls import BlockCallConvention
 from .hf import HFFamily, register
 
 
-def falcon_variant(config) -> dict:
+def falcon_variant(config: Any) -> dict[str, Any]:
     if getattr(config, "new_decoder_architecture", False):
         two_norms = getattr(config, "num_ln_in_parallel_attn", None) in (None, 2)
         return dict(qkv="grouped", n_kv_heads=config.num_kv_heads,

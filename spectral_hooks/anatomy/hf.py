@@ -214,7 +214,7 @@ def register(family: HFFamily) -> HFFamily:
 # need a different core (linearize/single_query.py) register one and switch a block to it
 # for the duration of a call; the user's config is restored afterwards.
 
-def register_attention(name: str, fn) -> bool:
+def register_attention(name: str, fn: Callable[..., Any]) -> bool:
     """Register ``fn`` as HF attention implementation ``name``; False where unsupported."""
     try:
         from transformers import AttentionInterface

@@ -15,7 +15,7 @@ weights gathered and applied by ``bmm``, no data-dependent control flow, any flo
 
 from __future__ import annotations
 
-from typing import Optional, TypedDict
+from typing import Any, ContextManager, Optional, TypedDict
 
 from torch import nn
 
@@ -23,7 +23,7 @@ from .calls import BlockCallConvention
 from .hf import HFFamily, experts_implementation, register
 
 
-def traceable_experts(block: nn.Module):
+def traceable_experts(block: nn.Module) -> ContextManager[Any]:
     """The replay context of a mixture-of-experts block: its experts run "batched_mm"."""
     return experts_implementation(block, "batched_mm")
 

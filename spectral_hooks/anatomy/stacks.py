@@ -36,7 +36,16 @@ STACKS = ("encoder", "decoder")
 
 @dataclass(frozen=True)
 class EncoderDecoderAnatomy:
-    """The two stacks of an encoder-decoder model, each a frozen :class:`Anatomy`."""
+    """The two stacks of an encoder-decoder model, each a frozen :class:`Anatomy`.
+
+        >>> from transformers import T5Config, T5Model
+        >>> from spectral_hooks import anatomy_of
+        >>> t5 = T5Model(T5Config(d_model=32, d_ff=64, num_layers=2, num_heads=4, d_kv=8,
+        ...                       vocab_size=100))
+        >>> anatomy = anatomy_of(t5)
+        >>> type(anatomy).__name__, anatomy.encoder.n_layers, anatomy.decoder.n_layers
+        ('EncoderDecoderAnatomy', 2, 2)
+    """
 
     family: str
     model: nn.Module

@@ -105,13 +105,13 @@ def _is_number(value: Any) -> bool:
 class TensorBoardLogger(_Base):
     """Scalars into TensorBoard event files (``torch.utils.tensorboard.SummaryWriter``)."""
 
-    def __init__(self, log_dir: Union[str, os.PathLike], **writer_kwargs: Any) -> None:
+    def __init__(self, log_dir: Union[str, os.PathLike[str]], **writer_kwargs: Any) -> None:
         from .._optional import require  # here: the SIGKILL test loads this file alone
         require("tensorboard", feature="TensorBoardLogger")
         from torch.utils.tensorboard import SummaryWriter
 
-        self.log_dir = os.fspath(log_dir)
-        self.writer = SummaryWriter(log_dir=self.log_dir, **writer_kwargs)
+        self.log_dir: str = os.fspath(log_dir)
+        self.writer: Any = SummaryWriter(log_dir=self.log_dir, **writer_kwargs)
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         _check(metrics, step)
@@ -137,6 +137,8 @@ class WandbLogger(_Base):
     the step as ``spectral/step``; with the Trainer, ``SpectralCallback(...).attach(trainer)``
     sends the metrics through the Trainer's own W&B integration instead.
     """
+
+    run: Any  # a wandb Run, None once closed
 
     def __init__(self, run: Any = None, **init_kwargs: Any) -> None:
         from .._optional import require
@@ -204,7 +206,7 @@ def _repair_tail(path: str) -> bool:
 class _LineFile(_Base):
     """An append-only text file written in whole lines: one ``os.write`` + ``fsync`` per event."""
 
-    def __init__(self, path: Union[str, os.PathLike], *, append: bool, fsync: bool) -> None:
+    def __init__(self, path: Union[str, os.PathLike[str]], *, append: bool, fsync: bool) -> None:
         self.path = os.fspath(path)
         self._fsync = bool(fsync)
         os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
@@ -242,7 +244,7 @@ class JSONLLogger(_LineFile):
     skips the fsync: faster, still never a torn line from a Python-level crash).
     """
 
-    def __init__(self, path: Union[str, os.PathLike], *, append: bool = False,
+    def __init__(self, path: Union[str, os.PathLike[str]], *, append: bool = False,
                  fsync: bool = True) -> None:
         super().__init__(path, append=append, fsync=fsync)
 
@@ -261,7 +263,7 @@ class CSVLogger(_LineFile):
 
     HEADER = ("step", "name", "value")
 
-    def __init__(self, path: Union[str, os.PathLike], *, append: bool = False,
+    def __init__(self, path: Union[str, os.PathLike[str]], *, append: bool = False,
                  fsync: bool = True) -> None:
         super().__init__(path, append=append, fsync=fsync)
         if self.fresh:

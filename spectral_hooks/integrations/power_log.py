@@ -21,7 +21,7 @@ recorded tokens of the layer are gathered to rank 0 as well, so the data-depende
 from __future__ import annotations
 
 import math
-from typing import Any, Iterable, Optional, cast
+from typing import Any, Callable, Iterable, Optional, cast
 
 import torch
 from torch import Tensor
@@ -45,7 +45,7 @@ def full(tensor: Optional[Tensor]) -> Optional[Tensor]:
     return cast(Tensor, gather()) if callable(gather) else tensor
 
 
-def check_power_options(options: dict) -> dict:
+def check_power_options(options: dict[str, Any]) -> dict[str, Any]:
     """The power options a logging event accepts (see :func:`power_metrics`)."""
     from ..errors import UnknownOptionError
 
@@ -126,7 +126,7 @@ def _rank() -> int:
     return torch.distributed.get_rank()
 
 
-def jacobian_metrics(probe: Any, *, options: Optional[dict] = None,
+def jacobian_metrics(probe: Any, *, options: Optional[dict[str, Any]] = None,
                      columns: Iterable[str] = JACOBIAN_COLUMNS,
                      prefix: str = "spectral") -> dict[str, float]:
     """The ``jacobian`` table of ``probe.analyze(jacobian=options)`` as flat scalars:
@@ -167,7 +167,7 @@ def jacobian_metrics(probe: Any, *, options: Optional[dict] = None,
     return out
 
 
-def timed_event(fn, *, devices: Iterable[int] = (), key: str = "spectral/seconds"
+def timed_event(fn: Callable[..., Any], *, devices: Iterable[int] = (), key: str = "spectral/seconds"
                 ) -> dict[str, float]:
     """``fn()`` under ``torch.no_grad()`` and a forked RNG (training unchanged), with its
     wall time added under ``key``: the cost of the event, logged with it."""

@@ -73,7 +73,7 @@ class OpBatch:
 
     def member(self, b: int) -> "OpBatch":
         """Member b of a dense batch on its own (under its name in this batch)."""
-        one = OpBatch(self.dense[b], what=self.what)
+        one = OpBatch(self.dense[b], what=self.what)  # pyright: ignore[reportOptionalSubscript]
         one.names = [self.names[b]]
         return one
 
@@ -114,7 +114,7 @@ class OpBatch:
             rows = self.shape[1] if adjoint else self.shape[0]
             Y = torch.zeros(self.B, rows, c, dtype=self.wdtype, device=X.device)
             grouped = self._apply_groups(X, Y, mask, adjoint)
-            for b, o in enumerate(self.ops):
+            for b, o in enumerate(self.ops):  # pyright: ignore[reportArgumentType]
                 if not mask[b] or b in grouped:
                     continue
                 Xb = X[b]
@@ -141,7 +141,7 @@ class OpBatch:
         active members share a group; returns the members handled.
         """
         groups: dict = {}
-        for b, o in enumerate(self.ops):
+        for b, o in enumerate(self.ops):  # pyright: ignore[reportArgumentType]
             if not mask[b] or not isinstance(o, BatchMember):
                 continue
             g, i = o.batch_group, o.batch_index

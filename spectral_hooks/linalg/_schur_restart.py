@@ -40,7 +40,7 @@ def restart(b: int, st: dict, V: Tensor, Hb: Tensor, p: List[int], m: int, bs: i
     theta, Y, nconv, kw = st["theta"], st["Y"], st["nconv"], st["kw"]
     if keep is None:
         keep = max(kw, nconv + max(1, int((m - nconv) * _KEEP)))
-        keep = min(keep, m - 1)
+        keep = min(keep, m - 1)  # pyright: ignore[reportArgumentType]
     imag = st.get("imag")  # read by ritz() with its other numbers: no sync here
     if imag is None:
         imag = theta.imag.tolist()

@@ -51,7 +51,7 @@ class _Op:
         self.what = what
 
     def mm(self, X: Tensor) -> Tensor:
-        Y = self.dense @ X if self.dense is not None else self.op.matmat(X.to(self.dtype))
+        Y = self.dense @ X if self.dense is not None else self.op.matmat(X.to(self.dtype))  # pyright: ignore[reportOptionalMemberAccess]
         if not bool(torch.isfinite(Y).all()):
             raise FloatingPointError(f"{self.what}: operator returned NaN or Inf")
         return Y
@@ -59,7 +59,7 @@ class _Op:
     def rmm(self, Y: Tensor) -> Tensor:
         if self.dense is not None:
             return self.dense.mH @ Y
-        return self.op.rmatmat(Y.to(self.dtype))
+        return self.op.rmatmat(Y.to(self.dtype))  # pyright: ignore[reportOptionalMemberAccess]
 
 
 def _probes(n: int, s: int, seed: int, dist: str, dtype, device) -> Tensor:

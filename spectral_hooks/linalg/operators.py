@@ -120,7 +120,7 @@ class LinearOperator:
         self._need_adjoint()
         self.n_matvecs += 1
         if self._rmatvec is None:
-            return self._check_out(self._rmatmat(y[:, None])[:, 0], (n,), "rmatvec")
+            return self._check_out(self._rmatmat(y[:, None])[:, 0], (n,), "rmatvec")  # pyright: ignore[reportOptionalCall]
         return self._check_out(self._rmatvec(y), (n,), "rmatvec")
 
     def _columns(self, fn: Callable[[Tensor], Tensor], X: Tensor) -> Tensor:
@@ -145,7 +145,7 @@ class LinearOperator:
         self.n_matvecs += k
         if self._rmatmat is not None:
             return self._check_out(self._rmatmat(Y), (n, k), "rmatmat")
-        return self._check_out(self._columns(self._rmatvec, Y), (n, k), "rmatmat")
+        return self._check_out(self._columns(self._rmatvec, Y), (n, k), "rmatmat")  # pyright: ignore[reportArgumentType]
 
     def to_dense(self) -> Tensor:
         """The m x n matrix, by ``matmat`` on the identity (n matvecs)."""

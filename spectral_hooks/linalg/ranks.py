@@ -14,7 +14,7 @@ raise ValueError. From a truncated spectrum these are the ranks of that truncati
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence, Union
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 from torch import Tensor
@@ -26,11 +26,8 @@ __all__ = ["effective_rank", "participation_ratio", "stable_rank", "surviving"]
 if TYPE_CHECKING:
     import numpy as np
 
-#: singular values: a tensor (any float dtype), a list or a numpy array
-SingularValues = Union[Tensor, Sequence[float], "np.ndarray"]
 
-
-def _check(s: SingularValues, name: str) -> Tensor:
+def _check(s: Tensor | Sequence[float] | np.ndarray, name: str) -> Tensor:
     if not isinstance(s, Tensor):
         try:
             s = torch.as_tensor(s, dtype=torch.float64)
@@ -49,7 +46,7 @@ def _check(s: SingularValues, name: str) -> Tensor:
     return s
 
 
-def effective_rank(s: SingularValues) -> Tensor:
+def effective_rank(s: Tensor | Sequence[float] | np.ndarray) -> Tensor:
     """Roy-Vetterli effective rank exp(-sum p log p), p = s / sum s (0 log 0 = 0)."""
     s = _check(s, "effective_rank")
     tot = s.sum(-1, keepdim=True)
@@ -59,7 +56,7 @@ def effective_rank(s: SingularValues) -> Tensor:
     return torch.where(tot[..., 0] > 0, torch.exp(ent), torch.zeros_like(ent))
 
 
-def participation_ratio(s: SingularValues) -> Tensor:
+def participation_ratio(s: Tensor | Sequence[float] | np.ndarray) -> Tensor:
     """(sum s^2)^2 / sum s^4."""
     s = _check(s, "participation_ratio")
     s = s / s.amax(-1, keepdim=True).clamp(min=torch.finfo(s.dtype).tiny)  # scale-free
@@ -68,7 +65,7 @@ def participation_ratio(s: SingularValues) -> Tensor:
                        torch.zeros_like(s4))
 
 
-def stable_rank(s: SingularValues) -> Tensor:
+def stable_rank(s: Tensor | Sequence[float] | np.ndarray) -> Tensor:
     """sum s^2 / max(s)^2."""
     s = _check(s, "stable_rank")
     mx = s.amax(-1)
@@ -76,7 +73,7 @@ def stable_rank(s: SingularValues) -> Tensor:
     return torch.where(mx > 0, r, torch.zeros_like(r))
 
 
-def surviving(s: SingularValues, tau: float = 1e-2) -> Tensor:
+def surviving(s: Tensor | Sequence[float] | np.ndarray, tau: float = 1e-2) -> Tensor:
     """Number of directions with s_i >= tau * max(s) (an integer tensor; 0 if all zero)."""
     if not (0 < tau <= 1):
         raise ValueError(f"surviving: tau must be in (0, 1], got {tau}")

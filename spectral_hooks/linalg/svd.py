@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
 __all__ = ["svds"]
 
-logger = logging.getLogger(__name__)
+logger: logging.Logger = logging.getLogger(__name__)
 METHODS = ("lanczos", "randomized")
 
 

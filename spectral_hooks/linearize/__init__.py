@@ -56,6 +56,7 @@ approximate path taken (finite differences, full-sequence replay, ...) emits a
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
@@ -67,16 +68,20 @@ from .operator import BlockJacobian, JacobianProduct, StackedBlockJacobian
 from .single_query import SingleQueryFunction, _single_query
 from .stacked import StackedJacobians, stacked_block_jacobians
 
+if TYPE_CHECKING:
+    from ..anatomy import Anatomy
+    from ..recording import Recording
+
 __all__ = ["block_jacobian", "jacobian_product", "dense_block_jacobian", "block_function",
            "BlockFunction", "SingleQueryFunction", "METHODS", "KINDS", "BlockJacobian",
            "JacobianProduct", "StackedBlockJacobian", "stacked_block_jacobians",
            "StackedJacobians"]
 
-log = logging.getLogger(__name__)
+log: logging.Logger = logging.getLogger(__name__)
 DENSE_LIMIT = 4096
 
 
-def block_jacobian(anatomy, recording, layer: int, *, sample: int = 0, position: int = -1,
+def block_jacobian(anatomy: Anatomy, recording: Recording, layer: int, *, sample: int = 0, position: int = -1,
                    kind: str = "token", dtype: torch.dtype = torch.float64,
                    method: str = "auto", single_query: bool = True) -> BlockJacobian:
     """Block ``layer``'s Jacobian at its recorded input for batch row ``sample``.
@@ -105,7 +110,7 @@ def block_jacobian(anatomy, recording, layer: int, *, sample: int = 0, position:
                           single_query_mode=mode)
 
 
-def jacobian_product(anatomy, recording, first: int, last: int, *, sample: int = 0,
+def jacobian_product(anatomy: Anatomy, recording: Recording, first: int, last: int, *, sample: int = 0,
                      position: int = -1, dtype: torch.dtype = torch.float64,
                      method: str = "auto", single_query: bool = True) -> JacobianProduct:
     """P = J_last ... J_first: token Jacobians at one position, each at its own recorded input.
@@ -130,7 +135,7 @@ def jacobian_product(anatomy, recording, first: int, last: int, *, sample: int =
         for layer in range(first, last + 1)])
 
 
-def dense_block_jacobian(anatomy, recording, layer: int, *, sample: int = 0, position: int = -1,
+def dense_block_jacobian(anatomy: Anatomy, recording: Recording, layer: int, *, sample: int = 0, position: int = -1,
                          kind: str = "token", dtype: torch.dtype = torch.float64,
                          force: bool = False) -> Tensor:
     """The dense Jacobian (m d x m d) by ``torch.func.jacfwd`` (jacrev if forward AD fails).

@@ -16,7 +16,7 @@ is not the end-to-end Jacobian. ``end_to_end_operators`` gives the same maps mat
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 from torch import Tensor
@@ -25,10 +25,14 @@ from ..errors import RecordingError
 from ..linalg import LinearOperator
 from .function import _math_sdpa, block_function
 
+if TYPE_CHECKING:
+    from ..anatomy import Anatomy
+    from ..recording import Recording
+
 __all__ = ["end_to_end_jacobians", "end_to_end_operators"]
 
 
-def _stack(anatomy, recording, layers: Sequence[int], sample: int, position: int):
+def _stack(anatomy: Anatomy, recording: Recording, layers: Sequence[int], sample: int, position: int):
     layers = [anatomy.layer_index(layer) for layer in layers]
     if layers != list(range(layers[0], layers[-1] + 1)):
         raise RecordingError(f"the end-to-end Jacobian needs consecutive recorded layers, got "
@@ -49,7 +53,7 @@ def _stack(anatomy, recording, layers: Sequence[int], sample: int, position: int
     return fns, outputs
 
 
-def end_to_end_jacobians(anatomy, recording, *, layers: Sequence[int] | None = None,
+def end_to_end_jacobians(anatomy: Anatomy, recording: Recording, *, layers: Sequence[int] | None = None,
                          sample: int = 0, position: int = -1) -> Tensor:
     """[L, d, d]: P_l for l = 1..L over ``layers`` (default: every recorded layer), float64,
     by forward-mode AD (d JVPs through the stack, vectorised)."""
@@ -61,7 +65,7 @@ def end_to_end_jacobians(anatomy, recording, *, layers: Sequence[int] | None = N
     return jac.detach()
 
 
-def end_to_end_operators(anatomy, recording, *, layers: Sequence[int] | None = None,
+def end_to_end_operators(anatomy: Anatomy, recording: Recording, *, layers: Sequence[int] | None = None,
                          sample: int = 0, position: int = -1) -> list[LinearOperator]:
     """P_1, ..., P_L as matrix-free operators (JVP / VJP through the first l blocks)."""
     layers = list(recording.layers if layers is None else layers)

@@ -15,7 +15,7 @@ from .operator import BlockJacobian
 from .shared import shared_block_jvp
 from .single_query import SingleQueryFunction
 
-log = logging.getLogger("spectral_hooks.linearize")
+log: logging.Logger = logging.getLogger("spectral_hooks.linearize")
 METHODS = ("auto", "linearize", "jvp", "finite_difference")
 #: Seed of the private generator drawing the vector each JVP method is tried on (never the
 #: global torch RNG: analysing a model leaves the user's random stream alone).

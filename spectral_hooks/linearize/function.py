@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import warnings
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 from torch import Tensor
@@ -15,6 +15,10 @@ from ..checks import check_float_dtype
 from ..errors import NonFiniteError, OptionError, RecordingError
 from ..recording import BlockCall, map_tensors
 from ..suspend import suspended
+
+if TYPE_CHECKING:
+    from ..anatomy import Anatomy
+    from ..recording import Recording
 
 KINDS = ("token", "sequence")
 #: What torch raises when a function transform (linearize, jvp, vjp, vmap, make_fx) or a kernel
@@ -146,8 +150,18 @@ class BlockFunction:
     Returns the block's output at the same rows, [m, d]. Built by :func:`block_function`.
     """
 
+    block: torch.nn.Module
+    call: BlockCall
+    params: dict[str, Tensor]
+    convention: BlockCallConvention
+    layer: int
+    sample: int
+    hidden: Tensor
+    positions: Tensor
+    x0: Tensor
+
     def __init__(self, block: torch.nn.Module, call: BlockCall, hidden: Tensor,
-                 positions: Tensor, params: dict, layer: int, sample: int,
+                 positions: Tensor, params: dict[str, Tensor], layer: int, sample: int,
                  convention: BlockCallConvention) -> None:
         self.block, self.call, self.params = block, call, params
         self.convention = convention  # how this family's blocks are called (anatomy fact)
@@ -234,7 +248,7 @@ def _check_finite_input(hidden: Tensor, positions: Tensor, *, layer: int, sample
                                 position=row, consequence=": the Jacobian cannot be taken there")
 
 
-def block_function(anatomy, recording, layer: int, *, sample: int = 0, position: int = -1,
+def block_function(anatomy: Anatomy, recording: Recording, layer: int, *, sample: int = 0, position: int = -1,
                    kind: str = "token", dtype: torch.dtype = torch.float64) -> BlockFunction:
     """The block map at the recorded input, restricted to the chosen rows (see module doc)."""
     if kind not in KINDS:

@@ -16,7 +16,7 @@ the constructor.
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Protocol, Sequence, Tuple, Union, cast
+from typing import Any, Callable, Optional, Protocol, Sequence, Tuple, Union, cast
 
 import torch
 from torch import Tensor
@@ -98,7 +98,7 @@ class StackedBlockJacobian(BlockJacobian):
     batch_index: int
 
     def __init__(self, n: int, *, batch_group: BatchGroup, batch_index: int,
-                 **fields) -> None:
+                 **fields: Any) -> None:
         super().__init__(n, engine=batch_group, **fields)
         self.batch_group, self.batch_index = batch_group, int(batch_index)
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from typing import Callable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, List, Optional, Tuple
 
 import torch
 from torch import Tensor, fx
@@ -34,7 +34,10 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from ..errors import fallback
 from .function import _math_sdpa, agreement_tol, plain_jvp
 
-log = logging.getLogger("spectral_hooks.linearize")
+if TYPE_CHECKING:
+    from .single_query import SingleQueryFunction
+
+log: logging.Logger = logging.getLogger("spectral_hooks.linearize")
 _TRACES: "OrderedDict[tuple, Tuple[fx.GraphModule, fx.GraphModule]]" = OrderedDict()
 _MAX_TRACES = 8
 
@@ -139,7 +142,7 @@ def _cached_trace(key: tuple, fn, inputs: List[Tensor], X0: Tensor
     return graphs
 
 
-def shared_block_jvp(fn, width: int) -> Callable[[Tensor], Tensor]:
+def shared_block_jvp(fn: SingleQueryFunction, width: int) -> Callable[[Tensor], Tensor]:
     """T [width, 1, d] -> J T for a split :class:`SingleQueryFunction` ``fn``."""
     inputs = fn.inputs()
     X0 = fn.x0.expand(width, *fn.x0.shape).contiguous()

@@ -27,7 +27,7 @@ import contextlib
 import contextvars
 import functools
 import logging
-from typing import List, Optional, cast
+from typing import TYPE_CHECKING, List, Optional, cast
 
 import torch
 from torch import Tensor
@@ -38,7 +38,10 @@ from ..errors import fallback
 from ..recording import map_tensors
 from .function import REPLAY_ERRORS, BlockFunction, _first, _math_sdpa, agreement_tol
 
-log = logging.getLogger("spectral_hooks.linearize")
+if TYPE_CHECKING:
+    from ..anatomy.calls import BlockCallConvention
+
+log: logging.Logger = logging.getLogger("spectral_hooks.linearize")
 SPLIT_ATTENTION = "spectral_hooks_single_query"
 _PENDING: contextvars.ContextVar = contextvars.ContextVar("spectral_hooks_fixed_kv",
                                                           default=None)
@@ -103,8 +106,9 @@ class _FixedKV:
     :func:`_split_attention` and returns the new ones only (``split=True``). It never grows.
     """
 
-    def __init__(self, split: bool = False, refused: tuple = ()) -> None:
-        self.keys = self.values = None
+    def __init__(self, split: bool = False, refused: tuple[str, ...] = ()) -> None:
+        self.keys: Optional[Tensor] = None
+        self.values: Optional[Tensor] = None
         self.split = split
         self.refused = refused  # score-modifying core keywords the split core refuses
 
@@ -152,6 +156,17 @@ class SingleQueryFunction:
     ``split=True``: the split attention core (module doc); then :meth:`batched` runs c rows
     at once. Built only after checking it against the full-sequence :class:`BlockFunction`.
     """
+
+    full_fn: BlockFunction
+    block: torch.nn.Module
+    params: dict[str, Tensor]
+    layer: int
+    sample: int
+    positions: Tensor
+    x0: Tensor
+    split: bool
+    convention: BlockCallConvention
+    cache: _FixedKV
 
     def __init__(self, full: BlockFunction, *, split: bool = False) -> None:
         self.full_fn = full

@@ -30,7 +30,7 @@ restart and converge at different steps. Prefer per-layer operators on CPU.
 from __future__ import annotations
 
 import logging
-from typing import Callable, List, Optional, Sequence
+from typing import TYPE_CHECKING, Callable, List, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -41,7 +41,11 @@ from .function import REPLAY_ERRORS, _first, _math_sdpa, agreement_tol, block_fu
 from .operator import StackedBlockJacobian
 from .single_query import _FixedKV, _single_query, _slice_call
 
-log = logging.getLogger("spectral_hooks.linearize")
+if TYPE_CHECKING:
+    from ..anatomy import Anatomy
+    from ..recording import Recording
+
+log: logging.Logger = logging.getLogger("spectral_hooks.linearize")
 
 __all__ = ["stacked_block_jacobians", "StackedJacobians"]
 
@@ -79,8 +83,19 @@ class StackedJacobians:
     ``spectral_hooks.linalg`` (``size``, ``dtype``, ``matmat_all``, ``rmatmat_all``).
     """
 
-    def __init__(self, g: Callable, x0: Tensor, layers: List[int], *, sample: int = 0,
-                 positions: tuple = ()) -> None:
+    g: Callable[[Tensor], Tensor]
+    x0: Tensor
+    layers: List[int]
+    sample: int
+    positions: tuple[int, ...]
+    size: int
+    n: int
+    dtype: torch.dtype
+    device: torch.device
+    n_calls: int
+
+    def __init__(self, g: Callable[[Tensor], Tensor], x0: Tensor, layers: List[int], *,
+                 sample: int = 0, positions: tuple[int, ...] = ()) -> None:
         self.g, self.x0, self.layers = g, x0, layers  # x0: [L, 1, d]
         self.sample, self.positions = sample, positions  # where (for error messages)
         self.size = x0.shape[0]
@@ -172,7 +187,7 @@ def _member(group: StackedJacobians, i: int, layer: int, sample: int, positions:
         single_query_mode="concat", batch_group=group, batch_index=i)
 
 
-def stacked_block_jacobians(anatomy, recording, layers: Sequence[int], *, sample: int = 0,
+def stacked_block_jacobians(anatomy: Anatomy, recording: Recording, layers: Sequence[int], *, sample: int = 0,
                             position: int = -1, dtype: torch.dtype = torch.float64
                             ) -> Optional[List[StackedBlockJacobian]]:
     """Token Jacobians of ``layers`` (one d x d operator each) sharing ONE linearisation.

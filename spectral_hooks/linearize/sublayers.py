@@ -20,6 +20,7 @@ checks the factorisation and both factors against ``torch.func.jacfwd``).
 from __future__ import annotations
 
 import contextlib
+from typing import TYPE_CHECKING, Optional
 
 import torch
 from torch import Tensor
@@ -29,6 +30,10 @@ from ..errors import OptionError, UnsupportedModelError
 from .engine import _Engine, _make_operator
 from .function import BlockFunction, _first, agreement_tol, block_function
 from .operator import BlockJacobian
+
+if TYPE_CHECKING:
+    from ..anatomy import Anatomy
+    from ..recording import Recording
 
 SUBLAYERS = ("attention", "ffn")
 __all__ = ["SUBLAYERS", "SublayerFunction", "sublayer_function", "sublayer_jacobian"]
@@ -46,6 +51,12 @@ def _hooked(module: torch.nn.Module, hook):
 class SublayerFunction(BlockFunction):
     """One sublayer of block ``layer`` restricted to rows ``positions`` (see module doc)."""
 
+    module: torch.nn.Module
+    kind: str
+    sublayer: str
+    mid0: Tensor
+    x0: Tensor
+
     def __init__(self, fn: BlockFunction, module: torch.nn.Module, kind: str, sublayer: str
                  ) -> None:
         super().__init__(fn.block, fn.call, fn.hidden, fn.positions, fn.params, fn.layer,
@@ -59,7 +70,7 @@ class SublayerFunction(BlockFunction):
         if sublayer == "ffn":
             self.x0 = self.mid0[self.positions].clone()
 
-    def run(self, H: Tensor, mid=None) -> tuple[Tensor, Tensor]:
+    def run(self, H: Tensor, mid: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
         """(block output, resid_mid) [L, d] on input H; ``mid`` replaces resid_mid."""
         seen = {}
 
@@ -86,7 +97,7 @@ class SublayerFunction(BlockFunction):
         return self.run(self.hidden[0], mid)[0].index_select(0, self.positions)
 
 
-def sublayer_function(anatomy, recording, layer: int, *, sublayer: str, sample: int = 0,
+def sublayer_function(anatomy: Anatomy, recording: Recording, layer: int, *, sublayer: str, sample: int = 0,
                       position: int = -1, dtype: torch.dtype = torch.float64
                       ) -> SublayerFunction:
     """The ``sublayer`` of block ``layer`` at its recorded input (token rows, see module doc);
@@ -110,7 +121,7 @@ def sublayer_function(anatomy, recording, layer: int, *, sublayer: str, sample: 
     return sub
 
 
-def sublayer_jacobian(anatomy, recording, layer: int, *, sublayer: str, sample: int = 0,
+def sublayer_jacobian(anatomy: Anatomy, recording: Recording, layer: int, *, sublayer: str, sample: int = 0,
                       position: int = -1, dtype: torch.dtype = torch.float64,
                       method: str = "auto") -> BlockJacobian:
     """d x d operator J_attn or J_ffn at one token row (matvec = JVP, rmatvec = VJP)."""

@@ -25,7 +25,7 @@ dense: the exact singular values of the matrix product.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Union, cast
+from typing import Optional, Sequence, TypeAlias, cast
 
 import pandas as pd
 import torch
@@ -56,7 +56,7 @@ ALL_LAYERS = -1
 PROPAGATION_COLUMNS = ("layer", "norm", "growth", "alignment_top", "alignment_in",
                        "alignment_null", "k")
 
-_Op = Union[LinearOperator, Tensor]
+_Op: TypeAlias = "LinearOperator | Tensor"
 
 
 def _dims(operators: Sequence[_Op], what: str) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -25,7 +25,7 @@ __all__ = ["UnitGraph", "Communities", "unit_graph", "communities", "modularity"
            "participation", "CONSTANT_RTOL"]
 
 # Named as before the split so that log filters on "spectral_hooks.metrics.topology" still apply.
-logger = logging.getLogger("spectral_hooks.metrics.topology")
+logger: logging.Logger = logging.getLogger("spectral_hooks.metrics.topology")
 
 CONSTANT_RTOL = 1e-12  # a unit is constant when its centred norm <= CONSTANT_RTOL * the largest
 
@@ -198,7 +198,7 @@ def unit_graph(X: Tensor, *, top_k: int = 10) -> UnitGraph:
 
 # -- communities -------------------------------------------------------------------------------
 
-def modularity(graph, labels) -> float:
+def modularity(graph: UnitGraph | Tensor, labels: Tensor | Sequence[int]) -> float:
     """Modularity of ``labels`` on the |weight| graph (resolution 1), as networkx computes it.
 
     >>> import torch
@@ -264,7 +264,7 @@ def _louvain(d: int, i: Tensor, j: Tensor, w: Tensor, seed: int) -> list:
     return membership
 
 
-def communities(graph, *, seed: int = 0, method: str = "auto") -> Communities:
+def communities(graph: UnitGraph | Tensor, *, seed: int = 0, method: str = "auto") -> Communities:
     """Communities of the unit graph: signed Leiden, or Louvain on |weight| as the fallback.
 
     >>> import torch
@@ -317,7 +317,7 @@ def communities(graph, *, seed: int = 0, method: str = "auto") -> Communities:
 
 # -- bridge score ------------------------------------------------------------------------------
 
-def participation(graph, labels) -> Tensor:
+def participation(graph: UnitGraph | Tensor, labels: Tensor | Sequence[int]) -> Tensor:
     """Participation coefficient P_i = 1 - sum_c (k_{i,c} / k_i)^2 over |weights| (float64 [d]).
 
     >>> import torch

@@ -276,7 +276,7 @@ def jacobian_metrics(J: Union[LinearOperator, Tensor], *, k: int = 16, dense: bo
 # --------------------------------------------------------------------------- rows
 
 
-def jacobian_row(metrics: JacobianMetrics, *, layer: int, position: int) -> dict:
+def jacobian_row(metrics: JacobianMetrics, *, layer: int, position: int) -> dict[str, Any]:
     """One row of ``report.jacobian``: top-k statistics carry ``_top{k}`` in their names; the
     full-spectrum ones and Henrici's departure appear only in dense mode.
 
@@ -304,7 +304,7 @@ def jacobian_row(metrics: JacobianMetrics, *, layer: int, position: int) -> dict
     return row
 
 
-def eigen_rows(metrics: JacobianMetrics, *, layer: int, position: int) -> list[dict]:
+def eigen_rows(metrics: JacobianMetrics, *, layer: int, position: int) -> list[dict[str, Any]]:
     """Rows of the long ``spectra`` table: the eigenvalues of J, by descending modulus.
 
     >>> eigen_rows(jacobian_metrics(torch.eye(3) * 2, dense=True), layer=1, position=0)[0]

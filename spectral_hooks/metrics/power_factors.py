@@ -20,7 +20,7 @@ grows as d^3, the Krylov cost about as d: they cross near d = 1000.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torch import Tensor
@@ -91,7 +91,7 @@ def power_row_from_factors(W_O: Tensor, W_V: Tensor, resid_pre: Optional[Tensor]
                            resid_post: Optional[Tensor], *, layer: int,
                            gain: Optional[Tensor] = None, iterate: str = "F",
                            dense_limit: int = TRAINING_DENSE_LIMIT,
-                           top_k: int = TOP_K) -> dict:
+                           top_k: int = TOP_K) -> dict[str, Any]:
     """One row of ``power_table`` (every column of ``POWER_COLUMNS``) for one layer, from its
     factors and its real tokens [N, d] entering / leaving it (either may be None: NaN columns)."""
     s = factor_spectrum(W_O, W_V, gain=gain, iterate=iterate, dense_limit=dense_limit,

@@ -55,7 +55,7 @@ __all__ = [
 
 # Named after power.py, where this code lived: log records (and any logging config that filters
 # on the name) stay as they were before the split.
-logger = logging.getLogger("spectral_hooks.metrics.power")
+logger: logging.Logger = logging.getLogger("spectral_hooks.metrics.power")
 
 #: Above this d the spectrum of F is truncated to its top-k eigenpairs (Krylov, eigs).
 DENSE_LIMIT = 4096

@@ -8,6 +8,8 @@
     report.columns_doc("power")       # what each column means (when built with schemas=)
 """
 
+from typing import Any
+
 from .core import KEY_COLUMNS, SCHEMA_VERSION, SECTION_NAMES, Report
 from .integrity import ReportIntegrityError
 from .schema import Column, SchemaError, SectionSchema
@@ -18,7 +20,7 @@ __all__ = [
 ]
 
 
-def __getattr__(name):  # matplotlib is imported only when figures are asked for
+def __getattr__(name: str) -> Any:  # matplotlib is imported only when figures are asked for
     if name in ("figures", "figure", "FIGURES"):
         from .lazy_plots import load_plots
 

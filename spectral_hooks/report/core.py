@@ -46,7 +46,7 @@ from .storage import (  # noqa: F401  (re-exported: they lived here)
 
 __all__ = ["Report", "SECTION_NAMES", "KEY_COLUMNS", "SCHEMA_VERSION"]
 
-logger = logging.getLogger(__name__)
+logger: logging.Logger = logging.getLogger(__name__)
 
 #: Known sections, in the order they are shown.
 SECTION_NAMES: tuple[str, ...] = (
@@ -96,6 +96,16 @@ class Report:
     Access a section as an attribute (``report.power``) or by name (``report["power"]``).
     Known sections that were not computed read as None through their attribute; ``report[name]``
     raises KeyError for them. ``report.sections`` lists the names present.
+
+        >>> import torch
+        >>> from transformers import GPT2Config, GPT2Model
+        >>> import spectral_hooks as sh
+        >>> model = GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)).eval()
+        >>> with sh.instrument(model) as probe:
+        ...     _ = model(torch.tensor([[1, 2, 3]]))
+        >>> report = probe.analyze()
+        >>> report.sections, len(report.power), report.jacobian is None
+        (['power', 'spectra'], 2, True)
     """
 
     def __init__(
@@ -349,7 +359,7 @@ class Report:
 
         return load_plots().figure(self, name)
 
-    def figures(self) -> dict:
+    def figures(self) -> dict[str, Any]:
         """Every figure the present sections allow, by name."""
         from .lazy_plots import load_plots
 

@@ -10,7 +10,7 @@ Imports matplotlib: only `spectral_hooks.report.plots` and its figure modules im
 from __future__ import annotations
 
 import math
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -37,7 +37,7 @@ def _new_figure(width: float, height: float) -> Figure:
     return fig
 
 
-def _section(report, name: str, columns: tuple[str, ...] = ()) -> pd.DataFrame:
+def _section(report: Any, name: str, columns: tuple[str, ...] = ()) -> pd.DataFrame:
     df = report.get(name)
     if df is None or len(df) == 0:
         raise MissingSectionError(f"the report has no {name!r} section")
@@ -77,7 +77,7 @@ def _per_layer(df: pd.DataFrame, x: str, cols: list[str]) -> pd.DataFrame:
     return out
 
 
-def _trend_label(report, metric: str) -> str:
+def _trend_label(report: Any, metric: str) -> str:
     trends = report.get("trends")
     if trends is None or "metric" not in trends.columns:
         return ""
@@ -114,13 +114,13 @@ def _integer_xaxis(ax) -> None:
 NULL_STATE = "null"  # a reference drawn from random matrices, not a model
 
 
-def base_state(report) -> str:
+def base_state(report: Any) -> str:
     """The state of rows without a ``variant`` column: the analysed model, or a difference."""
     meta = getattr(report, "metadata", None) or {}
     return "difference" if "compare" in meta else "trained"
 
 
-def rows_state(report, df: pd.DataFrame) -> str:
+def rows_state(report: Any, df: pd.DataFrame) -> str:
     """The model state of the rows ``df`` ("trained", "init", ...); several joined by "+"."""
     if "variant" not in df.columns:
         return base_state(report)
@@ -128,7 +128,7 @@ def rows_state(report, df: pd.DataFrame) -> str:
     return "+".join(values) if values else base_state(report)
 
 
-def column_state(report, column: str) -> str:
+def column_state(report: Any, column: str) -> str:
     """The state a column of a section without ``variant`` shows (``*_init``: init...)."""
     if column.endswith("_init"):
         return "init"
@@ -168,7 +168,7 @@ def legend_labels(fig: Figure) -> list[str]:
     return out
 
 
-def figure_meta(fig: Figure) -> dict:
+def figure_meta(fig: Figure) -> dict[str, Any]:
     """What ``fig`` shows: states, series, categories, legend labels (for HTML and tests)."""
     meta = dict(getattr(fig, "spectral_hooks_meta", None) or {"series": [], "categories": []})
     states: list[str] = []

@@ -66,7 +66,7 @@ class GlossarySection:
     entries: list[GlossaryEntry] = field(default_factory=list)
 
 
-def _schema_of(report, name: str):
+def _schema_of(report: Any, name: str):
     schemas = getattr(report, "schemas", None) or {}
     return schemas.get(name) or known_schema(name)
 
@@ -80,7 +80,7 @@ def _meaning(schema, column: str) -> tuple[str, str]:
     return "not described by a column schema", "?"
 
 
-def glossary(report, shown: Mapping[str, list[str]]) -> list[GlossarySection]:
+def glossary(report: Any, shown: Mapping[str, list[str]]) -> list[GlossarySection]:
     """The meaning of every column ``shown`` (section -> column names), from the schemas."""
     out = []
     for name, columns in shown.items():
@@ -114,7 +114,7 @@ def _png(fig, dpi: int = 100) -> tuple[str, int, int]:
     return base64.b64encode(buf.getvalue()).decode("ascii"), w, h
 
 
-def _figures(report, names: list[str]) -> dict[str, list[FigureView]]:
+def _figures(report: Any, names: list[str]) -> dict[str, list[FigureView]]:
     """``FigureView`` objects by the section they belong to (imports matplotlib)."""
     from .lazy_plots import load_plots
 
@@ -147,7 +147,7 @@ def _figures(report, names: list[str]) -> dict[str, list[FigureView]]:
 
 
 # ---------------------------------------------------------------------- sections
-def _section_view(report, name: str, df, figures: list[FigureView]) -> dict:
+def _section_view(report: Any, name: str, df, figures: list[FigureView]) -> dict:
     info = SECTION_INFO.get(name)
     view: dict[str, Any] = dict(name=name, title=info[0] if info else name,
                                 explain=info[1] if info else "", figures=figures,
@@ -191,7 +191,7 @@ def _meta_rows(meta: Mapping[str, Any]) -> list[tuple[str, str, bool]]:
     return rows
 
 
-def render_html(report, *, figures: bool = True, docs_href: str | None = None,
+def render_html(report: Any, *, figures: bool = True, docs_href: str | None = None,
                 title: str | None = None) -> str:
     """The report as one self-contained HTML document (a string).
 
@@ -221,7 +221,7 @@ def render_html(report, *, figures: bool = True, docs_href: str | None = None,
     )
 
 
-def write_html(report, path: str | os.PathLike[str], *, figures: bool = True,
+def write_html(report: Any, path: str | os.PathLike[str], *, figures: bool = True,
                docs_href: str | None = None) -> str:
     """Write `render_html` to ``path`` (a file, or a directory that gets ``report.html``).
 
@@ -239,7 +239,7 @@ def write_html(report, path: str | os.PathLike[str], *, figures: bool = True,
     return text
 
 
-def notebook_html(report, *, head: int = 5) -> str:
+def notebook_html(report: Any, *, head: int = 5) -> str:
     """Compact HTML for Jupyter: metadata summary and the head of each computed table.
 
     Lazy sections not yet computed are listed, not computed (displaying a report never

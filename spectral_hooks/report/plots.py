@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from matplotlib.figure import Figure
 
@@ -75,14 +76,14 @@ FIGURES: dict[str, FigureSpec] = {
 }
 
 
-def figure(report, name: str) -> Figure:
+def figure(report: Any, name: str) -> Figure:
     """The figure ``name`` (a key of `FIGURES`); MissingSectionError if its data is absent."""
     if name not in FIGURES:
         raise UnknownNameError("name", name, f"a figure name; available: {sorted(FIGURES)}")
     return FIGURES[name].func(report)
 
 
-def figures(report) -> dict[str, Figure]:
+def figures(report: Any) -> dict[str, Figure]:
     """Every figure the report's sections allow, in display order; missing ones are left out."""
     out: dict[str, Figure] = {}
     for name, spec in FIGURES.items():

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import math
 import re
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -41,7 +41,7 @@ def _variants(df) -> list:
     return [v for v in VARIANT_STYLE if v in found] + [v for v in found if v not in VARIANT_STYLE]
 
 
-def rotation_symmetry_vs_depth(report) -> Figure:
+def rotation_symmetry_vs_depth(report: Any) -> Figure:
     """frac_complex of J (full spectrum, else its top-k) and sym_energy of ΔJ vs depth, each with
     its null; one line per variant (trained, init): positions of a layer are averaged, variants
     never are."""
@@ -100,7 +100,7 @@ def rotation_symmetry_vs_depth(report) -> Figure:
     return tag(fig, series, [v for v in variants if v is not None])
 
 
-def bottleneck_erank(report) -> Figure:
+def bottleneck_erank(report: Any) -> Figure:
     """Effective rank (and surviving directions) of the cumulative Jacobian product per variant."""
     df = _section(report, "bottleneck", ("variant", "depth"))
     if "ablated_layer" in df.columns:  # whole-model variants; single-layer ablations: the table
@@ -137,7 +137,7 @@ def bottleneck_erank(report) -> Figure:
 
 
 # ---------------------------------------------------------------------- topology
-def topology_coupling(report) -> Figure:
+def topology_coupling(report: Any) -> Figure:
     """Spearman coupling between bridge score and amplification per layer, with its controls."""
     df = _section(report, "topology", ("layer",)).sort_values("layer")
     x = _num(df, "layer")
@@ -200,7 +200,7 @@ def topology_coupling(report) -> Figure:
 _RANK_COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b")
 
 
-def units_scatter(report, *, max_panels: int = 12, ncols: int = 4) -> Figure:
+def units_scatter(report: Any, *, max_panels: int = 12, ncols: int = 4) -> Figure:
     """Bridge score vs amplification of each residual unit, one panel per layer.
 
     Colour: the unit's community, by size rank within its layer (community labels are arbitrary

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 import math
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import pandas as pd
@@ -40,7 +40,7 @@ def _plane_limits(re: np.ndarray, im: np.ndarray) -> tuple[tuple[float, float], 
     return (centre - half, centre + half), half
 
 
-def eigenvalues_plane(report, source: str = "F", *, max_panels: int = 48, ncols: int = 4) -> Figure:
+def eigenvalues_plane(report: Any, source: str = "F", *, max_panels: int = 48, ncols: int = 4) -> Figure:
     """Eigenvalues per layer in the complex plane, one small panel per layer.
 
     ``source`` is ``"F"`` (layer matrices F_t) or ``"jacobian"`` (token Jacobians J_l; several
@@ -122,7 +122,7 @@ def _null_sd_factor(is_complex: np.ndarray) -> np.ndarray:
     return np.where(is_complex, math.sqrt(4 / math.pi - 1), math.sqrt(math.pi / 2 - 1))
 
 
-def alignment_vs_depth(report) -> Figure:
+def alignment_vs_depth(report: Any) -> Figure:
     """gamma_in, gamma (and gamma2) vs depth against the null band; rho with p-values below."""
     df = _section(report, "power", ("layer",)).sort_values("layer")
     x = _num(df, "layer")
@@ -197,7 +197,7 @@ def alignment_vs_depth(report) -> Figure:
     return tag(fig, series)
 
 
-def gap_ratio_vs_depth(report) -> Figure:
+def gap_ratio_vs_depth(report: Any) -> Figure:
     """Gap ratio |λ2|/|λ1| of F_t vs depth; complex λ1 layers marked."""
     df = _section(report, "power", ("layer", "gap_ratio")).sort_values("layer")
     x, y = _num(df, "layer"), _num(df, "gap_ratio")

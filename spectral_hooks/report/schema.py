@@ -54,6 +54,10 @@ class SchemaError(SpectralHooksError, ValueError):
     None for a problem of the whole table); ``column`` is the first problem's column.
     """
 
+    section: str
+    problems: list[tuple[str | None, str]]
+    column: str | None
+
     def __init__(self, section: str, problems: list[tuple[str | None, str]]) -> None:
         self.section = section
         self.problems = list(problems)
