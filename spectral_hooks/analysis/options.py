@@ -16,36 +16,25 @@ metadata stores as its resolved options.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Mapping, Optional, Union
 
 from ..errors import OptionError, OptionTypeError, UnknownOptionError
+from .option_values import (  # noqa: F401  (re-exported: options.py was their home)
+    POSITION_KEYWORDS,
+    _check_bool,
+    _check_int,
+    _check_optional_bool,
+    _direction,
+    _is_int,
+    _known,
+    _positions,
+    _samples,
+)
 
 ITERATES = ("F", "I+F")
 IDEALISED_ATTENTIONS = ("uniform", "recorded")
 ABLATIONS = ("symmetric", "schur")
-POSITION_KEYWORDS = ("default", "last", "all")
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _check_int(name: str, value: Any, *, minimum: int) -> None:
-    if not _is_int(value) or value < minimum:
-        what = "a positive int" if minimum == 1 else f"an int >= {minimum}"
-        raise OptionError(name, value, what)
-
-
-def _check_optional_bool(name: str, value: Any) -> None:
-    if value is not None and not isinstance(value, bool):
-        raise OptionError(name, value, "True, False or None")
-
-
-def _check_bool(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise OptionError(name, value, "True or False")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,12 +100,7 @@ class JacobianOptions:
                 self.tol, (int, float)) or not 0 < self.tol < 1):
             raise OptionError("jacobian.tol", self.tol, "None or a float in (0, 1)")
         object.__setattr__(self, "positions", _positions(self.positions))
-        if self.samples is not None and self.samples != "all":
-            if isinstance(self.samples, (str, bytes)) or not isinstance(self.samples, Sequence) \
-                    or not self.samples or not all(_is_int(x) and x >= 0 for x in self.samples):
-                raise OptionError("jacobian.samples", self.samples,
-                                  'None, "all" or a non-empty list of batch rows (ints >= 0)')
-            object.__setattr__(self, "samples", tuple(int(x) for x in self.samples))
+        object.__setattr__(self, "samples", _samples(self.samples))
         ablations = (self.ablations,) if isinstance(self.ablations, str) else self.ablations
         ablations = tuple(ablations)
         unknown = [a for a in ablations if a not in ABLATIONS]
@@ -145,28 +129,6 @@ class JacobianOptions:
         if isinstance(self.samples, tuple):
             out["samples"] = list(self.samples)
         return out
-
-
-def _positions(value: Any) -> Union[str, tuple[int, ...]]:
-    if isinstance(value, str):
-        if value not in POSITION_KEYWORDS:
-            raise OptionError("jacobian.positions", value,
-                              "'default', 'last', 'all' or a list of rows")
-        return value
-    if _is_int(value):
-        return (value,)
-    if isinstance(value, Sequence) and value and all(_is_int(p) for p in value):
-        return tuple(int(p) for p in value)
-    raise OptionError("jacobian.positions", value,
-                      "'default', 'last', 'all' or a non-empty list of ints")
-
-
-def _known(cls: type, values: Mapping, where: str) -> dict:
-    names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(values) - names)
-    if unknown:
-        raise UnknownOptionError(where, unknown, sorted(names))
-    return dict(values)
 
 
 _DEFAULT_JACOBIAN = JacobianOptions()
@@ -207,16 +169,7 @@ class PowerOptions:
         _check_int("power.k", self.k, minimum=1)
         if self.reference_layer is not None:
             _check_int("power.reference_layer", self.reference_layer, minimum=-(2 ** 31))
-        if self.direction is not None:
-            try:
-                u = tuple(float(x) for x in self.direction)  # a tensor, array or sequence
-            except (TypeError, ValueError, RuntimeError):
-                raise OptionError("power.direction", type(self.direction).__name__,
-                                  "a real vector of length d_model") from None
-            if not u or not all(math.isfinite(x) for x in u) or not any(u):
-                raise OptionError("power.direction", "a zero, empty or non-finite vector",
-                                  "a finite non-zero vector of length d_model")
-            object.__setattr__(self, "direction", u)
+        object.__setattr__(self, "direction", _direction(self.direction))
 
     def matrix_free(self, d: int) -> bool:
         """Whether F's spectrum is computed matrix-free at width d.

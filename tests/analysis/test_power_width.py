@@ -96,7 +96,8 @@ def test_threshold_chooses_the_path_and_full_forces_dense(probe, monkeypatch):
 def test_power_options_are_validated():
     assert sh.AnalyzeOptions(power={"k": 4}).power_options.k == 4
     assert sh.AnalyzeOptions().power is True and sh.AnalyzeOptions(power=False).power is False
-    assert sh.AnalyzeOptions(power={"full": True}).to_dict()["power"] == {"full": True, "k": 8}
+    assert sh.AnalyzeOptions(power={"full": True}).to_dict()["power"] == {
+        "full": True, "k": 8, "reference_layer": None, "direction": None}
     with pytest.raises(OptionError, match="power.k"):
         sh.AnalyzeOptions(power={"k": 0})
     with pytest.raises(OptionError, match="power.full"):
