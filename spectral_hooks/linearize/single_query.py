@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import functools
 import logging
 from typing import TYPE_CHECKING, List, Optional, cast
 
@@ -91,11 +90,15 @@ def _split_attention(module, query: Tensor, key: Tensor, value: Tensor, attentio
     return out.transpose(1, 2), None
 
 
-@functools.lru_cache(maxsize=None)
+_REGISTERED: list[bool] = []  # [registered?] once done: registered once per process
+
+
 def _split_registered() -> bool:
     """Register the split core with HF on first use (importing ``AttentionInterface`` pulls in
     ``transformers.modeling_utils``, seconds of imports, so not at package import)."""
-    return register_attention(SPLIT_ATTENTION, _split_attention)
+    if not _REGISTERED:
+        _REGISTERED.append(register_attention(SPLIT_ATTENTION, _split_attention))
+    return _REGISTERED[0]
 
 
 class _FixedKV:

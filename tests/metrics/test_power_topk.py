@@ -195,7 +195,9 @@ def test_small_top_k_still_gives_lambda2_and_tiny_d_stays_dense():
 
 
 def test_non_convergence_is_reported_not_raised(monkeypatch, caplog):
-    monkeypatch.setattr(spectrum_mod, "_EIGS_KW", {"tol": 1e-10, "max_restarts": 0, "seed": 0})
+    # a narrow space (the default ncv spans all 80 dimensions: exact in one cycle) and no restart
+    monkeypatch.setattr(spectrum_mod, "_EIGS_KW", {"tol": 1e-10, "max_restarts": 0, "seed": 0,
+                                                   "ncv": 20})
     F = t64(np.stack([build(CASES["real_then_pair"][0], 80, seed=9)]))
     X = torch.randn(20, 80, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     with caplog.at_level(logging.WARNING):
