@@ -205,8 +205,14 @@ def _make_operator(engine: _Engine, name: str, *, kind: str,
 
     at: dict[str, Any] = dict(layer=fn.layer, sample=fn.sample, positions=fn.positions.tolist())
 
+    made: list[BlockJacobian] = []  # the operator, once built (its caller_checks_finite)
+
     def cplx(f: Callable, x: Tensor, what: str) -> Tensor:
         out = torch.complex(f(x.real), f(x.imag)) if x.is_complex() else f(x)
+        if made and made[0].caller_checks_finite:
+            # a solver tests the products on the device (one sync per Krylov expansion, not
+            # one per application) and raises BlockJacobian.nonfinite_error: the same error
+            return out
         return checked(out, what=what, **at)  # overflow inside the replay: named here
 
     def matvec(x: Tensor) -> Tensor:
@@ -223,8 +229,10 @@ def _make_operator(engine: _Engine, name: str, *, kind: str,
         return cplx(lambda U: engine.vjp(U.to(dtype).T.reshape(-1, m, d)).reshape(-1, n).T, Y,
                     "VJP")
 
-    return BlockJacobian(n, matvec=matvec, rmatvec=rmatvec, matmat=matmat, rmatmat=rmatmat,
-                         dtype=dtype, device=fn.x0.device, name=name, layer=fn.layer,
-                         sample=fn.sample, positions=fn.positions, kind=kind,
-                         single_query_mode=single_query_mode, engine=engine,
-                         block_size=engine.block_width)
+    op = BlockJacobian(n, matvec=matvec, rmatvec=rmatvec, matmat=matmat, rmatmat=rmatmat,
+                       dtype=dtype, device=fn.x0.device, name=name, layer=fn.layer,
+                       sample=fn.sample, positions=fn.positions, kind=kind,
+                       single_query_mode=single_query_mode, engine=engine,
+                       block_size=engine.block_width)
+    made.append(op)
+    return op
