@@ -359,3 +359,27 @@ def test_shared_jvp_graph_is_reused_and_rechecked_per_layer(caplog):
         outcomes[scaled] = (len(shared._TRACES), caplog.text.count("tracing it on its own"))
     assert outcomes[False] == (1, 0)  # one trace for three layers
     assert outcomes[True] == (1, 2)   # layers 1 and 2 disagree: traced on their own, not cached
+
+
+def test_eigs_on_an_overflowing_block_jacobian_names_layer_and_token_without_per_product_syncs():
+    """Inside eigs the operator skips its own NaN / Inf test (a host sync per application); the
+    solver's device-side test raises the operator's error: NonFiniteComputationError naming
+    the layer, sample and token, as the operator's own test does for a direct call."""
+    from spectral_hooks.errors import NonFiniteComputationError
+
+    model = make_model("gpt2", dtype=torch.float64)
+    ids = torch.randint(0, 50, (1, 5), generator=torch.Generator().manual_seed(0))
+    probe = sh.instrument(model, layers=[1], capture=("resid_pre",))
+    with torch.no_grad():
+        model(ids)
+    probe.remove()
+    with torch.no_grad():
+        model.h[1].mlp.c_fc.weight.mul_(1e200)
+        model.h[1].mlp.c_proj.weight.mul_(1e200)
+    J = probe.jacobian(1)
+    for block_size in (1, 4):
+        with pytest.raises(NonFiniteComputationError,
+                           match="JVP of block 1 at sample 0, token 4 holds NaN or Inf"):
+            eigs(J, 2, block_size=block_size)
+    with pytest.raises(NonFiniteComputationError, match="JVP of block 1 at sample 0, token 4"):
+        J.matvec(torch.ones(J.shape[1], dtype=torch.float64))  # direct: its own test

@@ -118,9 +118,7 @@ def _extend_block(batch: OpBatch, V: Tensor, Hb: Tensor, p: List[int], done: Lis
                 _orthonormalise_chunk(V[b], Hb[b], p[b], cb, bs, AX[b, :, :cb].to(V.dtype))
                 p[b] += cb
     if not bool(finite.all()):  # one sync per expansion
-        bad = (~finite).tolist()
-        raise FloatingPointError(f"{batch.what}: operator {batch.names[bad.index(True)]} "
-                                 "returned NaN or Inf")
+        raise batch.nonfinite((~finite).tolist().index(True))
 
 
 def _orthonormalise_chunk(V: Tensor, Hb: Tensor, j: int, c: int, bs: int, W: Tensor) -> None:

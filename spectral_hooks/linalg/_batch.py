@@ -77,16 +77,24 @@ class OpBatch:
         one.names = [self.names[b]]
         return one
 
-    def check_finite(self, Y: Tensor, mask: Sequence[bool]) -> None:
-        """Raise FloatingPointError naming the first masked-in member with NaN / Inf in Y."""
+    def check_finite(self, Y: Tensor, mask: Sequence[bool], adjoint: bool = False) -> None:
+        """Raise :meth:`nonfinite` for the first masked-in member with NaN / Inf in Y."""
         if bool(torch.isfinite(Y).all()):  # one reduction, one sync: the usual case
             return
         ok = torch.isfinite(Y.reshape(Y.shape[0], -1)).all(dim=1).tolist()
         for b, (m, good) in enumerate(zip(mask, ok)):
             if m and not good:
-                raise FloatingPointError(
-                    f"{self.what}: operator {self.names[b]} returned NaN or Inf"
-                )
+                raise self.nonfinite(b, adjoint)
+
+    def nonfinite(self, b: int, adjoint: bool = False) -> FloatingPointError:
+        """The error for member b's NaN / Inf product: the operator's own
+        (``LinearOperator.nonfinite_error``: e.g. a block Jacobian naming its layer and token)
+        where it has one, else a FloatingPointError naming the operator."""
+        if self.ops is not None:
+            err = self.ops[b].nonfinite_error(adjoint)
+            if err is not None:
+                return err
+        return FloatingPointError(f"{self.what}: operator {self.names[b]} returned NaN or Inf")
 
     def apply(self, X: Tensor, mask: Sequence[bool], *, adjoint: bool = False,
               check: bool = True) -> Tensor:
@@ -129,7 +137,7 @@ class OpBatch:
             if mask[b]:
                 self.counts[b] += c
         if check:
-            self.check_finite(Y, mask)
+            self.check_finite(Y, mask, adjoint)
         return Y
 
     def _apply_groups(self, X: Tensor, Y: Tensor, mask: Sequence[bool], adjoint: bool) -> set:
@@ -172,9 +180,17 @@ class OpBatch:
 
     @staticmethod
     def _one(o: LinearOperator, X: Tensor, adjoint: bool) -> Tensor:
+        """One member's product. Every product applied here is tested for NaN / Inf by
+        :meth:`apply` or by its caller (on the device, read once per Krylov expansion), so the
+        operator is told it may skip its own test (``caller_checks_finite``: a host sync per
+        application in ``linearize``'s operators)."""
         X = X.to(o.dtype)
-        return (o.rmatmat(X) if adjoint else o.matmat(X)).to(torch.promote_types(
-            X.dtype, torch.float64))
+        o.caller_checks_finite = True
+        try:
+            Y = o.rmatmat(X) if adjoint else o.matmat(X)
+        finally:
+            o.caller_checks_finite = False
+        return Y.to(torch.promote_types(X.dtype, torch.float64))
 
     def need_adjoint(self) -> None:
         if self.ops is not None:

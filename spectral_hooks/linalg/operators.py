@@ -71,6 +71,10 @@ class LinearOperator:
         self.device = torch.device(device)
         self.name = name or "LinearOperator"
         self.n_matvecs = 0
+        #: True while a caller that tests every product for NaN / Inf itself (the solvers'
+        #: ``OpBatch``, on the device, read once per Krylov expansion) applies this operator:
+        #: an operator whose own apply also tests its output (one host sync each) may skip it.
+        self.caller_checks_finite = False
         self._matvec, self._rmatvec = matvec, rmatvec
         self._matmat, self._rmatmat = matmat, rmatmat
         self._vectorized = vectorized
@@ -81,6 +85,12 @@ class LinearOperator:
 
     def __repr__(self) -> str:
         return f"<{self.name} shape={self.shape} dtype={self.dtype} device={self.device}>"
+
+    def nonfinite_error(self, adjoint: bool = False) -> Optional[FloatingPointError]:
+        """The error a caller raises when a product of this operator (of its adjoint) holds
+        NaN or Inf, or None for the caller's generic one. Operators that know where they come
+        from (a block Jacobian: layer, sample, token) override it to say so."""
+        return None
 
     # -- checks -------------------------------------------------------------------------
     def _check_in(self, x: Tensor, n: int, what: str, ndim: int) -> Tensor:

@@ -24,6 +24,11 @@ CHECK_SEED = 0
 # batch width serves every matmat (narrower ones are zero-padded). 32 columns cost ~3-4
 # one-column JVPs on a GPT-2-small block (CPU, float64; benchmarks/jacobian_spectra.py).
 BLOCK_WIDTH = 32
+# Columns per batched JVP when a call asks for at least this many (``to_dense``, wide matmats):
+# a second graph traced at this width. At 32 rows the weight GEMMs stream each weight matrix
+# per call; at 128 they run near the core's GEMM rate: a GPT-2-small block's 768 columns
+# (``to_dense``) take ~0.5 s instead of ~0.8 s (CPU, float64, one thread; measured 2026-12-04).
+DENSE_WIDTH = 128
 
 
 class _Engine:
@@ -37,7 +42,7 @@ class _Engine:
         self.method_used: Optional[str] = None  # set when the JVP is first built
         self._jvp: Optional[Callable] = None
         self._vjp: Optional[Callable] = None
-        self._block: Optional[Callable] = None  # batched JVP, [BLOCK_WIDTH, 1, d] at once
+        self._blocks: dict[int, Callable] = {}  # width -> batched JVP, [width, 1, d] at once
         split = isinstance(fn, SingleQueryFunction) and fn.split
         self.block_width = BLOCK_WIDTH if split and method in ("auto", "linearize", "jvp") \
             else None
@@ -102,30 +107,33 @@ class _Engine:
             return self._jvp(V)
         return self._batched("jvp", self._jvp, V)
 
-    def _build_block(self) -> None:
-        """Linearise the single-query block on a batch of BLOCK_WIDTH copies of its input:
-        the c query rows run as one matrix-matrix pass (see single_query.py)."""
-        fn, W = cast(SingleQueryFunction, self.fn), self.block_width  # block_width: single query
-        assert W is not None
+    def _build_block(self, W: int) -> Callable:
+        """Linearise the single-query block on a batch of W copies of its input: the c query
+        rows run as one matrix-matrix pass (see single_query.py)."""
+        fn = cast(SingleQueryFunction, self.fn)  # block_width is set: single query
         X0 = self.x0.expand(W, *self.x0.shape).contiguous()
         if self.method in ("auto", "linearize"):
             try:
-                self._block = shared_block_jvp(fn, W)
-                return
+                return shared_block_jvp(fn, W)
             except REPLAY_ERRORS as err:  # trace this block on its own
                 log.info("shared JVP graph failed for layer %d (%s): torch.func.linearize",
                          fn.layer, err)
                 fallback("linearize.own_trace",
                          f"the shared traced JVP graph failed for layer {fn.layer} ({err}): "
                          "torch.func.linearize of this block alone (a slower build)")
-            self._block = linearize(fn.batched, X0)
-        else:
-            self._block = plain_jvp(fn.batched, X0)
+            return linearize(fn.batched, X0)
+        return plain_jvp(fn.batched, X0)
 
     def _block_jvp(self, V: Tensor) -> Tensor:
-        if self._block is None:
+        k = V.shape[0]
+        W = self.block_width
+        assert W is not None  # _block_jvp runs only with a block width
+        if k >= DENSE_WIDTH > W:  # many columns at once (to_dense): the wide graph
+            W = DENSE_WIDTH
+        block = self._blocks.get(W)
+        if block is None:
             try:
-                self._build_block()
+                block = self._blocks[W] = self._build_block(W)
             except REPLAY_ERRORS as err:  # fall back to vmapped one-row JVPs
                 log.info("batched JVP unavailable for layer %d (%s)", self.fn.layer, err)
                 fallback("linearize.no_batched_jvp",
@@ -133,15 +141,13 @@ class _Engine:
                          "query row per JVP (several times slower per column)")
                 self.block_width = None
                 return self.jvp(V)
-        W, k = self.block_width, V.shape[0]
-        assert W is not None and self._block is not None  # built above
         out = []
         for i in range(0, k, W):
             chunk = V[i:i + W]
             c = chunk.shape[0]
             if c < W:
                 chunk = torch.cat([chunk, chunk.new_zeros((W - c, *chunk.shape[1:]))])
-            out.append(self._block(chunk)[:c])
+            out.append(block(chunk)[:c])
         return torch.cat(out)
 
     # -------------------------------------------------------------- reverse (rmatvec)
@@ -199,8 +205,14 @@ def _make_operator(engine: _Engine, name: str, *, kind: str,
 
     at: dict[str, Any] = dict(layer=fn.layer, sample=fn.sample, positions=fn.positions.tolist())
 
+    made: list[BlockJacobian] = []  # the operator, once built (its caller_checks_finite)
+
     def cplx(f: Callable, x: Tensor, what: str) -> Tensor:
         out = torch.complex(f(x.real), f(x.imag)) if x.is_complex() else f(x)
+        if made and made[0].caller_checks_finite:
+            # a solver tests the products on the device (one sync per Krylov expansion, not
+            # one per application) and raises BlockJacobian.nonfinite_error: the same error
+            return out
         return checked(out, what=what, **at)  # overflow inside the replay: named here
 
     def matvec(x: Tensor) -> Tensor:
@@ -217,8 +229,10 @@ def _make_operator(engine: _Engine, name: str, *, kind: str,
         return cplx(lambda U: engine.vjp(U.to(dtype).T.reshape(-1, m, d)).reshape(-1, n).T, Y,
                     "VJP")
 
-    return BlockJacobian(n, matvec=matvec, rmatvec=rmatvec, matmat=matmat, rmatmat=rmatmat,
-                         dtype=dtype, device=fn.x0.device, name=name, layer=fn.layer,
-                         sample=fn.sample, positions=fn.positions, kind=kind,
-                         single_query_mode=single_query_mode, engine=engine,
-                         block_size=engine.block_width)
+    op = BlockJacobian(n, matvec=matvec, rmatvec=rmatvec, matmat=matmat, rmatmat=rmatmat,
+                       dtype=dtype, device=fn.x0.device, name=name, layer=fn.layer,
+                       sample=fn.sample, positions=fn.positions, kind=kind,
+                       single_query_mode=single_query_mode, engine=engine,
+                       block_size=engine.block_width)
+    made.append(op)
+    return op

@@ -23,6 +23,7 @@ from torch import Tensor
 
 from ..errors import OptionError
 from ..linalg import BatchGroup, LinearOperator
+from .finite import replay_error
 from .function import KINDS
 
 __all__ = ["BlockJacobian", "StackedBlockJacobian", "JacobianProduct", "KINDS",
@@ -83,6 +84,12 @@ class BlockJacobian(LinearOperator):
         self.kind = kind
         self.single_query_mode = single_query_mode
         self.engine = engine
+
+    def nonfinite_error(self, adjoint: bool = False) -> FloatingPointError:
+        """A NaN / Inf product: the replay of this block overflows (named by layer, sample and
+        token, as the operator's own per-application test says it)."""
+        return replay_error(layer=self.layer, sample=self.sample, positions=self.positions,
+                            what="VJP" if adjoint else "JVP", dtype=self.dtype)
 
     @property
     def single_query(self) -> bool:

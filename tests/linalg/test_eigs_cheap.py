@@ -80,3 +80,37 @@ def test_non_finite_member_of_a_batch_is_named():
     with pytest.raises(FloatingPointError, match="late_nan") as info:
         eigs([good, _late_nan_operator(60, 5, float("nan"))], 3)
     assert "good_op" not in str(info.value)
+
+
+class _OwnError(FloatingPointError):
+    pass
+
+
+class _SelfCheckingOp(LinearOperator):
+    """Tests its own products (as linearize's operators do) unless the caller says it does;
+    its non-finite error is its own."""
+
+    def __init__(self, n, after):
+        self.seen = []  # caller_checks_finite at each application
+        inner = _late_nan_operator(n, after, float("nan"))
+        super().__init__((n, n), matvec=self._mv, dtype=torch.float64, device="cpu",
+                         name="self_checking")
+        self._inner = inner
+
+    def _mv(self, x):
+        self.seen.append(self.caller_checks_finite)
+        return self._inner.matvec(x)
+
+    def nonfinite_error(self, adjoint=False):
+        return _OwnError(f"own error of self_checking (adjoint={adjoint})")
+
+
+@pytest.mark.parametrize("block_size", [1, 4])
+def test_solver_tells_the_operator_it_checks_and_raises_the_operators_own_error(block_size):
+    op = _SelfCheckingOp(60, 9)
+    with pytest.raises(_OwnError, match="adjoint=False"):
+        eigs(op, 3, block_size=block_size)
+    assert op.seen and all(op.seen)  # every application inside eigs: the solver tests it
+    assert not op.caller_checks_finite  # reset after each application
+    op.matvec(torch.ones(60, dtype=torch.float64))
+    assert op.seen[-1] is False  # a direct call: the operator tests its own output
