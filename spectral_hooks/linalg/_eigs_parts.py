@@ -16,7 +16,7 @@ from typing import List, Optional
 import torch
 from torch import Tensor
 
-from ..checks import check_has_data
+from ..checks import check_has_data, check_int
 from ..errors import ConvergenceWarning, OptionError
 from ._batch import OpBatch
 from ._schur_restart import ZETA
@@ -161,3 +161,55 @@ def assemble(batch: OpBatch, out: List[dict], return_vectors: bool) -> EigResult
         converged=conv.reshape(bs),
         n_matvecs=max(batch.counts),
     )
+
+
+# ----------------------------------------------------------------------------------------------
+# eigs' options: the device-aware block size and the subspace size (see krylov.py's docstring)
+
+_WHICH = ("LM", "LR", "SM")
+#: single-vector mode: the default ncv is max(3k, 20, min(6k, NCV_WIDE)) (at most n)
+NCV_WIDE = 96
+
+
+#: block width eigs uses on an accelerator (any device but the CPU) for an operator without a
+#: ``block_size`` hint (dense tensors): there a matmul of 32 columns costs about one column's
+#: kernel launches and one column's read of the matrix
+ACCEL_BLOCK = 32
+
+
+def _block_size(batch: OpBatch, block_size: Optional[int]) -> int:
+    """Columns per operator application: the device-aware default of :func:`eigs` (see its
+    docstring), or ``block_size`` as given."""
+    if block_size is not None:
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+            raise OptionError("block_size", block_size, "a positive int or None")
+        return block_size
+    if batch.device.type == "cpu":
+        return 1
+    hints = [o.block_size for o in (batch.ops or [])]
+    return min(hints) if hints and all(h is not None for h in hints) else ACCEL_BLOCK  # pyright: ignore[reportArgumentType]
+
+
+def _validate(batch: OpBatch, k: int, which: str, tol: float, ncv: Optional[int],
+              max_restarts: int, bs: int) -> tuple:
+    m, n = batch.shape
+    if m != n:
+        raise OptionError("op", f"an operator of shape {batch.shape}", "a square operator "
+                          "(eigs needs one; svds takes rectangular ones)")
+    check_int("k", k)
+    if not 1 <= k <= n - 2:
+        raise OptionError("k", k, f"an int with 1 <= k <= n - 2 = {n - 2}",
+                          hint="for the full spectrum use dense torch.linalg.eig")
+    if which not in _WHICH:
+        raise OptionError("which", which, f"one of {_WHICH}")
+    if not (tol > 0):
+        raise OptionError("tol", tol, "a float > 0")
+    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+        raise OptionError("max_restarts", max_restarts, "an int >= 0")
+    if ncv is None:
+        ncv = max(3 * k, 20, 2 * k + 7 * bs) if bs > 1 else 0
+        if bs == 1 or ncv + bs > n:  # no room for a block space: the classic method
+            bs, ncv = 1, min(n, max(3 * k, 20, min(6 * k, NCV_WIDE)))
+    if not (k + 2 <= ncv <= n):
+        raise OptionError("ncv", ncv, f"an int with k + 2 = {k + 2} <= ncv <= n = {n}")
+    return ncv, max(1, min(bs, n - ncv))

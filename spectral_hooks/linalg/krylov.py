@@ -109,10 +109,10 @@ import torch
 from torch import Tensor
 
 from ..checks import check_int
-from ..errors import OptionError
 from ._arnoldi import extend as _extend
 from ._batch import OpBatch
 from ._dense import DENSE_MAX, DENSE_SHARE, dense_members, one_at_a_time
+from ._eigs_parts import ACCEL_BLOCK, NCV_WIDE, _block_size, _validate  # noqa: F401  (re-exported: documented here)
 from ._eigs_parts import assemble as _assemble
 from ._eigs_parts import key as _key
 from ._eigs_parts import order as _order
@@ -133,7 +133,6 @@ if TYPE_CHECKING:
 __all__ = ["eigs"]
 
 logger: logging.Logger = logging.getLogger(__name__)
-_WHICH = ("LM", "LR", "SM")
 _STALL = 40  # restarts without convergence before the Krylov space is enlarged
 
 
@@ -141,8 +140,6 @@ _STALL = 40  # restarts without convergence before the Krylov space is enlarged
 #: estimate below PROBE_TOL |theta|, or after PROBE_MAX_CYCLES extra cycles
 PROBE_TOL = 1e-3
 PROBE_MAX_CYCLES = 8
-#: single-vector mode: the default ncv is max(3k, 20, min(6k, NCV_WIDE)) (at most n)
-NCV_WIDE = 96
 #: single-vector mode: a probe's tests run every TEST_EVERY Arnoldi steps, not only at the end of
 #: a cycle (it ends as soon as its leading Ritz value settles). The main iteration tests at the
 #: end of a cycle only: on a strongly non-normal operator, mid-cycle "converged" estimates
@@ -158,50 +155,6 @@ def _probe_settled(st: dict, cycles: int) -> bool:
         return True
     return bool(st["est"][kw] <= PROBE_TOL * max(float(st["theta"][kw].abs()),
                                                  1e-12 * st["scale"]))
-
-
-#: block width eigs uses on an accelerator (any device but the CPU) for an operator without a
-#: ``block_size`` hint (dense tensors): there a matmul of 32 columns costs about one column's
-#: kernel launches and one column's read of the matrix
-ACCEL_BLOCK = 32
-
-
-def _block_size(batch: OpBatch, block_size: Optional[int]) -> int:
-    """Columns per operator application: the device-aware default of :func:`eigs` (see its
-    docstring), or ``block_size`` as given."""
-    if block_size is not None:
-        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-            raise OptionError("block_size", block_size, "a positive int or None")
-        return block_size
-    if batch.device.type == "cpu":
-        return 1
-    hints = [o.block_size for o in (batch.ops or [])]
-    return min(hints) if hints and all(h is not None for h in hints) else ACCEL_BLOCK  # pyright: ignore[reportArgumentType]
-
-
-def _validate(batch: OpBatch, k: int, which: str, tol: float, ncv: Optional[int],
-              max_restarts: int, bs: int) -> tuple:
-    m, n = batch.shape
-    if m != n:
-        raise OptionError("op", f"an operator of shape {batch.shape}", "a square operator "
-                          "(eigs needs one; svds takes rectangular ones)")
-    check_int("k", k)
-    if not 1 <= k <= n - 2:
-        raise OptionError("k", k, f"an int with 1 <= k <= n - 2 = {n - 2}",
-                          hint="for the full spectrum use dense torch.linalg.eig")
-    if which not in _WHICH:
-        raise OptionError("which", which, f"one of {_WHICH}")
-    if not (tol > 0):
-        raise OptionError("tol", tol, "a float > 0")
-    if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
-        raise OptionError("max_restarts", max_restarts, "an int >= 0")
-    if ncv is None:
-        ncv = max(3 * k, 20, 2 * k + 7 * bs) if bs > 1 else 0
-        if bs == 1 or ncv + bs > n:  # no room for a block space: the classic method
-            bs, ncv = 1, min(n, max(3 * k, 20, min(6 * k, NCV_WIDE)))
-    if not (k + 2 <= ncv <= n):
-        raise OptionError("ncv", ncv, f"an int with k + 2 = {k + 2} <= ncv <= n = {n}")
-    return ncv, max(1, min(bs, n - ncv))
 
 
 def eigs(op: LinearOperator | Sequence[LinearOperator] | Tensor, k: int, *,
