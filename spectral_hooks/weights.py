@@ -135,13 +135,15 @@ class LayerOperators:
     """
 
     def __init__(self, anatomy: Anatomy, *, fold_norm: bool, attention: str) -> None:
-        self.anatomy, self.fold_norm, self.attention = anatomy, fold_norm, attention
+        self.anatomy: Anatomy = anatomy
+        self.fold_norm: bool = fold_norm
+        self.attention: str = attention
         d = anatomy.d_model
-        self.shape = (anatomy.n_layers, d, d)
-        self.ndim = 3
+        self.shape: tuple[int, int, int] = (anatomy.n_layers, d, d)
+        self.ndim: int = 3
         with weights_in(anatomy.layers[0].block, where="layer 0"):  # offloaded: its real device
-            self.device = _weights(anatomy.layers[0], attention)[0].device
-        self.dtype = krylov_dtype(self.device)
+            self.device: torch.device = _weights(anatomy.layers[0], attention)[0].device
+        self.dtype: torch.dtype = krylov_dtype(self.device)
 
     def __len__(self) -> int:
         return self.shape[0]

@@ -162,7 +162,7 @@ class PowerOptions:
     full: Optional[bool] = None
     k: int = 8
     reference_layer: Optional[int] = None
-    direction: Optional[tuple] = None
+    direction: Optional[tuple[float, ...]] = None
 
     def __post_init__(self) -> None:
         _check_optional_bool("power.full", self.full)

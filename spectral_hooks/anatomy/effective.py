@@ -197,7 +197,7 @@ def adapter_modules(model: nn.Module) -> list[nn.Module]:
     return [m for m in model.modules() if isinstance(m, (tuner, to_save))]
 
 
-def adapter_state(modules: list[nn.Module]) -> tuple:
+def adapter_state(modules: list[nn.Module]) -> tuple[tuple[tuple[str, ...], bool, tuple[str, ...]], ...]:
     """Which adapters each of ``modules`` (:func:`adapter_modules`) applies: a hashable summary
     that changes with ``set_adapter``, ``disable_adapter()`` and merging, which change
     effective weights without touching a parameter (the analysis cache keys on it)."""

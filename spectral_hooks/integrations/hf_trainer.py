@@ -58,7 +58,7 @@ except ImportError as err:  # pragma: no cover - transformers is a core dependen
     raise ImportError("SpectralCallback needs the 'transformers' package: "
                       "pip install transformers") from err
 
-log = logging.getLogger(__name__)
+log: logging.Logger = logging.getLogger(__name__)
 
 WINDOWS = ("step", "interval")
 
@@ -94,13 +94,15 @@ class SpectralCallback(TrainerCallback):
                  report_to_trainer: bool = True,
                  capture: Sequence[str] = ("resid_pre", "resid_post"), store: str = "device",
                  window: str = "step", prefix: str = "spectral",
-                 analyze_options: Optional[dict] = None, close_loggers: bool = False,
-                 jacobian_every: Optional[int] = None, jacobian_options: Optional[dict] = None,
+                 analyze_options: Optional[dict[str, Any]] = None, close_loggers: bool = False,
+                 jacobian_every: Optional[int] = None,
+                 jacobian_options: Optional[dict[str, Any]] = None,
                  jacobian_columns: Sequence[str] = JACOBIAN_COLUMNS) -> None:
         check_int("every", every, minimum=1)
-        self.event = Event(every=every, columns=columns, prefix=prefix,
-                           analyze_options=analyze_options, jacobian_every=jacobian_every,
-                           jacobian_options=jacobian_options, jacobian_columns=jacobian_columns)
+        self.event: Event = Event(
+            every=every, columns=columns, prefix=prefix, analyze_options=analyze_options,
+            jacobian_every=jacobian_every, jacobian_options=jacobian_options,
+            jacobian_columns=jacobian_columns)
         if window not in WINDOWS:
             raise OptionError("window", window, f"one of {WINDOWS}")
         if store == "stats":
@@ -110,17 +112,22 @@ class SpectralCallback(TrainerCallback):
             if not isinstance(logger, MetricsLogger):
                 raise OptionTypeError("loggers", logger, "MetricsLogger objects, with "
                                       "log(metrics, step) and close()")
-        self.every, self.layers, self.columns = every, layers, tuple(columns)
-        self.loggers = list(loggers or ())
-        self.report_to_trainer, self.capture, self.store = report_to_trainer, capture, store
-        self.window, self.prefix = window, prefix
-        self.close_loggers = close_loggers
-        self.probe = None
-        self.history: list[tuple[int, dict]] = []  # (step, metrics) logged by this callback
-        self._pending: Optional[dict] = None
+        self.every: int = every
+        self.layers: Optional[Iterable[int]] = layers
+        self.columns: tuple[str, ...] = tuple(columns)
+        self.loggers: list[MetricsLogger] = list(loggers or ())
+        self.report_to_trainer: bool = report_to_trainer
+        self.capture: Sequence[str] = capture
+        self.store: str = store
+        self.window: str = window
+        self.prefix: str = prefix
+        self.close_loggers: bool = close_loggers
+        self.probe: Any = None
+        self.history: list[tuple[int, dict[str, Any]]] = []  # (step, metrics) logged by this callback
+        self._pending: Optional[dict[str, Any]] = None
         self._event_step: Optional[int] = None  # the step on_pre_optimizer_step computed
         self._for_log: Optional[tuple[int, dict]] = None  # attached: (step, metrics) for on_log
-        self.attached = False
+        self.attached: bool = False
 
     def attach(self, trainer: Any) -> "SpectralCallback":
         """Insert this callback into ``trainer`` ahead of its report_to integrations (see the
@@ -148,6 +155,7 @@ class SpectralCallback(TrainerCallback):
 
     # ---------------------------------------------------------------- Trainer events
     def on_train_begin(self, args, state, control, model=None, **kwargs: Any):
+        """Instrument the model the Trainer trains (unwrapped: DDP, compile, PEFT)."""
         from .. import instrument
 
         self.remove()
@@ -157,10 +165,12 @@ class SpectralCallback(TrainerCallback):
                                 store=self.store)
 
     def on_step_begin(self, args, state, control, **kwargs: Any):
+        """Clear the recording at each step when ``window="step"``."""
         if self.probe is not None and self.window == "step":
             self.probe.clear()
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs: Any):
+        """Compute a due event before the weights change (a collective under DDP)."""
         # the weights that produced this step's activations: analyse before they change
         # (every rank: tokens and sharded FSDP2 weights are gathered to rank 0, which computes)
         step = state.global_step + 1
@@ -169,6 +179,7 @@ class SpectralCallback(TrainerCallback):
             self._event_step = step
 
     def on_step_end(self, args, state, control, **kwargs: Any):
+        """At a due step: ask the Trainer to log, or log through our own loggers."""
         if self.probe is None or not self._due(state.global_step):
             return
         if self.attached:
@@ -196,6 +207,7 @@ class SpectralCallback(TrainerCallback):
             state.log_history.append(entry)
 
     def on_log(self, args, state, control, logs=None, **kwargs: Any):
+        """Add the due step's metrics to the Trainer's logs (``attach``: its report_to sees them)."""
         pending, self._for_log = self._for_log, None
         if pending is None or logs is None or pending[0] != state.global_step:
             return
@@ -205,10 +217,12 @@ class SpectralCallback(TrainerCallback):
             last.update(pending[1])  # Trainer.log appended this step's entry before on_log
 
     def on_prediction_step(self, args, state, control, **kwargs: Any):
+        """With ``window="step"``, drop what evaluation forwards recorded (memory stays flat)."""
         if self.probe is not None and self.window == "step":
             self.probe.clear()  # evaluation forwards are not training steps: keep memory flat
 
     def on_train_end(self, args, state, control, **kwargs: Any):
+        """Remove the hooks (and close our loggers when asked)."""
         self.remove()
         if self.close_loggers:
             for logger in self.loggers:

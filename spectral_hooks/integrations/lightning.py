@@ -65,26 +65,32 @@ class SpectralLightningCallback(_pl.Callback):
                  **tracker_options: Any) -> None:
         if not isinstance(every, int) or isinstance(every, bool) or every < 1:
             raise ValueError(f"every must be a positive int, got {every!r}")
-        self.every, self.model, self.tracker_options = every, model, tracker_options
+        self.every: int = every
+        self.model: Union[None, str, Callable[[nn.Module], nn.Module]] = model
+        self.tracker_options: dict[str, Any] = tracker_options
         self.tracker: Optional[SpectralTracker] = None
-        self.history: list[tuple[int, dict]] = []
-        self._pending: Optional[dict] = None
+        self.history: list[tuple[int, dict[str, Any]]] = []
+        self._pending: Optional[dict[str, Any]] = None
 
     def on_fit_start(self, trainer, pl_module) -> None:
+        """Find the transformer in the LightningModule and start tracking it."""
         self.teardown(trainer, pl_module, "fit")
         self.tracker = SpectralTracker(find_transformer(pl_module, self.model), every=self.every,
                                        **self.tracker_options)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        """Clear the previous step's recording."""
         if self.tracker is not None and batch_idx % trainer.accumulate_grad_batches == 0:
             self.tracker.probe.clear()  # pyright: ignore[reportOptionalMemberAccess]  # attached
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
+        """Compute a due event before the weights change."""
         step = trainer.global_step + 1  # every rank: tokens and FSDP2 shards go to rank 0
         if self.tracker is not None and self.tracker.due(step):
             self._pending = self.tracker.event(self.tracker.probe, step)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        """Log a due event through the trainer's loggers."""
         metrics, self._pending = self._pending, None
         if not metrics:
             return
@@ -94,10 +100,12 @@ class SpectralLightningCallback(_pl.Callback):
             logger.log_metrics(metrics, step=step)
 
     def on_validation_batch_end(self, trainer, pl_module, *args: Any, **kwargs: Any) -> None:
+        """Validation batches are not part of the training window."""
         if self.tracker is not None:
             self.tracker.probe.clear()  # pyright: ignore[reportOptionalMemberAccess]  # not training steps
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
+        """Remove the hooks."""
         if self.tracker is not None:
             self.tracker.close()
             self.tracker = None

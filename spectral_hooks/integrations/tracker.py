@@ -64,9 +64,17 @@ def cuda_devices(model: torch.nn.Module) -> list[int]:
 class Event:
     """What one logging event computes (shared by SpectralTracker and SpectralCallback)."""
 
+    every: int
+    columns: tuple[str, ...]
+    prefix: str
+    power_options: dict[str, Any]
+    jacobian_every: Optional[int]
+    jacobian_columns: tuple[str, ...]
+    jacobian_options: dict[str, Any]
+
     def __init__(self, *, every: int, columns: Sequence[str], prefix: str,
-                 analyze_options: Optional[dict], jacobian_every: Optional[int],
-                 jacobian_options: Optional[dict], jacobian_columns: Sequence[str]) -> None:
+                 analyze_options: Optional[dict[str, Any]], jacobian_every: Optional[int],
+                 jacobian_options: Optional[dict[str, Any]], jacobian_columns: Sequence[str]) -> None:
         from ..checks import check_int
 
         check_int("every", every, minimum=1)
@@ -84,7 +92,7 @@ class Event:
         return self.jacobian_every is not None and step % self.jacobian_every == 0
 
     def __call__(self, probe: Any, step: int, *, compute: Optional[bool] = None
-                 ) -> Optional[dict]:
+                 ) -> Optional[dict[str, Any]]:
         """The metrics due at ``step``, or None: not due, nothing recorded (on any rank), or
         this rank does not compute.
 
@@ -158,31 +166,33 @@ class SpectralTracker:
                  layers: Optional[Iterable[int]] = None, columns: Sequence[str] = POWER_COLUMNS,
                  capture: Sequence[str] = ("resid_pre", "resid_post"), store: str = "device",
                  prefix: str = "spectral", loggers: Sequence[MetricsLogger] = (),
-                 analyze_options: Optional[dict] = None, jacobian_every: Optional[int] = None,
-                 jacobian_options: Optional[dict] = None,
+                 analyze_options: Optional[dict[str, Any]] = None, jacobian_every: Optional[int] = None,
+                 jacobian_options: Optional[dict[str, Any]] = None,
                  jacobian_columns: Sequence[str] = JACOBIAN_COLUMNS) -> None:
         from .. import instrument
 
         if not isinstance(every, int) or isinstance(every, bool) or every < 1:
             raise ValueError(f"every must be a positive int, got {every!r}")
-        self.event = Event(every=every, columns=columns, prefix=prefix,
+        self.event: Event = Event(every=every, columns=columns, prefix=prefix,
                            analyze_options=analyze_options, jacobian_every=jacobian_every,
                            jacobian_options=jacobian_options, jacobian_columns=jacobian_columns)
-        self.every, self.columns, self.prefix = every, tuple(columns), prefix
-        self.loggers = list(loggers)
-        self.probe = instrument(unwrap_model(model), layers=layers, capture=capture, store=store)
+        self.every: int = every
+        self.columns: tuple[str, ...] = tuple(columns)
+        self.prefix: str = prefix
+        self.loggers: list[MetricsLogger] = list(loggers)
+        self.probe: Any = instrument(unwrap_model(model), layers=layers, capture=capture, store=store)
 
     def due(self, step: int) -> bool:
         return self.event.due(step)
 
-    def metrics(self, step: Optional[int] = None) -> Optional[dict]:
+    def metrics(self, step: Optional[int] = None) -> Optional[dict[str, Any]]:
         """The metrics of what is recorded now (None when nothing is), with their cost:
         the power metrics, and the Jacobian ones when ``step`` is a ``jacobian_every`` step
         (``step=None``: the power metrics only). Under torch.distributed a collective: call it
         on every rank; rank 0 gets the metrics of every rank's tokens, the others None."""
         return self.event(self.probe, self.every if step is None else int(step))
 
-    def step(self, step: int) -> Optional[dict]:
+    def step(self, step: int) -> Optional[dict[str, Any]]:
         """Compute and log when ``step`` is due (rank 0); always clear the recording."""
         metrics = None
         if self.due(step):
