@@ -110,7 +110,7 @@ def _block_jacobians(model, ids):
     return torch.stack([probe.jacobian(layer).to_dense() for layer in (0, 1)])
 
 
-@pytest.mark.parametrize("kind", ["lora", "dora", "ia3"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_jacobian_view_of_adapted_model_equals_merged(kind):
     base, model = adapted(kind, "bert")
     ids = tokens(1)
