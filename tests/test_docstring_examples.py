@@ -15,6 +15,18 @@ import spectral_hooks as sh
 FACE = [n for n in sh.__all__ if n not in ("__version__", "linalg")]
 
 
+@pytest.fixture(autouse=True)
+def registry_restored():
+    """Examples such as register_anatomy's register families: undo that for the other tests."""
+    from spectral_hooks.anatomy import base, families  # noqa: F401  (built-ins registered first)
+
+    registry, infos = list(base._REGISTRY), dict(base._INFOS)
+    yield
+    base._REGISTRY[:] = registry
+    base._INFOS.clear()
+    base._INFOS.update(infos)
+
+
 @pytest.mark.parametrize("name", FACE)
 def test_face_docstring_example_runs(name):
     obj = getattr(sh, name)
