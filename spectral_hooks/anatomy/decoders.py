@@ -12,27 +12,12 @@ LayerNorm1P scales by (1 + weight). Granite scales each sublayer's output by
 attention module's output) and F are before that scale.
 """
 
-from typing import Optional, TypedDict
 
-from .hf import HFFamily, register
+from .hf import HFFamily, HFPathsAndFinalNorm, register
 
-
-class _LlamaPaths(TypedDict):
-    """The fields of :class:`HFFamily` that these families share, typed."""
-
-    blocks: str
-    attention: str
-    value: str
-    output: str
-    attn_out: str
-    attn_norm: Optional[str]
-    norm_placement: str
-    final_norm: Optional[str]
-
-
-_LLAMA_PATHS = _LlamaPaths(blocks="layers", attention="self_attn", value="self_attn.v_proj",
-                           output="self_attn.o_proj", attn_out="self_attn",
-                           attn_norm="input_layernorm", norm_placement="pre", final_norm="norm")
+_LLAMA_PATHS = HFPathsAndFinalNorm(
+    blocks="layers", attention="self_attn", value="self_attn.v_proj", output="self_attn.o_proj",
+    attn_out="self_attn", attn_norm="input_layernorm", norm_placement="pre", final_norm="norm")
 
 GPTJ = register(HFFamily(
     name="gptj", tested_by="tests/families/test_decoders.py",

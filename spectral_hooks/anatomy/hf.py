@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Union, cast
+from typing import Any, Callable, Optional, TypedDict, Union, cast
 
 from torch import nn
 
@@ -27,6 +27,25 @@ from .base import (
     value_heads,
 )
 from .calls import HF_CALLS, BlockCallConvention
+
+
+class HFPaths(TypedDict):
+    """Where a family's parts are (fields of :class:`HFFamily`), typed: families that share
+    them spread one such dict into each ``HFFamily(...)``."""
+
+    blocks: str
+    attention: str
+    value: str
+    output: str
+    attn_out: str
+    attn_norm: Optional[str]
+    norm_placement: str
+
+
+class HFPathsAndFinalNorm(HFPaths):
+    """:class:`HFPaths` and the final norm's path."""
+
+    final_norm: Optional[str]
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,12 @@ weights gathered and applied by ``bmm``, no data-dependent control flow, any flo
 
 from __future__ import annotations
 
-from typing import Any, ContextManager, Optional, TypedDict
+from typing import Any, ContextManager
 
 from torch import nn
 
 from .calls import BlockCallConvention
-from .hf import HFFamily, experts_implementation, register
+from .hf import HFFamily, HFPathsAndFinalNorm, experts_implementation, register
 
 
 def traceable_experts(block: nn.Module) -> ContextManager[Any]:
@@ -28,17 +28,9 @@ def traceable_experts(block: nn.Module) -> ContextManager[Any]:
     return experts_implementation(block, "batched_mm")
 
 
-class _MoeFacts(TypedDict):
+class _MoeFacts(HFPathsAndFinalNorm):
     """The fields of :class:`HFFamily` that these families share, typed."""
 
-    blocks: str
-    attention: str
-    value: str
-    output: str
-    attn_out: str
-    attn_norm: Optional[str]
-    norm_placement: str
-    final_norm: Optional[str]
     norm_upcasts: bool
     call_convention: BlockCallConvention
     tested_by: str

@@ -22,26 +22,18 @@ A two-tower ``CLIPModel`` / ``SiglipModel`` is refused with a pointer to its tow
 (``model.vision_model``, ``model.text_model``), each a model of its own to instrument.
 """
 
-from typing import Any, Optional, TypedDict
+from typing import Any, Optional
 
 from torch import nn
 
 from ..errors import UnsupportedModelError
 from .base import Anatomy, FamilyInfo, register_anatomy
-from .hf import HFFamily, model_type_of, register
+from .hf import HFFamily, HFPaths, HFPathsAndFinalNorm, model_type_of, register
 
 
-class _VitFacts(TypedDict):
+class _VitFacts(HFPathsAndFinalNorm):
     """The fields of :class:`HFFamily` that these families share, typed."""
 
-    blocks: str
-    attention: str
-    value: str
-    output: str
-    attn_out: str
-    attn_norm: Optional[str]
-    norm_placement: str
-    final_norm: Optional[str]
     causal: bool
     default_position: int
     tested_by: str
@@ -51,16 +43,9 @@ _VIT = _VitFacts(blocks="layers", attention="attention", value="attention.v_proj
                  output="attention.o_proj", attn_out="attention", attn_norm="layernorm_before",
                  norm_placement="pre", final_norm="layernorm", causal=False, default_position=0,
                  tested_by="tests/families/test_vision.py")
-class _ClipFacts(TypedDict):
+class _ClipFacts(HFPaths):
     """The fields of :class:`HFFamily` that these families share, typed."""
 
-    blocks: str
-    attention: str
-    value: str
-    output: str
-    attn_out: str
-    attn_norm: Optional[str]
-    norm_placement: str
     tested_by: str
 
 
