@@ -383,3 +383,48 @@ def test_eigs_on_an_overflowing_block_jacobian_names_layer_and_token_without_per
             eigs(J, 2, block_size=block_size)
     with pytest.raises(NonFiniteComputationError, match="JVP of block 1 at sample 0, token 4"):
         J.matvec(torch.ones(J.shape[1], dtype=torch.float64))  # direct: its own test
+
+
+@pytest.mark.parametrize("family", ["llama", "gpt2"])
+def test_wide_matmat_is_one_pass_of_one_graph_that_reads_no_zero_terms(family):
+    # issue 24: 64 columns run as ONE pass of a graph traced at width 64 (not two of 32), and
+    # the traced JVP no longer carries the weights' zero tangents (mm(x, 0) added to every
+    # projection's tangent): no residual the tangent graph reads is an all-zero tensor. Both
+    # equal the jacfwd oracle.
+    from spectral_hooks.linearize import shared
+    probe = recorded(family)
+    shared._TRACES.clear()
+    J = block_jacobian(probe.anatomy, probe.recording, 0)
+    X = torch.randn(J.shape[0], 64, generator=torch.Generator().manual_seed(0),
+                    dtype=torch.float64)
+    assert rel(J.matmat(X), oracle(probe, 0, "token") @ X) < 1e-12
+    engine = J.engine
+    assert sorted(engine._blocks) == [64]  # pyright: ignore[reportAttributeAccessIssue]
+    _, residuals = engine._blocks[64].__defaults__  # pyright: ignore[reportAttributeAccessIssue]
+    zero = [tuple(r.shape) for r in residuals
+            if isinstance(r, torch.Tensor) and not r.is_meta and r.numel() > 1
+            and not bool(r.any())]
+    assert zero == []
+
+
+def test_drop_zero_terms_keeps_broadcasting_adds_and_alpha():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from spectral_hooks.linearize.zero_terms import drop_zero_terms
+
+    def f(x, w, b):
+        z = x @ torch.zeros_like(w)                 # zero [2, 3]
+        kept = b + z                                # broadcasts b [3] -> [2, 3]: kept
+        scaled = torch.add(x @ w, z, alpha=2.0)     # alpha: kept
+        dropped = x @ w + z                         # dropped
+        return kept, scaled, dropped
+
+    args = (torch.randn(2, 3, dtype=torch.float64), torch.randn(3, 3, dtype=torch.float64),
+            torch.randn(3, dtype=torch.float64))
+    gm = make_fx(f)(*args)
+    want = gm(*args)
+    assert drop_zero_terms(gm.graph) == 1
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    for got, ref in zip(gm(*args), want):
+        assert torch.equal(got, ref)

@@ -93,11 +93,10 @@ def _extend_block(batch: OpBatch, V: Tensor, Hb: Tensor, p: List[int], done: Lis
     against vectors 0 .. j + bs - 1 and a QR (:func:`_orthonormalise_chunk`).
 
     No host sync per step (issue 24: on a GPU each is a pipeline stall): the NaN / Inf test of
-    the products is accumulated on the device and read once, at the end of the expansion
-    (then it raises, naming the operator, as a per-step test would have).
+    the products is one test of Hb, read once at the end of the expansion (then it raises,
+    naming the operator, as a per-step test would have).
     """
-    B = V.shape[0]
-    finite = torch.ones(B, dtype=torch.bool, device=V.device)
+    members = [(V[b], Hb[b]) for b in range(V.shape[0])]
     while True:
         run = [not d and pb < m for d, pb in zip(done, p)]
         if not any(run):
@@ -106,22 +105,25 @@ def _extend_block(batch: OpBatch, V: Tensor, Hb: Tensor, p: List[int], done: Lis
         if all(run) and len(set(p)) == 1:  # the usual case: one slice, no per-member copies
             X = V[:, :, p[0]:p[0] + c]
         else:
-            X = torch.zeros(B, V.shape[1], c, dtype=V.dtype, device=V.device)
-            for b in range(B):
+            X = torch.zeros(V.shape[0], V.shape[1], c, dtype=V.dtype, device=V.device)
+            for b in range(V.shape[0]):
                 if run[b]:
                     X[b] = V[b, :, p[b]:p[b] + c]  # columns < p_b + bs exist
         AX = batch.apply(X, run, check=False)
-        finite &= torch.isfinite(AX).flatten(1).all(dim=1)
-        for b in range(B):
+        for b in range(V.shape[0]):
             if run[b]:
                 cb = min(bs, m - p[b])
-                _orthonormalise_chunk(V[b], Hb[b], p[b], cb, bs, AX[b, :, :cb].to(V.dtype))
+                _orthonormalise_chunk(members[b], p[b], cb, bs,
+                                      AX[b] if cb == c else AX[b, :, :cb])
                 p[b] += cb
+    # NaN / Inf in a product reaches its column of Hb (every entry of O^H W is a sum over all
+    # of the column's entries), so one test of Hb replaces a test per application
+    finite = torch.isfinite(Hb).flatten(1).all(dim=1)
     if not bool(finite.all()):  # one sync per expansion
         raise batch.nonfinite((~finite).tolist().index(True))
 
 
-def _orthonormalise_chunk(V: Tensor, Hb: Tensor, j: int, c: int, bs: int, W: Tensor) -> None:
+def _orthonormalise_chunk(member: tuple, j: int, c: int, bs: int, W: Tensor) -> None:
     """Place the products W = A V[:, j:j+c] as basis vectors j+bs .. j+bs+c-1 (block
     Gram-Schmidt twice against vectors 0 .. j+bs-1, each pass followed by a QR), without a
     host sync.
@@ -132,15 +134,18 @@ def _orthonormalise_chunk(V: Tensor, Hb: Tensor, j: int, c: int, bs: int, W: Ten
     coupling (the diagonal of R, below rounding) stays as computed: continuing with it is the
     random restart of a breakdown, with no branch on the host. W = O C + Q3 R exactly as
     computed (C and R gather the three passes)."""
+    V, Hb = member  # (V[b], Hb[b])
     top = j + bs
     O = V[:, :top]
-    C1 = O.mH @ W
-    Q1, R1 = torch.linalg.qr(W - O @ C1)
-    C2 = O.mH @ Q1
-    Q2, R2 = torch.linalg.qr(Q1 - O @ C2)
-    C3 = O.mH @ Q2
-    Q3, R3 = torch.linalg.qr(Q2 - O @ C3)
+    OH = O.mH
+    if W.dtype != V.dtype:
+        W = W.to(V.dtype)
+    C1 = OH @ W
+    Q1, R1 = torch.linalg.qr(torch.addmm(W, O, C1, alpha=-1))
+    C2 = OH @ Q1
+    Q2, R2 = torch.linalg.qr(torch.addmm(Q1, O, C2, alpha=-1))
+    C3 = OH @ Q2
+    Q3, R3 = torch.linalg.qr(torch.addmm(Q2, O, C3, alpha=-1))
     R21 = R2 @ R1
     V[:, top:top + c] = Q3
-    Hb[:top, j:j + c] = C1 + C2 @ R1 + C3 @ R21
-    Hb[top:top + c, j:j + c] = R3 @ R21
+    Hb[:top + c, j:j + c] = torch.cat([torch.addmm(torch.addmm(C1, C2, R1), C3, R21), R3 @ R21])

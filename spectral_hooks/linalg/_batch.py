@@ -118,6 +118,8 @@ class OpBatch:
                         torch.matmul(M[b], X[b], out=Y[b])
             else:
                 Y = torch.matmul(M, X)
+        elif self.B == 1 and mask[0] and not (X.is_complex() and not self.ops[0].dtype.is_complex):  # pyright: ignore[reportOptionalSubscript]
+            Y = self._one(self.ops[0], X[0], adjoint).unsqueeze(0)  # one operator: no copies  # pyright: ignore[reportOptionalSubscript]
         else:
             rows = self.shape[1] if adjoint else self.shape[0]
             Y = torch.zeros(self.B, rows, c, dtype=self.wdtype, device=X.device)
@@ -131,8 +133,8 @@ class OpBatch:
                                        self._one(o, Xb.imag, adjoint))
                     self.counts[b] += c  # real and imaginary parts: two applications
                 else:
-                    Yb = self._one(o, Xb.to(o.dtype), adjoint)
-                Y[b] = Yb.to(self.wdtype)
+                    Yb = self._one(o, Xb, adjoint)
+                Y[b] = Yb
         for b in range(self.B):
             if mask[b]:
                 self.counts[b] += c
@@ -184,13 +186,15 @@ class OpBatch:
         :meth:`apply` or by its caller (on the device, read once per Krylov expansion), so the
         operator is told it may skip its own test (``caller_checks_finite``: a host sync per
         application in ``linearize``'s operators)."""
-        X = X.to(o.dtype)
+        if X.dtype != o.dtype:
+            X = X.to(o.dtype)
         o.caller_checks_finite = True
         try:
             Y = o.rmatmat(X) if adjoint else o.matmat(X)
         finally:
             o.caller_checks_finite = False
-        return Y.to(torch.promote_types(X.dtype, torch.float64))
+        wdtype = torch.complex128 if Y.is_complex() or X.is_complex() else torch.float64
+        return Y if Y.dtype == wdtype else Y.to(wdtype)
 
     def need_adjoint(self) -> None:
         if self.ops is not None:

@@ -95,8 +95,9 @@ def ritz(Hb: Tensor, s: int, bs: int, k: int, which: str, real: bool, tol: float
     i = kw - lo  # kw and kw - 1 in the three values read from k - 1 on
     gap_ok = bool(conv[kw] or kv[i] + e3[i] < kv[i - 1]
                   or (which == "LM" and z3[i - 1] and z3[i]))
+    lead = (kv[i], e3[i]) if i < len(kv) else None  # the first value beyond the wanted set
     return dict(theta=theta.to(dev), Y=Y.to(dev), est=est.to(dev), kw=kw, gap_ok=gap_ok,
-                nconv=sum(conv[:kw]), m=s, scale=scale, imag=imag)
+                nconv=sum(conv[:kw]), m=s, scale=scale, imag=imag, lead=lead)
 
 
 def unreachable(b: int, st: dict, best: List[float], stale: List[int],

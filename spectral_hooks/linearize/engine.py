@@ -24,10 +24,14 @@ CHECK_SEED = 0
 # batch width serves every matmat (narrower ones are zero-padded). 32 columns cost ~3-4
 # one-column JVPs on a GPT-2-small block (CPU, float64; benchmarks/jacobian_spectra.py).
 BLOCK_WIDTH = 32
-# Columns per batched JVP when a call asks for at least this many (``to_dense``, wide matmats):
-# a second graph traced at this width. At 32 rows the weight GEMMs stream each weight matrix
-# per call; at 128 they run near the core's GEMM rate: a GPT-2-small block's 768 columns
-# (``to_dense``) take ~0.5 s instead of ~0.8 s (CPU, float64, one thread; measured 2026-12-04).
+# Widest batched JVP graph. A call with k columns runs one pass of the narrowest graph of
+# BLOCK_WIDTH * 2^i >= k columns (zero-padded: no more padding than chunks of BLOCK_WIDTH for
+# k <= 64), or chunks of DENSE_WIDTH; each width is traced once (at most three graphs: 32, 64,
+# 128). ``eigs(block_size=64)`` then makes one pass per application, not two or three (on a
+# GPU a half or a third of the launches). At 32 rows the weight GEMMs stream each weight
+# matrix per call; at 128 they run near the core's GEMM rate: a GPT-2-small block's 768
+# columns (``to_dense``) take ~0.5 s instead of ~0.8 s (CPU, float64, one thread; measured
+# 2026-12-04).
 DENSE_WIDTH = 128
 
 
@@ -128,8 +132,8 @@ class _Engine:
         k = V.shape[0]
         W = self.block_width
         assert W is not None  # _block_jvp runs only with a block width
-        if k >= DENSE_WIDTH > W:  # many columns at once (to_dense): the wide graph
-            W = DENSE_WIDTH
+        while W < min(k, DENSE_WIDTH):  # a wider block (block Krylov, to_dense): one pass
+            W *= 2
         block = self._blocks.get(W)
         if block is None:
             try:
@@ -141,6 +145,8 @@ class _Engine:
                          "query row per JVP (several times slower per column)")
                 self.block_width = None
                 return self.jvp(V)
+        if k == W:  # one full pass (block Krylov's usual application): no copies
+            return block(V)
         out = []
         for i in range(0, k, W):
             chunk = V[i:i + W]
@@ -148,7 +154,7 @@ class _Engine:
             if c < W:
                 chunk = torch.cat([chunk, chunk.new_zeros((W - c, *chunk.shape[1:]))])
             out.append(block(chunk)[:c])
-        return torch.cat(out)
+        return out[0] if len(out) == 1 else torch.cat(out)
 
     # -------------------------------------------------------------- reverse (rmatvec)
     def vjp(self, U: Tensor) -> Tensor:

@@ -33,6 +33,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from ..errors import fallback
 from .function import _math_sdpa, agreement_tol, plain_jvp
+from .zero_terms import drop_zero_terms
 
 if TYPE_CHECKING:
     from .single_query import SingleQueryFunction
@@ -59,6 +60,7 @@ def _trace(fn, inputs: List[Tensor], X0: Tensor) -> Tuple[fx.GraphModule, fx.Gra
 
     with _math_sdpa():
         gm = make_fx(jvp_graph)(*inputs, X0, torch.zeros_like(X0))
+    drop_zero_terms(gm.graph)  # the weights' zero tangents: mm(x, 0) terms (zero_terms.py)
     return _split(gm)
 
 

@@ -302,3 +302,23 @@ def test_block_hint_on_a_small_operator_falls_back_to_single_vectors():
     _check(res, vals, 4)
     # Arnoldi steps take one column each; only the final residual checks apply several
     assert op.widths.count(1) > 0.9 * len(op.widths)
+
+
+def test_probe_settles_when_its_leading_value_cannot_reach_the_kth_within_two_residuals():
+    # issue 24: the numbers a probe met on the way (module doc). MiniLM layer 3's J - I: the
+    # missed -1 (modulus 1) was still climbing, leading Ritz value 0.965, estimate 0.0165, k-th
+    # 0.9808: one residual would have written it off (0.9816 > 0.9808 only just), two must not.
+    # A Llama d=1024 block: leading 11.093, estimate 0.0996, k-th 11.327 (lambda_17 = 11.125 is
+    # the true next one): settled there, ~30 matvecs before the fixed 1e-3 test would be.
+    from spectral_hooks.linalg.krylov import PROBE_MAX_CYCLES, PROBE_REACH, _probe_settled
+
+    def st(key, est):
+        return dict(lead=(key, est), scale=1.0)
+
+    assert PROBE_REACH >= 2
+    assert not _probe_settled(st(0.965056, 1.65e-2), 0, 0.980807)
+    assert _probe_settled(st(11.0933, 0.0996), 0, 11.3272)
+    assert not _probe_settled(st(11.1097, 0.127), 0, 11.3272)     # within reach: keep going
+    assert _probe_settled(st(11.1097, 1e-3 * 11.1), 0, 11.2)      # settled in place
+    assert _probe_settled(st(11.1097, 1.0), PROBE_MAX_CYCLES, 11.2)  # the cycle budget
+    assert _probe_settled(dict(lead=None, scale=1.0), 0, 11.2)    # nothing beyond the set
