@@ -16,8 +16,9 @@ Contenders (each timed end to end, in one process, interleaved per layer where p
 * user ARPACK: ``scipy.sparse.linalg.eigs(op, k=16, tol=1e-6)`` over a ``LinearOperator`` whose
   matvec is a full-sequence ``torch.func.jvp`` of the float32 block (under the MATH SDPA
   backend), last row read off; at ARPACK's default ncv and at ncv=96 (needed to be right on this
-  clustered spectrum). Timed in full on ``--peer-layers`` (interleaved with ours on the same
-  layer), extrapolated to 12 layers (marked so).
+  clustered spectrum). Timed in full on ``--peer-layers`` (default 0, 5, 11), each right after
+  ours on the same layer; the headline ratio is over those layers (same load for both), the
+  12-layer totals are extrapolated (marked so).
 * jacrev + eig: ``torch.func.jacrev`` of the block's last-token output w.r.t. its input row,
   then ``torch.linalg.eigvals``; timed on ``--jacrev-layers`` and extrapolated.
 * ARPACK over OUR operator (float64, same tol) and our eigs with ``block_size=1`` on it: matvec
@@ -85,7 +86,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, nargs="*", default=None, help="ours (default: all 12)")
     ap.add_argument("--peer-layers", type=int, nargs="*", default=None,
-                    help="user ARPACK timed in full (default: 11)")
+                    help="user ARPACK timed in full, each right after ours on the same "
+                         "layer (default: 0 5 11; --quick: 11)")
     ap.add_argument("--peer-default-layers", type=int, nargs="*", default=None,
                     help="of the peer layers, those also timed at ARPACK's default ncv "
                          "(default: the last)")
@@ -118,7 +120,8 @@ def main() -> None:
     import spectral_hooks
 
     layers = opt.layers if opt.layers is not None else ([0, 11] if opt.quick else list(range(12)))
-    peer_layers = opt.peer_layers if opt.peer_layers is not None else [11]
+    peer_layers = opt.peer_layers if opt.peer_layers is not None else (
+        [11] if opt.quick else [0, 5, 11])
     peer_default = opt.peer_default_layers if opt.peer_default_layers is not None else (
         peer_layers[-1:])
     arp_def = [l for l in (opt.arpack_default_layers if opt.arpack_default_layers is not None
@@ -214,6 +217,20 @@ def main() -> None:
     rss_ours_first = None
     from spectral_hooks.linearize import shared
     shared._TRACES.clear()  # the per-matvec section traced the shared JVP graph: ours pays again
+    dense, exact = {}, {}
+
+    def exact_dense(layer: int) -> None:
+        """Ours exact (timed) = the dense oracle: every eigenvalue, J formed from d batched
+        single-query JVP columns, then eigvals (what dense=True / the automatic dense mode at
+        d <= 1024 does). Timed right after ours top-16 on the same layer, before the peer."""
+        t = time.perf_counter()
+        J = probe.jacobian(layer)
+        D = J.to_dense()  # columns J e_i
+        vals = torch.linalg.eigvals(D)
+        exact[layer] = time.perf_counter() - t
+        dense[layer] = vals.numpy()
+        print(f"[{time.perf_counter() - t_run0:6.0f}s] ours exact L{layer}: {exact[layer]:.2f}s",
+              flush=True)
     for layer in layers:
         t_fwd.append(forward_time())
         t = time.perf_counter()
@@ -232,6 +249,7 @@ def main() -> None:
         print(f"[{time.perf_counter() - t_run0:6.0f}s] ours L{layer}: {wall:.2f}s "
               f"(build {t_build:.2f}s) {ours[layer]['n']} mv conv={ours[layer]['conv']}",
               flush=True)
+        exact_dense(layer)
         if layer in peer_layers:
             for label, ncv in (("default", None), (f"ncv={ncv_big}", ncv_big)):
                 if label == "default" and layer not in peer_default:
@@ -297,21 +315,8 @@ def main() -> None:
               f"{jr[layer]['wall']:.1f}s", flush=True)
     rss_jacrev = rss_mb()
 
-    # ---------------------------------------------------------------- ours exact (timed) = the
-    # dense oracle: every eigenvalue, J formed from d batched single-query JVP columns, then
-    # eigvals (what dense=True / the automatic dense mode at d <= 1024 does). It pays the trace.
-    dense, exact = {}, {}
-    shared._TRACES.clear()
-    for layer in sorted(set(layers) | set(jr_layers)):
-        t = time.perf_counter()
-        J = probe.jacobian(layer)
-        D = J.to_dense()  # columns J e_i
-        vals = torch.linalg.eigvals(D)
-        exact[layer] = time.perf_counter() - t
-        dense[layer] = vals.numpy()
-        del J, D
-        print(f"[{time.perf_counter() - t_run0:6.0f}s] ours exact L{layer}: {exact[layer]:.2f}s",
-              flush=True)
+    for layer in sorted(set(jr_layers) - set(layers)):  # the oracle for jacrev-only layers
+        exact_dense(layer)
     t_total = time.perf_counter() - t_run0
 
     import pickle  # raw numbers, in case the table needs redoing
@@ -376,6 +381,8 @@ def main() -> None:
         o = ours[l]
         lines.append(f"| {l} | ours (build + eigs) | {o['wall']:.2f} | {o['n']} | {e_ours[l]:.1e} "
                      f"| 1 |")
+        lines.append(f"| {l} | ours exact (build + to_dense + eigvals) | {exact[l]:.2f} | {d} "
+                     f"(batched) | 0 (the oracle) | {o['wall'] / exact[l]:.1f}x |")
         for label in ("default", big):
             if (l, label) not in user:
                 continue
@@ -384,11 +391,25 @@ def main() -> None:
                          f"{top_err(u['values'], dense[l]):.1e}"
                          f"{'' if u['ok'] else ' (no convergence)'} | "
                          f"{u['wall'] / o['wall']:.1f}x |")
+    inter = {}
+    for label in ("default", big):
+        pl = [l for l in peer_layers if (l, label) in user]
+        if pl:
+            u = sum(user[(l, label)]["wall"] for l in pl)
+            inter[label] = (u / sum(exact[l] for l in pl), u / sum(ours[l]["wall"] for l in pl),
+                            pl)
     for l in jr_layers:
         if l in ours:
             lines.append(f"| {l} | jacrev + eigvals | {jr[l]['wall']:.1f} | {d} VJPs (vmapped) | "
                          f"{top_err(jr[l]['values'], dense[l]):.1e} | "
                          f"{jr[l]['wall'] / ours[l]['wall']:.1f}x |")
+
+    lines += ["", "Interleaved ratios, the headline (on each peer layer: ours top-16, ours exact, "
+              "then the peer, back to back, so all see the same machine load; sums over the "
+              "layers): "
+              + "; ".join(f"user ARPACK {label} / ours exact (the automatic mode at d <= 1024) = "
+                          f"**{re:.1f}x**, / ours top-16 eigs = {rt:.1f}x (layers {pl})"
+                          for label, (re, rt, pl) in inter.items()) + "."]
 
     # 12-layer totals: ours measured on `layers` (extrapolated if fewer than 12), peers per layer
     # mean x 12, each + one forward to obtain the block inputs (ours: the recording forward).

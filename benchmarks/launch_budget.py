@@ -141,7 +141,8 @@ def eigs_counts(d: int, tokens: int, shapes, out_rows: list, section: bool) -> N
     model, probe = build(d, tokens)
     J = probe.jacobian(0)
     n = J.shape[0]
-    J.matmat(torch.randn(n, 32, dtype=torch.float64))  # build the traced graphs first
+    for width in (64, 32):  # build the traced graphs first (32 and 64 columns: one each,
+        J.matmat(torch.randn(n, width, dtype=torch.float64))  # shared by a model's layers)
     J.matmat(torch.randn(n, 1, dtype=torch.float64))
     # ops of one one-column application (kernel launches per application on a GPU)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
