@@ -81,9 +81,10 @@ Device-aware defaults (issue 24). What an application costs decides the shape. O
 column costs about what it costs inside a block of up to 32 (a batched JVP of a Llama d=1024
 block: 8 ms for one column, 29 ms for 2-32), and sequential steps are cheap, so the default is
 the single-vector method, with a wider space than ARPACK's default, ncv = max(3k, 20,
-min(6k, 96)): fewest applications, ~1.1x ARPACK ncv=64's on that operator, probe and final
-check included. On an accelerator one application of 32-64 columns costs about one column's
-kernel launches and one read of the weights, and every sequential step and host sync is a
+min(6k, 96)): fewest applications, 278 on that operator against ARPACK ncv=64's 283-321,
+probe and final check included (benchmarks/eigs_vs_arpack.py --llama). On an accelerator one
+application of 32-64 columns costs about one column's kernel launches and one read of the
+weights, and every sequential step and host sync is a
 launch train and a pipeline stall, so the default is block Krylov with the operator's
 ``block_size`` hint (ACCEL_BLOCK = 32 without one). ``block_size=`` and ``ncv=`` override
 either.

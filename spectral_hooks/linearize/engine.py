@@ -102,13 +102,12 @@ class _Engine:
 
     def jvp(self, V: Tensor) -> Tensor:
         """V [m, d] or [k, m, d] (batched) -> J V."""
-        if V.ndim == 3 and V.shape[0] > 1 and self.block_width:
-            return self._block_jvp(V)
-        if V.ndim == 2 and self.block_width:
-            # one column (a Krylov step): the shared graph traced at width 1, built once for
-            # every block of the structure instead of a torch.func.linearize trace per layer
-            # (GPT-2-small: 0.03-0.07 s per layer instead of 0.5-1.5 s, the same JVP bit for bit)
-            return self._block_jvp(V[None], width=1)[0]
+        if self.block_width:
+            # every product runs a shared traced graph (shared.py: one trace per block
+            # structure, not a torch.func.linearize per layer: GPT-2-small 0.03-0.07 s a layer
+            # instead of 0.5-1.5 s, the same JVP bit for bit); one column (a Krylov step) at
+            # width 1, more at BLOCK_WIDTH * 2^i
+            return self._block_jvp(V[None])[0] if V.ndim == 2 else self._block_jvp(V)
         if self._jvp is None:
             self._build_jvp()
         assert self._jvp is not None  # built above
@@ -133,9 +132,9 @@ class _Engine:
             return linearize(fn.batched, X0)
         return plain_jvp(fn.batched, X0)
 
-    def _block_jvp(self, V: Tensor, width: Optional[int] = None) -> Tensor:
+    def _block_jvp(self, V: Tensor) -> Tensor:
         k = V.shape[0]
-        W = width or self.block_width
+        W = 1 if k == 1 else self.block_width
         assert W is not None  # _block_jvp runs only with a block width
         while W < min(k, DENSE_WIDTH):  # a wider block (block Krylov, to_dense): one pass
             W *= 2
