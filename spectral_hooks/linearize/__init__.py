@@ -32,7 +32,8 @@ Llama family, Gemma 2/3 and OLMo2 blocks qualify; BERT/ALBERT (bidirectional) an
 the full sequence. Where the HF attention core is pluggable and the check passes ("split" mode:
 GPT-2, GPT-NeoX, the Llama family, Gemma 2/3, OLMo2), the query row is scored against the fixed
 keys and its own key separately, 32 rows run at once, and one traced JVP graph
-(:mod:`.shared`) serves every block of the same structure; such operators carry
+(:mod:`.shared`, per width: 1 column for a Krylov step, 32, 64 or 128) serves every block of the
+same structure, so no block is traced by ``torch.func.linearize`` of its own; such operators carry
 ``block_size=32`` and ``eigs`` runs block Krylov on them on an accelerator (one column per
 step on the CPU, see :func:`~spectral_hooks.linalg.eigs`).
 
