@@ -212,13 +212,26 @@ BOTTLENECK = SectionSchema("bottleneck", (
     _bottleneck("ablated_layer", "int", "the one layer ablated (causal models, full depth), or "
                 "-1: every layer (or none, for trained and init)"),
     _bottleneck("depth", "int", "l, the number of blocks in the product P_l"),
-    _bottleneck("erank", "float", "effective rank of P_l"),
-    _bottleneck("participation_ratio", "float", "(sum sigma^2)^2 / sum sigma^4"),
-    _bottleneck("stable_rank", "float", "sum sigma^2 / sigma_1^2"),
-    _bottleneck("surviving", "int", "#{sigma_i >= 1e-2 sigma_1}"),
+    _bottleneck("erank", "float", "effective rank of P_l (of its top n_singular singular "
+                "values where truncated)"),
+    _bottleneck("participation_ratio", "float", "(sum sigma^2)^2 / sum sigma^4 (over the top "
+                "n_singular where truncated: a lower bound)"),
+    _bottleneck("stable_rank", "float", "sum sigma^2 / sigma_1^2 (over the top n_singular where "
+                "truncated: a lower bound)"),
+    _bottleneck("surviving", "int", "#{sigma_i >= 1e-2 sigma_1} (where truncated: min(that, "
+                "n_singular))"),
     _bottleneck("sigma_max", "float", "sigma_1, the largest singular value of P_l"),
     _bottleneck("n_singular", "int", "number of singular values the ranks use"),
-    _bottleneck("truncated", "bool", "the ranks come from a truncated spectrum (estimates)"),
+    _bottleneck("truncated", "bool", "erank, participation_ratio, stable_rank and surviving are "
+                "those of the top n_singular singular values only, not of P_l's full spectrum"),
+    _bottleneck("erank_est", "float", "matrix-free rows: SLQ estimate of the effective rank over "
+                "all d singular values of P_l", optional=True),
+    _bottleneck("erank_est_se", "float", "its standard error (over the probes)",
+                optional=True),
+    _bottleneck("surviving_est", "float", "matrix-free rows: SLQ estimate of #{sigma_i >= 1e-2 "
+                "sigma_1} over all d singular values", optional=True),
+    _bottleneck("surviving_est_se", "float", "its standard error (over the probes)",
+                optional=True),
     _bottleneck("n_matvecs", "int", "operator applications spent on this variant up to this depth"),
     _bottleneck("computation", "category", "end_to_end: P_l by JVPs through the whole stack "
                 "(bidirectional models, trained/init); product: J_l ... J_1 of per-position "
