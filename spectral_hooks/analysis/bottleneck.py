@@ -36,7 +36,8 @@ def variant_table(view: JacobianView, variant: str) -> pd.DataFrame:
     if variant == "schur" and d > SCHUR_MAX_D:
         raise OptionError("jacobian.ablations", o.ablations,
                           f"no 'schur' above d_model={SCHUR_MAX_D} (this model: {d})",
-                          hint="the schur ablation needs dense Jacobians")
+                          hint="the schur ablation needs the complete Schur form of every "
+                          "dense J_l; a top-k partial Schur form would be a different ablation")
     dense = variant == "schur" or view.dense_products
     k = min(o.bottleneck_k, d - 2)
     common: dict[str, Any] = dict(k=k, dense=dense, seed=o.seed, n_probes=o.bottleneck_probes,
@@ -60,8 +61,9 @@ def bottleneck_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFram
     variants = ["trained"] + list(o.ablations)
     if "schur" in variants and subject.anatomy.d_model > SCHUR_MAX_D:
         fallback("bottleneck:schur_skipped", f"the schur ablation is skipped: d_model="
-                 f"{subject.anatomy.d_model} > SCHUR_MAX_D={SCHUR_MAX_D} (it needs dense "
-                 "Jacobians)")
+                 f"{subject.anatomy.d_model} > SCHUR_MAX_D={SCHUR_MAX_D} (it needs the complete "
+                 "Schur form of every dense J_l; replacing only a top-k Schur block would be a "
+                 "different ablation, so no matrix-free version is offered)")
         variants.remove("schur")
     frames = [variant_table(view, v) for v in variants]
     if options.reinit:

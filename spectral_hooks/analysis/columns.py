@@ -189,6 +189,16 @@ JACOBIAN = SectionSchema("jacobian", (
               "|lambda_i|^2) (exact computation only)", optional=True),
     _jacobian("departure_rel", "float", "departure / ||Delta J||_F (exact computation only)",
               optional=True),
+    _jacobian("departure_rel_upper_top*_se", "float", "standard error of the Hutchinson estimate "
+              "of departure_rel_upper_top{k} (0 when exact)"),
+    _jacobian("departure_rel_upper_top*", "float", "upper bound of departure_rel: sqrt(2 (||K||_F^2 "
+              "- sum over the top-k of (Im lambda)^2)) / ||Delta J||_F, K = (J - J^T)/2; exact "
+              "when every other eigenvalue is real"),
+    _jacobian("departure_rel_lower", "float", "lower bound of departure_rel (Eberlein): ||C||_F / "
+              "(sqrt(6) ||Delta J - (tr Delta J / d) I||_F ||Delta J||_F), C the commutator",
+              optional=True),
+    _jacobian("departure_rel_lower_se", "float", "standard error of the Hutchinson estimate of "
+              "departure_rel_lower (0 when exact)", optional=True),
     _jacobian("n_matvecs", "int", "Jacobian-vector products spent"),
     _jacobian("k", "int", "number of top eigenvalues / singular values asked for"),
     _jacobian("n_eigenvalues", "int", "number of eigenvalues computed (k, k + 1 for a conjugate "
