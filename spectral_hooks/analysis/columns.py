@@ -242,6 +242,10 @@ BOTTLENECK = SectionSchema("bottleneck", (
                 "sigma_1} over all d singular values", optional=True),
     _bottleneck("surviving_est_se", "float", "its standard error (over the probes)",
                 optional=True),
+    _bottleneck("surviving_est_lo", "float", "probe mean of the lower end of each probe's "
+                "quadrature bracket (Chebyshev-Markov-Stieltjes) of surviving_est", optional=True),
+    _bottleneck("surviving_est_hi", "float", "probe mean of the upper end of that bracket: the "
+                "exact count lies in [lo, hi] up to surviving_est_se", optional=True),
     _bottleneck("n_matvecs", "int", "operator applications spent on this variant up to this depth"),
     _bottleneck("computation", "category", "end_to_end: P_l by JVPs through the whole stack "
                 "(bidirectional models, trained/init); product: J_l ... J_1 of per-position "
