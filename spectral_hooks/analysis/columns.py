@@ -236,12 +236,10 @@ BOTTLENECK = SectionSchema("bottleneck", (
                 "those of the top n_singular singular values only, not of P_l's full spectrum"),
     _bottleneck("erank_est", "float", "matrix-free rows: SLQ estimate of the effective rank over "
                 "all d singular values of P_l", optional=True),
-    _bottleneck("erank_est_se", "float", "its standard error (over the probes)",
-                optional=True),
+    _bottleneck("erank_est_se", "float", "its standard error (over the probes)", optional=True),
     _bottleneck("surviving_est", "float", "matrix-free rows: SLQ estimate of #{sigma_i >= 1e-2 "
                 "sigma_1} over all d singular values", optional=True),
-    _bottleneck("surviving_est_se", "float", "its standard error (over the probes)",
-                optional=True),
+    _bottleneck("surviving_est_se", "float", "its standard error (over the probes)", optional=True),
     _bottleneck("surviving_est_lo", "float", "probe mean of the lower end of each probe's "
                 "quadrature bracket (Chebyshev-Markov-Stieltjes) of surviving_est", optional=True),
     _bottleneck("surviving_est_hi", "float", "probe mean of the upper end of that bracket: the "
