@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pandas as pd
 
 from ..errors import OptionError, fallback
@@ -27,25 +29,28 @@ def variant_table(view: JacobianView, variant: str) -> pd.DataFrame:
     a causal one (where it is exact); the ablations are products of modified blocks, every
     layer at once (``ablated_layer`` -1, every depth) and, for causal models (where the product
     is the end-to-end Jacobian), one layer at a time (its index, at full depth). The
-    ``computation`` column says which."""
+    ``computation`` column says which. Matrix-free rows (``truncated``) rank the top
+    ``bottleneck_k`` singular values and carry the SLQ estimates of the full-spectrum erank and
+    surviving (``erank_est``, ``surviving_est``, with ``_se``) unless ``bottleneck_probes`` is 0."""
     o, d = view.options, view.subject.anatomy.d_model
     if variant == "schur" and d > SCHUR_MAX_D:
         raise OptionError("jacobian.ablations", o.ablations,
                           f"no 'schur' above d_model={SCHUR_MAX_D} (this model: {d})",
-                          hint="the schur ablation needs dense Jacobians")
+                          hint="the schur ablation needs the complete Schur form of every "
+                          "dense J_l; a top-k partial Schur form would be a different ablation")
     dense = variant == "schur" or view.dense_products
     k = min(o.bottleneck_k, d - 2)
+    common: dict[str, Any] = dict(k=k, dense=dense, seed=o.seed, n_probes=o.bottleneck_probes,
+                  steps=o.bottleneck_steps)
     if variant in ("trained", "init") and not view.subject.anatomy.causal:
-        table = end_to_end_table(view.end_to_end(dense), k=k, variant=variant, dense=dense,
-                                 seed=o.seed)
+        table = end_to_end_table(view.end_to_end(dense), variant=variant, **common)
         table["computation"] = "end_to_end"
         return table
     operators = view.dense_chain() if dense else view.chain()
-    table = bottleneck_table(operators, k=k, variant=variant, dense=dense, seed=o.seed)
+    table = bottleneck_table(operators, variant=variant, **common)
     if variant in ("symmetric", "schur") and view.subject.anatomy.causal:
         table = pd.concat([table, single_layer_ablation_table(
-            operators, variant=variant, layers=view.layers, k=k, dense=dense, seed=o.seed)],
-            ignore_index=True)
+            operators, variant=variant, layers=view.layers, **common)], ignore_index=True)
     table["computation"] = "product"
     return table
 
@@ -56,8 +61,9 @@ def bottleneck_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFram
     variants = ["trained"] + list(o.ablations)
     if "schur" in variants and subject.anatomy.d_model > SCHUR_MAX_D:
         fallback("bottleneck:schur_skipped", f"the schur ablation is skipped: d_model="
-                 f"{subject.anatomy.d_model} > SCHUR_MAX_D={SCHUR_MAX_D} (it needs dense "
-                 "Jacobians)")
+                 f"{subject.anatomy.d_model} > SCHUR_MAX_D={SCHUR_MAX_D} (it needs the complete "
+                 "Schur form of every dense J_l; replacing only a top-k Schur block would be a "
+                 "different ablation, so no matrix-free version is offered)")
         variants.remove("schur")
     frames = [variant_table(view, v) for v in variants]
     if options.reinit:

@@ -189,6 +189,16 @@ JACOBIAN = SectionSchema("jacobian", (
               "|lambda_i|^2) (exact computation only)", optional=True),
     _jacobian("departure_rel", "float", "departure / ||Delta J||_F (exact computation only)",
               optional=True),
+    _jacobian("departure_rel_upper_top*_se", "float", "standard error of the Hutchinson estimate "
+              "of departure_rel_upper_top{k} (0 when exact)"),
+    _jacobian("departure_rel_upper_top*", "float", "upper bound of departure_rel: sqrt(2 (||K||_F^2 "
+              "- sum over the top-k of (Im lambda)^2)) / ||Delta J||_F, K = (J - J^T)/2; exact "
+              "when every other eigenvalue is real"),
+    _jacobian("departure_rel_lower", "float", "lower bound of departure_rel (Eberlein): ||C||_F / "
+              "(sqrt(6) ||Delta J - (tr Delta J / d) I||_F ||Delta J||_F), C the commutator",
+              optional=True),
+    _jacobian("departure_rel_lower_se", "float", "standard error of the Hutchinson estimate of "
+              "departure_rel_lower (0 when exact)", optional=True),
     _jacobian("n_matvecs", "int", "Jacobian-vector products spent"),
     _jacobian("k", "int", "number of top eigenvalues / singular values asked for"),
     _jacobian("n_eigenvalues", "int", "number of eigenvalues computed (k, k + 1 for a conjugate "
@@ -212,13 +222,28 @@ BOTTLENECK = SectionSchema("bottleneck", (
     _bottleneck("ablated_layer", "int", "the one layer ablated (causal models, full depth), or "
                 "-1: every layer (or none, for trained and init)"),
     _bottleneck("depth", "int", "l, the number of blocks in the product P_l"),
-    _bottleneck("erank", "float", "effective rank of P_l"),
-    _bottleneck("participation_ratio", "float", "(sum sigma^2)^2 / sum sigma^4"),
-    _bottleneck("stable_rank", "float", "sum sigma^2 / sigma_1^2"),
-    _bottleneck("surviving", "int", "#{sigma_i >= 1e-2 sigma_1}"),
+    _bottleneck("erank", "float", "effective rank of P_l (of its top n_singular singular "
+                "values where truncated)"),
+    _bottleneck("participation_ratio", "float", "(sum sigma^2)^2 / sum sigma^4 (over the top "
+                "n_singular where truncated: a lower bound)"),
+    _bottleneck("stable_rank", "float", "sum sigma^2 / sigma_1^2 (over the top n_singular where "
+                "truncated: a lower bound)"),
+    _bottleneck("surviving", "int", "#{sigma_i >= 1e-2 sigma_1} (where truncated: min(that, "
+                "n_singular))"),
     _bottleneck("sigma_max", "float", "sigma_1, the largest singular value of P_l"),
     _bottleneck("n_singular", "int", "number of singular values the ranks use"),
-    _bottleneck("truncated", "bool", "the ranks come from a truncated spectrum (estimates)"),
+    _bottleneck("truncated", "bool", "erank, participation_ratio, stable_rank and surviving are "
+                "those of the top n_singular singular values only, not of P_l's full spectrum"),
+    _bottleneck("erank_est", "float", "matrix-free rows: SLQ estimate of the effective rank over "
+                "all d singular values of P_l", optional=True),
+    _bottleneck("erank_est_se", "float", "its standard error (over the probes)", optional=True),
+    _bottleneck("surviving_est", "float", "matrix-free rows: SLQ estimate of #{sigma_i >= 1e-2 "
+                "sigma_1} over all d singular values", optional=True),
+    _bottleneck("surviving_est_se", "float", "its standard error (over the probes)", optional=True),
+    _bottleneck("surviving_est_lo", "float", "probe mean of the lower end of each probe's "
+                "quadrature bracket (Chebyshev-Markov-Stieltjes) of surviving_est", optional=True),
+    _bottleneck("surviving_est_hi", "float", "probe mean of the upper end of that bracket: the "
+                "exact count lies in [lo, hi] up to surviving_est_se", optional=True),
     _bottleneck("n_matvecs", "int", "operator applications spent on this variant up to this depth"),
     _bottleneck("computation", "category", "end_to_end: P_l by JVPs through the whole stack "
                 "(bidirectional models, trained/init); product: J_l ... J_1 of per-position "

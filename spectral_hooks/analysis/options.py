@@ -69,6 +69,10 @@ class JacobianOptions:
             operator (1e-8 in float64, 1e-4 in float32).
         bottleneck_k: singular values kept per depth in matrix-free bottleneck products.
         bottleneck_dense: exact bottleneck products; None: exact up to SCHUR_MAX_D.
+        bottleneck_probes: Rademacher probes of the SLQ estimates of the full-spectrum erank
+            and surviving (``erank_est``, ``surviving_est`` and their ``_se``) in matrix-free
+            bottleneck rows; 0: no estimates (the top-k ranks only).
+        bottleneck_steps: Lanczos steps per probe of those estimates (capped at d_model).
         ablations: bottleneck ablations, any of "symmetric", "schur".
         progress: kept for compatibility; ``analyze(progress=...)`` is the switch.
     """
@@ -84,12 +88,18 @@ class JacobianOptions:
     tol: Optional[float] = None
     bottleneck_k: int = 32
     bottleneck_dense: Optional[bool] = None
+    bottleneck_probes: int = 16
+    bottleneck_steps: int = 48
     ablations: tuple[str, ...] = ABLATIONS
     progress: Optional[bool] = None
 
     def __post_init__(self) -> None:
-        for name, minimum in (("k", 1), ("sample", 0), ("n_samples", 1), ("bottleneck_k", 1)):
+        for name, minimum in (("k", 1), ("sample", 0), ("n_samples", 1), ("bottleneck_k", 1),
+                              ("bottleneck_probes", 0), ("bottleneck_steps", 1)):
             _check_int(f"jacobian.{name}", getattr(self, name), minimum=minimum)
+        if self.bottleneck_probes == 1:
+            raise OptionError("jacobian.bottleneck_probes", 1, "0 (no estimates) or an int >= 2",
+                              hint="a standard error needs two probes")
         for name in ("seed", "init_seed"):
             if not _is_int(getattr(self, name)):
                 raise OptionError(f"jacobian.{name}", getattr(self, name), "an int")

@@ -17,10 +17,14 @@ Example::
     ['layer', 'norm', 'growth', 'alignment_top']
 
 METRICS.md section 2: P_l = J_l ... J_1 (operators[0] is J_1, applied first); for every depth
-l the ranks of section 4 (``linalg.ranks``) of its singular values. Matrix-free: the top-k by
-Lanczos bidiagonalisation of the composed operator (each matvec of P_l costs l block
-matvecs) and the ranks are those of the truncated spectrum (``truncated=True`` unless k = d);
-dense: the exact singular values of the matrix product.
+l the ranks of section 4 (``linalg.ranks``) of its singular values. Dense: the exact singular
+values of the matrix product. Matrix-free: the top-k by Lanczos bidiagonalisation of the
+composed operator (each matvec of P_l costs l block matvecs); ``erank``,
+``participation_ratio``, ``stable_rank`` and ``surviving`` are then those of the truncated
+spectrum (``truncated=True`` unless k = d: ``surviving`` = min(exact, k), ``stable_rank`` and
+``participation_ratio`` are lower bounds), and ``n_probes`` > 0 adds the SLQ estimates of the
+full-spectrum erank and surviving with their standard errors (``RANK_ESTIMATE_COLUMNS``,
+``metrics.rank_estimates``).
 """
 
 from __future__ import annotations
@@ -42,15 +46,18 @@ from spectral_hooks.linalg import (
 )
 from spectral_hooks.metrics.jacobian import SCHUR_MAX_D, schur_diagonal, symmetric_part
 from spectral_hooks.metrics.nulls import gamma_null
+from spectral_hooks.metrics.rank_estimates import RANK_ESTIMATE_COLUMNS, rank_estimates
 
 __all__ = ["bottleneck_table", "end_to_end_table", "single_layer_ablation_table",
            "propagation_table", "VARIANTS", "BOTTLENECK_COLUMNS", "PROPAGATION_COLUMNS",
-           "ALL_LAYERS"]
+           "RANK_ESTIMATE_COLUMNS", "ALL_LAYERS"]
 
 VARIANTS = ("trained", "init", "symmetric", "schur")
 BOTTLENECK_COLUMNS = ("variant", "ablated_layer", "depth", "erank", "participation_ratio",
                       "stable_rank", "surviving", "sigma_max", "n_singular", "truncated",
                       "n_matvecs")
+#: matrix-free tables (n_probes > 0) append RANK_ESTIMATE_COLUMNS: erank_est, erank_est_se,
+#: surviving_est, surviving_est_se (SLQ over all singular values)
 #: ``ablated_layer`` of rows where every layer is ablated (or none: trained, init)
 ALL_LAYERS = -1
 PROPAGATION_COLUMNS = ("layer", "norm", "growth", "alignment_top", "alignment_in",
@@ -105,9 +112,31 @@ def _rank_row(variant: str, depth: int, s: Tensor, tau: float, truncated: bool,
                 n_matvecs=int(n_matvecs))
 
 
+def _check_probes(n_probes: int, steps: int, what: str) -> None:
+    if isinstance(n_probes, bool) or not isinstance(n_probes, int) or n_probes == 1 \
+            or n_probes < 0:
+        raise ValueError(f"{what}: n_probes must be 0 (no estimates) or an int >= 2, got "
+                         f"{n_probes!r}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"{what}: steps must be an int >= 1, got {steps!r}")
+
+
+def _estimates(P: LinearOperator, n_probes: int, steps: int, seed: int, tau: float) -> dict:
+    """The SLQ estimates of the full-spectrum erank and surviving of P (none: n_probes 0)."""
+    if not n_probes:
+        return {}
+    return rank_estimates(P, n_probes=n_probes, steps=steps, seed=seed, tau=tau)
+
+
+def _columns(dense: bool, n_probes: int) -> list[str]:
+    extra: tuple[str, ...] = RANK_ESTIMATE_COLUMNS if not dense and n_probes else ()
+    return [*BOTTLENECK_COLUMNS, *extra]
+
+
 def bottleneck_table(operators: Sequence[_Op], *, k: int = 32, variant: str = "trained",
                      dense: bool = False, seed: int = 0, tau: float = 1e-2,
-                     method: str = "lanczos", tol: float = 1e-8) -> pd.DataFrame:
+                     method: str = "lanczos", tol: float = 1e-8, n_probes: int = 16,
+                     steps: int = 48) -> pd.DataFrame:
     """Ranks of the cumulative products P_l = J_l ... J_1, one row per depth l = 1..L.
 
     >>> A = torch.zeros(6, 6, dtype=torch.float64); A[0, 0], A[1, 1] = 1.0, 0.5
@@ -123,10 +152,14 @@ def bottleneck_table(operators: Sequence[_Op], *, k: int = 32, variant: str = "t
     1 <= k <= d (``method``/``tol``/``seed`` go to ``linalg.svds``); dense ignores k.
     Columns: ``variant, depth, erank, participation_ratio, stable_rank, surviving``
     (#{sigma_i >= tau sigma_1}), ``sigma_max, n_singular`` (singular values used),
-    ``truncated`` (ranks from a truncated spectrum), ``n_matvecs`` (block matvecs so far).
+    ``truncated`` (ranks of the top-k only), ``n_matvecs`` (block matvecs so far); matrix-free
+    with ``n_probes`` > 0 (0: none), also ``RANK_ESTIMATE_COLUMNS``: SLQ estimates over all
+    singular values (``n_probes`` probes, ``steps`` Lanczos steps on P_l^T P_l, seed
+    ``seed + depth``) with their standard errors.
     """
     what = "bottleneck_table"
     d = _dims(operators, what)
+    _check_probes(n_probes, steps, what)
     if variant not in VARIANTS:
         raise ValueError(f"{what}: variant must be one of {VARIANTS}, got {variant!r}")
     if variant == "schur":
@@ -154,8 +187,10 @@ def bottleneck_table(operators: Sequence[_Op], *, k: int = 32, variant: str = "t
     for depth, o in enumerate(ops, start=1):
         P = o if P is None else o @ P
         res = svds(P, k, method=method, tol=tol, seed=seed + depth, return_vectors=False)
-        rows.append(_rank_row(variant, depth, res.S, tau, k < d, _count(operators) - start))
-    return pd.DataFrame(rows, columns=list(BOTTLENECK_COLUMNS))
+        est = _estimates(P, n_probes, steps, seed + depth, tau)
+        rows.append({**_rank_row(variant, depth, res.S, tau, k < d, _count(operators) - start),
+                     **est})
+    return pd.DataFrame(rows, columns=_columns(False, n_probes))
 
 
 def _check_schur(operators: Sequence[_Op], d: int, what: str) -> None:
@@ -180,7 +215,8 @@ def _ablated(o: _Op, variant: str, dense: bool) -> _Op:
 def single_layer_ablation_table(operators: Sequence[_Op], *, variant: str,
                                 layers: Optional[Sequence[int]] = None, k: int = 32,
                                 dense: bool = False, seed: int = 0, tau: float = 1e-2,
-                                method: str = "lanczos", tol: float = 1e-8) -> pd.DataFrame:
+                                method: str = "lanczos", tol: float = 1e-8, n_probes: int = 16,
+                                steps: int = 48) -> pd.DataFrame:
     """The end-to-end effect of ablating one layer at a time: for each m, the ranks of
     P_L^(m) = J_L ... A(J_m) ... J_1 (A: ``variant``, "symmetric" or "schur" as in
     :func:`bottleneck_table`), one row per m at depth L, ``ablated_layer`` = ``layers[m]``
@@ -193,10 +229,12 @@ def single_layer_ablation_table(operators: Sequence[_Op], *, variant: str,
     ([0, 1], [2, 2])
 
     Dense: prefix and suffix products are formed once (3L matrix products in all).
-    Matrix-free (symmetric only): one composed operator and one ``svds`` per layer.
+    Matrix-free (symmetric only): one composed operator and one ``svds`` per layer, and the
+    SLQ estimates of :func:`bottleneck_table` (``n_probes``, ``steps``; seed ``seed + m``).
     """
     what = "single_layer_ablation_table"
     d = _dims(operators, what)
+    _check_probes(n_probes, steps, what)
     if variant not in ("symmetric", "schur"):
         raise ValueError(f"{what}: variant must be 'symmetric' or 'schur', got {variant!r}")
     layers = list(range(len(operators))) if layers is None else list(layers)
@@ -216,9 +254,10 @@ def single_layer_ablation_table(operators: Sequence[_Op], *, variant: str,
         for o in chain[1:]:
             P = o @ P
         res = svds(P, k, method=method, tol=tol, seed=seed + m, return_vectors=False)
-        rows.append(_rank_row(variant, len(ops), res.S, tau, k < d,
-                              _count(operators) - start, ablated_layer=layer))
-    return pd.DataFrame(rows, columns=list(BOTTLENECK_COLUMNS))
+        est = _estimates(P, n_probes, steps, seed + m, tau)
+        rows.append({**_rank_row(variant, len(ops), res.S, tau, k < d,
+                                 _count(operators) - start, ablated_layer=layer), **est})
+    return pd.DataFrame(rows, columns=_columns(False, n_probes))
 
 
 def _single_layer_dense(operators: Sequence[_Op], variant: str, layers: list[int],
@@ -241,10 +280,12 @@ def _single_layer_dense(operators: Sequence[_Op], variant: str, layers: list[int
 
 def end_to_end_table(products: Sequence[_Op], *, k: int = 32, variant: str = "trained",
                      dense: bool = False, seed: int = 0, tau: float = 1e-2,
-                     method: str = "lanczos", tol: float = 1e-8) -> pd.DataFrame:
+                     method: str = "lanczos", tol: float = 1e-8, n_probes: int = 16,
+                     steps: int = 48) -> pd.DataFrame:
     """The ranks of :func:`bottleneck_table` from the end-to-end Jacobians P_1, ..., P_L
     themselves (``linearize.end_to_end``: exact for bidirectional models, where the product of
-    per-position blocks is not P_l).
+    per-position blocks is not P_l); matrix-free, with the SLQ estimates of
+    :func:`bottleneck_table` (``n_probes``, ``steps``; seed ``seed + depth``).
 
     >>> P = [torch.diag(torch.tensor([1.0, 0.5, 0.0])).double()] * 2
     >>> end_to_end_table(P, dense=True)["surviving"].tolist()
@@ -252,10 +293,12 @@ def end_to_end_table(products: Sequence[_Op], *, k: int = 32, variant: str = "tr
     """
     what = "end_to_end_table"
     d = _dims(products, what)
+    _check_probes(n_probes, steps, what)
     if variant not in ("trained", "init"):
         raise ValueError(f"{what}: variant must be 'trained' or 'init', got {variant!r}")
     rows = []
     for depth, P in enumerate(products, start=1):
+        est: dict = {}
         if dense:
             s, truncated = torch.linalg.svdvals(_as_dense(P)), False
         else:
@@ -264,8 +307,9 @@ def end_to_end_table(products: Sequence[_Op], *, k: int = 32, variant: str = "tr
             op = _as_op(P)
             s = svds(op, k, method=method, tol=tol, seed=seed + depth, return_vectors=False).S
             truncated = k < d
-        rows.append(_rank_row(variant, depth, s, tau, truncated, _count(products)))
-    return pd.DataFrame(rows, columns=list(BOTTLENECK_COLUMNS))
+            est = _estimates(op, n_probes, steps, seed + depth, tau)
+        rows.append({**_rank_row(variant, depth, s, tau, truncated, _count(products)), **est})
+    return pd.DataFrame(rows, columns=_columns(dense, n_probes))
 
 
 def propagation_table(operators: Sequence[_Op], *, start_layer: int = 0,

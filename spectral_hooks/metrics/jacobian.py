@@ -26,7 +26,10 @@ One definition, two computations (the contract of docs/metrics.md). ``J`` is the
   in dense mode.
 * Non-normality: the commutator ||Delta J^T Delta J - Delta J Delta J^T||_F / ||Delta J||_F^2
   (exact dense; a Hutchinson estimate with its standard error matrix-free) and Henrici's
-  departure, unnormalised and divided by ||Delta J||_F (dense mode only: None matrix-free).
+  departure, unnormalised and divided by ||Delta J||_F (dense mode only: None matrix-free),
+  bracketed in both modes by ``departure_rel_upper_top{k}`` (from ||K||_F^2 and the imaginary
+  parts of the top-k eigenvalues) and ``departure_rel_lower`` (Eberlein's commutator bound):
+  metrics/departure.py; exact dense, Hutchinson estimates with standard errors matrix-free.
 * sym_energy: exact dense, a Hutchinson ratio with its standard error matrix-free.
 """
 
@@ -41,6 +44,7 @@ from torch import Tensor
 
 from spectral_hooks.errors import OptionError
 from spectral_hooks.linalg import DenseOperator, IdentityOperator, LinearOperator, eigs, svds
+from spectral_hooks.metrics.departure import departure_bounds, departure_bounds_from_probes
 from spectral_hooks.metrics.jacobian_nulls import (
     expected_real_eigenvalues,
     frac_complex_null,
@@ -65,9 +69,9 @@ MATRIX_FREE_ABSENT = {
     "frac_complex_null": "the EKS null of the full-spectrum frac_complex",
     "mean_abs_angle": "full-spectrum mean rotation angle: needs every eigenvalue of J",
     "frac_negative": "full-spectrum share of reflections: needs every eigenvalue of J",
-    "departure": "Henrici departure needs every eigenvalue; the top-k bound "
-                 "sqrt(||J||_F^2 - sum_top-k |lambda|^2) is uninformative for k << d and no "
-                 "estimator with a sound error bar is known",
+    "departure": "Henrici departure needs every eigenvalue (sum |lambda_i|^2 is no trace of a "
+                 "polynomial in J: no Hutchinson estimator exists); departure_rel_upper_top{k} "
+                 "and departure_rel_lower bracket departure_rel matrix-free",
     "departure_rel": "as departure",
 }
 
@@ -83,6 +87,8 @@ class JacobianMetrics:
     (d, k). singular_values / delta_singular_values: top-k of J and Delta J (dense: all d).
     ``*_se``: standard errors of the Hutchinson estimates (0 in dense mode). departure,
     departure_rel: Henrici's departure and its ratio to ||Delta J||_F (None matrix-free).
+    departure_rel_upper / departure_rel_lower (+ ``_se``): bounds of departure_rel from the
+    top-k eigenvalues and ||K||_F^2, and from the commutator (metrics/departure.py).
     """
 
     d: int
@@ -104,6 +110,10 @@ class JacobianMetrics:
     commutator_se: float
     departure: Optional[float]
     departure_rel: Optional[float]
+    departure_rel_upper: float
+    departure_rel_upper_se: float
+    departure_rel_lower: float
+    departure_rel_lower_se: float
     self_alignment: float
     top_eig_abs: float
     frob_sq: float
@@ -141,13 +151,17 @@ def _dense(J: Tensor, k: int, seed: int, n_matvecs: int) -> JacobianMetrics:
     dep = math.sqrt(max(0.0, fro_d - float(((lam - 1).abs() ** 2).sum())))
     kk = min(k, d)
     null, null_se = frac_complex_top_null(d, kk, seed=seed)
+    top = top_k_by_modulus(lam, kk)
+    bounds = departure_bounds(D, top)
     return JacobianMetrics(
         d=d, k=kk, dense=True, eigenvalues=lam, eig_residuals=res, converged=True,
         singular_values=torch.linalg.svdvals(J), delta_singular_values=sd,
-        top=rotation_stats(top_k_by_modulus(lam, kk)), top_null=null, top_null_se=null_se,
+        top=rotation_stats(top), top_null=null, top_null_se=null_se,
         full=rotation_stats(lam), frac_complex_null=frac_complex_null(d),
         sym_energy=_ratio(sym, fro_d), sym_energy_se=0.0, commutator=_ratio(comm, fro_d),
         commutator_se=0.0, departure=dep, departure_rel=_ratio(dep, math.sqrt(fro_d)),
+        departure_rel_upper=bounds["upper"], departure_rel_upper_se=0.0,
+        departure_rel_lower=bounds["lower"], departure_rel_lower_se=0.0,
         self_alignment=_self_alignment(U, Vh, kk), top_eig_abs=float(lam[0].abs()),
         frob_sq=float(torch.linalg.matrix_norm(J) ** 2), n_matvecs=n_matvecs)
 
@@ -174,11 +188,12 @@ def _sqrt_ratio_se(num: Tensor, den: Tensor) -> tuple[float, float]:
     return c, float(lin.std(correction=1)) / math.sqrt(n) if n > 1 else float("nan")
 
 
-def _hutchinson(J: LinearOperator, n_samples: int, seed: int) -> dict:
-    """sym_energy, commutator (each with its standard error) and ||J||_F^2 from shared
-    Rademacher probes z: Y = Delta J z, W = Delta J^T z estimate ||Delta J||_F^2 by
-    (||Y||^2 + ||W||^2) / 2 and ||S||_F^2 by ||Y + W||^2 / 4; C z = Delta J^T Y - Delta J W
-    estimates ||C||_F^2 by ||C z||^2 (C the commutator); ||z + Y||^2 estimates ||J||_F^2."""
+def _hutchinson(J: LinearOperator, n_samples: int, seed: int, top: Tensor) -> dict:
+    """sym_energy, commutator, the departure bounds (each with its standard error) and
+    ||J||_F^2 from shared Rademacher probes z: Y = Delta J z, W = Delta J^T z estimate
+    ||Delta J||_F^2 by (||Y||^2 + ||W||^2) / 2 and ||S||_F^2 by ||Y + W||^2 / 4; C z =
+    Delta J^T Y - Delta J W estimates ||C||_F^2 by ||C z||^2 (C the commutator); ||z + Y||^2
+    estimates ||J||_F^2; ``top`` (eigenvalues of J) enter the upper departure bound."""
     g = torch.Generator().manual_seed(int(seed))
     Z = (torch.randint(0, 2, (J.shape[1], n_samples), generator=g) * 2 - 1).to(
         device=J.device, dtype=torch.float64)
@@ -194,7 +209,10 @@ def _hutchinson(J: LinearOperator, n_samples: int, seed: int) -> dict:
     den = ((Y ** 2).sum(0) + (W ** 2).sum(0)) / 2
     sym, sym_se = _ratio_se(((Y + W) ** 2).sum(0) / 4, den)
     comm, comm_se = _sqrt_ratio_se((CZ ** 2).sum(0), den)
+    b = departure_bounds_from_probes(Z, Y, W, CZ, top)
     return dict(sym_energy=sym, sym_energy_se=sym_se, commutator=comm, commutator_se=comm_se,
+                departure_rel_upper=b["upper"], departure_rel_upper_se=b["upper_se"],
+                departure_rel_lower=b["lower"], departure_rel_lower_se=b["lower_se"],
                 frob_sq=float((JZ ** 2).sum(0).mean()))
 
 
@@ -207,8 +225,8 @@ def _matrix_free(op: LinearOperator, k: int, n_samples: int, seed: int, tol: flo
     sj = svds(op, k, tol=tol, seed=seed + 2, return_vectors=False)
     sd = svds(delta, k, tol=tol, seed=seed + 3)
     conv = bool(ej.converged) and bool(sj.converged) and bool(sd.converged)
-    hutch = _hutchinson(op, n_samples, seed + 4)
     lam = top_k_by_modulus(ej.values, k)
+    hutch = _hutchinson(op, n_samples, seed + 4, lam)
     null, null_se = frac_complex_top_null(d, k, seed=seed)
     assert sd.U is not None and sd.Vh is not None  # svds returns vectors by default
     return JacobianMetrics(
@@ -298,6 +316,10 @@ def jacobian_row(metrics: JacobianMetrics, *, layer: int, position: int) -> dict
                commutator_se=m.commutator_se)
     if m.departure is not None:
         row.update(departure=m.departure, departure_rel=m.departure_rel)
+    row.update({f"departure_rel_upper{t}": m.departure_rel_upper,
+                f"departure_rel_upper{t}_se": m.departure_rel_upper_se,
+                "departure_rel_lower": m.departure_rel_lower,
+                "departure_rel_lower_se": m.departure_rel_lower_se})
     row.update({f"self_alignment{t}": m.self_alignment})
     row.update(n_matvecs=int(m.n_matvecs), k=int(m.k), n_eigenvalues=int(m.eigenvalues.shape[0]),
                d=int(m.d), dense=bool(m.dense), converged=bool(m.converged))

@@ -58,3 +58,18 @@ def test_bad_options():
             rank_estimates(P, **kw)
     assert np.isnan(rank_estimates(torch.zeros(4, 4, dtype=torch.float64))["erank_est"])
 
+
+
+@pytest.mark.parametrize("steps", [12, 24])
+def test_surviving_quadrature_bracket_covers_the_dense_count(steps):
+    """Few Lanczos steps: the Gauss estimate of a step function may miss the count by more than
+    its standard error; the Chebyshev-Markov-Stieltjes bracket (lo, hi) covers it."""
+    d = 96
+    P = product(d, 5)
+    surv = int(surviving(torch.linalg.svdvals(P), 1e-2))
+    est = rank_estimates(DenseOperator(P), n_probes=32, steps=steps, seed=1)
+    lo, hi, se = est["surviving_est_lo"], est["surviving_est_hi"], est["surviving_est_se"]
+    assert lo <= est["surviving_est"] <= hi and hi - lo > 1  # a real bracket at steps < d
+    assert lo - 4 * se <= surv <= hi + 4 * se
+    full = rank_estimates(DenseOperator(P), n_probes=8, steps=d, seed=1)
+    assert full["surviving_est_lo"] == full["surviving_est_hi"] == full["surviving_est"]
