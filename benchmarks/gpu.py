@@ -34,6 +34,7 @@ import resource
 import statistics
 import time
 
+import numpy as np
 import torch
 
 
@@ -49,7 +50,12 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--k", type=int, default=16)
     p.add_argument("--rounds", type=int, default=5, help="interleaved recording rounds")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--skip-record", action="store_true")
+    p.add_argument("--skip-power", action="store_true")
     p.add_argument("--skip-jacobian", action="store_true")
+    p.add_argument("--progress", action="store_true", help="progress bars (stderr)")
+    p.add_argument("--check", action="store_true", help="first compare the device's top-k "
+                   "against its own exact (dense) path and against the CPU (see check())")
     p.add_argument("--out", default=None, help="append the JSON lines to this file")
     return p.parse_args(argv)
 
@@ -133,8 +139,47 @@ def main(argv=None) -> list[dict]:
         with torch.no_grad():
             return model(input_ids=ids)
 
-    # recording overhead: plain and instrumented forwards interleaved, after a warm-up each
+    if args.check:
+        emit(check(model, ids, args.k))
+    t_forward = timed(dev, forward)[0]
+    if not args.skip_record:
+        t_forward = record_overhead(args, model, forward, emit)
+
     probe = sh.instrument(model)
+    forward()
+    if not args.skip_power:
+        reset_peak(dev)
+        report = probe.analyze(power=True, progress=args.progress)
+        t, _ = timed(dev, lambda: (report.power, report.spectra))
+        power = report.power
+        emit({"measure": "power", "seconds": round(t, 3),
+              "forward_equivalents": round(t / t_forward, 1),
+              "matrix_free": bool(power["truncated"].all()),
+              "converged": bool(power["converged"].all()), "peak_gib": round(peak_gib(dev), 3)})
+
+    if not args.skip_jacobian:
+        reset_peak(dev)
+        report = probe.analyze(power=False, jacobian={"k": args.k, "dense": False},
+                               progress=args.progress)
+        t, table = timed(dev, lambda: report.jacobian)
+        emit({"measure": "jacobian", "k": args.k, "seconds": round(t, 3),
+              "seconds_per_layer": round(t / args.layers, 3),
+              "forward_equivalents": round(t / t_forward, 1),
+              "matvecs_per_layer": float(table["n_matvecs"].mean())
+              if "n_matvecs" in table else None,
+              "converged": bool(table["converged"].all()) if "converged" in table else None,
+              "peak_gib": round(peak_gib(dev), 3)})
+    probe.remove()
+    return results
+
+
+def record_overhead(args, model, forward, emit) -> float:
+    """Plain and instrumented forwards interleaved, after a warm-up each; the plain median."""
+    import spectral_hooks as sh
+
+    dev = args.device
+    probe = sh.instrument(model)
+    forward()
     probe.remove()
     forward()
     plain, hooked = [], []
@@ -149,31 +194,68 @@ def main(argv=None) -> list[dict]:
     emit({"measure": "record", "median_ratio": round(statistics.median(ratios), 4),
           "min": round(min(ratios), 4), "max": round(max(ratios), 4),
           "forward_s": round(t_forward, 4), "rounds": args.rounds})
+    return t_forward
 
-    probe = sh.instrument(model)
-    forward()
-    reset_peak(dev)
-    report = probe.analyze(power=True, progress=False)
-    t, _ = timed(dev, lambda: (report.power, report.spectra))
-    power = report.power
-    emit({"measure": "power", "seconds": round(t, 3), "forward_equivalents": round(t / t_forward, 1),
-          "matrix_free": bool(power["truncated"].all()),
-          "converged": bool(power["converged"].all()), "peak_gib": round(peak_gib(dev), 3)})
 
-    if not args.skip_jacobian:
-        reset_peak(dev)
-        report = probe.analyze(power=False, jacobian={"k": args.k, "dense": False},
-                               progress=False)
-        t, table = timed(dev, lambda: report.jacobian)
-        emit({"measure": "jacobian", "k": args.k, "seconds": round(t, 3),
-              "seconds_per_layer": round(t / args.layers, 3),
-              "forward_equivalents": round(t / t_forward, 1),
-              "matvecs_per_layer": float(table["n_matvecs"].mean())
-              if "n_matvecs" in table else None,
-              "converged": bool(table["converged"].all()) if "converged" in table else None,
-              "peak_gib": round(peak_gib(dev), 3)})
-    probe.remove()
-    return results
+SOURCES = ("F", "jacobian")  # the spectra section's sources: the power view's F, block Jacobians
+
+
+def _eigenvalues(report, source: str) -> dict:
+    """{layer: complex eigenvalues} of a report's spectra section, largest modulus first."""
+    table = report.spectra
+    table = table[table["source"] == source]
+    out = {}
+    for layer, rows in table.groupby("layer"):
+        values = rows["real"].to_numpy() + 1j * rows["imag"].to_numpy()
+        out[int(layer)] = values[np.argsort(-np.abs(values), kind="stable")]
+    return out
+
+
+def _distance(found: dict, reference: dict, k: int) -> float:
+    """Largest distance, over layers and the top k found, from a found eigenvalue to the
+    nearest reference eigenvalue, relative to the layer's largest modulus (0: every one found
+    is an eigenvalue of the reference), and the largest relative gap between the k-th moduli."""
+    if not found or set(found) != set(reference):
+        raise ValueError(f"layers {sorted(found)} found, {sorted(reference)} in the reference")
+    worst = 0.0
+    for layer, values in found.items():
+        ref = reference[layer]
+        scale = abs(ref[0])
+        near = np.abs(values[:k, None] - ref[None, :]).min(axis=1).max() / scale
+        kth = abs(abs(values[k - 1]) - abs(ref[k - 1])) / scale
+        worst = max(worst, float(near), float(kth))
+    return worst
+
+
+def _spectra(model, ids, k: int, free: bool):
+    """The power and jacobian spectra of one forward, exact (dense, full eig) or matrix-free."""
+    import spectral_hooks as sh
+
+    with sh.instrument(model) as probe, torch.no_grad():
+        model(input_ids=ids)
+        options = ({"power": {"full": False, "k": k}, "jacobian": {"k": k, "dense": False}}
+                   if free else {"power": {"full": True}, "jacobian": {"k": k, "dense": True}})
+        report = probe.analyze(**options, progress=False)
+        converged = bool(report.jacobian["converged"].all() and report.power["converged"].all())
+        return {s: _eigenvalues(report, s) for s in SOURCES}, converged
+
+
+def check(model, ids, k: int) -> dict:
+    """Numbers on the device against oracles: its matrix-free top-k (``eigs``) against its own
+    exact path (the full float64 eig of the dense block Jacobian and of F = W_O W_V, formed on
+    the device), and the device's exact spectra against the same model's on the CPU (the
+    recorded states differ there by the model dtype's rounding: a float32 figure there, not
+    the solver's)."""
+    import copy
+
+    exact, _ = _spectra(model, ids, k, free=False)
+    free, converged = _spectra(model, ids, k, free=True)
+    cpu, _ = _spectra(copy.deepcopy(model).to("cpu"), ids.cpu(), k, free=False)
+    row = {"measure": "check", "k": k, "converged": converged}
+    for source in SOURCES:
+        row[f"{source}_free_vs_exact"] = _distance(free[source], exact[source], k)
+        row[f"{source}_device_vs_cpu"] = _distance(exact[source], cpu[source], k)
+    return row
 
 
 if __name__ == "__main__":

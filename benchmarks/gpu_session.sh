@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The one prepared device run (issue 24, point 3): run from the repository root on a machine
+# with CUDA; JSON lines and logs go to ${OUT:-benchmarks/results/gpu_session}. Each stage has
+# its own time limit and a failed stage does not stop the next. ~9 minutes at most.
+set -u
+out=${OUT:-benchmarks/results/gpu_session}
+mkdir -p "$out"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+py=${PYTHON:-python3}
+stage() {  # stage NAME SECONDS ARGS...: one gpu.py run, its rc and time in stages.txt
+    local name=$1 limit=$2; shift 2
+    local t0=$SECONDS
+    timeout "$limit" "$py" benchmarks/gpu.py "$@" --out "$out/gpu.jsonl" >"$out/$name.log" 2>&1
+    echo "$name rc=$? seconds=$((SECONDS - t0))" | tee -a "$out/stages.txt"
+    tail -3 "$out/$name.log"
+}
+{ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+  "$py" -c "import torch, transformers; print('torch', torch.__version__, 'transformers',
+transformers.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
+} >"$out/env.txt" 2>&1
+cat "$out/env.txt"
+# oracles on the device (matrix-free vs its exact path, device vs CPU), then the small form
+stage check 110 --check --layers 2 --d-model 1024 --tokens 128 --vocab 1000 \
+    --dtype float32 --threads 8
+# Llama-3-8B shape, bf16, 512 tokens: recording overhead and the jacobian section
+stage llama8b_jacobian 270 --skip-power --progress
+# the same model's power view (matrix-free top-8 of F at d = 4096)
+stage llama8b_power 150 --skip-record --skip-jacobian --progress
