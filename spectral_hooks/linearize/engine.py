@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from ..errors import OptionError, fallback
+from .cuda_graphs import graphed, wanted
 from .finite import checked
 from .function import REPLAY_ERRORS, BlockFunction, _math_sdpa, linearize, plain_jvp
 from .operator import BlockJacobian
@@ -46,6 +47,7 @@ class _Engine:
         self.method_used: Optional[str] = None  # set when the JVP is first built
         self._jvp: Optional[Callable] = None
         self._vjp: Optional[Callable] = None
+        self._vjp_column: Optional[Callable] = None  # one column: a CUDA graph replay on GPUs
         self._blocks: dict[int, Callable] = {}  # width -> batched JVP, [width, 1, d] at once
         split = isinstance(fn, SingleQueryFunction) and fn.split
         self.block_width = BLOCK_WIDTH if split and method in ("auto", "linearize", "jvp") \
@@ -141,7 +143,11 @@ class _Engine:
         block = self._blocks.get(W)
         if block is None:
             try:
-                block = self._blocks[W] = self._build_block(W)
+                block = self._build_block(W)
+                if wanted(self.x0):
+                    block = graphed(block, self.x0.new_zeros((W, *self.x0.shape)),
+                                    what=f"JVP of layer {self.fn.layer} ({W} columns)")
+                self._blocks[W] = block
                 self.method_used = self.method_used or (
                     "linearize" if self.method in ("auto", "linearize") else "jvp")
             except REPLAY_ERRORS as err:  # fall back to vmapped one-row JVPs
@@ -166,16 +172,21 @@ class _Engine:
     def vjp(self, U: Tensor) -> Tensor:
         if self._vjp is None:
             self._build_vjp()
-        assert self._vjp is not None  # built above
+        assert self._vjp is not None and self._vjp_column is not None  # built above
         if U.ndim == 2:
-            return self._vjp(U)
+            return self._vjp_column(U)
+        if U.shape[0] == 1:  # a Krylov step: vmap's overhead would double the cost
+            return self._vjp_column(U[0])[None]
         return self._batched("vjp", self._vjp, U)
 
     def _build_vjp(self) -> None:
         try:
             with _math_sdpa():
                 vjp_fn = torch.func.vjp(self.fn, self.x0)[1]
-            self._vjp = lambda u: vjp_fn(u)[0]
+            self._vjp = self._vjp_column = lambda u: vjp_fn(u)[0]
+            if wanted(self.x0):
+                self._vjp_column = graphed(self._vjp, self.x0,
+                                           what=f"VJP of layer {self.fn.layer}")
             return
         except REPLAY_ERRORS as err:  # e.g. an autograd.Function without setup_context
             log.info("torch.func.vjp failed for layer %d (%s): using torch.autograd", self.fn.layer,
@@ -187,7 +198,8 @@ class _Engine:
         with torch.enable_grad(), _math_sdpa():
             y = self.fn(x)
         self._vmap_ok["vjp"] = False
-        self._vjp = lambda u: torch.autograd.grad(y, x, u, retain_graph=True)[0]
+        self._vjp = self._vjp_column = lambda u: torch.autograd.grad(y, x, u,
+                                                                     retain_graph=True)[0]
 
     def _batched(self, which: str, f: Callable, V: Tensor) -> Tensor:
         if V.shape[0] == 1:  # a Krylov step: vmap's overhead would double the cost
