@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one prepared device run (issue 24, point 3): run from the repository root on a machine
 # with CUDA; JSON lines and logs go to ${OUT:-benchmarks/results/gpu_session}. Each stage has
-# its own time limit and a failed stage does not stop the next. ~9 minutes at most.
+# its own time limit and a failed stage does not stop the next. ~10 minutes at most.
 set -u
 out=${OUT:-benchmarks/results/gpu_session}
 mkdir -p "$out"
@@ -19,6 +19,11 @@ stage() {  # stage NAME SECONDS ARGS...: one gpu.py run, its rc and time in stag
 transformers.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name())"
 } >"$out/env.txt" 2>&1
 cat "$out/env.txt"
+# the CUDA-only tests (graph replays against direct application and the dense oracle)
+t0=$SECONDS
+timeout 90 "$py" -m pytest -q -p no:cacheprovider tests/test_cuda_graphs.py >"$out/pytest.log" 2>&1
+echo "pytest rc=$? seconds=$((SECONDS - t0))" | tee -a "$out/stages.txt"
+tail -3 "$out/pytest.log"
 # oracles on the device (matrix-free vs its exact path, device vs CPU), then the small form
 stage check 110 --check --layers 2 --d-model 1024 --tokens 128 --vocab 1000 \
     --dtype float32 --threads 8

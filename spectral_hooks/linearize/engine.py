@@ -47,7 +47,6 @@ class _Engine:
         self.method_used: Optional[str] = None  # set when the JVP is first built
         self._jvp: Optional[Callable] = None
         self._vjp: Optional[Callable] = None
-        self._vjp_column: Optional[Callable] = None  # one column: a CUDA graph replay on GPUs
         self._blocks: dict[int, Callable] = {}  # width -> batched JVP, [width, 1, d] at once
         split = isinstance(fn, SingleQueryFunction) and fn.split
         self.block_width = BLOCK_WIDTH if split and method in ("auto", "linearize", "jvp") \
@@ -172,21 +171,16 @@ class _Engine:
     def vjp(self, U: Tensor) -> Tensor:
         if self._vjp is None:
             self._build_vjp()
-        assert self._vjp is not None and self._vjp_column is not None  # built above
+        assert self._vjp is not None  # built above
         if U.ndim == 2:
-            return self._vjp_column(U)
-        if U.shape[0] == 1:  # a Krylov step: vmap's overhead would double the cost
-            return self._vjp_column(U[0])[None]
+            return self._vjp(U)
         return self._batched("vjp", self._vjp, U)
 
     def _build_vjp(self) -> None:
         try:
             with _math_sdpa():
                 vjp_fn = torch.func.vjp(self.fn, self.x0)[1]
-            self._vjp = self._vjp_column = lambda u: vjp_fn(u)[0]
-            if wanted(self.x0):
-                self._vjp_column = graphed(self._vjp, self.x0,
-                                           what=f"VJP of layer {self.fn.layer}")
+            self._vjp = lambda u: vjp_fn(u)[0]
             return
         except REPLAY_ERRORS as err:  # e.g. an autograd.Function without setup_context
             log.info("torch.func.vjp failed for layer %d (%s): using torch.autograd", self.fn.layer,
@@ -198,8 +192,7 @@ class _Engine:
         with torch.enable_grad(), _math_sdpa():
             y = self.fn(x)
         self._vmap_ok["vjp"] = False
-        self._vjp = self._vjp_column = lambda u: torch.autograd.grad(y, x, u,
-                                                                     retain_graph=True)[0]
+        self._vjp = lambda u: torch.autograd.grad(y, x, u, retain_graph=True)[0]
 
     def _batched(self, which: str, f: Callable, V: Tensor) -> Tensor:
         if V.shape[0] == 1:  # a Krylov step: vmap's overhead would double the cost
