@@ -1,7 +1,7 @@
-"""Block JVPs replayed from CUDA graphs (linearize/cuda_graphs.py) give the numbers of the direct
-application and of the dense forward-mode oracle, and are really replayed; VJPs (not captured:
-see the module) are unchanged. Needs a CUDA device (benchmarks/gpu_session.sh runs it there);
-skipped elsewhere."""
+"""Block JVPs and VJPs (the transposed traced graph) replayed from CUDA graphs
+(linearize/cuda_graphs.py) give the numbers of the direct application and of the dense
+forward-mode oracle, and are really replayed. Needs a CUDA device (benchmarks/gpu_session.sh
+runs it there); skipped elsewhere."""
 
 import warnings
 
@@ -39,8 +39,9 @@ def test_replays_equal_direct_application_and_dense_oracle(probe, monkeypatch):
         op, replayed = _products(probe, 1)
         again = _products(probe, 1)[1]  # replays on a second operator and second calls
     engine = op.engine
-    assert sorted(engine._blocks) == [1, 32]
-    assert all(f.__name__ == "replay" for f in engine._blocks.values())
+    assert sorted(engine._blocks) == [1, 32] and sorted(engine._vblocks) == [1, 32]
+    assert all(f.__name__ == "replay" for f in [*engine._blocks.values(),
+                                                 *engine._vblocks.values()])
     monkeypatch.setattr(cuda_graphs, "CUDA_GRAPHS", False)
     direct = _products(probe, 1)[1]
     for r, a, d in zip(replayed, again, direct):

@@ -321,6 +321,12 @@ def test_split_single_query_batched_jvps_match_jacfwd(family):
         tol = 1e-12 if exact else TOL
         assert rel(J.matmat(X), D @ X) < tol
         assert rel(J.matvec(X[:, 0]), D @ X[:, 0]) < tol
+        # adjoint: split blocks run the transposed traced graph (1, 32 and 64 columns)
+        assert rel(J.rmatmat(X), D.T @ X) < tol
+        assert rel(J.rmatvec(X[:, 1]), D.T @ X[:, 1]) < tol
+        assert rel(J.rmatmat(X[:, 2:7]), D.T @ X[:, 2:7]) < tol
+        if family not in CONCAT:
+            assert all(J.engine._vblocks[w] is not None for w in (1, 32, 64))
     assert model_cfg._attn_implementation == impl  # the user's config is untouched
     res = eigs(ops[-1], 5, tol=1e-10 if exact else TOL, block_size=4)
     assert bool(res.converged)
@@ -400,7 +406,7 @@ def test_wide_matmat_is_one_pass_of_one_graph_that_reads_no_zero_terms(family):
     assert rel(J.matmat(X), oracle(probe, 0, "token") @ X) < 1e-12
     engine = J.engine
     assert sorted(engine._blocks) == [64]  # pyright: ignore[reportAttributeAccessIssue]
-    _, residuals = engine._blocks[64].__defaults__  # pyright: ignore[reportAttributeAccessIssue]
+    residuals = engine._blocks[64].residuals  # pyright: ignore[reportAttributeAccessIssue]
     zero = [tuple(r.shape) for r in residuals
             if isinstance(r, torch.Tensor) and not r.is_meta and r.numel() > 1
             and not bool(r.any())]
@@ -428,3 +434,30 @@ def test_drop_zero_terms_keeps_broadcasting_adds_and_alpha():
     gm.recompile()
     for got, ref in zip(gm(*args), want):
         assert torch.equal(got, ref)
+
+
+def test_transposed_graph_differentiates_elementwise_backward_ops():
+    # forward-AD tangents use ops such as silu_backward(t, x), linear in t but with no
+    # derivative for t: the transpose rewrites them as t * op(1, x); J^T = the VJP oracle
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from spectral_hooks.linearize.shared import _ELEMENTWISE_BACKWARD, _differentiable_in_tangent
+
+    def tangent(x, t):  # the tangent of y = silu(x) @ W, written as forward AD writes it
+        return torch.ops.aten.silu_backward.default(t, x) @ W
+
+    g = torch.Generator().manual_seed(0)
+    W = torch.randn(6, 5, generator=g, dtype=torch.float64)
+    x, u = (torch.randn(3, n, generator=g, dtype=torch.float64) for n in (6, 5))
+    gm = make_fx(tangent)(x, torch.zeros_like(x))
+    assert any(n.target in _ELEMENTWISE_BACKWARD for n in gm.graph.nodes)
+    with pytest.raises(RuntimeError, match="not implemented"):
+        torch.func.vjp(lambda t: gm(x, t), torch.zeros_like(x))[1](u)
+    rewritten = _differentiable_in_tangent(gm)
+    assert all(n.args[0].target == torch.ops.aten.ones_like.default  # factor op(1, x) only
+               for n in rewritten.graph.nodes if n.target in _ELEMENTWISE_BACKWARD)
+    t = torch.randn(3, 6, generator=g, dtype=torch.float64)
+    assert torch.allclose(rewritten(x, t), gm(x, t), rtol=1e-14, atol=1e-15)  # rounding
+    got = torch.func.vjp(lambda t: rewritten(x, t), torch.zeros_like(x))[1](u)[0]
+    want = torch.func.vjp(torch.nn.functional.silu, x)[1](u @ W.T)[0]
+    assert torch.allclose(got, want, rtol=1e-13, atol=1e-15)

@@ -17,7 +17,10 @@ never mutated and only one block is copied.
 matvec = JVP, rmatvec = VJP. The linearisation is reused: ``torch.func.linearize`` is traced once
 (a JVP then costs about one block forward) and one ``torch.func.vjp`` closure serves every
 rmatvec; both are built lazily on first use; matmat/rmatmat vmap over them (a column loop if vmap
-fails). Forward-mode AD does not exist for fused SDPA kernels, so everything runs under
+fails). Split single-query blocks (below) instead run one shared traced JVP graph
+(:mod:`.shared`) and its transpose for the VJP, at a few fixed widths; on CUDA devices both are
+replayed from CUDA graphs (:mod:`.cuda_graphs`). Forward-mode AD does not exist for fused SDPA
+kernels, so everything runs under
 ``sdpa_kernel(SDPBackend.MATH)``; if forward AD still fails (a custom kernel), matvecs fall back
 to a central finite difference with step h = eps^(1/3) * max(1, ||x0||_inf) / ||v||_inf (eps of
 ``dtype``; error O(h^2), ~1e-10 relative in float64) and a warning is logged; VJPs fall back to

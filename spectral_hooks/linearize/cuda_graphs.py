@@ -1,4 +1,4 @@
-"""Replay a block's batched JVP from a CUDA graph: one launch per application instead of ~300.
+"""Replay a block's batched JVP / VJP from a CUDA graph: one launch per application, not ~300.
 
 On a GPU an iterative solver's time is host time: measured on an H200 (Llama-3-8B block,
 ``benchmarks/jacobian_parts.py``, 2026-12-04), ``eigs`` spent 2.5 s of CPU dispatching ~29,000
@@ -12,9 +12,10 @@ with one launch.
 Measured there: the section's 32 layers 145 s -> 103 s, the same numbers. A capture needs a
 function without host syncs or host tensors; one that cannot be captured (``RuntimeError`` from
 the capture) is applied as before, and the fallback is reported (``linearize.no_cuda_graph``).
-VJPs are not captured: ``torch.func.vjp``'s backward runs on the streams its forward ran on,
-outside the capture stream (on the H200: ``cudaErrorStreamCaptureInvalidated``, and functorch
-left unable to vmap the VJP afterwards). Each graph holds a private memory pool for its
+VJPs are captured as the transposed traced graph (``shared.SharedJvp.transpose``: plain aten
+ops); a ``torch.func.vjp`` closure cannot be: its backward runs on the streams its forward ran
+on, outside the capture stream (on the H200: ``cudaErrorStreamCaptureInvalidated``, and
+functorch then unable to vmap the VJP). Each graph holds a private memory pool for its
 intermediates (freed with the operator). ``CUDA_GRAPHS = False`` turns replays off.
 """
 

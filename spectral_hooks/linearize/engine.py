@@ -13,7 +13,7 @@ from .cuda_graphs import graphed, wanted
 from .finite import checked
 from .function import REPLAY_ERRORS, BlockFunction, _math_sdpa, linearize, plain_jvp
 from .operator import BlockJacobian
-from .shared import shared_block_jvp
+from .shared import SharedJvp, shared_block_jvp
 from .single_query import SingleQueryFunction
 
 log: logging.Logger = logging.getLogger("spectral_hooks.linearize")
@@ -48,6 +48,8 @@ class _Engine:
         self._jvp: Optional[Callable] = None
         self._vjp: Optional[Callable] = None
         self._blocks: dict[int, Callable] = {}  # width -> batched JVP, [width, 1, d] at once
+        self._shared: dict[int, SharedJvp] = {}  # width -> its traced graph, where shared
+        self._vblocks: dict[int, Optional[Callable]] = {}  # width -> batched VJP (None: none)
         split = isinstance(fn, SingleQueryFunction) and fn.split
         self.block_width = BLOCK_WIDTH if split and method in ("auto", "linearize", "jvp") \
             else None
@@ -133,33 +135,20 @@ class _Engine:
             return linearize(fn.batched, X0)
         return plain_jvp(fn.batched, X0)
 
-    def _block_jvp(self, V: Tensor) -> Tensor:
-        k = V.shape[0]
+    def _width(self, k: int) -> int:
         W = 1 if k == 1 else self.block_width
-        assert W is not None  # _block_jvp runs only with a block width
+        assert W is not None  # only with a block width
         while W < min(k, DENSE_WIDTH):  # a wider block (block Krylov, to_dense): one pass
             W *= 2
-        block = self._blocks.get(W)
-        if block is None:
-            try:
-                block = self._build_block(W)
-                if wanted(self.x0):
-                    block = graphed(block, self.x0.new_zeros((W, *self.x0.shape)),
-                                    what=f"JVP of layer {self.fn.layer} ({W} columns)")
-                self._blocks[W] = block
-                self.method_used = self.method_used or (
-                    "linearize" if self.method in ("auto", "linearize") else "jvp")
-            except REPLAY_ERRORS as err:  # fall back to vmapped one-row JVPs
-                log.info("batched JVP unavailable for layer %d (%s)", self.fn.layer, err)
-                fallback("linearize.no_batched_jvp",
-                         f"batched JVPs unavailable for layer {self.fn.layer} ({err}): one "
-                         "query row per JVP (several times slower per column)")
-                self.block_width = None
-                return self.jvp(V)
-        if k == W:  # one full pass (block Krylov's usual application): no copies
+        return W
+
+    @staticmethod
+    def _in_passes(block: Callable, V: Tensor, W: int) -> Tensor:
+        """block applied to V [k, ...] in passes of W rows (the last one zero-padded)."""
+        if V.shape[0] == W:  # one full pass (block Krylov's usual application): no copies
             return block(V)
         out = []
-        for i in range(0, k, W):
+        for i in range(0, V.shape[0], W):
             chunk = V[i:i + W]
             c = chunk.shape[0]
             if c < W:
@@ -167,14 +156,77 @@ class _Engine:
             out.append(block(chunk)[:c])
         return out[0] if len(out) == 1 else torch.cat(out)
 
+    def _block_jvp(self, V: Tensor) -> Tensor:
+        W = self._width(V.shape[0])
+        block = self._blocks.get(W)
+        if block is None:
+            try:
+                block = self._jvp_block(W)
+            except REPLAY_ERRORS as err:  # fall back to vmapped one-row JVPs
+                log.info("batched JVP unavailable for layer %d (%s)", self.fn.layer, err)
+                fallback("linearize.no_batched_jvp",
+                         f"batched JVPs unavailable for layer {self.fn.layer} ({err}): one "
+                         "query row per JVP (several times slower per column)")
+                self.block_width = None
+                return self.jvp(V)
+        return self._in_passes(block, V, W)
+
+    def _jvp_block(self, W: int) -> Callable:
+        block = self._build_block(W)
+        if isinstance(block, SharedJvp):
+            self._shared[W] = block
+        if wanted(self.x0):
+            block = graphed(block, self.x0.new_zeros((W, *self.x0.shape)),
+                            what=f"JVP of layer {self.fn.layer} ({W} columns)")
+        self._blocks[W] = block
+        self.method_used = self.method_used or (
+            "linearize" if self.method in ("auto", "linearize") else "jvp")
+        return block
+
     # -------------------------------------------------------------- reverse (rmatvec)
     def vjp(self, U: Tensor) -> Tensor:
+        if self.block_width and self.method in ("auto", "linearize"):
+            out = self._block_vjp(U[None] if U.ndim == 2 else U)
+            if out is not None:
+                return out[0] if U.ndim == 2 else out
         if self._vjp is None:
             self._build_vjp()
         assert self._vjp is not None  # built above
         if U.ndim == 2:
             return self._vjp(U)
         return self._batched("vjp", self._vjp, U)
+
+    def _block_vjp(self, U: Tensor) -> Optional[Tensor]:
+        """J^T U [k, m, d] by the transposed traced graph (shared.SharedJvp.transpose: plain
+        aten ops, no autograd engine; a CUDA graph replay on GPUs); None where there is none."""
+        W = self._width(U.shape[0])
+        if W not in self._vblocks:
+            self._vblocks[W] = self._build_vblock(W)
+        vblock = self._vblocks[W]
+        return None if vblock is None else self._in_passes(vblock, U, W)
+
+    def _build_vblock(self, W: int) -> Optional[Callable]:
+        if W not in self._blocks:
+            try:
+                self._jvp_block(W)
+            except REPLAY_ERRORS:  # no batched JVP: the VJP closure (its fallback is reported)
+                return None
+        shared = self._shared.get(W)
+        if shared is None:
+            return None
+        try:
+            vblock = shared.transpose()
+        except REPLAY_ERRORS as err:
+            log.info("traced VJP graph failed for layer %d (%s): torch.func.vjp", self.fn.layer,
+                     err)
+            fallback("linearize.own_vjp",
+                     f"the transposed JVP graph failed for layer {self.fn.layer} ({err}): VJPs "
+                     "by torch.func.vjp of the block (slower per column)")
+            return None
+        if wanted(self.x0):
+            vblock = graphed(vblock, self.x0.new_zeros((W, *self.x0.shape)),
+                             what=f"VJP of layer {self.fn.layer} ({W} columns)")
+        return vblock
 
     def _build_vjp(self) -> None:
         try:

@@ -9,6 +9,10 @@ the input rows and the tangent) as graph inputs, and the graph is split in two:
   reads (run once per layer: one batched forward);
 * ``tangent``: the rest, a function of those residuals and the tangent (run per matmat).
 
+The VJP is the transpose of ``tangent`` (a linear map of the tangent): ``make_fx`` of its
+``torch.func.vjp``, traced once per tangent graph and checked per block like the JVP; its run
+is plain aten ops (no autograd engine), so on a GPU it can be replayed from a CUDA graph.
+
 Blocks of one structure (same module class, input names, shapes and dtypes) reuse the graph.
 Python-level facts a trace bakes in (a layer index in a scale, a sliding window) can differ
 between such blocks, so every reuse is checked against a direct ``torch.func.jvp`` of the
@@ -22,6 +26,7 @@ buffers or recorded inputs, which are graph inputs, passed anew on every call.
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Callable, List, Optional, Tuple
@@ -144,7 +149,92 @@ def _cached_trace(key: tuple, fn, inputs: List[Tensor], X0: Tensor
     return graphs
 
 
-def shared_block_jvp(fn: SingleQueryFunction, width: int) -> Callable[[Tensor], Tensor]:
+class SharedJvp:
+    """T [width, 1, d] -> J T from a shared traced tangent graph and this block's residuals;
+    :meth:`transpose` gives U -> J^T U as a traced graph too."""
+
+    def __init__(self, fn: SingleQueryFunction, tangent: fx.GraphModule,
+                 residuals: Tuple[Tensor, ...], width: int) -> None:
+        self.fn, self.tangent, self.residuals, self.width = fn, tangent, residuals, width
+
+    def __call__(self, T: Tensor) -> Tensor:
+        return self.tangent(*self.residuals, T)
+
+    def transpose(self) -> Callable[[Tensor], Tensor]:
+        """U [width, 1, d] -> J^T U: the reverse-mode graph of the (linear) tangent graph,
+        traced once per tangent graph (``make_fx`` of its ``torch.func.vjp``: plain aten ops
+        at run time, no autograd engine), checked against ``torch.func.vjp`` of the block on
+        two columns; ValueError where it disagrees."""
+        graph = getattr(self.tangent, "_spectral_hooks_transpose", None)
+        width = self.width
+        if graph is None:
+            graph = _transpose(self.tangent, self.residuals, width, self.fn.x0)
+            self.tangent._spectral_hooks_transpose = graph
+
+        def vjp(U: Tensor, graph=graph, residuals=self.residuals) -> Tensor:
+            return graph(*residuals, U)
+
+        err = _check_transpose(self.fn, vjp, width)
+        if err > agreement_tol(self.fn.x0.dtype):
+            raise ValueError(f"traced VJP graph of layer {self.fn.layer} disagrees with "
+                             f"torch.func.vjp ({err:.1e})")
+        return vjp
+
+
+#: Elementwise ``*_backward(grad, ...)`` ops of forward-AD tangents: linear in ``grad`` but with
+#: no derivative for it, so the transpose sees ``grad * op(1, ...)`` instead.
+_ELEMENTWISE_BACKWARD = tuple(
+    getattr(torch.ops.aten, name).default for name in (
+        "silu_backward", "gelu_backward", "tanh_backward", "sigmoid_backward",
+        "threshold_backward", "elu_backward", "softplus_backward", "hardtanh_backward",
+        "leaky_relu_backward", "hardsigmoid_backward", "hardswish_backward", "mish_backward")
+    if hasattr(torch.ops.aten, name))
+
+
+def _differentiable_in_tangent(tangent: fx.GraphModule) -> fx.GraphModule:
+    """A copy of ``tangent`` whose elementwise backward ops are ``grad * op(ones, ...)``."""
+    gm = copy.deepcopy(tangent)
+    graph = gm.graph
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target in _ELEMENTWISE_BACKWARD:
+            with graph.inserting_before(node):
+                ones = graph.call_function(torch.ops.aten.ones_like.default, (node.args[0],))
+                factor = graph.call_function(node.target, (ones, *node.args[1:]), node.kwargs)
+                product = graph.call_function(torch.ops.aten.mul.Tensor, (node.args[0], factor))
+            node.replace_all_uses_with(product)
+            graph.erase_node(node)
+    gm.recompile()
+    return gm
+
+
+def _transpose(tangent: fx.GraphModule, residuals: Tuple[Tensor, ...], width: int,
+               x0: Tensor) -> fx.GraphModule:
+    tangent = _differentiable_in_tangent(tangent)
+
+    def vjp_graph(*flat):
+        res, U = flat[:-1], flat[-1]
+        pullback = torch.func.vjp(lambda T: tangent(*res, T), torch.zeros_like(U))[1]
+        return pullback(U)[0]
+
+    U0 = x0.expand(width, *x0.shape).contiguous()
+    with _math_sdpa():
+        gm = make_fx(vjp_graph)(*residuals, U0)
+    _drop_unused(gm.graph)
+    gm.recompile()
+    return gm
+
+
+def _check_transpose(fn, vjp: Callable[[Tensor], Tensor], width: int) -> float:
+    g = torch.Generator(device="cpu").manual_seed(2)
+    U = torch.randn((width, *fn.x0.shape), generator=g, dtype=torch.float64).to(fn.x0)
+    got = vjp(U)[:2]
+    with _math_sdpa():
+        pullback = torch.func.vjp(fn, fn.x0)[1]
+        want = torch.stack([pullback(u)[0] for u in U[:2]])
+    return float((got - want).norm() / want.norm().clamp_min(1e-30))
+
+
+def shared_block_jvp(fn: SingleQueryFunction, width: int) -> SharedJvp:
     """T [width, 1, d] -> J T for a split :class:`SingleQueryFunction` ``fn``."""
     inputs = fn.inputs()
     X0 = fn.x0.expand(width, *fn.x0.shape).contiguous()
@@ -157,10 +247,7 @@ def shared_block_jvp(fn: SingleQueryFunction, width: int) -> Callable[[Tensor], 
             primal, tangent = _cached_trace(key, fn, inputs, X0)
         with torch.no_grad():
             residuals = primal(*inputs, X0)
-
-        def jvp(T: Tensor, tangent=tangent, residuals=residuals) -> Tensor:
-            return tangent(*residuals, T)
-
+        jvp = SharedJvp(fn, tangent, residuals, width)
         err = _check(fn, jvp, X0)
         if err <= tol:
             return jvp
