@@ -37,6 +37,9 @@ def test_bidirectional_end_to_end_is_exact_and_not_the_product():
         assert float((P[l] - want).abs().max()) < 1e-10 * float(want.abs().max())
         assert torch.allclose(ops[l].matvec(v), want @ v, rtol=1e-10, atol=1e-12)
         assert torch.allclose(ops[l].rmatvec(v), want.T @ v, rtol=1e-10, atol=1e-12)
+        V = torch.randn(P.shape[-1], 5, generator=g, dtype=torch.float64)  # batched by vmap
+        assert torch.allclose(ops[l].matmat(V), want @ V, rtol=1e-10, atol=1e-12)
+        assert torch.allclose(ops[l].rmatmat(V), want.T @ V, rtol=1e-10, atol=1e-12)
         product = token_jacobian(probe, l, position=5) @ product
     # a random tiny BERT couples positions weakly (~1e-5 here), far above rounding (~1e-14)
     assert float((product - P[-1]).abs().max()) > 1e-8 * float(P[-1].abs().max())

@@ -11,7 +11,8 @@ model's other positions carry the perturbation back to p; P_l is read at row p o
 output. For a causal model this equals the product J_l^(p) ... J_1^(p) of per-position blocks
 (rows before p do not depend on row p); for a bidirectional one the product of diagonal blocks
 is not the end-to-end Jacobian. ``end_to_end_operators`` gives the same maps matrix-free
-(matvec = JVP, rmatvec = VJP through the stack).
+(matvec = JVP, rmatvec = VJP through the stack; a matmat / rmatmat of k columns is one forward
+with the k tangents / cotangents batched by ``torch.vmap``).
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ from typing import TYPE_CHECKING, Sequence
 import torch
 from torch import Tensor
 
-from ..errors import RecordingError
+from ..errors import RecordingError, fallback
 from ..linalg import LinearOperator
-from .function import _math_sdpa, block_function
+from .function import REPLAY_ERRORS, _math_sdpa, block_function
 
 if TYPE_CHECKING:
     from ..anatomy import Anatomy
@@ -77,13 +78,31 @@ def end_to_end_operators(anatomy: Anatomy, recording: Recording, *, layers: Sequ
         def g(x: Tensor) -> Tensor:
             return outputs(x, depth)[-1]
 
-        def matvec(v: Tensor) -> Tensor:
+        def matmat(V: Tensor) -> Tensor:  # [d, k]: one forward, the k tangents batched
             with _math_sdpa():
-                return torch.func.jvp(g, (x0,), (v.to(x0.dtype),))[1]
+                return _vmapped(lambda v: torch.func.jvp(g, (x0,), (v,))[1], V.to(x0.dtype))
 
-        def rmatvec(u: Tensor) -> Tensor:
+        def rmatmat(U: Tensor) -> Tensor:  # [d, k]: one forward and one batched backward
             with _math_sdpa():
-                return torch.func.vjp(g, x0)[1](u.to(x0.dtype))[0]
-        return LinearOperator((d, d), matvec=matvec, rmatvec=rmatvec, dtype=x0.dtype,
-                              device=x0.device, name=f"P[depth {depth}, end to end]")
+                pullback = torch.func.vjp(g, x0)[1]
+                return _vmapped(lambda u: pullback(u)[0], U.to(x0.dtype))
+        return LinearOperator((d, d), matvec=lambda v: matmat(v[:, None])[:, 0],
+                              rmatvec=lambda u: rmatmat(u[:, None])[:, 0], matmat=matmat,
+                              rmatmat=rmatmat, dtype=x0.dtype, device=x0.device,
+                              name=f"P[depth {depth}, end to end]")
     return [make(depth) for depth in range(1, len(fns) + 1)]
+
+
+def _vmapped(f, X: Tensor) -> Tensor:
+    """[d, k] -> [d, k]: f over the columns of X, batched by ``torch.vmap`` (one column: plain;
+    column by column where vmap cannot batch an op of the model, with the fallback reported).
+    Nothing is kept between calls: a depth's forward graph lives only while it is applied."""
+    if X.shape[1] == 1:
+        return f(X[:, 0])[:, None]
+    try:
+        return torch.vmap(f, in_dims=1, out_dims=1)(X)
+    except REPLAY_ERRORS as err:
+        fallback("linearize.end_to_end_no_vmap",
+                 f"torch.vmap over the end-to-end JVP/VJP failed ({err}): columns applied one "
+                 "at a time (slower)")
+        return torch.stack([f(x) for x in X.T], dim=1)
