@@ -21,6 +21,12 @@ forces), FP64 = 67 TFLOP/s (H200 dense float64 tensor core peak; 34 TFLOP/s vect
 bytes (one pass over the block's weights per application, at most one launch per aten op of a
 one-column application as counted here). Llama-3-8B: d=4096, GQA 32/8, ffn 14336, 32 layers.
 
+Measured on an H200 (2026-12-04, benchmarks/RESULTS.md "GPU path"): the model is 5.6-8x too
+optimistic (jacobian section 145 s, 103 s with CUDA-graph JVPs, against 18.3 s projected). A
+launch there costs 41-86 us of host time (Python, dispatch and the launch; ``eigs`` 2.53 s of
+host time for 29,378 launches and 0.32 s of GPU kernels), not 5 us: the solvers are
+host-bound, so count launches and syncs, and charge ~40-90 us each, for a real projection.
+
     python benchmarks/launch_budget.py [--quick] [--widths 1024 2048 4096] [--tokens 128]
 
 ``--quick``: d = 1024 only, the eigs counts (no full-section run). d = 4096 runs with 32 tokens
