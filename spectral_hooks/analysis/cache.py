@@ -19,6 +19,7 @@ that bypasses autograd's version counter; call ``probe.invalidate()`` after such
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any, Callable, Hashable, cast
 
 import numpy as np
@@ -99,6 +100,7 @@ class AnalysisCache:
         self._recording = recording
         self._state: Any = None
         self._entries: dict[Hashable, Any] = {}
+        self._working: "OrderedDict[Hashable, Any]" = OrderedDict()  # see get_working
 
     def _current_state(self) -> tuple:
         return ((id(self._recording), self._recording.generation, adapter_state(self._adapters)),
@@ -110,6 +112,7 @@ class AnalysisCache:
         if self._state is None or state[0] != self._state[0] or not _same(state[1],
                                                                          self._state[1]):
             self._entries.clear()
+            self._working.clear()
             self._state = state
 
     def get(self, key: Hashable, compute: Callable[[], Any]) -> Any:
@@ -119,9 +122,24 @@ class AnalysisCache:
             self._entries[key] = compute()
         return self._entries[key]
 
+    def get_working(self, key: Hashable, compute: Callable[[], Any], *, keep: int) -> Any:
+        """Like :meth:`get`, for large working objects rather than results (a block Jacobian
+        operator holds float64 copies of the block's weights: 1.75 GB for a Llama-3-8B layer):
+        only the ``keep`` most recently used stay cached, the others are recomputed on demand,
+        so a section over every layer holds a few of them, not one per layer."""
+        self.refresh()
+        if key in self._working:
+            self._working.move_to_end(key)
+            return self._working[key]
+        value = self._working[key] = compute()
+        while len(self._working) > keep:
+            self._working.popitem(last=False)
+        return value
+
     def invalidate(self) -> None:
         """Forget every entry (after an edit the fingerprint cannot see)."""
         self._entries.clear()
+        self._working.clear()
         self._state = None
 
     def __len__(self) -> int:

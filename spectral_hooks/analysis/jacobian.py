@@ -53,6 +53,13 @@ DENSE_CHUNK = 64
 DEFAULT_TOL = {torch.float64: 1e-8, torch.float32: 1e-4}
 
 
+#: Block operators cached at once (the latest used). Each holds float64 copies of its block's
+#: weights (Llama-3-8B: 1.75 GB a layer; all 32 kept made the jacobian section peak at 75 GiB
+#: on an H200): a section applies one layer's at a time, the matrix-free bottleneck chain holds
+#: its own references. A rebuild costs a weight copy and one batched forward.
+OPERATORS_KEPT = 2
+
+
 def resolve_dense(dense: bool | None, d: int) -> bool:
     """The computation ``dense`` asks for at width d: None -> d <= DENSE_AUTO_MAX_D.
 
@@ -119,10 +126,13 @@ class JacobianView:
         return self.subject.memo(("jacobian", self.options.sample) + key, compute)
 
     def operator(self, layer: int, position: int) -> BlockJacobian:
+        """Block ``layer``'s Jacobian operator; the OPERATORS_KEPT latest are cached (each holds
+        float64 copies of its block's weights), others rebuilt on demand."""
         s = self.subject
-        return self._memo(("operator", layer, position, self.method), lambda: block_jacobian(
+        return s.working(("jacobian", self.options.sample, "operator", layer, position,
+                          self.method), lambda: block_jacobian(
             s.anatomy, s.recording, layer, position=position, sample=self.options.sample,
-            method=self.method))
+            method=self.method), keep=OPERATORS_KEPT)
 
     def dense(self, layer: int, position: int) -> Tensor:
         """The full J: d batched JVPs of the block operator (single-query where it applies),
@@ -150,7 +160,8 @@ class JacobianView:
 
     def row_position(self, layer: int, position: int) -> int:
         """The recording row a position spec resolves to (-1: the last real token)."""
-        return int(self.operator(layer, position).positions[0])
+        return self._memo(("row_position", layer, position),
+                          lambda: int(self.operator(layer, position).positions[0]))
 
     def table(self) -> pd.DataFrame:
         def compute() -> pd.DataFrame:

@@ -42,6 +42,10 @@ class Subject:
         """``compute()`` once per state of the weights and recording (see cache.py)."""
         return self.cache.get((self.namespace, key), compute)
 
+    def working(self, key: Hashable, compute: Callable[[], Any], *, keep: int) -> Any:
+        """A large working object: only the ``keep`` latest are cached (cache.get_working)."""
+        return self.cache.get_working((self.namespace, key), compute, keep=keep)
+
     @property
     def model(self) -> nn.Module:
         return self.anatomy.model

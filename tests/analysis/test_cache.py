@@ -131,3 +131,38 @@ def test_deepcopied_model_gets_its_own_state():
     clone.h[0].attn.c_proj.weight.data.mul_(2)
     assert probe.analyze().power.abs_lambda1.tolist() == _fresh_power(model).abs_lambda1.tolist()
     probe.remove()
+
+
+def test_block_operators_are_working_memory_bounded_and_results_unchanged(monkeypatch):
+    # each block operator holds float64 copies of its block's weights: a section over every
+    # layer keeps at most OPERATORS_KEPT alive (all 32 of a Llama-3-8B made 75 GiB on a GPU);
+    # the tables equal those computed with every operator kept
+    import gc
+    import weakref
+
+    from spectral_hooks.analysis import jacobian as view
+
+    made = []
+    build = view.block_jacobian
+
+    def tracked(*args, **kwargs):
+        op = build(*args, **kwargs)
+        made.append(weakref.ref(op))
+        return op
+
+    monkeypatch.setattr(view, "block_jacobian", tracked)
+    model = make_model("llama")  # 2 layers x 2 positions: 4 operators, split single-query
+    tables = {}
+    for kept in (1, 100):
+        monkeypatch.setattr(view, "OPERATORS_KEPT", kept)
+        made.clear()
+        with sh.instrument(model) as probe, torch.no_grad():
+            model(IDS)
+            report = probe.analyze(power=False, jacobian={"dense": False, "k": 4,
+                                                          "positions": [-1, -2]},
+                                   progress=False)
+            tables[kept] = report.jacobian
+            gc.collect()
+            alive = sum(ref() is not None for ref in made)
+            assert len(made) >= 4 and alive == min(kept, len(made))
+    assert tables[1].equals(tables[100])
