@@ -90,6 +90,18 @@ def build(args):
     return model, ids.to(args.device), dtype
 
 
+def device_name(device: str) -> str:
+    return torch.cuda.get_device_name() if device.startswith("cuda") else device
+
+
+def write_row(row: dict, out) -> None:
+    """Print one JSON line; append it to the file ``out`` when given."""
+    print(json.dumps(row), flush=True)
+    if out:
+        with open(out, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
 def sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
@@ -124,7 +136,7 @@ def main(argv=None) -> list[dict]:
     results = []
 
     def emit(row: dict) -> None:
-        row = {**row, "device": torch.cuda.get_device_name() if dev.startswith("cuda") else dev,
+        row = {**row, "device": device_name(dev),
                "layers": args.layers, "d_model": args.d_model, "tokens": args.tokens,
                "dtype": str(dtype).replace("torch.", ""), "threads": args.threads,
                "load_avg_1min": round(os.getloadavg()[0], 2), "torch": torch.__version__,

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import time
 from pathlib import Path
 
@@ -110,14 +109,10 @@ def main(argv=None) -> list[dict]:
                    "sequential_adjoint": counted.calls["adjoint"] - before["adjoint"],
                    "operator_build_s": round(t_build, 4), "d_model": args.d_model,
                    "tokens": args.tokens, "dtype": str(dtype).replace("torch.", ""),
-                   "device": torch.cuda.get_device_name() if dev.startswith("cuda") else dev,
-                   "torch": torch.__version__,
+                   "device": gpu.device_name(dev), "torch": torch.__version__,
                    "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
             rows.append(row)
-            print(json.dumps(row), flush=True)
-            if args.out:
-                with open(args.out, "a") as f:
-                    f.write(json.dumps(row) + "\n")
+            gpu.write_row(row, args.out)
     if args.profile:
         profile_layer(probe, args.layers - 1, args.k, dev)
     probe.remove()

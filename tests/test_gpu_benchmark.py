@@ -36,3 +36,22 @@ def test_gpu_benchmark_small_cpu_form(tmp_path):
     config = bench.llama_config(bench.parse(["--d-model", "4096", "--layers", "32"]))
     assert (config.num_attention_heads, config.num_key_value_heads,
             config.intermediate_size, config.head_dim) == (32, 8, 14336, 128)
+
+
+def test_jacobian_parts_small_cpu_form(tmp_path):
+    spec = importlib.util.spec_from_file_location("bench_parts", SCRIPT.parent / "jacobian_parts.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    threads = torch.get_num_threads()
+    try:
+        rows = module.main(["--device", "cpu", "--d-model", "128", "--tokens", "8", "--layers",
+                            "1", "--k", "4", "--out", str(tmp_path / "parts.jsonl")])
+    finally:
+        torch.set_num_threads(threads)
+    by = {row["part"]: row for row in rows}
+    assert list(by) == ["eigs", "svds(J)", "svds(J-I)", "hutchinson"]
+    assert by["eigs"]["sequential_adjoint"] == 0 and by["eigs"]["columns"] >= 4
+    for part in ("svds(J)", "svds(J-I)"):  # Golub-Kahan: one J and one J^T per step
+        assert by[part]["sequential_forward"] == by[part]["sequential_adjoint"] > 0
+    assert by["hutchinson"]["columns"] == 4 * 64  # J Z, J^T Z, then J^T Y and J W
+    assert len((tmp_path / "parts.jsonl").read_text().splitlines()) == 4
