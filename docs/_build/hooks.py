@@ -26,7 +26,8 @@ def on_files(files: Files, config) -> Files:
     results = ROOT / "benchmarks"
     files.append(File.generated(config, "results.md",
                                 content=(results / "RESULTS.md").read_text(encoding="utf-8")))
-    for path in sorted((results / "results").iterdir()):
+    for path in sorted((results / "results").rglob("*")):
         if path.is_file():
-            files.append(File.generated(config, f"results/{path.name}", abs_src_path=str(path)))
+            name = path.relative_to(results / "results").as_posix()
+            files.append(File.generated(config, f"results/{name}", abs_src_path=str(path)))
     return files
