@@ -209,7 +209,7 @@ class _Engine:
         if W not in self._blocks:
             try:
                 self._jvp_block(W)
-            except REPLAY_ERRORS:  # no batched JVP: the VJP closure (its fallback is reported)
+            except REPLAY_ERRORS:  # no batched JVP: the VJP closure (a JVP reports the fallback)
                 return None
         shared = self._shared.get(W)
         if shared is None:
