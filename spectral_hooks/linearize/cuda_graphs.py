@@ -45,27 +45,30 @@ def graphed(fn: Callable[[Tensor], Tensor], example: Tensor, *, what: str
     are applied directly); ``fn`` itself where the capture fails."""
     static_in = torch.zeros_like(example)
     device = example.device
-    side = torch.cuda.Stream(device=device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):  # warm-up outside the capture: lazy library initialisation
-        fn(static_in)
-    torch.cuda.current_stream(device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph):
-            static_out = fn(static_in)
-    except RuntimeError as err:  # an op that syncs with the host or reads host memory
-        log.info("CUDA graph capture of the %s failed (%s): applied directly", what, err)
-        fallback("linearize.no_cuda_graph",
-                 f"the {what} could not be captured in a CUDA graph ({err}): each application "
-                 "launches its kernels one by one (slower on a GPU, same numbers)")
-        return fn
+    with torch.cuda.device(device):  # a model spread over GPUs: capture on the block's own
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up outside the capture: lazy library set-up
+            fn(static_in)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                static_out = fn(static_in)
+        except RuntimeError as err:  # an op that syncs with the host or reads host memory
+            log.info("CUDA graph capture of the %s failed (%s): applied directly", what, err)
+            fallback("linearize.no_cuda_graph",
+                     f"the {what} could not be captured in a CUDA graph ({err}): each "
+                     "application launches its kernels one by one (slower on a GPU, same "
+                     "numbers)")
+            return fn
 
     def replay(x: Tensor) -> Tensor:
         if x.shape != static_in.shape or x.dtype != static_in.dtype:
             return fn(x)
-        static_in.copy_(x)
-        graph.replay()
-        return static_out.clone()  # the next replay overwrites static_out
+        with torch.cuda.device(device):
+            static_in.copy_(x)
+            graph.replay()
+            return static_out.clone()  # the next replay overwrites static_out
 
     return replay
