@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def _readme() -> str:
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     text = re.sub(r"\]\(docs/", "](", text)
+    text = re.sub(r"\]\(benchmarks/results/", "](results/", text)
     return re.sub(r"\]\(benchmarks/RESULTS\.md", "](results.md", text)
 
 
