@@ -163,13 +163,17 @@ class _Engine:
             try:
                 block = self._jvp_block(W)
             except REPLAY_ERRORS as err:  # fall back to vmapped one-row JVPs
-                log.info("batched JVP unavailable for layer %d (%s)", self.fn.layer, err)
-                fallback("linearize.no_batched_jvp",
-                         f"batched JVPs unavailable for layer {self.fn.layer} ({err}): one "
-                         "query row per JVP (several times slower per column)")
-                self.block_width = None
+                self._no_batched_products(err)
                 return self.jvp(V)
         return self._in_passes(block, V, W)
+
+    def _no_batched_products(self, err: Exception) -> None:
+        """Report it and use one query row per product from now on (JVP and VJP)."""
+        log.info("batched JVP unavailable for layer %d (%s)", self.fn.layer, err)
+        fallback("linearize.no_batched_jvp",
+                 f"batched JVPs unavailable for layer {self.fn.layer} ({err}): one query row "
+                 "per JVP (several times slower per column)")
+        self.block_width = None
 
     def _jvp_block(self, W: int) -> Callable:
         block = self._build_block(W)
@@ -209,7 +213,8 @@ class _Engine:
         if W not in self._blocks:
             try:
                 self._jvp_block(W)
-            except REPLAY_ERRORS:  # no batched JVP: the VJP closure (a JVP reports the fallback)
+            except REPLAY_ERRORS as err:  # no batched JVP: the VJP closure
+                self._no_batched_products(err)
                 return None
         shared = self._shared.get(W)
         if shared is None:
