@@ -461,3 +461,50 @@ def test_transposed_graph_differentiates_elementwise_backward_ops():
     got = torch.func.vjp(lambda t: rewritten(x, t), torch.zeros_like(x))[1](u)[0]
     want = torch.func.vjp(torch.nn.functional.silu, x)[1](u @ W.T)[0]
     assert torch.allclose(got, want, rtol=1e-13, atol=1e-15)
+
+
+def test_one_snapshot_mode_traces_the_same_graph_with_one_fake_mode(monkeypatch):
+    # make_fx in "real" mode snapshots every value through a FakeTensorMode; without an ambient
+    # one it builds (and captures a stack trace for) a new mode per value. One ambient mode:
+    # the same graph, bit-identical results, one mode
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from spectral_hooks.linearize.function import one_snapshot_mode
+
+    def f(x, w):
+        return torch.nn.functional.gelu(torch.layer_norm(x, (4,)) @ w).softmax(-1)
+
+    args = (torch.randn(3, 4, dtype=torch.float64), torch.randn(4, 5, dtype=torch.float64))
+    made = []
+    init = FakeTensorMode.__init__
+    monkeypatch.setattr(FakeTensorMode, "__init__",
+                        lambda self, *a, **k: (made.append(1), init(self, *a, **k))[1])
+    plain = make_fx(f)(*args)
+    n_plain = len(made)
+    made.clear()
+    with one_snapshot_mode():
+        one = make_fx(f)(*args)
+    assert one.code == plain.code
+    assert torch.equal(one(*args), plain(*args))
+    assert len(made) == 1 < n_plain
+
+
+def test_cache_fill_stops_after_the_keys_and_values(monkeypatch):
+    # the fill only needs the earlier rows' keys/values: the block's MLP never runs for them
+    from spectral_hooks.linearize.single_query import SingleQueryFunction
+
+    probe = recorded("gpt2")
+    J = block_jacobian(probe.anatomy, probe.recording, 1)
+    full = J.engine.fn.full_fn  # pyright: ignore[reportAttributeAccessIssue]
+    calls = []
+    mlp = probe.anatomy.layers[1].block.mlp
+    handle = mlp.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        sq = SingleQueryFunction(full, split=True)
+    finally:
+        handle.remove()
+    assert calls == []
+    assert sq.cache.keys is not None and sq.cache.keys.shape[-2] == IDS.shape[1] - 1
+    x = torch.randn(32, dtype=torch.float64)
+    assert rel(J.matvec(x), oracle(probe, 1, "token") @ x) < 1e-12

@@ -11,9 +11,9 @@ from torch import Tensor
 from ..errors import OptionError, fallback
 from .cuda_graphs import graphed, wanted
 from .finite import checked
-from .function import REPLAY_ERRORS, BlockFunction, _math_sdpa, linearize, plain_jvp
+from .function import REPLAY_ERRORS, BlockFunction, _math_sdpa, agreement_tol, linearize, plain_jvp
 from .operator import BlockJacobian
-from .shared import SharedJvp, shared_block_jvp
+from .shared import SharedJvp, disagreement, shared_block_jvp
 from .single_query import SingleQueryFunction
 
 log: logging.Logger = logging.getLogger("spectral_hooks.linearize")
@@ -49,6 +49,7 @@ class _Engine:
         self._vjp: Optional[Callable] = None
         self._blocks: dict[int, Callable] = {}  # width -> batched JVP, [width, 1, d] at once
         self._shared: dict[int, SharedJvp] = {}  # width -> its traced graph, where shared
+        self._unchecked: set[int] = set()  # widths whose traced graph no product has checked
         self._vblocks: dict[int, Optional[Callable]] = {}  # width -> batched VJP (None: none)
         split = isinstance(fn, SingleQueryFunction) and fn.split
         self.block_width = BLOCK_WIDTH if split and method in ("auto", "linearize", "jvp") \
@@ -118,22 +119,28 @@ class _Engine:
             return self._jvp(V)
         return self._batched("jvp", self._jvp, V)
 
-    def _build_block(self, W: int) -> Callable:
+    def _build_block(self, W: int, trace: str = "shared") -> Callable:
         """Linearise the single-query block on a batch of W copies of its input: the c query
-        rows run as one matrix-matrix pass (see single_query.py)."""
+        rows run as one matrix-matrix pass (see single_query.py). ``trace``: "shared" (the
+        graph of its structure), "own" (this block alone, the shared one having disagreed) or
+        "linearize" (``torch.func.linearize``, the traced graphs having failed)."""
         fn = cast(SingleQueryFunction, self.fn)  # block_width is set: single query
         X0 = self.x0.expand(W, *self.x0.shape).contiguous()
-        if self.method in ("auto", "linearize"):
+        if self.method not in ("auto", "linearize"):
+            return plain_jvp(fn.batched, X0)
+        if trace != "linearize":
             try:
-                return shared_block_jvp(fn, W)
+                return shared_block_jvp(fn, W, own=trace == "own")
             except REPLAY_ERRORS as err:  # trace this block on its own
-                log.info("shared JVP graph failed for layer %d (%s): torch.func.linearize",
-                         fn.layer, err)
-                fallback("linearize.own_trace",
-                         f"the shared traced JVP graph failed for layer {fn.layer} ({err}): "
-                         "torch.func.linearize of this block alone (a slower build)")
-            return linearize(fn.batched, X0)
-        return plain_jvp(fn.batched, X0)
+                self._report_linearize(err)
+        return linearize(fn.batched, X0)
+
+    def _report_linearize(self, err: Exception) -> None:
+        log.info("shared JVP graph failed for layer %d (%s): torch.func.linearize",
+                 self.fn.layer, err)
+        fallback("linearize.own_trace",
+                 f"the shared traced JVP graph failed for layer {self.fn.layer} ({err}): "
+                 "torch.func.linearize of this block alone (a slower build)")
 
     def _width(self, k: int) -> int:
         W = 1 if k == 1 else self.block_width
@@ -165,7 +172,49 @@ class _Engine:
             except REPLAY_ERRORS as err:  # fall back to vmapped one-row JVPs
                 self._no_batched_products(err)
                 return self.jvp(V)
-        return self._in_passes(block, V, W)
+        out = self._in_passes(block, V, W)
+        return self._checked(W, V, out) if W in self._unchecked else out
+
+    def _checked(self, W: int, V: Tensor, out: Tensor) -> Tensor:
+        """``out`` = the first products J V through the traced graph of width W, checked
+        against a direct JVP (shared.disagreement); where the shared graph disagrees, the
+        block gets its own trace and they are computed again (checked in turn)."""
+        try:
+            err = disagreement(cast(SingleQueryFunction, self.fn), V, out)
+        except REPLAY_ERRORS as why:  # no direct JVP of this block: no forward AD through it
+            self._unchecked.discard(W)
+            del self._blocks[W], self._shared[W]
+            self._no_batched_products(why)
+            return self.jvp(V)
+        if err is None:  # V c = 0: nothing checked yet
+            return out
+        self._unchecked.discard(W)
+        if err <= agreement_tol(self.x0.dtype):
+            return out
+        own = self._shared[W].own
+        del self._blocks[W], self._shared[W]  # (a VJP built from it passed its own check)
+        if own:
+            self._report_linearize(RuntimeError(
+                f"traced JVP graph of layer {self.fn.layer} disagrees with torch.func.jvp "
+                f"({err:.1e})"))
+            try:
+                block = self._jvp_block(W, "linearize")
+            except REPLAY_ERRORS as why:
+                self._no_batched_products(why)
+                return self.jvp(V)
+            return self._in_passes(block, V, W)
+        log.info("shared JVP graph disagrees for layer %d (%.1e): tracing it on its own",
+                 self.fn.layer, err)
+        fallback("linearize.own_trace",
+                 f"the shared traced JVP graph disagrees for layer {self.fn.layer} ({err:.1e}): "
+                 "this block is traced on its own (a slower build)")
+        try:
+            block = self._jvp_block(W, "own")
+        except REPLAY_ERRORS as why:
+            self._no_batched_products(why)
+            return self.jvp(V)
+        out = self._in_passes(block, V, W)
+        return self._checked(W, V, out) if W in self._unchecked else out
 
     def _no_batched_products(self, err: Exception) -> None:
         """Report it and use one query row per product from now on (JVP and VJP)."""
@@ -175,10 +224,11 @@ class _Engine:
                  "per JVP (several times slower per column)")
         self.block_width = None
 
-    def _jvp_block(self, W: int) -> Callable:
-        block = self._build_block(W)
+    def _jvp_block(self, W: int, trace: str = "shared") -> Callable:
+        block = self._build_block(W, trace)
         if isinstance(block, SharedJvp):
             self._shared[W] = block
+            self._unchecked.add(W)
         if wanted(self.x0):
             block = graphed(block, self.x0.new_zeros((W, *self.x0.shape)),
                             what=f"JVP of layer {self.fn.layer} ({W} columns)")

@@ -76,6 +76,20 @@ def _math_sdpa():
         yield
 
 
+def one_snapshot_mode():
+    """Context for a ``make_fx`` trace (and ``torch.func.linearize``, which is one): in "real"
+    tracing mode make_fx snapshots every traced value as a fake tensor, creating a fresh
+    ``FakeTensorMode`` for each unless one is ambient, and each new mode captures a Python
+    stack trace. One ambient mode gives the same graph in about half the time (a GPT-2-small
+    block's batched JVP: 0.73 -> 0.38 s at 128 columns, 0.62 -> 0.22 s at 1)."""
+    try:
+        from torch._guards import TracingContext, tracing
+        from torch._subclasses.fake_tensor import FakeTensorMode
+    except ImportError:  # pragma: no cover - private API moved: the slower trace
+        return contextlib.nullcontext()
+    return tracing(TracingContext(FakeTensorMode(allow_fallback_kernels=True)))
+
+
 def agreement_tol(dtype: torch.dtype) -> float:
     """Relative tolerance when a faster replay path is checked against a reference one: 1e-9
     in float64 (the paths differ by rounding only), 1e3 eps (capped at 5e-2) otherwise."""
@@ -85,7 +99,7 @@ def agreement_tol(dtype: torch.dtype) -> float:
 
 
 def _traced_jvp(f: Callable[[Tensor], Tensor], x0: Tensor) -> Callable[[Tensor], Tensor]:
-    with _math_sdpa(), warnings.catch_warnings():
+    with _math_sdpa(), warnings.catch_warnings(), one_snapshot_mode():
         warnings.filterwarnings("ignore", message=_CONST_FOLD_NOISE, category=UserWarning)
         _, jvp = torch.func.linearize(f, x0)
     return jvp

@@ -16,7 +16,9 @@ is plain aten ops (no autograd engine), so on a GPU it can be replayed from a CU
 Blocks of one structure (same module class, input names, shapes and dtypes) reuse the graph.
 Python-level facts a trace bakes in (a layer index in a scale, a sliding window) can differ
 between such blocks, so every reuse is checked against a direct ``torch.func.jvp`` of the
-block on two columns; a block that disagrees gets its own trace (used once, not cached).
+block: the first products through it, on a random combination of their columns
+(:func:`disagreement`, one direct JVP, no extra pass of the graph); a block that disagrees gets
+its own trace (used once, not cached) and those products are computed again.
 
 The module-level cache (``_TRACES``, at most ``_MAX_TRACES`` graphs) keeps nothing of a model
 or a recording alive: its keys hold a block *class* and shapes, and a graph is cached only if
@@ -36,8 +38,7 @@ from torch import Tensor, fx
 from torch.autograd import forward_ad as fwAD
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from ..errors import fallback
-from .function import _math_sdpa, agreement_tol, plain_jvp
+from .function import _math_sdpa, agreement_tol, one_snapshot_mode, plain_jvp
 from .zero_terms import drop_zero_terms
 
 if TYPE_CHECKING:
@@ -63,7 +64,7 @@ def _trace(fn, inputs: List[Tensor], X0: Tensor) -> Tuple[fx.GraphModule, fx.Gra
             t = fwAD.unpack_dual(out).tangent
         return torch.zeros_like(out) if t is None else t
 
-    with _math_sdpa():
+    with _math_sdpa(), one_snapshot_mode():
         gm = make_fx(jvp_graph)(*inputs, X0, torch.zeros_like(X0))
     drop_zero_terms(gm.graph)  # the weights' zero tangents: mm(x, 0) terms (zero_terms.py)
     return _split(gm)
@@ -110,14 +111,6 @@ def _drop_unused(graph: fx.Graph) -> None:
     graph.eliminate_dead_code(is_impure_node=impure)
 
 
-def _check(fn, jvp: Callable[[Tensor], Tensor], X0: Tensor) -> float:
-    g = torch.Generator(device="cpu").manual_seed(1)
-    T = torch.randn(X0.shape, generator=g, dtype=torch.float64).to(X0)
-    got = jvp(T)[:2]
-    want = plain_jvp(fn.batched, X0[:2])(T[:2])
-    return float((got - want).norm() / want.norm().clamp_min(1e-30))
-
-
 def _storage(t: Tensor) -> Optional[int]:
     try:
         return t.untyped_storage().data_ptr()
@@ -154,8 +147,9 @@ class SharedJvp:
     :meth:`transpose` gives U -> J^T U as a traced graph too."""
 
     def __init__(self, fn: SingleQueryFunction, tangent: fx.GraphModule,
-                 residuals: Tuple[Tensor, ...], width: int) -> None:
+                 residuals: Tuple[Tensor, ...], width: int, *, own: bool = False) -> None:
         self.fn, self.tangent, self.residuals, self.width = fn, tangent, residuals, width
+        self.own = own  # traced for this block alone (not the shared graph of its structure)
 
     def __call__(self, T: Tensor) -> Tensor:
         return self.tangent(*self.residuals, T)
@@ -217,7 +211,7 @@ def _transpose(tangent: fx.GraphModule, residuals: Tuple[Tensor, ...], width: in
         return pullback(U)[0]
 
     U0 = x0.expand(width, *x0.shape).contiguous()
-    with _math_sdpa():
+    with _math_sdpa(), one_snapshot_mode():
         gm = make_fx(vjp_graph)(*residuals, U0)
     _drop_unused(gm.graph)
     gm.recompile()
@@ -234,27 +228,31 @@ def _check_transpose(fn, vjp: Callable[[Tensor], Tensor], width: int) -> float:
     return float((got - want).norm() / want.norm().clamp_min(1e-30))
 
 
-def shared_block_jvp(fn: SingleQueryFunction, width: int) -> SharedJvp:
-    """T [width, 1, d] -> J T for a split :class:`SingleQueryFunction` ``fn``."""
+def shared_block_jvp(fn: SingleQueryFunction, width: int, *, own: bool = False) -> SharedJvp:
+    """T [width, 1, d] -> J T for a split :class:`SingleQueryFunction` ``fn``: the cached graph
+    of its structure (``own=True``: a trace of this block alone, not cached). Not yet checked:
+    the caller checks its first products (:func:`disagreement`) before using them."""
     inputs = fn.inputs()
     X0 = fn.x0.expand(width, *fn.x0.shape).contiguous()
-    tol = agreement_tol(X0.dtype)
-    key = _signature(fn, inputs, width)
-    for own in (False, True):
-        if own:
-            primal, tangent = _trace(fn, inputs, X0)
-        else:
-            primal, tangent = _cached_trace(key, fn, inputs, X0)
-        with torch.no_grad():
-            residuals = primal(*inputs, X0)
-        jvp = SharedJvp(fn, tangent, residuals, width)
-        err = _check(fn, jvp, X0)
-        if err <= tol:
-            return jvp
-        log.info("shared JVP graph disagrees for layer %d (%.1e): tracing it on its own",
-                 fn.layer, err)
-        fallback("linearize.own_trace",
-                 f"the shared traced JVP graph disagrees for layer {fn.layer} ({err:.1e}): this "
-                 "block is traced on its own (a slower build)")
-    raise RuntimeError(f"traced JVP graph of layer {fn.layer} disagrees with torch.func.jvp "
-                       f"({err:.1e})")
+    if own:
+        primal, tangent = _trace(fn, inputs, X0)
+    else:
+        primal, tangent = _cached_trace(_signature(fn, inputs, width), fn, inputs, X0)
+    with torch.no_grad():
+        residuals = primal(*inputs, X0)
+    return SharedJvp(fn, tangent, residuals, width, own=own)
+
+
+def disagreement(fn: SingleQueryFunction, V: Tensor, JV: Tensor) -> Optional[float]:
+    """Relative disagreement of products ``JV`` [k, 1, d] of ``V`` [k, 1, d] with a direct
+    ``torch.func.jvp`` of the block: J is linear, so one direct JVP of a random combination
+    V c checks every column at once ((J V) c against J (V c)). None where V c is zero (nothing
+    to check)."""
+    g = torch.Generator(device="cpu").manual_seed(1)
+    c = torch.randn(V.shape[0], generator=g, dtype=torch.float64).to(V).view(-1, 1, 1)
+    v = (V * c).sum(0, keepdim=True)
+    if not bool(v.any()):
+        return None
+    want = plain_jvp(fn.batched, fn.x0[None])(v)
+    got = (JV * c).sum(0, keepdim=True)
+    return float((got - want).norm() / want.norm().clamp_min(1e-30))

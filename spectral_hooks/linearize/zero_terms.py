@@ -12,7 +12,7 @@ weights in its one-off primal pass.
 
 The only numerical difference is NaN / Inf in the primal activations (``NaN * 0`` is NaN, a
 dropped term is nothing); every traced graph is still checked against ``torch.func.jvp``
-before use (``shared._check``).
+on its first products (``shared.disagreement``).
 
 >>> import torch
 >>> from torch.fx.experimental.proxy_tensor import make_fx
