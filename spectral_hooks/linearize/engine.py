@@ -193,23 +193,18 @@ class _Engine:
             return out
         own = self._shared[W].own
         del self._blocks[W], self._shared[W]  # (a VJP built from it passed its own check)
-        if own:
+        if own:  # this block's own trace disagrees too: torch.func.linearize of it
             self._report_linearize(RuntimeError(
                 f"traced JVP graph of layer {self.fn.layer} disagrees with torch.func.jvp "
                 f"({err:.1e})"))
-            try:
-                block = self._jvp_block(W, "linearize")
-            except REPLAY_ERRORS as why:
-                self._no_batched_products(why)
-                return self.jvp(V)
-            return self._in_passes(block, V, W)
-        log.info("shared JVP graph disagrees for layer %d (%.1e): tracing it on its own",
-                 self.fn.layer, err)
-        fallback("linearize.own_trace",
-                 f"the shared traced JVP graph disagrees for layer {self.fn.layer} ({err:.1e}): "
-                 "this block is traced on its own (a slower build)")
+        else:
+            log.info("shared JVP graph disagrees for layer %d (%.1e): tracing it on its own",
+                     self.fn.layer, err)
+            fallback("linearize.own_trace",
+                     f"the shared traced JVP graph disagrees for layer {self.fn.layer} "
+                     f"({err:.1e}): this block is traced on its own (a slower build)")
         try:
-            block = self._jvp_block(W, "own")
+            block = self._jvp_block(W, "linearize" if own else "own")
         except REPLAY_ERRORS as why:
             self._no_batched_products(why)
             return self.jvp(V)

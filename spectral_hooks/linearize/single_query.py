@@ -199,11 +199,9 @@ class SingleQueryFunction:
         self._tensor_slots: List[int] = []
         args, kwargs = _slice_call(full.call, L, slice(0, p), slice(0, p),
                                    full.hidden[:, :p], self.cache, self._slot)
-        try:
+        with contextlib.suppress(_CacheFilled):  # the fill's forward ends at cache.update
             with torch.no_grad(), _math_sdpa(), self.convention.replaying(self.block):
                 torch.func.functional_call(self.block, self.params, args, kwargs)
-        except _CacheFilled:
-            pass
         if self.cache.keys is None:
             raise RuntimeError("the block did not call cache.update")
         self.cache.split = split
