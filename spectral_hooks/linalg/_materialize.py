@@ -1,0 +1,123 @@
+"""When :func:`~.krylov.eigs` materialises an operator instead of iterating on it (issue 24).
+
+Example (internal; eigs calls it)::
+
+    >>> import torch
+    >>> from spectral_hooks.linalg import DenseOperator
+    >>> batch = OpBatch(DenseOperator(torch.eye(300, dtype=torch.float64)), what="eigs")
+    >>> pays(batch, m=48)  # no batched-product hint
+    False
+
+A batched-JVP operator (one with a ``block_size`` hint) applies a block of columns for a
+fraction of as many single columns on the CPU: the block's weight products run as GEMMs at
+the core's rate, a single column's as GEMVs bound by reading the weights. Measured (float64
+operator, one thread, 128 tokens), per column in a block of WIDTH = 128 against one column
+alone: 0.11 on a GPT-2-small block (3.7 ms a column alone), 0.094 on a Llama d=1024 block
+(7.4 ms). Krylov needs a few hundred single-column products (349 and 278 there, k = 16);
+materialising needs n columns in n / WIDTH products and leaves a dense matrix on which the same
+iteration runs at ~0.1 ms a product: 0.45 s against 1.5 s (GPT-2), 0.84 s against 1.96 s
+(Llama), same eigenvalues to tol.
+
+So on the CPU, for operators that all carry a hint, n <= DENSE_MAX and the default
+(device-aware) block size, eigs materialises when the n columns, at COLUMN_COST (0.12) of a
+single column each, cost less than KRYLOV_CYCLES (2) Krylov cycles of ncv single columns, a
+lower bound of a run (3-5 cycles on the operators above, with the verification probe):
+n < 16.7 ncv, e.g. up to n = 1600 for k = 16 (ncv 96), 800 for k = 8, 400 for k = 4. A
+fixed rule rather than a timing taken at each call: the same call takes the same path, with
+the same n_matvecs and values, on every run (both paths meet tol; they differ within it).
+The choice only changes the cost: both paths run the same iteration, and every returned pair
+is checked with fresh products of the operator itself. ``materialize=`` True / False
+overrides it; ``benchmarks/materialize_cost.py`` measures COLUMN_COST and both paths. Not
+measured on an accelerator yet (there eigs runs block Krylov with the hint; no GPU was
+available to measure the dense alternative), so there the default stays Krylov.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import List
+
+import torch
+from torch import Tensor
+
+from ._batch import OpBatch
+from ._dense import DENSE_MAX
+from ._schur_restart import fresh_residuals
+
+logger = logging.getLogger("spectral_hooks.linalg.krylov")
+
+#: columns per operator application when materialising a batched operator (a batched JVP
+#: runs near the core's GEMM rate at 128 columns: 0.09-0.11 of a column alone, against
+#: 0.13-0.16 at 32-64)
+WIDTH = 128
+#: the cost of a column in a WIDTH block of a batched operator on the CPU, in single-column
+#: applications (measured 0.094-0.111; module doc)
+COLUMN_COST = 0.12
+#: materialise when the n columns cost less than this many Krylov cycles of ncv columns
+KRYLOV_CYCLES = 2
+
+
+class Materializer:
+    """The operators' matrices, built WIDTH identity columns per application; the blocks
+    already applied (while measuring) are kept."""
+
+    def __init__(self, batch: OpBatch) -> None:
+        self.batch = batch
+        self.blocks: List[Tensor] = []
+
+    @property
+    def done(self) -> int:
+        return sum(Y.shape[-1] for Y in self.blocks)
+
+    def step(self) -> None:
+        """Apply the next block of identity columns."""
+        b, n = self.batch, self.batch.shape[0]
+        c0 = self.done
+        c1 = min(n, c0 + WIDTH)
+        E = torch.zeros(b.B, n, c1 - c0, dtype=b.wdtype, device=b.device)
+        E[:, c0:c1, :] = torch.eye(c1 - c0, dtype=b.wdtype, device=b.device)
+        self.blocks.append(b.apply(E, [True] * b.B))
+
+    def as_batch(self) -> OpBatch:
+        """The materialised matrices (every column applied), as a dense batch named after
+        the operators."""
+        b = self.batch
+        while self.done < b.shape[0]:
+            self.step()
+        dense = OpBatch(torch.cat(self.blocks, dim=2).reshape(*b.batch_shape, *b.shape),
+                        what=b.what)
+        dense.names = [f"{name} (materialised)" for name in b.names]
+        return dense
+
+
+def pays(batch: OpBatch, *, m: int) -> bool:
+    """Is materialising cheaper than iterating with ``m`` columns a cycle (module doc)?"""
+    n = batch.shape[0]
+    if (batch.device.type != "cpu" or batch.ops is None or n > DENSE_MAX
+            or not all((o.block_size or 1) > 1 for o in batch.ops)):
+        return False
+    cheaper = n * COLUMN_COST < KRYLOV_CYCLES * m
+    logger.debug("eigs: materialising %d columns ~%.0f columns' cost against %d Krylov cycles "
+                 "of %d: %s", n, n * COLUMN_COST, KRYLOV_CYCLES, m,
+                 "materialise" if cheaper else "Krylov")
+    return cheaper
+
+
+def recheck(batch: OpBatch, out: List[dict], tol: float) -> List[str]:
+    """Check every pair found on the materialised matrices with fresh products of the
+    operators themselves (st["resid"] becomes theirs; converged needs both); returns why each
+    member that passed on its matrix fails here (an operator not linear to working
+    precision: its matrix is not the operator)."""
+    members = list(range(batch.B))
+    fresh_residuals(batch, members, out, not batch.is_complex)
+    why = []
+    for b in members:
+        st = out[b]
+        ok = bool((st["resid"] <= tol).all())
+        if st["converged"] and not ok:
+            why.append(f"{batch.names[b]}: max residual {float(st['resid'].max()):.2e} > "
+                       f"tol={tol:g} with fresh products of the operator, though its "
+                       "materialised matrix met tol (the operator is not linear to working "
+                       "precision)")
+        st["converged"] = st["converged"] and ok
+    return why
