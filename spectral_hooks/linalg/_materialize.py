@@ -20,11 +20,14 @@ iteration runs at ~0.1 ms a product: 0.45 s against 1.5 s (GPT-2), 0.84 s agains
 
 So on the CPU, for operators that all carry a hint, n <= DENSE_MAX and the default
 (device-aware) block size, eigs materialises when the n columns, at COLUMN_COST (0.12) of a
-single column each, cost less than KRYLOV_CYCLES (2) Krylov cycles of ncv single columns, a
-lower bound of a run (3-5 cycles on the operators above, with the verification probe):
-n < 16.7 ncv, e.g. up to n = 1600 for k = 16 (ncv 96), 800 for k = 8, 400 for k = 4. A
-fixed rule rather than a timing taken at each call: the same call takes the same path, with
-the same n_matvecs and values, on every run (both paths meet tol; they differ within it).
+single column each, cost less than a Krylov run is taken to need: KRYLOV_CYCLES (2) cycles of
+ncv single columns, and at least KRYLOV_MIN (150). That is half the fewest products a run
+took on the block Jacobians above: 324-395 for k = 1-2, 276-530 for k = 4-16 (their top
+spectra are clustered near 1: benchmarks/results/materialize_cost.md, where materialising was
+2.4-4.3x faster at every k). So n < 1250, or n < 16.7 ncv where that is larger (up to 1600
+for k = 16). A fixed rule rather than a timing taken at each call: the same call takes the
+same path, with the same n_matvecs and values, on every run (both paths meet tol; they
+differ within it).
 The choice only changes the cost: both paths run the same iteration, and every returned pair
 is checked with fresh products of the operator itself. ``materialize=`` True / False
 overrides it; ``benchmarks/materialize_cost.py`` measures COLUMN_COST and both paths. Not
@@ -53,8 +56,10 @@ WIDTH = 128
 #: the cost of a column in a WIDTH block of a batched operator on the CPU, in single-column
 #: applications (measured 0.094-0.111; module doc)
 COLUMN_COST = 0.12
-#: materialise when the n columns cost less than this many Krylov cycles of ncv columns
+#: materialise when the n columns cost less than this many Krylov cycles of ncv columns,
 KRYLOV_CYCLES = 2
+#: or than this many single columns (module doc)
+KRYLOV_MIN = 150
 
 
 class Materializer:
@@ -96,10 +101,11 @@ def pays(batch: OpBatch, *, m: int) -> bool:
     if (batch.device.type != "cpu" or batch.ops is None or n > DENSE_MAX
             or not all((o.block_size or 1) > 1 for o in batch.ops)):
         return False
-    cheaper = n * COLUMN_COST < KRYLOV_CYCLES * m
-    logger.debug("eigs: materialising %d columns ~%.0f columns' cost against %d Krylov cycles "
-                 "of %d: %s", n, n * COLUMN_COST, KRYLOV_CYCLES, m,
-                 "materialise" if cheaper else "Krylov")
+    krylov = max(KRYLOV_CYCLES * m, KRYLOV_MIN)
+    cheaper = n * COLUMN_COST < krylov
+    logger.debug("eigs: materialising %d columns costs ~%.0f single ones, a Krylov run at "
+                 "least %d: %s", n, n * COLUMN_COST, krylov, "materialise" if cheaper else
+                 "Krylov")
     return cheaper
 
 

@@ -198,7 +198,7 @@ def eigs(op: LinearOperator | Sequence[LinearOperator] | Tensor, k: int, *,
     ACCEL_BLOCK. ``materialize``: iterate on the operator's matrix (n columns, in blocks),
     every returned pair then checked with fresh products of the operator; default None: on
     the CPU for batched operators at the default block size where the n columns cost less
-    than two Krylov cycles (``_materialize.py``; a GPT-2-small block Jacobian, k=16: 0.45 s
+    than a Krylov run would (``_materialize.py``; a GPT-2-small block Jacobian, k=16: 0.45 s
     instead of 1.5 s). Returns an :class:`EigResult`; see the module doc for the guarantees.
     """
     batch = OpBatch(op, what="eigs")

@@ -33,7 +33,7 @@ class _Counting(LinearOperator):
 
 
 def test_a_batched_operator_is_materialised_and_equals_the_oracle():
-    # n = 300 columns at COLUMN_COST cost 36 single ones, under two cycles of ncv = 36
+    # n = 300 columns at COLUMN_COST cost 36 single ones, under KRYLOV_MIN
     A, vals = make_matrix(300, [2.0, 1.8 + 0.5j, 1.6, -1.55], bulk_radius=1.2,
                           nonnormal=0.3, seed=1)
     op = _Counting(A)
@@ -48,9 +48,9 @@ def test_a_batched_operator_is_materialised_and_equals_the_oracle():
         Ax - res.vectors * res.values, dim=0) / res.values.abs()).numpy(), atol=1e-13)
 
 
-def test_where_columns_cost_more_than_two_cycles_eigs_iterates_on_the_operator():
-    # n = 500 at COLUMN_COST: 60 columns' cost, over two cycles of ncv = 20 (k = 3)
-    A, vals = make_matrix(500, [2.0, 1.8 + 0.5j, 1.6, -1.55], bulk_radius=1.2, seed=2)
+def test_where_columns_cost_more_than_a_krylov_run_eigs_iterates_on_the_operator():
+    # n = 1300 at COLUMN_COST: 156 columns' cost, over KRYLOV_MIN and two cycles of ncv = 20
+    A, vals = make_matrix(1300, [2.0, 1.8 + 0.5j, 1.6, -1.55], bulk_radius=1.2, seed=2)
     op = _Counting(A)
     res = eigs(op, 3, tol=1e-10)
     assert materialize.WIDTH not in op.widths
@@ -113,8 +113,9 @@ def test_the_rule_only_for_batched_cpu_operators_up_to_dense_max():
         op = LinearOperator((n, n), matvec=lambda x: x, dtype=torch.float64, device=device,
                             block_size=hint)
         return materialize.pays(materialize.OpBatch(op, what="eigs"), m=m)
-    assert pays(768, 96) and pays(1024, 96) and pays(1599, 96) and not pays(1601, 96)
-    assert pays(399, 24) and not pays(401, 24)
+    # n * COLUMN_COST < max(2 ncv, KRYLOV_MIN): n < 1250, or n < 16.7 ncv where larger
+    assert pays(768, 20) and pays(1249, 24) and not pays(1251, 24)
+    assert pays(1599, 96) and not pays(1601, 96)
     assert not pays(768, 96, hint=None) and not pays(768, 96, hint=1)
     assert not pays(768, 96, device="meta")  # an accelerator: not measured, Krylov
     assert not pays(3000, 500)  # beyond DENSE_MAX
