@@ -41,7 +41,6 @@ import logging
 from typing import List
 
 import torch
-from torch import Tensor
 
 from ._batch import OpBatch
 from ._dense import DENSE_MAX
@@ -50,11 +49,11 @@ from ._schur_restart import fresh_residuals
 logger = logging.getLogger("spectral_hooks.linalg.krylov")
 
 #: columns per operator application when materialising a batched operator (a batched JVP
-#: runs near the core's GEMM rate at 128 columns: 0.09-0.11 of a column alone, against
-#: 0.13-0.16 at 32-64)
+#: runs near the core's GEMM rate at 128 columns: 0.094-0.122 of a column alone, against
+#: 0.13-0.18 at 32-64; benchmarks/results/materialize_cost.md)
 WIDTH = 128
 #: the cost of a column in a WIDTH block of a batched operator on the CPU, in single-column
-#: applications (measured 0.094-0.111; module doc)
+#: applications (measured 0.094-0.122; module doc)
 COLUMN_COST = 0.12
 #: materialise when the n columns cost less than this many Krylov cycles of ncv columns,
 KRYLOV_CYCLES = 2
@@ -62,37 +61,19 @@ KRYLOV_CYCLES = 2
 KRYLOV_MIN = 150
 
 
-class Materializer:
-    """The operators' matrices, built WIDTH identity columns per application; the blocks
-    already applied (while measuring) are kept."""
-
-    def __init__(self, batch: OpBatch) -> None:
-        self.batch = batch
-        self.blocks: List[Tensor] = []
-
-    @property
-    def done(self) -> int:
-        return sum(Y.shape[-1] for Y in self.blocks)
-
-    def step(self) -> None:
-        """Apply the next block of identity columns."""
-        b, n = self.batch, self.batch.shape[0]
-        c0 = self.done
+def materialised(batch: OpBatch) -> OpBatch:
+    """The operators' matrices, WIDTH identity columns an application, as a dense batch named
+    after them."""
+    n = batch.shape[0]
+    blocks = []
+    for c0 in range(0, n, WIDTH):
         c1 = min(n, c0 + WIDTH)
-        E = torch.zeros(b.B, n, c1 - c0, dtype=b.wdtype, device=b.device)
-        E[:, c0:c1, :] = torch.eye(c1 - c0, dtype=b.wdtype, device=b.device)
-        self.blocks.append(b.apply(E, [True] * b.B))
-
-    def as_batch(self) -> OpBatch:
-        """The materialised matrices (every column applied), as a dense batch named after
-        the operators."""
-        b = self.batch
-        while self.done < b.shape[0]:
-            self.step()
-        dense = OpBatch(torch.cat(self.blocks, dim=2).reshape(*b.batch_shape, *b.shape),
-                        what=b.what)
-        dense.names = [f"{name} (materialised)" for name in b.names]
-        return dense
+        E = torch.zeros(batch.B, n, c1 - c0, dtype=batch.wdtype, device=batch.device)
+        E[:, c0:c1, :] = torch.eye(c1 - c0, dtype=batch.wdtype, device=batch.device)
+        blocks.append(batch.apply(E, [True] * batch.B))
+    dense = OpBatch(torch.cat(blocks, dim=2).reshape(*batch.batch_shape, n, n), what=batch.what)
+    dense.names = [f"{name} (materialised)" for name in batch.names]
+    return dense
 
 
 def pays(batch: OpBatch, *, m: int) -> bool:

@@ -129,7 +129,7 @@ from ._eigs_parts import start_vectors as _start_vectors
 from ._eigs_parts import unreachable as _unreachable
 from ._eigs_parts import warn_unconverged as _warn_unconverged
 from ._eigs_parts import why as _why
-from ._materialize import Materializer, pays, recheck
+from ._materialize import materialised, pays, recheck
 from ._schur_restart import final_check as _final_check
 from ._schur_restart import inject as _inject
 from ._schur_restart import restart as _restart
@@ -208,16 +208,14 @@ def eigs(op: LinearOperator | Sequence[LinearOperator] | Tensor, k: int, *,
     m, bs = _validate(batch, k, which, tol, ncv, max_restarts, _block_size(batch, block_size))
     gen = torch.Generator().manual_seed(int(seed))
     start = _start_vectors(batch, v0, gen)
-    mat = None
-    if batch.ops is not None and (materialize or (materialize is None and block_size is None)):
-        mat = Materializer(batch) if materialize or pays(batch, m=m) else None
-    if mat is None:
-        out, unconverged = _run(batch, k, which, tol, max_restarts, m, bs, start, gen)
-    else:
-        dense = mat.as_batch()
+    if batch.ops is not None and (materialize or (
+            materialize is None and block_size is None and pays(batch, m=m))):
+        dense = materialised(batch)
         m, bs = _validate(dense, k, which, tol, ncv, max_restarts, _block_size(dense, block_size))
         out, unconverged = _run(dense, k, which, tol, max_restarts, m, bs, start, gen)
         unconverged += recheck(batch, out, tol)  # pyright: ignore[reportArgumentType]
+    else:
+        out, unconverged = _run(batch, k, which, tol, max_restarts, m, bs, start, gen)
     _warn_unconverged(unconverged, max_restarts)
     return _assemble(batch, out, return_vectors)  # pyright: ignore[reportArgumentType]
 
