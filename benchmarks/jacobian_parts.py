@@ -45,6 +45,10 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--k", type=int, default=16)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--profile", action="store_true", help="profile the last layer's parts")
+    p.add_argument("--materialize", action="store_true",
+                   help="also time eigs(J, k, materialize=True): the operator's matrix, n "
+                        "columns in 128-column products, then the iteration on it (issue 24: "
+                        "the CPU default where that is cheaper; on an accelerator unmeasured)")
     p.add_argument("--out", default=None, help="append the JSON lines to this file")
     return p.parse_args(argv)
 
@@ -67,8 +71,10 @@ class Counted:
         op.matmat, op.rmatmat = counted_matmat, counted_rmatmat
 
 
-def parts(op, k: int):
-    """The section's parts on one operator, in its order (metrics/jacobian.py)."""
+def parts(op, k: int, materialize: bool = False):
+    """The section's parts on one operator, in its order (metrics/jacobian.py); with
+    ``materialize``, eigs on the materialised operator right after eigs as the section runs
+    it."""
     from spectral_hooks.linalg import IdentityOperator, eigs, svds
     from spectral_hooks.metrics import jacobian as metrics
 
@@ -76,6 +82,9 @@ def parts(op, k: int):
     found = {}
     yield "eigs", lambda: found.update(values=eigs(op, k, tol=1e-8, seed=0,
                                                    return_vectors=False).values)
+    if materialize:
+        yield "eigs(materialize=True)", lambda: found.update(materialised=eigs(
+            op, k, tol=1e-8, seed=0, return_vectors=False, materialize=True).values)
     yield "svds(J)", lambda: svds(op, k, tol=1e-8, seed=2, return_vectors=False)
     yield "svds(J-I)", lambda: svds(delta, k, tol=1e-8, seed=3)
     yield "hutchinson", lambda: metrics._hutchinson(op, 64, 4, found["values"][:k])
@@ -100,7 +109,7 @@ def main(argv=None) -> list[dict]:
         t_build, op = gpu.timed(dev, lambda layer=layer: probe.jacobian(layer))
         counted = Counted(op)
         op._need_adjoint()
-        for name, run in parts(op, args.k):
+        for name, run in parts(op, args.k, args.materialize):
             before, n0 = dict(counted.calls), op.n_matvecs
             seconds, _ = gpu.timed(dev, run)
             row = {"layer": layer, "part": name, "seconds": round(seconds, 4),

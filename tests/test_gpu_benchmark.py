@@ -45,13 +45,17 @@ def test_jacobian_parts_small_cpu_form(tmp_path):
     threads = torch.get_num_threads()
     try:
         rows = module.main(["--device", "cpu", "--d-model", "128", "--tokens", "8", "--layers",
-                            "1", "--k", "4", "--out", str(tmp_path / "parts.jsonl")])
+                            "1", "--k", "4", "--materialize",
+                            "--out", str(tmp_path / "parts.jsonl")])
     finally:
         torch.set_num_threads(threads)
     by = {row["part"]: row for row in rows}
-    assert list(by) == ["eigs", "svds(J)", "svds(J-I)", "hutchinson"]
+    assert list(by) == ["eigs", "eigs(materialize=True)", "svds(J)", "svds(J-I)", "hutchinson"]
+    # 128 columns in one 128-column product, then one product checking the returned pairs
+    assert by["eigs(materialize=True)"]["sequential_forward"] == 2
+    assert by["eigs(materialize=True)"]["columns"] > 128
     assert by["eigs"]["sequential_adjoint"] == 0 and by["eigs"]["columns"] >= 4
     for part in ("svds(J)", "svds(J-I)"):  # Golub-Kahan: one J and one J^T per step
         assert by[part]["sequential_forward"] == by[part]["sequential_adjoint"] > 0
     assert by["hutchinson"]["columns"] == 4 * 64  # J Z, J^T Z, then J^T Y and J W
-    assert len((tmp_path / "parts.jsonl").read_text().splitlines()) == 4
+    assert len((tmp_path / "parts.jsonl").read_text().splitlines()) == 5
