@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import Callable, List
 
 import torch
+from torch import Tensor
 
 from ._batch import OpBatch
 from ._schur_restart import fresh_residuals
@@ -48,17 +49,23 @@ def one_at_a_time(batch: OpBatch) -> bool:
             and batch.shape[0] >= ONE_AT_A_TIME_N)
 
 
-def dense_members(batch: OpBatch, members: List[int], out: List[dict], k: int, which: str,
-                  real: bool, order: Callable) -> None:
-    """Fill out[b] for each member b from a dense eig of its materialised operator."""
+def matrices(batch: OpBatch, mask: List[bool], width: int = _CHUNK) -> Tensor:
+    """[B, n, n]: the masked members' operators applied to the identity, ``width`` columns
+    an application (other members' rows are zero)."""
     n = batch.shape[0]
-    mask = [b in members for b in range(batch.B)]
     A = torch.zeros(batch.B, n, n, dtype=batch.wdtype, device=batch.device)
-    for c0 in range(0, n, _CHUNK):
-        c1 = min(n, c0 + _CHUNK)
+    for c0 in range(0, n, width):
+        c1 = min(n, c0 + width)
         E = torch.zeros(batch.B, n, c1 - c0, dtype=batch.wdtype, device=batch.device)
         E[:, c0:c1, :] = torch.eye(c1 - c0, dtype=batch.wdtype, device=batch.device)
         A[:, :, c0:c1] = batch.apply(E, mask)
+    return A
+
+
+def dense_members(batch: OpBatch, members: List[int], out: List[dict], k: int, which: str,
+                  real: bool, order: Callable) -> None:
+    """Fill out[b] for each member b from a dense eig of its materialised operator."""
+    A = matrices(batch, [b in members for b in range(batch.B)])
     for b in members:
         theta, Y = torch.linalg.eig(A[b])
         idx = order(theta, which)

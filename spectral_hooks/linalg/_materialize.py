@@ -40,10 +40,8 @@ from __future__ import annotations
 import logging
 from typing import List
 
-import torch
-
 from ._batch import OpBatch
-from ._dense import DENSE_MAX
+from ._dense import DENSE_MAX, matrices
 from ._schur_restart import fresh_residuals
 
 logger = logging.getLogger("spectral_hooks.linalg.krylov")
@@ -64,14 +62,8 @@ KRYLOV_MIN = 150
 def materialised(batch: OpBatch) -> OpBatch:
     """The operators' matrices, WIDTH identity columns an application, as a dense batch named
     after them."""
-    n = batch.shape[0]
-    blocks = []
-    for c0 in range(0, n, WIDTH):
-        c1 = min(n, c0 + WIDTH)
-        E = torch.zeros(batch.B, n, c1 - c0, dtype=batch.wdtype, device=batch.device)
-        E[:, c0:c1, :] = torch.eye(c1 - c0, dtype=batch.wdtype, device=batch.device)
-        blocks.append(batch.apply(E, [True] * batch.B))
-    dense = OpBatch(torch.cat(blocks, dim=2).reshape(*batch.batch_shape, n, n), what=batch.what)
+    A = matrices(batch, [True] * batch.B, WIDTH)
+    dense = OpBatch(A.reshape(*batch.batch_shape, *batch.shape), what=batch.what)
     dense.names = [f"{name} (materialised)" for name in batch.names]
     return dense
 
