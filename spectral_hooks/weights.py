@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from .anatomy import Anatomy, anatomy_of, stack_of
 from .checks import check_bool, check_float_dtype
 from .errors import NonFiniteComputationError, OptionError
-from .linalg import LinearOperator
+from .linalg import LinearOperator, LowRankOperator, merge_shared_factors
 from .wrappers import weights_in
 
 ATTENTIONS = ("self", "cross")
@@ -123,10 +123,13 @@ def krylov_dtype(device: torch.device) -> torch.dtype:
 
 
 class LayerOperators:
-    """F_t = W_O W_V of every layer as a :class:`LinearOperator` applied as two thin products
-    (x -> W_O (W_V x)), never formed: ``ops[t]`` builds layer t's operator when asked (its
-    factors, 2 d H d_head numbers, live as long as the operator), on the model's device, in
-    float64 where the device has it. ``shape`` is (L, d, d), like the dense stack's.
+    """F_t = W_O W_V of every layer as a :class:`~spectral_hooks.linalg.LowRankOperator`
+    applied as two thin products (x -> W_O (W_V x)), never formed: ``ops[t]`` builds layer t's
+    operator when asked (its factors, 2 d r numbers, live as long as the operator), on the
+    model's device, in float64 where the device has it. Heads that share their W_V (grouped-query
+    attention) share one block of the factors, so r = (key/value heads) x d_head; the power
+    view then gets F's full spectrum exactly from the r x r matrix W_V W_O where r is small
+    (``metrics.spectrum.FACTORED_EXACT_MAX``). ``shape`` is (L, d, d), like the dense stack's.
 
         >>> from transformers import GPT2Config, GPT2Model
         >>> ops = layer_operators(GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)))
@@ -156,20 +159,14 @@ class LayerOperators:
             gain = part.attn_norm_weight() if self.fold_norm else None
             if callable(getattr(gain, "full_tensor", None)):
                 gain = gain.full_tensor()  # pyright: ignore  # an FSDP2 shard (DTensor): every rank gathers it
-        H, d, dk = W_O.shape
-        A = W_O.permute(1, 0, 2).reshape(d, H * dk)        # [d, H d_head]
-        B = W_V.reshape(H * dk, W_V.shape[-1])              # [H d_head, d]
+        A, B = merge_shared_factors(W_O, W_V)  # [d, r], [r, d]: GQA copies of W_V merged
         if gain is not None:
             B = B * gain.to(self.device, self.dtype)[None, :]
         if not bool(torch.isfinite(A).all() & torch.isfinite(B).all()):  # once per layer
             raise NonFiniteComputationError(
                 f"W_O or W_V of layer {t} is not finite: restore finite attention weights, "
                 "then analyse again", layer=t)
-        At, Bt = A.T.contiguous(), B.T.contiguous()
-        return LinearOperator((d, B.shape[1]), matvec=lambda x: A @ (B @ x),
-                              rmatvec=lambda y: Bt @ (At @ y), matmat=lambda X: A @ (B @ X),
-                              rmatmat=lambda Y: Bt @ (At @ Y), dtype=self.dtype,
-                              device=self.device, name=f"F_{t}")
+        return LowRankOperator(A, B, name=f"F_{t}")
 
 
 def layer_operators(model: Union[nn.Module, Anatomy], *, fold_norm: bool = False,

@@ -61,9 +61,12 @@ def power_matrices_of(subject: Subject, options: AnalyzeOptions) -> Tensor | Lay
 
 def spectrum_options(subject: Subject, options: AnalyzeOptions) -> dict[str, Any]:
     """``dense_limit`` / ``top_k`` of the metrics' spectrum for these options: ``full=True``
-    never truncates, whatever the width."""
+    never truncates, whatever the width; ``full=False`` always does (top k by Krylov)."""
     po = options.power_options
-    return {"top_k": po.k, **({"dense_limit": subject.anatomy.d_model} if po.full else {})}
+    if po.full is None:
+        return {"top_k": po.k}
+    # full=False asks for the top k: no dense eig, not even of a factored F's r x r matrix
+    return {"top_k": po.k, "dense_limit": subject.anatomy.d_model if po.full else 0}
 
 
 def has_cross_attention(subject: Subject) -> bool:

@@ -18,6 +18,7 @@ from .estimators import (
                          trace_of_square,
 )
 from .krylov import eigs
+from .lowrank import LowRankOperator, lowrank_eig, merge_shared_factors
 from .operators import DenseOperator, IdentityOperator, LinearOperator, aslinearoperator
 from .protocols import BatchGroup, BatchMember, Operator
 from .ranks import effective_rank, participation_ratio, stable_rank, surviving
@@ -26,6 +27,7 @@ from .svd import svds
 
 __all__ = [
     "LinearOperator", "DenseOperator", "IdentityOperator", "aslinearoperator",
+    "LowRankOperator", "lowrank_eig", "merge_shared_factors",
     "Operator", "BatchGroup", "BatchMember",
     "eigs", "svds", "EigResult", "SvdResult", "Estimate",
     "hutchinson_trace", "hutchpp_trace", "frobenius_sq", "trace_of_square", "diagonal",

@@ -8,9 +8,13 @@
 The same values as :func:`spectral_hooks.metrics.power.power_table`'s row for F = sum_h W_O^h
 W_V^h, computed one layer at a time (so a training callback can gather a sharded layer, use it
 and drop it). Up to ``dense_limit`` (default :data:`TRAINING_DENSE_LIMIT`) F is formed and
-fully eigen-decomposed; above it F is never formed: its top ``top_k`` eigenpairs come from
-:func:`spectral_hooks.linalg.eigs` on the operator x -> W_O (W_V x), two thin products per
-matvec (2 d h d_k multiply-adds; no d^3 to form F or to decompose it).
+fully eigen-decomposed; above it F is never formed. Where heads share their W_V (grouped-query
+attention, merged: inner width r = key/value heads x d_k) and r <= min(dense_limit,
+``FACTORED_EXACT_MAX``), every eigenvalue comes exactly from the r x r matrix W_V W_O
+(:func:`spectral_hooks.linalg.lowrank_eig`; Llama-3-8B: r = 1024 at d = 4096). Otherwise its
+top ``top_k`` eigenpairs come from :func:`spectral_hooks.linalg.eigs` on the operator
+x -> W_O (W_V x), two thin products per matvec (2 d r multiply-adds; no d^3 to form F or to
+decompose it).
 
 Why 1024 (measured here, 1 thread, float64, random-init F whose clustered top spectrum makes
 Krylov need ~650-750 matvecs: the worst case for eigs): dense ``eig`` 0.06 s vs ``eigs`` 0.12 s
@@ -25,7 +29,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor
 
-from spectral_hooks.linalg import LinearOperator
+from spectral_hooks.linalg import LinearOperator, LowRankOperator, merge_shared_factors
 from spectral_hooks.metrics.power import POWER_COLUMNS, _alignment_columns, _reference_columns
 from spectral_hooks.metrics.spectrum import (
     TOP_K,
@@ -42,14 +46,13 @@ TRAINING_DENSE_LIMIT = 1024
 
 
 def _flat(W_O: Tensor, W_V: Tensor, gain: Optional[Tensor]) -> tuple[Tensor, Tensor]:
-    """[d, h dk] and [h dk, d] float64 (the norm gain folded into the columns of W_V)."""
+    """[d, r] and [r, d] float64, r = h dk or, where heads share their W_V (grouped-query
+    attention), (distinct W_V) x dk (the norm gain folded into the columns of W_V)."""
     if W_O.ndim != 3 or W_V.ndim != 3 or W_O.shape[0] != W_V.shape[0] \
             or W_O.shape[2] != W_V.shape[1] or W_O.shape[1] != W_V.shape[2]:
         raise ValueError("need W_O [h, d, dk] and W_V [h, dk, d]; got "
                          f"{tuple(W_O.shape)} and {tuple(W_V.shape)}")
-    h, d, dk = W_O.shape
-    O = W_O.detach().to("cpu", torch.float64).permute(1, 0, 2).reshape(d, h * dk)
-    V = W_V.detach().to("cpu", torch.float64).reshape(h * dk, d)
+    O, V = merge_shared_factors(*(W.detach().to("cpu", torch.float64) for W in (W_O, W_V)))
     if gain is not None:
         V = V * gain.detach().to("cpu", torch.float64)[None, :]
     return O, V
@@ -72,19 +75,23 @@ def factor_operator(W_O: Tensor, W_V: Tensor, *, gain: Optional[Tensor] = None,
 def factor_spectrum(W_O: Tensor, W_V: Tensor, *, gain: Optional[Tensor] = None,
                     iterate: str = "F", real_tol: float = 1e-9,
                     dense_limit: int = TRAINING_DENSE_LIMIT, top_k: int = TOP_K,
-                    layer: Optional[int] = None) -> LayerSpectrum:
+                    layer: Optional[int] = None, vectors: bool = True) -> LayerSpectrum:
     """:class:`LayerSpectrum` of F = sum_h W_O^h W_V^h (diag(gain) on the right): dense up to
-    ``dense_limit``, else the top max(top_k, 3) eigenpairs by ``eigs`` on the thin products
-    (``truncated=True``; ``converged=False`` when the solver did not converge)."""
+    ``dense_limit``; above it F is never formed: every eigenvalue exactly from the r x r
+    matrix W_V W_O where the factors' inner width r (grouped-query heads merged) is below d
+    and at most min(dense_limit, ``FACTORED_EXACT_MAX``), else the top max(top_k, 3)
+    eigenpairs by ``eigs`` on the thin products (``truncated=True``; ``converged=False`` when
+    the solver did not converge). ``vectors=False``: only B and B2 are needed, so
+    ``eigenvectors`` may be partial (the zero eigenvalues' null-space basis is skipped)."""
     _check_iterate(iterate)
     O, V = _flat(W_O, W_V, gain)
     d = O.shape[0]
     k = max(int(top_k), 3)
     if d <= dense_limit or k > d - 2:
         return _spectrum_one(O @ V, iterate, real_tol, dense_limit=d, top_k=top_k, layer=layer)
-    # top-k on the thin products: the same solver and tolerance as the report's matrix-free F
-    return _spectrum_one(factor_operator(W_O, W_V, gain=gain), iterate, real_tol,
-                         dense_limit=dense_limit, top_k=top_k, layer=layer)
+    # the same paths, solver and tolerance as the report's matrix-free F
+    return _spectrum_one(LowRankOperator(O, V, name="W_O W_V"), iterate, real_tol,
+                         dense_limit=dense_limit, top_k=top_k, layer=layer, vectors=vectors)
 
 
 def power_row_from_factors(W_O: Tensor, W_V: Tensor, resid_pre: Optional[Tensor],
@@ -95,7 +102,7 @@ def power_row_from_factors(W_O: Tensor, W_V: Tensor, resid_pre: Optional[Tensor]
     """One row of ``power_table`` (every column of ``POWER_COLUMNS``) for one layer, from its
     factors and its real tokens [N, d] entering / leaving it (either may be None: NaN columns)."""
     s = factor_spectrum(W_O, W_V, gain=gain, iterate=iterate, dense_limit=dense_limit,
-                        top_k=top_k, layer=layer)
+                        top_k=top_k, layer=layer, vectors=False)
     d = W_O.shape[1]
     pre, post = (None if X is None else X.detach().to("cpu", torch.float64)
                  for X in (resid_pre, resid_post))

@@ -11,6 +11,7 @@ from spectral_hooks.analysis import PowerOptions
 from spectral_hooks.analysis import options as options_module
 from spectral_hooks.analysis import power as power_module
 from spectral_hooks.errors import OptionError, UnknownOptionError
+from spectral_hooks.metrics import spectrum as spectrum_module
 from spectral_hooks.weights import layer_matrices, layer_operators
 
 COLUMNS = ["lambda1_real", "abs_lambda1", "abs_lambda2", "abs_mu1", "abs_mu2", "gap_ratio",
@@ -86,11 +87,44 @@ def test_threshold_chooses_the_path_and_full_forces_dense(probe, monkeypatch):
     monkeypatch.setattr(power_module, "layer_matrices",
                         lambda *a, **k: formed.append(1) or real(*a, **k))
     auto = probe.analyze(progress=False)
-    assert auto.power["truncated"].all() and auto.spectra["truncated"].all()
     assert formed == []  # no d x d matrix on the matrix-free path
+    # GQA 4/2 heads of 12: F = A B with r = 24 < d = 48, so every eigenvalue, exactly
+    assert not auto.power["truncated"].any() and len(auto.spectra) == 2 * probe.anatomy.d_model
+    monkeypatch.setattr(spectrum_module, "FACTORED_EXACT_MAX", 16)  # r = 24 above it: top-k
+    sh.metrics.power.clear_spectrum_cache()
+    topk = probe.analyze(power={"k": 7}, progress=False)  # new options: not the cached table
+    assert topk.power["truncated"].all() and topk.spectra["truncated"].all() and formed == []
     full = probe.analyze(power={"full": True}, progress=False)
     assert not full.power["truncated"].any()
     assert len(full.spectra) == 2 * probe.anatomy.d_model and formed
+
+
+@pytest.mark.parametrize("iterate", ["F", "I+F"])
+@pytest.mark.parametrize("fold_norm", [False, True])
+def test_factored_power_view_is_the_dense_eig_exactly(probe, monkeypatch, iterate, fold_norm):
+    """A grouped-query F = A B (r = 24 < d = 48) above the matrix-free threshold: every
+    eigenvalue from the r x r matrix B A, equal to the dense float64 eig of F, and the same
+    tables as the dense path."""
+    dense = probe.analyze(iterate=iterate, fold_norm=fold_norm, progress=False)
+    monkeypatch.setattr(options_module, "POWER_MATRIX_FREE_D", 32)
+    calls = []
+    real = spectrum_module.lowrank_eig
+    monkeypatch.setattr(spectrum_module, "lowrank_eig",
+                        lambda op, **kw: calls.append(op.rank_bound) or real(op, **kw))
+    factored = probe.analyze(iterate=iterate, fold_norm=fold_norm, power={"k": 5},
+                             progress=False)  # new options: not the cached dense table
+    assert not factored.power["truncated"].any() and factored.power["converged"].all()
+    assert calls and set(calls) == {24}  # (the tables are lazy: computed on first access)
+    np.testing.assert_allclose(factored.power[COLUMNS].to_numpy(float),
+                               dense.power[COLUMNS].to_numpy(float), rtol=1e-9, atol=1e-11)
+    F = layer_matrices(probe.anatomy, fold_norm=fold_norm)
+    for t in range(F.shape[0]):
+        oracle = np.sort_complex(torch.linalg.eigvals(F[t]).numpy())
+        rows = factored.spectra[(factored.spectra["layer"] == t)
+                                & (factored.spectra["source"] == "F")]
+        got = np.sort_complex(rows["real"].to_numpy() + 1j * rows["imag"].to_numpy())
+        assert len(got) == F.shape[1] and int((got == 0).sum()) >= F.shape[1] - 24
+        np.testing.assert_allclose(got, oracle, rtol=0, atol=1e-12 * np.abs(oracle).max())
 
 
 def test_power_options_are_validated():

@@ -12,8 +12,12 @@ import spectral_hooks as sh
 from spectral_hooks.errors import UnknownOptionError
 from spectral_hooks.integrations import SpectralTracker, flatten_power
 from spectral_hooks.integrations.power_log import power_metrics
-from spectral_hooks.metrics.power import POWER_COLUMNS, power_table
-from spectral_hooks.metrics.power_factors import factor_operator, power_row_from_factors
+from spectral_hooks.metrics.power import POWER_COLUMNS, power_table, spectrum
+from spectral_hooks.metrics.power_factors import (
+    factor_operator,
+    factor_spectrum,
+    power_row_from_factors,
+)
 
 COLUMNS = ("abs_lambda1", "abs_lambda2", "gap_ratio", "gamma_in", "gamma", "lift", "gamma2",
            "rho", "mean_cos", "collapse_residual", "erank")
@@ -51,6 +55,27 @@ def test_row_equals_power_table(iterate, dense_limit):
     assert row["truncated"] is (dense_limit == 0) and row["converged"]
     for column in COLUMNS:
         assert math.isclose(row[column], oracle[column], rel_tol=1e-7, abs_tol=1e-9), column
+
+
+@pytest.mark.parametrize("iterate", ["F", "I+F"])
+def test_grouped_query_factors_give_every_eigenvalue_exactly(iterate):
+    """8 heads sharing 2 W_V (GQA), d = 24 above dense_limit = 16: F is never formed, and its
+    full spectrum comes from the 6 x 6 matrix W_V W_O: the dense oracle's row, untruncated."""
+    W_O, W_V, pre, post = _factors(seed=2, h=8, dk=3)
+    W_V = W_V[::4].repeat_interleave(4, dim=0)
+    gain = torch.linspace(0.5, 2, 24, dtype=torch.float64)
+    F = torch.einsum("hdk,hkm->dm", W_O, W_V) * gain[None, :]
+    oracle = power_table(F[None], [pre], [post], iterate=iterate).iloc[0]
+    row = power_row_from_factors(W_O, W_V, pre, post, layer=0, iterate=iterate, gain=gain,
+                                 dense_limit=16)
+    assert row["truncated"] is False and row["n_computed"] == 24 and row["converged"]
+    for column in COLUMNS:
+        assert math.isclose(row[column], oracle[column], rel_tol=1e-9, abs_tol=1e-11), column
+    s = factor_spectrum(W_O, W_V, gain=gain, iterate=iterate, dense_limit=16)
+    assert s.eigenvectors.shape == (24, 24)
+    dense = spectrum(F, iterate=iterate)
+    assert not isinstance(dense, list)
+    torch.testing.assert_close(s.eigenvalues, dense.eigenvalues, rtol=0, atol=1e-12)
 
 
 def _tiny(seed=0):
