@@ -52,6 +52,7 @@ bench: $(STAMP)
 	$(BENCH) benchmarks/eigs_vs_arpack.py --quick
 	$(BENCH) benchmarks/eigs_vs_arpack.py --llama --rounds 3
 	$(BENCH) benchmarks/materialize_cost.py --quick
+	$(BENCH) benchmarks/power_factored.py --quick
 	$(BENCH) benchmarks/launch_budget.py --quick
 	$(BENCH) benchmarks/training_overhead.py --model minilm --rounds 2
 	$(BENCH) benchmarks/distributed.py --quick
@@ -66,6 +67,7 @@ bench-full: $(STAMP)
 	$(BENCH) benchmarks/eigs_vs_arpack.py --quick
 	$(BENCH) benchmarks/eigs_vs_arpack.py --llama --rounds 5
 	$(BENCH) benchmarks/materialize_cost.py
+	$(BENCH) benchmarks/power_factored.py --dense-8b
 	$(BENCH) benchmarks/launch_budget.py
 	$(BENCH) benchmarks/training_overhead.py --model minilm --rounds 6
 	$(BENCH) benchmarks/training_overhead.py --model gpt2-small --rounds 4 --batch 4

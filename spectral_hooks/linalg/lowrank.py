@@ -128,7 +128,7 @@ def lowrank_eig(op: LowRankOperator, *, null_space: bool = True) -> tuple[Tensor
     B = op.right.detach().to("cpu", wide)
     if r >= d:
         return torch.linalg.eig(A @ B)
-    values, Y = torch.linalg.eig(B @ A)
+    values, Y = torch.linalg.eig(B @ A)  # LAPACK on the CPU (small), like the dense path
     X = A.to(torch.complex128) @ Y
     norms = torch.linalg.vector_norm(X, dim=0)
     if bool((norms <= DEGENERATE * torch.linalg.matrix_norm(A)).any()):
