@@ -41,8 +41,9 @@ SHAPES = {"Llama-3.2-1B": dict(hidden_size=2048, num_attention_heads=32, head_di
 
 
 def build(shape: str):
-    import spectral_hooks as sh
     from transformers import LlamaConfig, LlamaModel
+
+    import spectral_hooks as sh
     torch.manual_seed(0)
     cfg = LlamaConfig(**SHAPES[shape], num_key_value_heads=8, intermediate_size=256,
                       num_hidden_layers=2, vocab_size=1000, max_position_embeddings=256,
