@@ -1,20 +1,22 @@
 """The power view of grouped-query models above the matrix-free width: exact from factors vs top-k.
 
-    python benchmarks/power_factored.py            # ~4 min, one thread
+    python benchmarks/power_factored.py            # ~2 min, one thread
     python benchmarks/power_factored.py --quick    # the Llama-3.2-1B shape only, no dense eig
     python benchmarks/power_factored.py --dense-8b # also the dense eig at d = 4096 (~4 min more)
 
 Models: Llama-shaped ``LlamaModel``s, random init (HF's, std 0.02), 2 layers, attention as in
-Llama-3.2-1B (d = 2048, 32 heads of 64, 8 key/value heads: r = 512) and Llama-3-8B (d = 4096,
-32 heads of 128, 8 key/value heads: r = 1024); a small MLP (the power view reads only W_O, W_V).
-One forward of 16 tokens, then the ``power`` section of ``probe.analyze`` (CPU, one thread),
+Qwen2.5-1.5B (d = 1536, 12 heads of 128, 2 key/value heads: r = 256), Llama-3.2-1B (d = 2048,
+32 heads of 64, 8 key/value heads: r = 512) and Llama-3-8B (d = 4096, 32 heads of 128, 8
+key/value heads: r = 1024); a small MLP (the power view reads only W_O, W_V). One forward of 16
+tokens, then the ``power`` and ``spectra`` sections of ``probe.analyze`` (CPU, one thread),
 timed per variant from a cleared spectrum cache:
 
-* default: d >= POWER_MATRIX_FREE_D, so F = W_O W_V is applied as thin products; its inner width
-  r <= FACTORED_EXACT_MAX, so every eigenvalue comes exactly from the r x r matrix W_V W_O;
+* default: the factors' inner width r < d and r <= FACTORED_EXACT_MAX, so F = W_O W_V is never
+  formed and every eigenvalue comes exactly from the r x r matrix W_V W_O;
 * ``power={"full": False}``: the top 8 eigenpairs by ``linalg.eigs`` on the thin products (the
-  default before; ``truncated=True``);
-* ``power={"full": True}``: the dense float64 eig of each d x d F (the oracle).
+  default before at d >= 2048; ``truncated=True``);
+* ``power={"full": True}``: the dense float64 eig of each d x d F (the oracle, and the default
+  before at d < 2048).
 
 Checked in the same run: the default's spectra against the dense oracle's (every eigenvalue,
 matched in order) and the top-k path's leading values against the default's.
@@ -36,8 +38,12 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results" / "power_factored.md"
-SHAPES = {"Llama-3.2-1B": dict(hidden_size=2048, num_attention_heads=32, head_dim=64),
-          "Llama-3-8B": dict(hidden_size=4096, num_attention_heads=32, head_dim=128)}
+SHAPES = {"Qwen2.5-1.5B": dict(hidden_size=1536, num_attention_heads=12, head_dim=128,
+                               num_key_value_heads=2),
+          "Llama-3.2-1B": dict(hidden_size=2048, num_attention_heads=32, head_dim=64,
+                               num_key_value_heads=8),
+          "Llama-3-8B": dict(hidden_size=4096, num_attention_heads=32, head_dim=128,
+                             num_key_value_heads=8)}
 
 
 def build(shape: str):
@@ -45,7 +51,7 @@ def build(shape: str):
 
     import spectral_hooks as sh
     torch.manual_seed(0)
-    cfg = LlamaConfig(**SHAPES[shape], num_key_value_heads=8, intermediate_size=256,
+    cfg = LlamaConfig(**SHAPES[shape], intermediate_size=256,
                       num_hidden_layers=2, vocab_size=1000, max_position_embeddings=256,
                       bos_token_id=0, eos_token_id=0, pad_token_id=0)
     model = LlamaModel(cfg).eval()
@@ -73,7 +79,7 @@ def run(shape: str, dense: bool) -> list[str]:
     probe = build(shape)
     anatomy = probe.anatomy
     d = anatomy.d_model
-    r = 8 * SHAPES[shape]["head_dim"]
+    r = SHAPES[shape]["num_key_value_heads"] * SHAPES[shape]["head_dim"]
     t_exact, (power, spectra) = timed(probe, True)
     t_topk, (power_k, spectra_k) = timed(probe, {"full": False, "k": 8})
     lines = [f"### {shape}: d = {d}, r = {r}, 2 layers", "",
@@ -118,6 +124,7 @@ def main() -> None:
            "written by `benchmarks/power_factored.py`", ""]
     out += run("Llama-3.2-1B", dense=not args.quick)
     if not args.quick:
+        out += run("Qwen2.5-1.5B", dense=True)
         out += run("Llama-3-8B", dense=args.dense_8b)
     text = "\n".join(out)
     print(text)

@@ -17,6 +17,7 @@ from .anatomy import Anatomy, anatomy_of, stack_of
 from .checks import check_bool, check_float_dtype
 from .errors import NonFiniteComputationError, OptionError
 from .linalg import LinearOperator, LowRankOperator, merge_shared_factors
+from .linalg.lowrank import shared_value_groups
 from .wrappers import weights_in
 
 ATTENTIONS = ("self", "cross")
@@ -150,6 +151,13 @@ class LayerOperators:
 
     def __len__(self) -> int:
         return self.shape[0]
+
+    def inner_width(self, t: int) -> int:
+        """r of layer t's factors (``ops[t].rank_bound``) from its W_V alone, nothing copied."""
+        part = self.anatomy.layers[t]
+        with weights_in(part.block, where=f"layer {part.index}"):
+            W_V = _weights(part, self.attention)[1]
+            return len(shared_value_groups(W_V.detach())[1]) * W_V.shape[1]
 
     def __getitem__(self, t: int) -> LinearOperator:
         part = self.anatomy.layers[t]

@@ -156,11 +156,11 @@ class PowerOptions:
         4
 
     Attributes:
-        full: None (automatic: the dense eig of F where d_model < POWER_MATRIX_FREE_D, else
-            F as two thin products x -> W_O (W_V x), no d x d matrix: every eigenvalue exactly
-            from the r x r W_V W_O where r (key/value heads x d_head) < d and r <= ``metrics.
-            spectrum.FACTORED_EXACT_MAX``, else the top ``k`` by ``linalg.eigs``), True (all,
-            dense) or False (top-k by ``linalg.eigs``); rows say which (``truncated``).
+        full: None (automatic: every eigenvalue exactly from the r x r W_V W_O where F =
+            W_O W_V has r (key/value heads x d_head) < d, r <= ``metrics.spectrum.
+            FACTORED_EXACT_MAX``; else the dense eig of F where d_model < POWER_MATRIX_FREE_D,
+            else the top ``k`` by ``linalg.eigs`` on x -> W_O (W_V x)), True (all, dense) or
+            False (top-k by ``linalg.eigs``); rows say which (``truncated``).
         k: eigenpairs of F computed matrix-free (at least 3 are always used).
         reference_layer: the one fixed layer r whose B_r every row's ``gamma_ref`` and
             ``subspace_cos_ref`` compare with (None: the model's last layer; negative ok).

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from ..errors import OptionError
 from ..metrics.power import power_table
-from ..metrics.spectrum import BATCHED_EIG_DEVICES
+from ..metrics.spectrum import BATCHED_EIG_DEVICES, FACTORED_EXACT_MAX
 from ..metrics.stats import with_adjusted
 from ..weights import LayerOperators, layer_matrices, layer_operators
 from .finite import check_layer_matrices_finite
@@ -48,15 +48,22 @@ def layer_matrices_of(subject: Subject, *, fold_norm: bool, on_device: bool = Fa
 
 
 def power_matrices_of(subject: Subject, options: AnalyzeOptions) -> Tensor | LayerOperators:
-    """What the power view's spectra are computed from: the dense F_t stack, or where
-    ``options.power`` says matrix-free (by default d_model >= POWER_MATRIX_FREE_D) the layer
+    """What the power view's spectra are computed from: the dense F_t stack, or the layer
     operators x -> W_O (W_V x) on the model's device (``weights.LayerOperators``: no d x d
-    matrix is formed, only the top-k eigenpairs are computed)."""
+    matrix is formed) where ``options.power`` says matrix-free (by default d_model >=
+    POWER_MATRIX_FREE_D: the top-k eigenpairs, or every one from the factors, below) or, by
+    default at any width, where every layer's factors are thin enough for all of F_t's
+    eigenvalues to come exactly from the r x r matrix W_V W_O (grouped-query models:
+    r < d and r <= FACTORED_EXACT_MAX), which costs less than the dense eig of F_t."""
     po = options.power_options
-    if not po.matrix_free(subject.anatomy.d_model):  # full eig: batched on an accelerator
-        return layer_matrices_of(subject, fold_norm=options.fold_norm, on_device=True)
-    return subject.memo(("F_operators", options.fold_norm), lambda: layer_operators(
+    d = subject.anatomy.d_model
+    operators = subject.memo(("F_operators", options.fold_norm), lambda: layer_operators(
         subject.anatomy, fold_norm=options.fold_norm))
+    if po.matrix_free(d) or (po.full is None and subject.memo(("F_thin",), lambda: all(
+            operators.inner_width(t) < d and operators.inner_width(t) <= FACTORED_EXACT_MAX
+            for t in subject.layers))):
+        return operators
+    return layer_matrices_of(subject, fold_norm=options.fold_norm, on_device=True)
 
 
 def spectrum_options(subject: Subject, options: AnalyzeOptions) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from torch import Tensor
 
 from .operators import LinearOperator
 
-__all__ = ["LowRankOperator", "lowrank_eig", "merge_shared_factors"]
+__all__ = ["LowRankOperator", "lowrank_eig", "merge_shared_factors", "shared_value_groups"]
 
 logger: logging.Logger = logging.getLogger(__name__)
 
@@ -77,6 +77,24 @@ class LowRankOperator(LinearOperator):
         return self.left @ self.right
 
 
+def shared_value_groups(W_V: Tensor) -> tuple[list[int], list[int]]:
+    """(the group of each head, the first head of each group) for heads [H, dk, d_in] grouped
+    by identical W_V[h] (exact equality: merging them is exact whatever the reason).
+
+        >>> shared_value_groups(torch.eye(2)[None].repeat(3, 1, 1))
+        ([0, 0, 0], [0])
+    """
+    firsts: list[int] = []
+    owner = []
+    for h in range(W_V.shape[0]):
+        same = next((g for g, f in enumerate(firsts) if torch.equal(W_V[f], W_V[h])), None)
+        if same is None:
+            firsts.append(h)
+            same = len(firsts) - 1
+        owner.append(same)
+    return owner, firsts
+
+
 def merge_shared_factors(W_O: Tensor, W_V: Tensor) -> tuple[Tensor, Tensor]:
     """sum_h W_O[h] @ W_V[h] as one thin product (A [d, r], B [r, d]): heads whose W_V[h] are
     identical (the copies of grouped-query attention) share one block of B, their W_O[h] summed
@@ -92,14 +110,7 @@ def merge_shared_factors(W_O: Tensor, W_V: Tensor) -> tuple[Tensor, Tensor]:
             or W_O.shape[2] != W_V.shape[1]:
         raise ValueError("need W_O [H, d, dk] and W_V [H, dk, d_in]; got "
                          f"{tuple(W_O.shape)} and {tuple(W_V.shape)}")
-    firsts: list[int] = []
-    owner = []
-    for h in range(W_V.shape[0]):  # exact equality: merging is exact whatever the reason
-        same = next((g for g, f in enumerate(firsts) if torch.equal(W_V[f], W_V[h])), None)
-        if same is None:
-            firsts.append(h)
-            same = len(firsts) - 1
-        owner.append(same)
+    owner, firsts = shared_value_groups(W_V)
     index = torch.tensor(owner, device=W_O.device)
     summed = torch.zeros(len(firsts), *W_O.shape[1:], dtype=W_O.dtype, device=W_O.device)
     summed.index_add_(0, index, W_O)

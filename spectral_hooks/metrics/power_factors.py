@@ -7,14 +7,14 @@
 
 The same values as :func:`spectral_hooks.metrics.power.power_table`'s row for F = sum_h W_O^h
 W_V^h, computed one layer at a time (so a training callback can gather a sharded layer, use it
-and drop it). Up to ``dense_limit`` (default :data:`TRAINING_DENSE_LIMIT`) F is formed and
-fully eigen-decomposed; above it F is never formed. Where heads share their W_V (grouped-query
-attention, merged: inner width r = key/value heads x d_k) and r <= min(dense_limit,
-``FACTORED_EXACT_MAX``), every eigenvalue comes exactly from the r x r matrix W_V W_O
-(:func:`spectral_hooks.linalg.lowrank_eig`; Llama-3-8B: r = 1024 at d = 4096). Otherwise its
-top ``top_k`` eigenpairs come from :func:`spectral_hooks.linalg.eigs` on the operator
-x -> W_O (W_V x), two thin products per matvec (2 d r multiply-adds; no d^3 to form F or to
-decompose it).
+and drop it). Where heads share their W_V (grouped-query attention, merged: inner width
+r = key/value heads x d_k) and r < d, r <= min(dense_limit, ``FACTORED_EXACT_MAX``), F is never
+formed: every eigenvalue comes exactly from the r x r matrix W_V W_O
+(:func:`spectral_hooks.linalg.lowrank_eig`; Llama-3-8B: r = 1024 at d = 4096), at any d.
+Otherwise, up to ``dense_limit`` (default :data:`TRAINING_DENSE_LIMIT`) F is formed and fully
+eigen-decomposed; above it F is never formed: its top ``top_k`` eigenpairs come from
+:func:`spectral_hooks.linalg.eigs` on the operator x -> W_O (W_V x), two thin products per
+matvec (2 d r multiply-adds; no d^3 to form F or to decompose it).
 
 Why 1024 (measured here, 1 thread, float64, random-init F whose clustered top spectrum makes
 Krylov need ~650-750 matvecs: the worst case for eigs): dense ``eig`` 0.06 s vs ``eigs`` 0.12 s
@@ -32,6 +32,7 @@ from torch import Tensor
 from spectral_hooks.linalg import LinearOperator, LowRankOperator, merge_shared_factors
 from spectral_hooks.metrics.power import POWER_COLUMNS, _alignment_columns, _reference_columns
 from spectral_hooks.metrics.spectrum import (
+    FACTORED_EXACT_MAX,
     TOP_K,
     LayerSpectrum,
     _check_iterate,
@@ -77,17 +78,18 @@ def factor_spectrum(W_O: Tensor, W_V: Tensor, *, gain: Optional[Tensor] = None,
                     dense_limit: int = TRAINING_DENSE_LIMIT, top_k: int = TOP_K,
                     layer: Optional[int] = None, vectors: bool = True) -> LayerSpectrum:
     """:class:`LayerSpectrum` of F = sum_h W_O^h W_V^h (diag(gain) on the right): dense up to
-    ``dense_limit``; above it F is never formed: every eigenvalue exactly from the r x r
-    matrix W_V W_O where the factors' inner width r (grouped-query heads merged) is below d
-    and at most min(dense_limit, ``FACTORED_EXACT_MAX``), else the top max(top_k, 3)
+    ``dense_limit``, except that where the factors' inner width r (grouped-query heads merged)
+    is below d and at most min(dense_limit, ``FACTORED_EXACT_MAX``) F is never formed and every
+    eigenvalue comes exactly from the r x r matrix W_V W_O; above it, else the top max(top_k, 3)
     eigenpairs by ``eigs`` on the thin products (``truncated=True``; ``converged=False`` when
     the solver did not converge). ``vectors=False``: only B and B2 are needed, so
     ``eigenvectors`` may be partial (the zero eigenvalues' null-space basis is skipped)."""
     _check_iterate(iterate)
     O, V = _flat(W_O, W_V, gain)
-    d = O.shape[0]
+    d, r = O.shape
     k = max(int(top_k), 3)
-    if d <= dense_limit or k > d - 2:
+    factored = r < d and r <= min(FACTORED_EXACT_MAX, dense_limit)
+    if not factored and (d <= dense_limit or k > d - 2):
         return _spectrum_one(O @ V, iterate, real_tol, dense_limit=d, top_k=top_k, layer=layer)
     # the same paths, solver and tolerance as the report's matrix-free F
     return _spectrum_one(LowRankOperator(O, V, name="W_O W_V"), iterate, real_tol,

@@ -101,20 +101,27 @@ def test_threshold_chooses_the_path_and_full_forces_dense(probe, monkeypatch):
 
 @pytest.mark.parametrize("iterate", ["F", "I+F"])
 @pytest.mark.parametrize("fold_norm", [False, True])
-def test_factored_power_view_is_the_dense_eig_exactly(probe, monkeypatch, iterate, fold_norm):
-    """A grouped-query F = A B (r = 24 < d = 48) above the matrix-free threshold: every
-    eigenvalue from the r x r matrix B A, equal to the dense float64 eig of F, and the same
-    tables as the dense path."""
-    dense = probe.analyze(iterate=iterate, fold_norm=fold_norm, progress=False)
-    monkeypatch.setattr(options_module, "POWER_MATRIX_FREE_D", 32)
-    calls = []
+@pytest.mark.parametrize("threshold", [2048, 32])  # d = 48 below / above the matrix-free width
+def test_factored_power_view_is_the_dense_eig_exactly(probe, monkeypatch, iterate, fold_norm,
+                                                     threshold):
+    """A grouped-query F = A B (r = 24 < d = 48), by default at any width: every eigenvalue
+    from the r x r matrix B A, no d x d matrix formed, equal to the dense float64 eig of F, and
+    the same tables as the forced dense path."""
+    dense = probe.analyze(iterate=iterate, fold_norm=fold_norm, power={"full": True},
+                          progress=False)
+    monkeypatch.setattr(options_module, "POWER_MATRIX_FREE_D", threshold)
+    calls, formed = [], []
     real = spectrum_module.lowrank_eig
     monkeypatch.setattr(spectrum_module, "lowrank_eig",
                         lambda op, **kw: calls.append(op.rank_bound) or real(op, **kw))
-    factored = probe.analyze(iterate=iterate, fold_norm=fold_norm, power={"k": 5},
-                             progress=False)  # new options: not the cached dense table
+    real_matrices = power_module.layer_matrices
+    monkeypatch.setattr(power_module, "layer_matrices",
+                        lambda *a, **k: formed.append(1) or real_matrices(*a, **k))
+    factored = probe.analyze(iterate=iterate, fold_norm=fold_norm,
+                             power={"k": 5 if threshold > 48 else 6},
+                             progress=False)  # new options: not a cached table
     assert not factored.power["truncated"].any() and factored.power["converged"].all()
-    assert calls and set(calls) == {24}  # (the tables are lazy: computed on first access)
+    assert calls and set(calls) == {24} and formed == []  # (tables are computed when read)
     np.testing.assert_allclose(factored.power[COLUMNS].to_numpy(float),
                                dense.power[COLUMNS].to_numpy(float), rtol=1e-9, atol=1e-11)
     F = layer_matrices(probe.anatomy, fold_norm=fold_norm)
@@ -125,6 +132,23 @@ def test_factored_power_view_is_the_dense_eig_exactly(probe, monkeypatch, iterat
         got = np.sort_complex(rows["real"].to_numpy() + 1j * rows["imag"].to_numpy())
         assert len(got) == F.shape[1] and int((got == 0).sum()) >= F.shape[1] - 24
         np.testing.assert_allclose(got, oracle, rtol=0, atol=1e-12 * np.abs(oracle).max())
+
+
+def test_multi_head_attention_keeps_the_dense_eig_below_the_matrix_free_width(monkeypatch):
+    """GPT-2 heads have their own W_V (r = d): nothing to gain from the factors, dense eig."""
+    from transformers import GPT2Config, GPT2Model
+
+    formed = []
+    real = power_module.layer_matrices
+    monkeypatch.setattr(power_module, "layer_matrices",
+                        lambda *a, **k: formed.append(1) or real(*a, **k))
+    model = GPT2Model(GPT2Config(n_layer=1, n_embd=32, n_head=4, vocab_size=50)).eval()
+    with sh.instrument(model) as probe:
+        with torch.no_grad():
+            model(input_ids=torch.randint(0, 50, (1, 5)))
+        assert layer_operators(probe.anatomy).inner_width(0) == 32
+        report = probe.analyze(progress=False)
+        assert not report.power["truncated"].any() and formed == [1]
 
 
 def test_power_options_are_validated():

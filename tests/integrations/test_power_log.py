@@ -58,21 +58,22 @@ def test_row_equals_power_table(iterate, dense_limit):
 
 
 @pytest.mark.parametrize("iterate", ["F", "I+F"])
-def test_grouped_query_factors_give_every_eigenvalue_exactly(iterate):
-    """8 heads sharing 2 W_V (GQA), d = 24 above dense_limit = 16: F is never formed, and its
-    full spectrum comes from the 6 x 6 matrix W_V W_O: the dense oracle's row, untruncated."""
+@pytest.mark.parametrize("dense_limit", [16, 1024])  # d = 24 above / below it
+def test_grouped_query_factors_give_every_eigenvalue_exactly(iterate, dense_limit):
+    """8 heads sharing 2 W_V (GQA), d = 24: F is never formed, its full spectrum comes from
+    the 6 x 6 matrix W_V W_O (18 exact zeros): the dense oracle's row, untruncated."""
     W_O, W_V, pre, post = _factors(seed=2, h=8, dk=3)
     W_V = W_V[::4].repeat_interleave(4, dim=0)
     gain = torch.linspace(0.5, 2, 24, dtype=torch.float64)
     F = torch.einsum("hdk,hkm->dm", W_O, W_V) * gain[None, :]
     oracle = power_table(F[None], [pre], [post], iterate=iterate).iloc[0]
     row = power_row_from_factors(W_O, W_V, pre, post, layer=0, iterate=iterate, gain=gain,
-                                 dense_limit=16)
+                                 dense_limit=dense_limit)
     assert row["truncated"] is False and row["n_computed"] == 24 and row["converged"]
     for column in COLUMNS:
         assert math.isclose(row[column], oracle[column], rel_tol=1e-9, abs_tol=1e-11), column
-    s = factor_spectrum(W_O, W_V, gain=gain, iterate=iterate, dense_limit=16)
-    assert s.eigenvectors.shape == (24, 24)
+    s = factor_spectrum(W_O, W_V, gain=gain, iterate=iterate, dense_limit=dense_limit)
+    assert s.eigenvectors.shape == (24, 24) and int((s.eigenvalues == 0).sum()) == 18
     dense = spectrum(F, iterate=iterate)
     assert not isinstance(dense, list)
     torch.testing.assert_close(s.eigenvalues, dense.eigenvalues, rtol=0, atol=1e-12)
