@@ -140,7 +140,7 @@ def lowrank_eig(op: LowRankOperator, *, null_space: bool = True) -> tuple[Tensor
     if r >= d:
         return torch.linalg.eig(A @ B)
     values, Y = torch.linalg.eig(B @ A)  # LAPACK on the CPU (small), like the dense path
-    X = A.to(torch.complex128) @ Y
+    X = A.to(torch.complex128) @ Y if A.is_complex() else torch.complex(A @ Y.real, A @ Y.imag)
     norms = torch.linalg.vector_norm(X, dim=0)
     if bool((norms <= DEGENERATE * torch.linalg.matrix_norm(A)).any()):
         logger.info("lowrank_eig: A maps an eigenvector of B A to ~0; dense eig of A B (d=%d)", d)
