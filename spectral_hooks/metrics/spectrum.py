@@ -67,11 +67,10 @@ logger: logging.Logger = logging.getLogger("spectral_hooks.metrics.power")
 DENSE_LIMIT = 4096
 #: Default number of leading eigenpairs computed above DENSE_LIMIT (at least 3 are always used).
 TOP_K = 8
-#: Largest inner dimension r at which a factored F = A B (a ``LowRankOperator``, r < d: the
-#: layer operators of grouped-query models) gets its full spectrum exactly from the r x r
-#: matrix B A instead of its top-k by Krylov: at r = 1024, d = 4096 that takes 2.1 s against
-#: 5.0 s for Krylov's top 8 (one core; benchmarks/power_factored.py); the r x r eig grows as r^3
-#: (6.3 s at r = 2048).
+#: Largest inner width r at which a factored F = A B (a ``LowRankOperator``, r < d: grouped-query
+#: layers) gets its full spectrum exactly from the r x r matrix B A instead of its top-k by
+#: Krylov: at r = 1024, d = 4096 that takes 2.1 s against 5.0 s for Krylov's top 8 (one core;
+#: benchmarks/power_factored.py); the r x r eig grows as r^3 (6.3 s at r = 2048).
 FACTORED_EXACT_MAX = 1024
 # Options of linalg.eigs in the top-k path (module-level so tests can shrink max_restarts).
 _EIGS_KW: dict = {"tol": 1e-10, "max_restarts": 1000, "seed": 0}
@@ -247,15 +246,16 @@ def _spectrum_one(
     F: Tensor | LinearOperator, iterate: str, real_tol: float, dense_limit: int = DENSE_LIMIT,
     top_k: int = TOP_K,
     *, layer: int | None = None, dense_eig: tuple[Tensor, Tensor] | None = None,
-    vectors: bool = True,
+    vectors: bool = True, factored_max: int = FACTORED_EXACT_MAX,
 ) -> LayerSpectrum:
     """One layer's spectrum. ``vectors=False``: the caller keeps only B and B2, so the result's
-    ``eigenvectors`` may be partial (a factored F's zero eigenvalues' vectors are skipped)."""
+    ``eigenvectors`` may be partial (a factored F's zero eigenvalues' vectors are skipped).
+    ``factored_max``: the widest factored F decomposed through its r x r matrix."""
     d = F.shape[-1]
     k = max(int(top_k), 3)  # 3 values always hold lambda1 (maybe a pair) and lambda2
     truncated = d > dense_limit and k <= d - 2  # eigs needs k <= d - 2; tiny d stays dense
     factored = isinstance(F, LowRankOperator) and F.rank_bound < d \
-        and F.rank_bound <= min(FACTORED_EXACT_MAX, dense_limit)
+        and F.rank_bound <= min(factored_max, dense_limit)
     if not isinstance(F, Tensor):  # an operator: top-k, or formed when d is too small
         truncated = k <= d - 2 and not factored
         if not truncated and not factored:

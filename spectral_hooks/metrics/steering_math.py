@@ -12,12 +12,14 @@ Weights in, weight delta out; applying / reverting it on a model is ``spectral_h
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 import torch
 from torch import Tensor
 
 from spectral_hooks.errors import OptionError
+from spectral_hooks.linalg import LowRankOperator
+from spectral_hooks.linalg.lowrank import shared_value_groups
 from spectral_hooks.metrics.power import _spectrum_one
 
 if TYPE_CHECKING:  # shape annotations only (jaxtyping is not a runtime dependency)
@@ -78,13 +80,71 @@ def stack_value_output(
     return V, O
 
 
-def _leading(F: Tensor, u: Tensor, iterate: str = "F") -> tuple[complex, float, float]:
-    """lambda1, gap ratio and |cos(v1, u)| of F (``iterate`` ordering, conjugate-aware)."""
-    s = _spectrum_one(F, iterate, 1e-9)
+@dataclass(frozen=True)
+class _Map:
+    """shift I + F: F = A B from thin factors (A [d, r], B [r, d], r + 2 < d: grouped-query
+    heads merged), its spectrum from the r x r matrix B A; or F dense (B None, A = shift I + F)."""
+
+    A: Tensor
+    B: Optional[Tensor] = None
+    shift: float = 0.0
+
+    def plus_identity(self) -> "_Map":
+        if self.B is None:
+            return _Map(self.A + torch.eye(len(self.A), dtype=self.A.dtype))
+        return _Map(self.A, self.B, self.shift + 1.0)
+
+    def edited(self, alpha: float, u: Tensor, u_r: Tensor) -> "_Map":
+        """shift I + F + alpha u u_r^T (one more column and row of the factors)."""
+        if self.B is None:
+            return _Map(self.A + alpha * torch.outer(u, u_r))
+        return _Map(torch.cat([self.A, alpha * u[:, None]], 1),
+                    torch.cat([self.B, u_r[None]], 0), self.shift)
+
+    def dense(self) -> Tensor:
+        if self.B is None:
+            return self.A
+        return self.A @ self.B + self.shift * torch.eye(len(self.A), dtype=self.A.dtype)
+
+    def eig(self) -> tuple[Tensor, Tensor]:
+        """Every eigenvalue [d] (the r of B A + shift first, then d - r times shift) and the
+        eigenvectors of B A [r, r] (factored only)."""
+        assert self.B is not None
+        small, Y = torch.linalg.eig(self.B @ self.A)
+        rest = torch.zeros(len(self.A) - len(small), dtype=small.dtype)
+        return torch.cat([small, rest]) + self.shift, Y
+
+
+def _leading(m: _Map, u: Tensor, iterate: str = "F") -> tuple[complex, float, float]:
+    """lambda1, gap ratio and |cos(v1, u)| of F (unshifted ``m``; ``iterate`` ordering,
+    conjugate-aware), every eigenvalue exact (factored: from B A)."""
+    F = m.A if m.B is None else LowRankOperator(m.A, m.B)
+    s = _spectrum_one(F, iterate, 1e-9, vectors=False, factored_max=len(m.A))
     return s.lambda1, s.gap_ratio, float((s.B.T @ u).norm())
 
 
-def _ok(F: Tensor, u: Tensor, gap: float, min_cos: float) -> bool:
+def _ok(m: _Map, u: Tensor, gap: float, min_cos: float) -> bool:
+    """Target test of the matrix ``m``: lambda1 real and positive, |lambda2| <= gap lambda1 and
+    |cos(v1, u)| >= min_cos. Factored: v1 = A y from B A's eigenvector y (exact)."""
+    if m.B is None:
+        return _ok_dense(m.A, u, gap, min_cos)
+    vals, Y = m.eig()
+    mods = vals.abs()
+    order = torch.argsort(mods, descending=True)
+    first = int(order[0])
+    lam1 = vals[first]
+    if not (abs(float(lam1.imag)) <= 1e-9 * float(mods[first]) and float(lam1.real) > 0):
+        return False
+    if float(mods[order[1]]) > gap * float(lam1.real):
+        return False
+    if first >= Y.shape[1]:  # lambda1 = shift, from the null space of B (only when gap >= 1)
+        return _ok_dense(m.dense(), u, gap, min_cos)
+    v = m.A.to(torch.complex128) @ Y[:, first]
+    return float((v.conj() @ u.to(torch.complex128)).abs() / torch.linalg.vector_norm(v)) \
+        >= min_cos
+
+
+def _ok_dense(F: Tensor, u: Tensor, gap: float, min_cos: float) -> bool:
     """Target test with eigenvalues only (no eigenvectors): one LU inverse-iteration for v1."""
     vals = torch.linalg.eigvals(F)
     mods = vals.abs()
@@ -103,13 +163,13 @@ def _ok(F: Tensor, u: Tensor, gap: float, min_cos: float) -> bool:
     return abs(float(v[:, 0] @ u)) >= min_cos
 
 
-def _search_alpha(F: Tensor, u: Tensor, u_r: Tensor, gap: float, min_cos: float, rtol: float) -> float:
-    """Smallest alpha >= 0 (to rtol) with F + alpha u u_r^T meeting the target; see rank1_output_edit."""
-    edit = torch.outer(u, u_r)
-    ok = lambda a: _ok(F + a * edit, u, gap, min_cos)  # noqa: E731
+def _search_alpha(m: _Map, u: Tensor, u_r: Tensor, gap: float, min_cos: float, rtol: float) -> float:
+    """Smallest alpha >= 0 (to rtol) with m + alpha u u_r^T meeting the target; see rank1_output_edit."""
+    ok = lambda a: _ok(m.edited(a, u, u_r), u, gap, min_cos)  # noqa: E731
     if ok(0.0):
         return 0.0
-    scale = float(torch.linalg.eigvals(F).abs().max()) or float(F.norm()) or 1.0
+    vals = torch.linalg.eigvals(m.A) if m.B is None else m.eig()[0]
+    scale = float(vals.abs().max()) or float(m.dense().norm()) or 1.0
     lo, hi = 0.0, scale / (gap * float(u_r @ u_r))  # lambda1 ~ alpha |u_r|^2, the rest ~ scale
     if ok(hi):
         while hi * 0.5 > 0 and ok(hi * 0.5):
@@ -128,19 +188,39 @@ def _search_alpha(F: Tensor, u: Tensor, u_r: Tensor, gap: float, min_cos: float,
     return hi
 
 
-def _alpha_for_both(F: Tensor, u: Tensor, u_r: Tensor, gap: float, min_cos: float,
+def _alpha_for_both(m: _Map, u: Tensor, u_r: Tensor, gap: float, min_cos: float,
                     rtol: float) -> float:
     """Smallest alpha (to rtol) meeting the target for F' and for I + F' (see below)."""
-    eye = torch.eye(len(F), dtype=F.dtype)
-    alpha = max(_search_alpha(F, u, u_r, gap, min_cos, rtol),
-                _search_alpha(F + eye, u, u_r, gap, min_cos, rtol))
-    edit = torch.outer(u, u_r)
+    alpha = max(_search_alpha(m, u, u_r, gap, min_cos, rtol),
+                _search_alpha(m.plus_identity(), u, u_r, gap, min_cos, rtol))
     for _ in range(60):  # both hold beyond the larger bracket end unless a target is non-monotone
-        if _ok(F + alpha * edit, u, gap, min_cos) and _ok(F + eye + alpha * edit, u, gap,
-                                                              min_cos):
+        if _ok(m.edited(alpha, u, u_r), u, gap, min_cos) and _ok(
+                m.plus_identity().edited(alpha, u, u_r), u, gap, min_cos):
             return alpha
         alpha *= 2
     raise RuntimeError("no alpha reaches the target")  # pragma: no cover
+
+
+def _layer_map(V: Tensor, O: Tensor, H: int, u: Tensor) -> tuple[_Map, Tensor]:
+    """(F = O V as a _Map, w): w the minimum-norm solution of V^T w = u_r, u_r the projection
+    of u on V's row space. Heads sharing their W_V (groups g of size n_g) are merged: F = O_g V_g
+    and, as V = E V_g with E^T E = diag(n_g), w = E diag(1/n_g) z with z = D pinv(V_g^T D) u,
+    D = diag(sqrt(n_g)) (the same w as pinv(V^T) u, from a d x r instead of a d x H d_head
+    pseudo-inverse)."""
+    d, dh = V.shape[1], V.shape[0] // H
+    owner, firsts = shared_value_groups(V.reshape(H, dh, d))
+    r = len(firsts) * dh
+    if r + 2 >= d:  # nothing to gain: dense F
+        w = torch.linalg.pinv(V.T) @ u
+        return _Map(O @ V), w
+    sizes = torch.bincount(torch.tensor(owner), minlength=len(firsts)).to(torch.float64)
+    O_g = torch.zeros(d, len(firsts), dh, dtype=torch.float64)
+    O_g.index_add_(1, torch.tensor(owner), O.reshape(d, H, dh))
+    V_g = V.reshape(H, dh, d)[firsts].reshape(r, d)
+    root = sizes.sqrt().repeat_interleave(dh)
+    z = root * (torch.linalg.pinv(V_g.T * root[None, :]) @ u)
+    w = (z / sizes.repeat_interleave(dh)).reshape(len(firsts), dh)[owner].reshape(H * dh)
+    return _Map(O_g.reshape(d, r), V_g), w
 
 
 def rank1_output_edit(
@@ -172,7 +252,10 @@ def rank1_output_edit(
     relative width rtol on the assumption that the target is monotone in alpha; the larger of
     the two upper ends is returned (doubled until both targets hold), so it meets both. Each step is one dense float64
     ``eigvals`` (plus one LU inverse iteration for v1 when the eigenvalue tests pass); about ten
-    steps in all, so O(10 d^3): fine up to d ~ 2048 on a CPU, slow beyond.
+    steps in all, so O(10 d^3): fine up to d ~ 2048 on a CPU, slow beyond. Where heads share
+    their W_V (grouped-query attention: r = distinct W_V x d_head, r + 2 < d), F' = [O_g, alpha u]
+    [V_g; u_r^T] with the shared heads merged, and every step is instead the exact eig of the
+    (r + 1) x (r + 1) matrix [V_g; u_r^T] [O_g, alpha u] (v1 = [O_g, alpha u] y): O(10 r^3).
     Raises ValueError for a zero / non-finite / wrong-length u, bad shapes, gap <= 0, or a u with
     no reachable part.
     """
@@ -189,20 +272,19 @@ def rank1_output_edit(
     if not 0 <= min_cos <= 1:
         raise OptionError("min_cos", min_cos, "a float in [0, 1]")
     u = u / u.norm()
-    w = torch.linalg.pinv(V.T) @ u
+    m, w = _layer_map(V, O, H, u)
     u_r = V.T @ w
     frac = min(1.0, float(u_r.norm()))
     if frac <= 1e-12:
         raise ValueError("direction is orthogonal to the value row space: no rank-1 output edit can reach it")
-    F = O @ V
     if alpha is None:
-        alpha = _alpha_for_both(F, u, u_r, gap, min_cos, rtol)
+        alpha = _alpha_for_both(m, u, u_r, gap, min_cos, rtol)
     elif not torch.isfinite(torch.tensor(float(alpha))):
         raise OptionError("alpha", alpha, "a finite float or None")
     alpha = float(alpha)
     delta = alpha * torch.einsum("i,hj->hij", u, w.reshape(H, dh))
-    F2 = F + alpha * torch.outer(u, u_r)
-    before, after = _leading(F, u), _leading(F2, u)
-    res_before, res_after = _leading(F, u, "I+F")[1], _leading(F2, u, "I+F")[1]
+    edited = m.edited(alpha, u, u_r)
+    before, after = _leading(m, u), _leading(edited, u)
+    res_before, res_after = _leading(m, u, "I+F")[1], _leading(edited, u, "I+F")[1]
     return Rank1Edit(delta, alpha, w, u, u_r, frac, before[0], after[0], before[1], after[1],
                      before[2], after[2], res_before, res_after)

@@ -382,6 +382,45 @@ def test_rank1_edit_explicit_alpha_and_gqa():
     assert e2.reachable_fraction == pytest.approx(1.0, abs=1e-9) and e2.gap_after <= 0.05
 
 
+@pytest.mark.parametrize("groups", [[0, 0, 1, 1, 2, 2], [0, 0, 0, 0, 1, 2]])
+def test_rank1_edit_of_grouped_query_heads_against_the_dense_oracle(groups):
+    """Heads sharing their W_V (GQA, and unequal groups): the search runs on the (r+1) x (r+1)
+    matrix of the merged factors, and everything it reports is the dense oracle's: w is
+    pinv(V^T) u, F' = F + alpha u u_r^T, lambda1 / gap / |cos(v1, u)| of F' and I + F' from
+    numpy's eig, and alpha the smallest to the search tolerance."""
+    g = torch.Generator().manual_seed(7)
+    d, dh = 24, 2
+    distinct = torch.randn(3, dh, d, generator=g, dtype=torch.float64) / math.sqrt(d)
+    W_V = distinct[groups]
+    W_O = torch.randn(6, d, dh, generator=g, dtype=torch.float64) / math.sqrt(dh)
+    u = np.random.default_rng(5).standard_normal(d)
+    u /= np.linalg.norm(u)
+    V = W_V.reshape(-1, d).numpy()
+    e = rank1_output_edit(W_V, W_O, t64(u), gap=0.05)
+    w = np.linalg.pinv(V.T) @ u
+    u_r = V.T @ w
+    np.testing.assert_allclose(e.w.numpy(), w, atol=1e-12)
+    np.testing.assert_allclose(e.u_reachable.numpy(), u_r, atol=1e-12)
+    F0, F1 = F_of(W_V, W_O), F_of(W_V, W_O + e.delta_W_O)
+    assert np.allclose(F1, F0 + e.alpha * np.outer(u, u_r), atol=1e-12)
+    eye = np.eye(d)
+    for F, got in ((F1, (e.lambda1_after, e.gap_after, e.eigvec_cos_after)),
+                   (F0, (e.lambda1_before, e.gap_before, e.eigvec_cos_before))):
+        lam1, gap, _ = np_leading(F, u)
+        assert got[0] == pytest.approx(lam1, abs=1e-10) and got[1] == pytest.approx(gap, rel=1e-9)
+        B = _oracle_basis(F)  # lambda1's real eigenvector, or the real plane of a complex pair
+        assert got[2] == pytest.approx(np.linalg.norm(B.T @ u), rel=1e-9)
+    lam1r, gapr, cosr = np_leading(eye + F1, u)
+    assert e.residual_gap_after == pytest.approx(gapr, rel=1e-9)
+    lam1, gap, cos = np_leading(F1, u)
+    assert abs(lam1.imag) < 1e-9 and lam1.real > 0 and gap <= 0.05 + 1e-12 and cos >= 0.9
+    assert abs(lam1r.imag) < 1e-9 and lam1r.real > 0 and gapr <= 0.05 + 1e-12 and cosr >= 0.9
+    F_less = F0 + 0.95 * e.alpha * np.outer(u, u_r)  # 5% less misses one of the targets
+    missed = [np_leading(F_less, u), np_leading(eye + F_less, u)]
+    assert any(m[1] > 0.05 or m[2] < 0.9 or abs(m[0].imag) > 1e-9 or m[0].real <= 0
+               for m in missed)
+
+
 def test_rank1_edit_bad_input():
     W_V, W_O = heads()
     for u in [torch.zeros(16), torch.ones(15), torch.full((16,), float("nan")), torch.ones(16, 1)]:
