@@ -246,16 +246,16 @@ def _spectrum_one(
     F: Tensor | LinearOperator, iterate: str, real_tol: float, dense_limit: int = DENSE_LIMIT,
     top_k: int = TOP_K,
     *, layer: int | None = None, dense_eig: tuple[Tensor, Tensor] | None = None,
-    vectors: bool = True, factored_max: int = FACTORED_EXACT_MAX,
+    vectors: bool = True, factored_max: int | None = None,
 ) -> LayerSpectrum:
     """One layer's spectrum. ``vectors=False``: the caller keeps only B and B2, so the result's
     ``eigenvectors`` may be partial (a factored F's zero eigenvalues' vectors are skipped).
-    ``factored_max``: the widest factored F decomposed through its r x r matrix."""
+    ``factored_max``: the widest factored F done through its r x r matrix (FACTORED_EXACT_MAX)."""
     d = F.shape[-1]
     k = max(int(top_k), 3)  # 3 values always hold lambda1 (maybe a pair) and lambda2
     truncated = d > dense_limit and k <= d - 2  # eigs needs k <= d - 2; tiny d stays dense
     factored = isinstance(F, LowRankOperator) and F.rank_bound < d \
-        and F.rank_bound <= min(factored_max, dense_limit)
+        and F.rank_bound <= min(factored_max or FACTORED_EXACT_MAX, dense_limit)
     if not isinstance(F, Tensor):  # an operator: top-k, or formed when d is too small
         truncated = k <= d - 2 and not factored
         if not truncated and not factored:
