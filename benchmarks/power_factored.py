@@ -2,12 +2,14 @@
 
     python benchmarks/power_factored.py            # ~6 min, one thread
     python benchmarks/power_factored.py --quick    # the Llama-3.2-1B shape only, no dense eig
-    python benchmarks/power_factored.py --dense-8b # also the dense eig at d = 4096 (~4 min more)
+    python benchmarks/power_factored.py --dense-8b # also the dense eig at d = 3584 / 4096 (~3 min more)
 
 Models: Llama-shaped ``LlamaModel``s, random init (HF's, std 0.02), 2 layers, attention as in
 Qwen2.5-1.5B (d = 1536, 12 heads of 128, 2 key/value heads: r = 256), Llama-3.2-1B (d = 2048,
 32 heads of 64, 8 key/value heads: r = 512) and Llama-3-8B (d = 4096, 32 heads of 128, 8
-key/value heads: r = 1024); a small MLP (the power view reads only W_O, W_V). One forward of 16
+key/value heads: r = 1024), and Gemma-2-9B's widths (d = 3584, 16 heads of 256, 8 key/value
+heads: r = 2048 = FACTORED_EXACT_MAX, where the exact path costs about what Krylov's top 8 does);
+a small MLP (the power view reads only W_O, W_V). One forward of 16
 tokens, then the ``power`` and ``spectra`` sections of ``probe.analyze`` (CPU, one thread),
 timed per variant from a cleared spectrum cache:
 
@@ -24,8 +26,8 @@ matched in order) and the top-k path's leading values against the default's.
 Steering (``sh.steer(model, u, layer=-1)``, gap 0.1, a random direction): the search for alpha
 runs on the (r + 1) x (r + 1) matrix of the merged factors, against the dense path it replaces
 (every step a d x d ``eigvals`` and LU; forced here by swapping ``steering_math._layer_map`` for
-the dense one); the same alpha and after-edit figures are checked. The dense path at d = 4096
-(~15 min) is not run.
+the dense one); the same alpha and after-edit figures are checked. The dense path beyond
+d = 2048 (10-15 min) is not run.
 Writes benchmarks/results/power_factored.md.
 """
 
@@ -50,6 +52,8 @@ SHAPES = {"Qwen2.5-1.5B": dict(hidden_size=1536, num_attention_heads=12, head_di
           "Llama-3.2-1B": dict(hidden_size=2048, num_attention_heads=32, head_dim=64,
                                num_key_value_heads=8),
           "Llama-3-8B": dict(hidden_size=4096, num_attention_heads=32, head_dim=128,
+                             num_key_value_heads=8),
+          "Gemma-2-9B": dict(hidden_size=3584, num_attention_heads=16, head_dim=256,
                              num_key_value_heads=8)}
 
 
@@ -115,7 +119,7 @@ def run(shape: str, dense: bool) -> list[str]:
                      f"top-8 `eigs` {t_topk / t_exact:.1f}x")
     else:
         notes.append(f"- top-8 `eigs` takes {t_topk / t_exact:.1f}x the default's time")
-    notes += steering(probe, dense and d < 4096)  # the dense search at d = 4096: ~15 min
+    notes += steering(probe, dense and d <= 2048)  # the dense search beyond: 10-15 min
     probe.remove()
     return lines + [""] + notes + [""]
 
@@ -164,6 +168,7 @@ def main() -> None:
     if not args.quick:
         out += run("Qwen2.5-1.5B", dense=True)
         out += run("Llama-3-8B", dense=args.dense_8b)
+        out += run("Gemma-2-9B", dense=args.dense_8b)
     text = "\n".join(out)
     print(text)
     if not args.quick:

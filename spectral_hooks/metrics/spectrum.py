@@ -69,9 +69,9 @@ DENSE_LIMIT = 4096
 TOP_K = 8
 #: Largest inner width r at which a factored F = A B (a ``LowRankOperator``, r < d: grouped-query
 #: layers) gets its full spectrum exactly from the r x r matrix B A instead of its top-k by
-#: Krylov: at r = 1024, d = 4096 that takes 2.1 s against 5.0 s for Krylov's top 8 (one core;
-#: benchmarks/power_factored.py); the r x r eig grows as r^3 (6.3 s at r = 2048).
-FACTORED_EXACT_MAX = 1024
+#: Krylov, at about the cost of Krylov's top 8 or less (one core, random init): r = 1024, d = 4096:
+#: 2.1 s against 5.0 s; r = 2048, d = 3584: 7.7 s against 7.2 s (benchmarks/power_factored.py).
+FACTORED_EXACT_MAX = 2048
 # Options of linalg.eigs in the top-k path (module-level so tests can shrink max_restarts).
 _EIGS_KW: dict = {"tol": 1e-10, "max_restarts": 1000, "seed": 0}
 
