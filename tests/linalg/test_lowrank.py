@@ -146,3 +146,12 @@ def test_skipping_the_null_space_keeps_the_leading_pairs(iterate, shift):
     if shift and iterate == "I+F":
         assert vals[0] == 0 and vecs.shape[1] == 40  # the zeros lead: null space computed
         assert float((B.to(torch.complex128) @ vecs[:, 0]).abs().max()) <= 1e-13
+
+
+def test_the_module_examples_run():
+    import doctest
+
+    from spectral_hooks.linalg import lowrank
+
+    result = doctest.testmod(lowrank, extraglobs={"torch": torch})
+    assert result.failed == 0 and result.attempted >= 11
