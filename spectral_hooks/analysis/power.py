@@ -60,8 +60,7 @@ def power_matrices_of(subject: Subject, options: AnalyzeOptions) -> Tensor | Lay
     operators = subject.memo(("F_operators", options.fold_norm), lambda: layer_operators(
         subject.anatomy, fold_norm=options.fold_norm))
     if po.matrix_free(d) or (po.full is None and subject.memo(("F_thin",), lambda: all(
-            operators.inner_width(t) < d and operators.inner_width(t) <= FACTORED_EXACT_MAX
-            for t in subject.layers))):
+            r < d and r <= FACTORED_EXACT_MAX for r in map(operators.inner_width, subject.layers)))):
         return operators
     return layer_matrices_of(subject, fold_norm=options.fold_norm, on_device=True)
 

@@ -95,11 +95,14 @@ def shared_value_groups(W_V: Tensor) -> tuple[list[int], list[int]]:
     return owner, firsts
 
 
-def merge_shared_factors(W_O: Tensor, W_V: Tensor) -> tuple[Tensor, Tensor]:
+def merge_shared_factors(W_O: Tensor, W_V: Tensor, *,
+                         groups: Optional[tuple[list[int], list[int]]] = None
+                         ) -> tuple[Tensor, Tensor]:
     """sum_h W_O[h] @ W_V[h] as one thin product (A [d, r], B [r, d]): heads whose W_V[h] are
     identical (the copies of grouped-query attention) share one block of B, their W_O[h] summed
     into A, so r = (distinct W_V) x d_head. ``W_O`` [H, d, dk], ``W_V`` [H, dk, d_in] (d_in:
-    the width the values read, d but for cross-attention).
+    the width the values read, d but for cross-attention). ``groups``: ``shared_value_groups(W_V)``
+    where the caller has it already.
 
         >>> W_V = torch.randn(2, 3, 6).repeat_interleave(2, dim=0)   # 4 heads, 2 distinct
         >>> A, B = merge_shared_factors(torch.randn(4, 6, 3), W_V)
@@ -110,7 +113,7 @@ def merge_shared_factors(W_O: Tensor, W_V: Tensor) -> tuple[Tensor, Tensor]:
             or W_O.shape[2] != W_V.shape[1]:
         raise ValueError("need W_O [H, d, dk] and W_V [H, dk, d_in]; got "
                          f"{tuple(W_O.shape)} and {tuple(W_V.shape)}")
-    owner, firsts = shared_value_groups(W_V)
+    owner, firsts = groups if groups is not None else shared_value_groups(W_V)
     index = torch.tensor(owner, device=W_O.device)
     summed = torch.zeros(len(firsts), *W_O.shape[1:], dtype=W_O.dtype, device=W_O.device)
     summed.index_add_(0, index, W_O)

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from spectral_hooks.errors import OptionError
-from spectral_hooks.linalg import LowRankOperator
+from spectral_hooks.linalg import LowRankOperator, merge_shared_factors
 from spectral_hooks.linalg.lowrank import shared_value_groups
 from spectral_hooks.metrics.power import _spectrum_one
 
@@ -201,26 +201,23 @@ def _alpha_for_both(m: _Map, u: Tensor, u_r: Tensor, gap: float, min_cos: float,
     raise RuntimeError("no alpha reaches the target")  # pragma: no cover
 
 
-def _layer_map(V: Tensor, O: Tensor, H: int, u: Tensor) -> tuple[_Map, Tensor]:
+def _layer_map(W_V: Tensor, W_O: Tensor, V: Tensor, O: Tensor, u: Tensor) -> tuple[_Map, Tensor]:
     """(F = O V as a _Map, w): w the minimum-norm solution of V^T w = u_r, u_r the projection
-    of u on V's row space. Heads sharing their W_V (groups g of size n_g) are merged: F = O_g V_g
-    and, as V = E V_g with E^T E = diag(n_g), w = E diag(1/n_g) z with z = D pinv(V_g^T D) u,
-    D = diag(sqrt(n_g)) (the same w as pinv(V^T) u, from a d x r instead of a d x H d_head
-    pseudo-inverse)."""
-    d, dh = V.shape[1], V.shape[0] // H
-    owner, firsts = shared_value_groups(V.reshape(H, dh, d))
+    of u on V's row space. Heads sharing their W_V (groups g of size n_g) are merged
+    (``linalg.merge_shared_factors``): F = O_g V_g and, as V = E V_g with E^T E = diag(n_g),
+    w = E diag(1/n_g) z with z = D pinv(V_g^T D) u, D = diag(sqrt(n_g)) (the same w as
+    pinv(V^T) u, from a d x r instead of a d x H d_head pseudo-inverse)."""
+    H, dh, d = W_V.shape
+    owner, firsts = shared_value_groups(W_V)
     r = len(firsts) * dh
     if r + 2 >= d:  # nothing to gain: dense F
-        w = torch.linalg.pinv(V.T) @ u
-        return _Map(O @ V), w
+        return _Map(O @ V), torch.linalg.pinv(V.T) @ u
+    O_g, V_g = merge_shared_factors(W_O, W_V, groups=(owner, firsts))
     sizes = torch.bincount(torch.tensor(owner), minlength=len(firsts)).to(torch.float64)
-    O_g = torch.zeros(d, len(firsts), dh, dtype=torch.float64)
-    O_g.index_add_(1, torch.tensor(owner), O.reshape(d, H, dh))
-    V_g = V.reshape(H, dh, d)[firsts].reshape(r, d)
     root = sizes.sqrt().repeat_interleave(dh)
     z = root * (torch.linalg.pinv(V_g.T * root[None, :]) @ u)
     w = (z / sizes.repeat_interleave(dh)).reshape(len(firsts), dh)[owner].reshape(H * dh)
-    return _Map(O_g.reshape(d, r), V_g), w
+    return _Map(O_g, V_g), w
 
 
 def rank1_output_edit(
@@ -272,7 +269,7 @@ def rank1_output_edit(
     if not 0 <= min_cos <= 1:
         raise OptionError("min_cos", min_cos, "a float in [0, 1]")
     u = u / u.norm()
-    m, w = _layer_map(V, O, H, u)
+    m, w = _layer_map(V.reshape(H, dh, d), O.reshape(d, H, dh).permute(1, 0, 2), V, O, u)
     u_r = V.T @ w
     frac = min(1.0, float(u_r.norm()))
     if frac <= 1e-12:
