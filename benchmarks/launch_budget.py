@@ -2,9 +2,9 @@
 counted on the CPU, and a time model that turns the counts into a projected H200 time.
 
 Per ``eigs`` call (top-16 of a Llama-shaped block's last-token Jacobian, float64 operator,
-tol 1e-8) and per solver shape (one column per step, ``materialize=False``: the CPU default
-where eigs does not materialise the operator, d >= 1250; ``block_size=32/64``: the shape an
-accelerator gets by default), counted with ``torch.profiler`` on the CPU:
+tol 1e-8) and per solver shape (one column per step, ``materialize=False``: the CPU default;
+``block_size=32/64``: the shape an accelerator gets by default), counted with
+``torch.profiler`` on the CPU:
 
 * column applications (``n_matvecs``) and sequential operator applications (calls of the
   operator's matmat: on a GPU each is one pass of the JVP graph, whatever its width),

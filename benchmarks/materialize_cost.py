@@ -1,4 +1,5 @@
-"""When should ``eigs`` materialise a batched operator? Measures the rule's constant and both paths.
+"""When should ``eigs(materialize="auto")`` materialise a batched operator? Measures the rule's
+constant and both paths (eigs' default is matrix-free: ``materialize=False``).
 
     python benchmarks/materialize_cost.py            # ~2 min, one thread
     python benchmarks/materialize_cost.py --quick    # GPT-2 only, k = 16
@@ -11,9 +12,9 @@ random init, CPU, one torch/BLAS thread. Measured, per operator:
   alone (``_materialize.COLUMN_COST`` is the rule's assumption at W = 128);
 * ``eigs(J, k, tol=1e-8)`` with ``materialize=True`` and ``materialize=False``, interleaved
   (``--rounds``, median), for k = 4, 8, 16: wall, operator applications, error against the dense
-  eig of the materialised operator (computed after the timed sections), and which path the
-  default takes (``_materialize.pays``), so the rule's choice can be read against the faster
-  path.
+  eig of the materialised operator (computed after the timed sections), and which path
+  ``materialize="auto"`` takes (``_materialize.pays``), so the rule's choice can be read against
+  the faster path.
 Writes benchmarks/results/materialize_cost.md.
 """
 
@@ -90,7 +91,7 @@ def measure(kind: str, ks, rounds: int) -> list[str]:
         J.matmat(X)  # a first product at a width traces its graph
         tw = best_of(lambda: J.matmat(X), 3)
         lines.append(f"| {W} | {tw * 1e3:.1f} | {tw / (W * one):.3f} |")
-    lines += ["", "| k | ncv | default path | materialised: s / applications / error | "
+    lines += ["", "| k | ncv | \"auto\" path | materialised: s / applications / error | "
               "iterated: s / applications / error | faster |", "|---|---|---|---|---|---|"]
     dense = torch.linalg.eigvals(J.to_dense())
     for k in ks:

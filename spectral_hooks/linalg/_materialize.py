@@ -1,4 +1,5 @@
-"""When :func:`~.krylov.eigs` materialises an operator instead of iterating on it (issue 24).
+"""When ``eigs(..., materialize="auto")`` materialises an operator instead of iterating on it
+(issue 24). eigs is matrix-free by default (DESIGN); this is the opt-in cost rule.
 
 Example (internal; eigs calls it)::
 
@@ -18,9 +19,9 @@ materialising needs n columns in n / WIDTH products and leaves a dense matrix on
 iteration runs at ~0.1 ms a product: 0.45 s against 1.5 s (GPT-2), 0.84 s against 1.96 s
 (Llama), same eigenvalues to tol.
 
-So on the CPU, for operators that all carry a hint, n <= DENSE_MAX and the default
-(device-aware) block size, eigs materialises when the n columns, at COLUMN_COST (0.12) of a
-single column each, cost less than a Krylov run is taken to need: KRYLOV_CYCLES (2) cycles of
+So with "auto", on the CPU, for operators that all carry a hint, n <= DENSE_MAX and the
+default (device-aware) block size, eigs materialises when the n columns, at COLUMN_COST (0.12)
+of a single column each, cost less than a Krylov run is taken to need: KRYLOV_CYCLES (2) cycles of
 ncv single columns, and at least KRYLOV_MIN (150). That is half the fewest products a run
 took on the block Jacobians above: 324-395 for k = 1-2, 276-530 for k = 4-16 (their top
 spectra are clustered near 1: benchmarks/results/materialize_cost.md, where materialising was
@@ -30,9 +31,11 @@ same path, with the same n_matvecs and values, on every run (both paths meet tol
 differ within it).
 The choice only changes the cost: both paths run the same iteration, and every returned pair
 is checked with fresh products of the operator itself. ``materialize=`` True / False
-overrides it; ``benchmarks/materialize_cost.py`` measures COLUMN_COST and both paths. Not
-measured on an accelerator yet (there eigs runs block Krylov with the hint; no GPU was
-available to measure the dense alternative), so there the default stays Krylov.
+forces either path. False, matrix-free, is eigs' default: it applies the operator to a few
+hundred columns, as ARPACK does, where materialising takes n, and its cost does not rest on a
+CPU's GEMM/GEMV ratio. ``benchmarks/materialize_cost.py`` measures COLUMN_COST and both paths.
+Not measured on an accelerator yet (there "auto" keeps block Krylov with the hint; no GPU was
+available to measure the dense alternative).
 """
 
 from __future__ import annotations

@@ -84,11 +84,11 @@ the single-vector method, with a wider space than ARPACK's default, ncv = max(3k
 min(6k, 96)): fewest applications, 278 on that operator against ARPACK ncv=64's 283-321,
 probe and final check included (benchmarks/eigs_vs_arpack.py --llama). On an accelerator one
 application of 32-64 columns costs about one column's kernel launches and one read of the
-weights, and every sequential step and host sync is a
-launch train and a pipeline stall, so the default is block Krylov with the operator's
-``block_size`` hint (ACCEL_BLOCK = 32 without one). ``block_size=`` and ``ncv=`` override
-either. On the CPU a batched operator may be materialised and iterated on as a matrix, each
-returned pair checked with fresh products of the operator (``_materialize.py``).
+weights, and every sequential step and host sync is a launch train and a pipeline stall, so
+the default is block Krylov with the operator's ``block_size`` hint (ACCEL_BLOCK = 32 without
+one). ``block_size=`` and ``ncv=`` override either. eigs never forms the operator's matrix
+unless asked (DESIGN: matrix-free): ``materialize=True`` or ``"auto"`` (``_materialize.py``:
+on the CPU n columns in 128-column products can cost less than a Krylov run's single ones).
 
 Multiplicity, zeros, invariant subspaces (issue 12). A single Krylov space sees one copy of a
 repeated eigenvalue; the probe sees the next (it is an eigenvalue of the deflated operator), and
@@ -110,7 +110,7 @@ spectrum of a small matrix use ``torch.linalg.eig``.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, List, Optional, Sequence
+from typing import TYPE_CHECKING, List, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -175,7 +175,7 @@ def eigs(op: LinearOperator | Sequence[LinearOperator] | Tensor, k: int, *,
          which: str = "LM", tol: float = 1e-10, max_restarts: int = 1000,
          ncv: Optional[int] = None, v0: Optional[Tensor] = None, seed: int = 0,
          return_vectors: bool = True, block_size: Optional[int] = None,
-         materialize: Optional[bool] = None) -> EigResult:
+         materialize: Union[bool, str] = False) -> EigResult:
     """Top-k eigenpairs of a square operator (or a batch of them, in lockstep).
 
     Example::
@@ -195,21 +195,22 @@ def eigs(op: LinearOperator | Sequence[LinearOperator] | Tensor, k: int, *,
     application (block Krylov, see the module doc); default by device (module doc,
     "Device-aware defaults"): on the CPU 1, the classic method (fewest matvecs); on an
     accelerator the operators' ``block_size`` hint (batched-JVP operators carry 32), else
-    ACCEL_BLOCK. ``materialize``: iterate on the operator's matrix (n columns, in blocks),
-    every returned pair then checked with fresh products of the operator; default None: on
-    the CPU for batched operators at the default block size where the n columns cost less
-    than a Krylov run would (``_materialize.py``; a GPT-2-small block Jacobian, k=16: 0.45 s
-    instead of 1.5 s). Returns an :class:`EigResult`; see the module doc for the guarantees.
+    ACCEL_BLOCK. ``materialize``: False (default: matrix-free, the operator is only applied
+    to Krylov vectors), True (iterate on its matrix, n columns in blocks, every returned pair
+    then checked with fresh products of the operator) or "auto" (True on the CPU for batched
+    operators at the default block size where the n columns cost less than a Krylov run
+    would: ``_materialize.py``; a GPT-2-small block Jacobian, k=16: 0.45 s instead of 1.5 s,
+    for n instead of ~400 columns). Returns an :class:`EigResult` (module doc: guarantees).
     """
     batch = OpBatch(op, what="eigs")
     check_int("seed", seed)
-    if materialize is not None and not isinstance(materialize, bool):
-        raise OptionTypeError("materialize", materialize, "True, False or None (by cost)")
+    if not (isinstance(materialize, bool) or materialize == "auto"):
+        raise OptionTypeError("materialize", materialize, 'True, False or "auto" (by cost)')
     m, bs = _validate(batch, k, which, tol, ncv, max_restarts, _block_size(batch, block_size))
     gen = torch.Generator().manual_seed(int(seed))
     start = _start_vectors(batch, v0, gen)
-    if batch.ops is not None and (materialize or (
-            materialize is None and block_size is None and pays(batch, m=m))):
+    if batch.ops is not None and (materialize is True or (
+            materialize == "auto" and block_size is None and pays(batch, m=m))):
         dense = materialised(batch)
         m, bs = _validate(dense, k, which, tol, ncv, max_restarts, _block_size(dense, block_size))
         out, unconverged = _run(dense, k, which, tol, max_restarts, m, bs, start, gen)

@@ -37,9 +37,9 @@ class LinearOperator:
     columns counts k); composite operators count their own applications.
     ``block_size``: a hint that one ``matmat`` of about this many columns is much cheaper than
     as many ``matvec`` calls (e.g. batched JVPs); :func:`~spectral_hooks.linalg.eigs` then runs
-    block Krylov of this width on an accelerator, and on the CPU materialises the operator
-    where its n columns cost less than a Krylov run (else one column per step: fewest
-    applications). Composites inherit the largest hint of their parts.
+    block Krylov of this width on an accelerator (on the CPU one column per step: fewest
+    applications; with ``materialize="auto"`` it materialises the operator where its n
+    columns cost less than a Krylov run). Composites inherit the largest hint of their parts.
     """
 
     device: torch.device

@@ -37,8 +37,8 @@ GPT-2, GPT-NeoX, the Llama family, Gemma 2/3, OLMo2), the query row is scored ag
 keys and its own key separately, 32 rows run at once, and one traced JVP graph
 (:mod:`.shared`, per width: 1 column for a Krylov step, 32, 64 or 128) serves every block of the
 same structure, so no block is traced by ``torch.func.linearize`` of its own; such operators carry
-``block_size=32`` and ``eigs`` runs block Krylov on them on an accelerator (on the CPU it
-materialises them where that is cheaper, else one column per step; see
+``block_size=32`` and ``eigs`` runs block Krylov on them on an accelerator (on the CPU one
+column per step, or, with ``materialize="auto"``, their matrix where that is cheaper; see
 :func:`~spectral_hooks.linalg.eigs`).
 
 Implementations a replay can trace: a family's ``call_convention.replay_context`` (an anatomy

@@ -227,15 +227,15 @@ def test_block_mode_batched_and_blind_start():
 
 def test_block_size_default_is_device_aware():
     # issue 24: on the CPU one column per Arnoldi step (fewest applications: ARPACK-level
-    # counts) whatever the operator's hint, when it iterates on the operator (materialising
-    # is measured: tests/linalg/test_materialize.py); block Krylov when asked for, and by
-    # default on an accelerator (the hint's width, or ACCEL_BLOCK for an operator without one)
+    # counts) whatever the operator's hint (materialize="auto" is tested in
+    # tests/linalg/test_materialize.py); block Krylov when asked for, and by default on an
+    # accelerator (the hint's width, or ACCEL_BLOCK for an operator without one)
     from spectral_hooks.linalg import krylov
     from spectral_hooks.linalg._batch import OpBatch
 
     A, vals = make_matrix(300, [2.0, 1.8 + 0.5j, 1.6], bulk_radius=1.2, seed=8)
     op = _CountingMatmat(A, hint=12)
-    res = eigs(op, 6, materialize=False)
+    res = eigs(op, 6)
     _check(res, vals, 6)
     assert op.widths.count(1) > 0.9 * len(op.widths)  # only the final checks apply several
     blocked = _CountingMatmat(A, hint=12)
@@ -297,7 +297,6 @@ def test_block_mode_spurious_probe_rival_is_settled_by_reconvergence(caplog):
 
 def test_block_hint_on_a_small_operator_falls_back_to_single_vectors():
     # n = 60, hint 32: a block space (ncv 2k + 7b = 232) does not fit, so one column at a time
-    # (on the CPU by default such an operator is materialised: test_materialize.py)
     A, vals = make_matrix(60, [2.0, 1.8 + 0.5j, 1.6], bulk_radius=1.0, seed=6)
     op = _CountingMatmat(A, hint=32)
     res = eigs(op, 4, block_size=32)

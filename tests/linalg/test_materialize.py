@@ -1,6 +1,6 @@
-"""eigs materialises a batched operator where its columns cost less than two Krylov cycles
-(issue 24), and its answer is the dense oracle's either way, checked with fresh products of the
-operator itself."""
+"""eigs is matrix-free by default; with materialize="auto" it materialises a batched operator
+where its columns cost less than two Krylov cycles (issue 24), and its answer is the dense
+oracle's either way, checked with fresh products of the operator itself."""
 
 import numpy as np
 import pytest
@@ -32,12 +32,23 @@ class _Counting(LinearOperator):
                          dtype=dtype or A.dtype, device=A.device, block_size=hint)
 
 
-def test_a_batched_operator_is_materialised_and_equals_the_oracle():
-    # n = 300 columns at COLUMN_COST cost 36 single ones, under KRYLOV_MIN
+def test_by_default_a_batched_operator_is_never_materialised():
     A, vals = make_matrix(300, [2.0, 1.8 + 0.5j, 1.6, -1.55], bulk_radius=1.2,
                           nonnormal=0.3, seed=1)
     op = _Counting(A)
     res = eigs(op, 6, tol=1e-10)
+    # Krylov vectors one at a time, the returned pairs checked in one product: no identity
+    assert op.widths.count(1) == len(op.widths) - 1 and op.widths[-1] <= 7
+    assert set_distance(res.values, top_by_modulus(vals, res.values.shape[-1])) < 1e-8
+    assert bool(res.converged)
+
+
+def test_auto_materialises_a_batched_operator_and_equals_the_oracle():
+    # n = 300 columns at COLUMN_COST cost 36 single ones, under KRYLOV_MIN
+    A, vals = make_matrix(300, [2.0, 1.8 + 0.5j, 1.6, -1.55], bulk_radius=1.2,
+                          nonnormal=0.3, seed=1)
+    op = _Counting(A)
+    res = eigs(op, 6, tol=1e-10, materialize="auto")
     assert op.widths[:3] == [128, 128, 44]  # the identity, WIDTH columns an application
     assert len(op.widths) == 4  # then one check of the returned pairs: no Krylov step on it
     assert res.n_matvecs == 300 + op.widths[-1]
@@ -48,11 +59,11 @@ def test_a_batched_operator_is_materialised_and_equals_the_oracle():
         Ax - res.vectors * res.values, dim=0) / res.values.abs()).numpy(), atol=1e-13)
 
 
-def test_where_columns_cost_more_than_a_krylov_run_eigs_iterates_on_the_operator():
+def test_where_columns_cost_more_than_a_krylov_run_auto_iterates_on_the_operator():
     # n = 1300 at COLUMN_COST: 156 columns' cost, over KRYLOV_MIN and two cycles of ncv = 20
     A, vals = make_matrix(1300, [2.0, 1.8 + 0.5j, 1.6, -1.55], bulk_radius=1.2, seed=2)
     op = _Counting(A)
-    res = eigs(op, 3, tol=1e-10)
+    res = eigs(op, 3, tol=1e-10, materialize="auto")
     assert materialize.WIDTH not in op.widths
     assert op.widths.count(1) > 0.9 * len(op.widths)
     assert set_distance(res.values, top_by_modulus(vals, res.values.shape[-1])) < 1e-8
@@ -70,20 +81,21 @@ def test_materialize_option_forces_either_path_and_is_checked():
     assert materialize.WIDTH not in off.widths
     assert set_distance(res.values, top_by_modulus(vals, res.values.shape[-1])) < 1e-8
     plain = _Counting(A, hint=None)
-    eigs(plain, 5)
-    assert materialize.WIDTH not in plain.widths  # default: only batched operators
+    eigs(plain, 5, materialize="auto")
+    assert materialize.WIDTH not in plain.widths  # "auto": only batched operators
     blocked = _Counting(A)
-    eigs(blocked, 5, block_size=4)  # a block size asked for is a Krylov shape asked for
-    assert materialize.WIDTH not in blocked.widths
-    with pytest.raises(OptionTypeError, match="materialize"):
-        eigs(on, 5, materialize="yes")  # pyright: ignore[reportArgumentType]
+    eigs(blocked, 5, block_size=4, materialize="auto")  # a block size asked for is a Krylov
+    assert materialize.WIDTH not in blocked.widths      # shape asked for
+    for bad in ("yes", None, 1):
+        with pytest.raises(OptionTypeError, match="materialize"):
+            eigs(on, 5, materialize=bad)  # pyright: ignore[reportArgumentType]
 
 
 def test_a_batch_and_a_complex_operator_are_materialised_member_by_member():
     mats = [make_matrix(150, [2.0 + 0.1 * i, 1.8 + 0.5j, 1.6], bulk_radius=1.2, seed=10 + i)
             for i in range(3)]
     ops = [_Counting(A) for A, _ in mats]
-    res = eigs(ops, 4, tol=1e-10)
+    res = eigs(ops, 4, tol=1e-10, materialize="auto")
     for i, (_, vals) in enumerate(mats):
         K = int(torch.isfinite(res.values[i].real).sum())
         assert materialize.WIDTH in ops[i].widths
@@ -91,7 +103,7 @@ def test_a_batch_and_a_complex_operator_are_materialised_member_by_member():
     assert bool(res.converged.all())
     g = torch.Generator().manual_seed(4)
     C = torch.randn(140, 140, dtype=torch.complex128, generator=g) / 140 ** 0.5
-    res = eigs(_Counting(C), 5, tol=1e-10)
+    res = eigs(_Counting(C), 5, tol=1e-10, materialize="auto")
     assert_same_spectrum(res.values.numpy(), top_k_by_modulus(
         torch.linalg.eigvals(C).numpy(), 5), 1e-8)
     assert bool(res.converged)
@@ -129,7 +141,7 @@ def test_block_jacobian_materialised_or_not_equals_jacfwd(family):
     with torch.no_grad():
         model(ids)
     want = eigvals_by_modulus(token_jacobian(probe, layer=1)).numpy()
-    for forced in (None, True, False):
+    for forced in ("auto", True, False):
         res = sh.eigs(probe.jacobian(1), 6, tol=1e-10, materialize=forced)
         assert bool(res.converged)
         got = res.values.flatten().numpy()
