@@ -110,7 +110,7 @@ spectrum of a small matrix use ``torch.linalg.eig``.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, List, Optional, Sequence, Union
+from typing import TYPE_CHECKING, List, Literal, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -175,7 +175,7 @@ def eigs(op: LinearOperator | Sequence[LinearOperator] | Tensor, k: int, *,
          which: str = "LM", tol: float = 1e-10, max_restarts: int = 1000,
          ncv: Optional[int] = None, v0: Optional[Tensor] = None, seed: int = 0,
          return_vectors: bool = True, block_size: Optional[int] = None,
-         materialize: Union[bool, str] = False) -> EigResult:
+         materialize: Union[bool, Literal["auto"]] = False) -> EigResult:
     """Top-k eigenpairs of a square operator (or a batch of them, in lockstep).
 
     Example::
@@ -204,7 +204,8 @@ def eigs(op: LinearOperator | Sequence[LinearOperator] | Tensor, k: int, *,
     """
     batch = OpBatch(op, what="eigs")
     check_int("seed", seed)
-    if not (isinstance(materialize, bool) or materialize == "auto"):
+    if not (isinstance(materialize, bool) or (isinstance(materialize, str)
+                                               and materialize == "auto")):
         raise OptionTypeError("materialize", materialize, 'True, False or "auto" (by cost)')
     m, bs = _validate(batch, k, which, tol, ncv, max_restarts, _block_size(batch, block_size))
     gen = torch.Generator().manual_seed(int(seed))
