@@ -201,18 +201,20 @@ def _alpha_for_both(m: _Map, u: Tensor, u_r: Tensor, gap: float, min_cos: float,
     raise RuntimeError("no alpha reaches the target")  # pragma: no cover
 
 
-def _layer_map(W_V: Tensor, W_O: Tensor, V: Tensor, O: Tensor, u: Tensor) -> tuple[_Map, Tensor]:
+def _layer_map(V: Tensor, O: Tensor, H: int, u: Tensor) -> tuple[_Map, Tensor]:
     """(F = O V as a _Map, w): w the minimum-norm solution of V^T w = u_r, u_r the projection
     of u on V's row space. Heads sharing their W_V (groups g of size n_g) are merged
     (``linalg.merge_shared_factors``): F = O_g V_g and, as V = E V_g with E^T E = diag(n_g),
     w = E diag(1/n_g) z with z = D pinv(V_g^T D) u, D = diag(sqrt(n_g)) (the same w as
     pinv(V^T) u, from a d x r instead of a d x H d_head pseudo-inverse)."""
-    H, dh, d = W_V.shape
+    d, dh = V.shape[1], V.shape[0] // H
+    W_V = V.reshape(H, dh, d)
     owner, firsts = shared_value_groups(W_V)
     r = len(firsts) * dh
     if r + 2 >= d:  # nothing to gain: dense F
         return _Map(O @ V), torch.linalg.pinv(V.T) @ u
-    O_g, V_g = merge_shared_factors(W_O, W_V, groups=(owner, firsts))
+    O_g, V_g = merge_shared_factors(O.reshape(d, H, dh).transpose(0, 1), W_V,
+                                    groups=(owner, firsts))
     sizes = torch.bincount(torch.tensor(owner), minlength=len(firsts)).to(torch.float64)
     root = sizes.sqrt().repeat_interleave(dh)
     z = root * (torch.linalg.pinv(V_g.T * root[None, :]) @ u)
@@ -269,7 +271,7 @@ def rank1_output_edit(
     if not 0 <= min_cos <= 1:
         raise OptionError("min_cos", min_cos, "a float in [0, 1]")
     u = u / u.norm()
-    m, w = _layer_map(V.reshape(H, dh, d), O.reshape(d, H, dh).permute(1, 0, 2), V, O, u)
+    m, w = _layer_map(V, O, H, u)
     u_r = V.T @ w
     frac = min(1.0, float(u_r.norm()))
     if frac <= 1e-12:
