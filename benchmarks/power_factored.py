@@ -131,7 +131,7 @@ def steering(probe, dense: bool) -> list[str]:
     runs = {}
     for path in ("factored", "dense") if dense else ("factored",):
         if path == "dense":
-            steering_math._layer_map = lambda W_V, W_O, V, O, u: (
+            steering_math._layer_map = lambda V, O, H, u: (
                 steering_math._Map(O @ V), torch.linalg.pinv(V.T) @ u)
         t0 = time.perf_counter()
         edit = sh.steer(probe.model, u, layer=-1, gap=0.1)
