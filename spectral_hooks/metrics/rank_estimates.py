@@ -140,6 +140,8 @@ def rank_estimates(P: Union[Tensor, LinearOperator], *, n_probes: int = 16, step
     cov = torch.cov(x)
     var = float(grad @ cov @ grad) / n
     c = torch.tensor(cnt, dtype=torch.float64)
+    # One correctly rounded mean for the three counts: where Lanczos is exhausted lo = hi = cnt
+    # probe by probe, and the means are then equal to the bit on any BLAS and thread count.
     return {"erank_est": erank, "erank_est_se": math.sqrt(max(var, 0.0)),
-            "surviving_est": float(c.mean()), "surviving_est_se": float(c.std() / math.sqrt(n)),
-            "surviving_est_lo": sum(lo) / n, "surviving_est_hi": sum(hi) / n}
+            "surviving_est": math.fsum(cnt) / n, "surviving_est_se": float(c.std() / math.sqrt(n)),
+            "surviving_est_lo": math.fsum(lo) / n, "surviving_est_hi": math.fsum(hi) / n}

@@ -72,4 +72,6 @@ def test_surviving_quadrature_bracket_covers_the_dense_count(steps):
     assert lo <= est["surviving_est"] <= hi and hi - lo > 1  # a real bracket at steps < d
     assert lo - 4 * se <= surv <= hi + 4 * se
     full = rank_estimates(DenseOperator(P), n_probes=8, steps=d, seed=1)
-    assert full["surviving_est_lo"] == full["surviving_est_hi"] == full["surviving_est"]
+    # exhausted Krylov space: the bracket closes on the estimate (to rounding, see tests/README.md)
+    assert full["surviving_est_lo"] == pytest.approx(full["surviving_est"], rel=1e-12)
+    assert full["surviving_est_hi"] == pytest.approx(full["surviving_est"], rel=1e-12)
