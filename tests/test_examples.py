@@ -84,7 +84,7 @@ def test_quickstart_minilm(monkeypatch, capsys, minilm):
     before, after, reachable = map(float, re.search(
         r"gap ([\d.]+) -> ([\d.]+), reachable ([\d.]+)", out).groups())
     F_last, _ = layer_matrix_and_bias(model, "bert", 5)
-    assert before == round(power_oracle(F_last)[1], 3)
+    assert abs(before - power_oracle(F_last)[1]) <= 5e-4 + 1e-12  # printed to 3 decimals
     assert after <= 0.01 and reachable == 1.0
     original = minilm[0].state_dict()
     assert all(torch.equal(t, original[name]) for name, t in model.state_dict().items())

@@ -1,7 +1,7 @@
 """A 2-process gloo DDP loop with SpectralTracker on the DDP-wrapped model, the ranks training on
 different batches of different sizes: only rank 0 logs; the logged data-dependent columns
 (alignment, consensus, erank, rho ...) equal one process's computation on the concatenation of
-both ranks' tokens (exactly), the weight-only columns equal rank 0's own; a rank that recorded
+both ranks' tokens (to rounding), the weight-only columns equal rank 0's own; a rank that recorded
 nothing contributes nothing, and when no rank recorded anything every rank gets None; ranks that
 instrumented different layers are refused on every rank; training
 is bit-identical with and without the tracker on every rank, and nothing hangs."""
@@ -10,6 +10,7 @@ import json
 import math
 from pathlib import Path
 
+import pytest
 import torch
 
 from spectral_hooks.metrics.power_factors import power_row_from_factors
@@ -37,6 +38,14 @@ def strip(metrics: dict) -> dict:
     return {k: v for k, v in metrics.items() if k != "spectral/seconds"}
 
 
+def same_metrics(got: dict, want: dict) -> bool:
+    """The same columns with the same values up to rounding: the ranks and this process may run
+    their reductions with other thread counts (tests/README.md). An approximation from one rank's
+    tokens differs in the third digit, so rel=1e-12 still tells gathered from approximated."""
+    return got.keys() == want.keys() and all(
+        got[k] == pytest.approx(want[k], rel=1e-12, abs=1e-300) for k in got)
+
+
 def test_ddp_plain_loop_logs_global_metrics_once_and_changes_nothing(tmp_path):
     spawn.run_ranks(Path(__file__).with_name("_ddp_tracker_worker.py"), WORLD, tmp_path,
                     timeout=300)
@@ -50,7 +59,7 @@ def test_ddp_plain_loop_logs_global_metrics_once_and_changes_nothing(tmp_path):
         logged = {k: v for k, v in row.items() if k not in ("step", "spectral/seconds")}
         assert logged == strip(snaps[0]["returned"][step])
         want = reference(snaps[0][step]["factors"], [s[step]["tokens"] for s in snaps])
-        assert logged == want  # exactly: gathered, not approximated
+        assert same_metrics(logged, want)  # gathered, not approximated
         local = snaps[0][step]["local"]  # rank 0's batch alone
         for key, value in logged.items():
             if key.rsplit("/", 1)[1] in WEIGHTS:
@@ -61,7 +70,8 @@ def test_ddp_plain_loop_logs_global_metrics_once_and_changes_nothing(tmp_path):
     # rank 1 recorded nothing: rank 0's tokens alone, no hang
     empty = snaps[0]["rank1_empty"]
     got = strip(snaps[0]["rank1_empty_returned"])
-    assert got == reference(empty["factors"], [empty["tokens"]]) == empty["local"]
+    assert same_metrics(got, reference(empty["factors"], [empty["tokens"]]))
+    assert same_metrics(got, empty["local"])
     assert snaps[1]["rank1_empty_returned"] is None
     # nobody recorded anything: None on every rank, no hang
     assert snaps[0]["nobody_returned"] is None and snaps[1]["nobody_returned"] is None
