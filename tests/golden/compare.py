@@ -10,6 +10,10 @@ from spectral_hooks import Report
 from .cases import HERE
 
 RTOL, ATOL = 1e-10, 1e-12
+#: columns read off an iterative solver's vectors: the same to the solver's tolerance, not to
+#: rounding. ``propagation`` takes U_k, V_k from ``svds(tol=1e-8)``, whose subspaces are good to
+#: ~tol / (relative gap); another BLAS kernel moved alignment_top by 2.4e-9 (tests/README.md).
+SOLVER_RTOL = {("propagation", "alignment_top"): 1e-6, ("propagation", "alignment_in"): 1e-6}
 
 
 def assert_same_as_saved(name: str, report: Report) -> None:
@@ -25,7 +29,8 @@ def assert_same_as_saved(name: str, report: Report) -> None:
             if pd.api.types.is_numeric_dtype(old[column]) and not pd.api.types.is_bool_dtype(
                     old[column]):
                 np.testing.assert_allclose(b.astype(complex if np.iscomplexobj(a) else float),
-                                           a, rtol=RTOL, atol=ATOL, equal_nan=True,
+                                           a, rtol=SOLVER_RTOL.get((section, column), RTOL),
+                                           atol=ATOL, equal_nan=True,
                                            err_msg=f"{where}.{column}")
             else:
                 assert [str(v) for v in b] == [str(v) for v in a], f"{where}.{column}"
