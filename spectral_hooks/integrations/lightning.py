@@ -21,8 +21,7 @@ from typing import Any, Callable, Optional, Union
 
 from torch import nn
 
-from .._optional import require
-from ..errors import UnsupportedModelError
+from ..errors import UnsupportedModelError, require
 from ..wrappers import unwrap_model
 from .tracker import SpectralTracker
 

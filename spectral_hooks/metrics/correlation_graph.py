@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .._optional import MissingExtraError
+from ..errors import MissingExtraError
 
 __all__ = ["UnitGraph", "Communities", "unit_graph", "communities", "modularity",
            "participation", "CONSTANT_RTOL"]

@@ -23,9 +23,8 @@ from typing import Any, cast
 import numpy as np
 import pandas as pd
 
-from .._optional import MissingExtraError
 from .._version import __version__
-from ..errors import OptionError
+from ..errors import MissingExtraError, OptionError
 from .encoding import (
     _column_kind,
     _decode_csv_column,
