@@ -58,9 +58,10 @@ def _int_range(minimum: Optional[int], maximum: Optional[int]) -> str:
 
 def check_int(name: str, value: Any, *, minimum: Optional[int] = None,
               maximum: Optional[int] = None, allow_none: bool = False,
-              accepted: str = "") -> Any:
+              accepted: str = "", hint: str = "") -> Any:
     """``value`` as an int (not a bool) in [minimum, maximum] (bounds that are given), or None
-    when ``allow_none``. ``accepted`` replaces the generated "an int >= ..." in the message.
+    when ``allow_none``. ``accepted`` replaces the generated "an int >= ..." in the message;
+    ``hint`` (e.g. the function's name) ends it in parentheses.
 
     >>> check_int("top_k", 3, minimum=1, maximum=5), check_int("seed", None, allow_none=True)
     (3, None)
@@ -69,9 +70,9 @@ def check_int(name: str, value: Any, *, minimum: Optional[int] = None,
         return None
     want = accepted or _int_range(minimum, maximum) + (" or None" if allow_none else "")
     if not is_int(value):
-        raise OptionTypeError(name, value, want)
+        raise OptionTypeError(name, value, want, hint=hint)
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
-        raise OptionError(name, value, want)
+        raise OptionError(name, value, want, hint=hint)
     return int(value)
 
 
