@@ -265,8 +265,7 @@ def analyze(args: argparse.Namespace) -> int:
     if args.idealised:
         options["idealised"] = {"attention": args.idealised}
     report = cast("sh.Report", probe.analyze(tokenizer=tokenizer, **options))
-    report.metadata["name_or_path"] = path
-    report.metadata["texts"] = texts
+    report.metadata = report.metadata.replace(name_or_path=path, texts=texts)
     for name in report.sections:  # compute with a progress bar
         report[name]
     _warn_not_converged(report)
