@@ -169,9 +169,11 @@ def check_float_dtype(name: str, value: Any, *, allow_none: bool = False) -> Non
     """
     if value is None and allow_none:
         return
-    if not isinstance(value, torch.dtype) or not value.is_floating_point:
-        raise OptionError(name, value, "a floating torch.dtype (e.g. torch.float64)"
-                          + (" or None" if allow_none else ""))
+    want = "a floating torch.dtype (e.g. torch.float64)" + (" or None" if allow_none else "")
+    if not isinstance(value, torch.dtype):
+        raise OptionTypeError(name, value, want)
+    if not value.is_floating_point:
+        raise OptionError(name, value, want)
 
 
 def check_has_data(name: str, tensor: Tensor) -> None:
