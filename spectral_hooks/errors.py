@@ -253,7 +253,15 @@ _collector: contextvars.ContextVar[Optional[list]] = contextvars.ContextVar(
 
 
 def fallback(cause: str, message: str) -> None:
-    """Report a fallback: warn once per ``cause`` in this process, record it every time."""
+    """Report a fallback: warn once per ``cause`` in this process, record it every time.
+
+    >>> import warnings
+    >>> with warnings.catch_warnings(), collecting_fallbacks([]) as causes:
+    ...     warnings.simplefilter("ignore")
+    ...     fallback("doctest-demo", "a slower path was taken")
+    >>> causes
+    ['doctest-demo']
+    """
     collected = _collector.get()
     if collected is not None and cause not in collected:
         collected.append(cause)
@@ -264,7 +272,8 @@ def fallback(cause: str, message: str) -> None:
 
 @contextlib.contextmanager
 def collecting_fallbacks(into: list) -> Iterator[list]:
-    """Append the cause of every fallback taken inside this context to ``into`` (once each)."""
+    """Append the cause of every fallback taken inside this context to ``into`` (once each);
+    :func:`fallback` shows an example."""
     token = _collector.set(into)
     try:
         yield into

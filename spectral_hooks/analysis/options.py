@@ -120,6 +120,12 @@ class JacobianOptions:
                               "None, True, a dict of options or JacobianOptions")
 
     def to_dict(self) -> dict[str, Any]:
+        """These options as JSON-able values (lists for tuples), as a report's metadata stores
+        them.
+
+        >>> JacobianOptions(positions=[3]).to_dict()["positions"]
+        [3]
+        """
         out = dataclasses.asdict(self)
         out["positions"] = list(self.positions) if isinstance(self.positions, tuple) \
             else self.positions
@@ -365,7 +371,13 @@ class AnalyzeOptions:
         """The progress switch in force (``progress``, else ``jacobian.progress``)."""
         return self.progress if self.progress is not None else self.jacobian_options.progress
 
-    def to_dict(self) -> dict[str, Any]:  # the options that shape results: not the progress display
+    def to_dict(self) -> dict[str, Any]:
+        """The options that shape results (not the progress display) as JSON-able values: a
+        report's ``metadata["options"]``.
+
+        >>> AnalyzeOptions(jacobian={"k": 4}).to_dict()["jacobian"]["k"]
+        4
+        """
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                if not f.name.startswith("_") and f.name != "progress"}
         if isinstance(self.power, PowerOptions):

@@ -54,10 +54,12 @@ class UnitGraph:
 
     @property
     def n_units(self) -> int:
+        """d, the number of units (nodes)."""
         return int(self.weights.shape[0])
 
     @property
     def n_edges(self) -> int:
+        """The number of edges (pairs i < j with a non-zero weight)."""
         return int(self.edges.shape[0])
 
 

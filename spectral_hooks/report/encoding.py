@@ -21,7 +21,11 @@ import pandas as pd
 
 # ---------------------------------------------------------------------- JSON
 def to_jsonable(value: Any, where: str) -> Any:
-    """Strictly JSON-able copy (numpy scalars/arrays converted); TypeError naming the key."""
+    """Strictly JSON-able copy (numpy scalars/arrays converted); TypeError naming the key.
+
+    >>> to_jsonable({"n": np.int64(3), "x": np.arange(2)}, "metadata")
+    {'n': 3, 'x': [0, 1]}
+    """
     if value is None or isinstance(value, (str, bool, int, float)):
         return value
     if isinstance(value, np.generic):
