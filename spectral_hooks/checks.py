@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import numbers
 from collections.abc import Collection
-from typing import Any, Optional, Union
+from typing import Any, Literal, Optional, Union, overload
 
 import torch
 from torch import Tensor
@@ -56,9 +56,21 @@ def _int_range(minimum: Optional[int], maximum: Optional[int]) -> str:
     return "an int" if maximum is None else f"an int <= {maximum}"
 
 
+@overload
+def check_int(name: str, value: Any, *, minimum: Optional[int] = None,
+              maximum: Optional[int] = None, allow_none: Literal[False] = False,
+              accepted: str = "", hint: str = "") -> int: ...
+
+
+@overload
+def check_int(name: str, value: Any, *, minimum: Optional[int] = None,
+              maximum: Optional[int] = None, allow_none: bool,
+              accepted: str = "", hint: str = "") -> Optional[int]: ...
+
+
 def check_int(name: str, value: Any, *, minimum: Optional[int] = None,
               maximum: Optional[int] = None, allow_none: bool = False,
-              accepted: str = "", hint: str = "") -> Any:
+              accepted: str = "", hint: str = "") -> Optional[int]:
     """``value`` as an int (not a bool) in [minimum, maximum] (bounds that are given), or None
     when ``allow_none``. ``accepted`` replaces the generated "an int >= ..." in the message;
     ``hint`` (e.g. the function's name) ends it in parentheses.
@@ -69,17 +81,31 @@ def check_int(name: str, value: Any, *, minimum: Optional[int] = None,
     if value is None and allow_none:
         return None
     want = accepted or _int_range(minimum, maximum) + (" or None" if allow_none else "")
-    if not is_int(value):
+    if value is None or not is_int(value):
         raise OptionTypeError(name, value, want, hint=hint)
     if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
         raise OptionError(name, value, want, hint=hint)
     return int(value)
 
 
+@overload
+def check_float(name: str, value: Any, *, minimum: Optional[float] = None,
+                maximum: Optional[float] = None, above: Optional[float] = None,
+                below: Optional[float] = None, allow_none: Literal[False] = False,
+                accepted: str = "", hint: str = "") -> float: ...
+
+
+@overload
+def check_float(name: str, value: Any, *, minimum: Optional[float] = None,
+                maximum: Optional[float] = None, above: Optional[float] = None,
+                below: Optional[float] = None, allow_none: bool,
+                accepted: str = "", hint: str = "") -> Optional[float]: ...
+
+
 def check_float(name: str, value: Any, *, minimum: Optional[float] = None,
                 maximum: Optional[float] = None, above: Optional[float] = None,
                 below: Optional[float] = None, allow_none: bool = False,
-                accepted: str = "", hint: str = "") -> Any:
+                accepted: str = "", hint: str = "") -> Optional[float]:
     """``value`` as a finite float (an int is accepted, a bool is not) with ``minimum <= value
     <= maximum`` and ``above < value < below`` for the bounds given, or None when
     ``allow_none``. ``accepted`` replaces the generated description in the message.

@@ -230,7 +230,7 @@ def _resolve_positions(recording, layer: int, sample: int, position: Optional[in
         if real.numel() == 0:
             raise RecordingError(f"sample {sample} has no real (non-padding) token at layer {layer}")
         return real
-    check_int("position", position)
+    position = check_int("position", position)
     width = mask.shape[0]
     if position < 0:
         if -position > real.numel():

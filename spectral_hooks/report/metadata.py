@@ -37,6 +37,8 @@ class ReportMetadata(Mapping[str, Any]):
 
         >>> ReportMetadata(model="BertModel", n_layers=6).to_dict()
         {'model': 'BertModel', 'n_layers': 6}
+        >>> ReportMetadata(model="BertModel", extra={"label": "trained"})
+        ReportMetadata(model='BertModel', extra={'label': 'trained'})
 
     Attributes:
         model: the model's class name.
@@ -157,6 +159,11 @@ class ReportMetadata(Mapping[str, Any]):
         return self.to_dict() == dict(other.items())
 
     __hash__ = None  # type: ignore[assignment]  # holds dicts; equal to a dict of its keys
+
+    def __repr__(self) -> str:  # the set fields only: most are None on a hand-built report
+        shown = [f"{name}={getattr(self, name)!r}" for name in FIELDS
+                 if getattr(self, name) is not None]
+        return f"ReportMetadata({', '.join(shown + ([f'extra={self.extra!r}'] if self.extra else []))})"
 
 
 #: The declared fields (every key the library writes), in order.
