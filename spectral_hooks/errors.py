@@ -3,8 +3,11 @@
 Every exception the library raises on purpose derives from :class:`SpectralHooksError` and also
 from the builtin a user would catch: ``ValueError`` for a bad argument (and ``TypeError`` for
 one of the wrong type: :class:`OptionTypeError`), ``IndexError`` for a layer or sample out of
-range, ``KeyError`` for a name a recording or report does not hold. Every message about an
-argument reads ``argument=value is not valid: expected ...``. NaN or Inf in a recording is a
+range, ``KeyError`` for a name a recording or report does not hold, ``ImportError`` for an
+optional dependency that is not installed (:class:`MissingExtraError`, naming the extra to
+install). Every message about an argument reads ``argument=value is not valid: expected ...``
+on one line, a model, tensor or array named by its type and shape (:func:`describe_value`);
+:mod:`spectral_hooks.checks` holds the checks that raise them. NaN or Inf in a recording is a
 :class:`NonFiniteError` naming layer, sample, token and capture point; NaN or Inf arising in a
 computation (a block replay that overflows) is a :class:`NonFiniteComputationError`.
 
