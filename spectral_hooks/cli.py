@@ -63,8 +63,7 @@ def _int_at_least(low: int):
 
 def _bad_input_errors() -> tuple:
     """Exceptions that mean bad input (exit 2) rather than a bug (exit 1)."""
-    from ._optional import MissingExtraError
-    from .errors import OptionError, RecordingError, UnsupportedModelError
+    from .errors import MissingExtraError, OptionError, RecordingError, UnsupportedModelError
     from .report.integrity import ReportIntegrityError
 
     return (OptionError, UnsupportedModelError, RecordingError, ReportIntegrityError,
@@ -148,7 +147,7 @@ def _auto_class_for(adapter: str):
 def _with_adapter(model, adapter: str):
     """``model`` with the PEFT adapter saved in ``adapter``, refusing one whose tensors do not
     all find their place (PEFT would leave those at their initial values, silently)."""
-    from ._optional import require
+    from .errors import require
 
     peft = require("peft", feature="--adapter", extra="peft")
     from peft.utils import get_peft_model_state_dict, load_peft_weights
@@ -233,7 +232,7 @@ def analyze(args: argparse.Namespace) -> int:
     texts = _texts(args)
     model_path = args.model or _default_model_path()
     if args.figures:  # fail before the analysis, not after it
-        from ._optional import require
+        from .errors import require
 
         require("matplotlib", feature="figures of the HTML report; or pass --no-figures")
     _check_out(out)
@@ -266,8 +265,7 @@ def analyze(args: argparse.Namespace) -> int:
     if args.idealised:
         options["idealised"] = {"attention": args.idealised}
     report = cast("sh.Report", probe.analyze(tokenizer=tokenizer, **options))
-    report.metadata["name_or_path"] = path
-    report.metadata["texts"] = texts
+    report.metadata = report.metadata.replace(name_or_path=path, texts=texts)
     for name in report.sections:  # compute with a progress bar
         report[name]
     _warn_not_converged(report)

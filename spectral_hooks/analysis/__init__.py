@@ -25,6 +25,7 @@ import pandas as pd
 from ..anatomy.sublayers import sublayer_split
 from ..errors import RecordingError, collecting_fallbacks
 from ..report import Report
+from ..report.metadata import ReportMetadata
 from ..wrappers import refuse_sharded
 from .bottleneck import bottleneck_section, propagation_section
 from .cache import AnalysisCache
@@ -114,7 +115,8 @@ def _merge_spectra(sections: dict) -> None:
                                                 ignore_index=True)
 
 
-def _instrumented(name: str, compute: Section, meta: dict, progress: Progress) -> Section:
+def _instrumented(name: str, compute: Section, meta: ReportMetadata, progress: Progress
+                  ) -> Section:
     """Time a section, show its progress, record the fallbacks taken while it is computed."""
     def run() -> pd.DataFrame:
         start = time.perf_counter()
@@ -136,14 +138,15 @@ def analyze(subject: Subject, options: AnalyzeOptions) -> Report:
                              "recorded yet: run the model on one inside the probe first")
     meta = metadata(subject, options)
     if nan_reason is not None:
-        meta["nan_reasons"] = {"power": {"columns": list(TOKEN_COLUMNS), "reason": nan_reason}}
+        meta = meta.replace(nan_reasons={"power": {"columns": list(TOKEN_COLUMNS),
+                                                   "reason": nan_reason}})
     skipped: dict[str, str] = {}
     sections: dict[str, Section] = {}
     if options.power:
         sections.update(_power_sections(subject, options, skipped))
     if options.jacobian_view:
         sections.update(_jacobian_sections(subject, options))
-        meta["jacobian"] = JacobianView(subject, options.jacobian_options).describe()
+        meta = meta.replace(jacobian=JacobianView(subject, options.jacobian_options).describe())
     if options.idealised:
         check_idealised_request(subject, options)
         reason = idealised_unavailable(subject)
@@ -153,7 +156,7 @@ def analyze(subject: Subject, options: AnalyzeOptions) -> Report:
             skipped["idealised"] = reason
     _merge_spectra(sections)
     if skipped:
-        meta["sections_skipped"] = skipped
+        meta = meta.replace(sections_skipped=skipped)
     progress = Progress(list(sections), n_layers=len(subject.layers),
                         enabled=options.show_progress,
                         doubled=_REINIT_SECTIONS if options.reinit else (),

@@ -179,12 +179,12 @@ def analyze_distributed(subject: Subject, options: AnalyzeOptions, *,
     merged.update(gathered[0][2])
     if "trends" in report.sections:
         merged["trends"] = _trends(merged, options)
-    meta = dict(report.metadata)
-    meta["timings_s"] = dict(gathered[0][1]["timings_s"])
-    meta["fallbacks"] = [f for g in gathered for f in g[1]["fallbacks"]]
-    meta["distributed"] = {"world_size": world, "backend": str(dist.get_backend(group)),
-                           "split": "round-robin over recorded layers",
-                           "ranks": [g[1] for g in gathered]}
+    meta = report.metadata.replace(
+        timings_s=dict(gathered[0][1]["timings_s"]),
+        fallbacks=[f for g in gathered for f in g[1]["fallbacks"]],
+        distributed={"world_size": world, "backend": str(dist.get_backend(group)),
+                     "split": "round-robin over recorded layers",
+                     "ranks": [g[1] for g in gathered]})
     schemas = report.schemas
     return Report({name: merged[name] for name in report.sections if name in merged}, meta,
                   schemas={n: s for n, s in schemas.items() if n in merged})

@@ -7,7 +7,7 @@
     >>> JacobianOptions(k=0)
     Traceback (most recent call last):
     ...
-    spectral_hooks.errors.OptionError: jacobian.k=0 is not valid: expected a positive int
+    spectral_hooks.errors.OptionError: jacobian.k=0 is not valid: expected an int >= 1
 
 Every error names the option, the bad value and what is valid. ``to_dict()`` is what a report's
 metadata stores as its resolved options.
@@ -19,18 +19,9 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Union
 
+from ..checks import check_bool, check_choice, check_float, check_int
 from ..errors import OptionError, OptionTypeError, UnknownOptionError
-from .option_values import (  # noqa: F401  (re-exported: options.py was their home)
-    POSITION_KEYWORDS,
-    _check_bool,
-    _check_int,
-    _check_optional_bool,
-    _direction,
-    _is_int,
-    _known,
-    _positions,
-    _samples,
-)
+from .option_values import checked_direction, checked_positions, checked_samples, known_options
 
 ITERATES = ("F", "I+F")
 IDEALISED_ATTENTIONS = ("uniform", "recorded")
@@ -96,21 +87,17 @@ class JacobianOptions:
     def __post_init__(self) -> None:
         for name, minimum in (("k", 1), ("sample", 0), ("n_samples", 1), ("bottleneck_k", 1),
                               ("bottleneck_probes", 0), ("bottleneck_steps", 1)):
-            _check_int(f"jacobian.{name}", getattr(self, name), minimum=minimum)
+            check_int(f"jacobian.{name}", getattr(self, name), minimum=minimum)
         if self.bottleneck_probes == 1:
             raise OptionError("jacobian.bottleneck_probes", 1, "0 (no estimates) or an int >= 2",
                               hint="a standard error needs two probes")
         for name in ("seed", "init_seed"):
-            if not _is_int(getattr(self, name)):
-                raise OptionError(f"jacobian.{name}", getattr(self, name), "an int")
-        _check_optional_bool("jacobian.dense", self.dense)
-        _check_optional_bool("jacobian.bottleneck_dense", self.bottleneck_dense)
-        _check_optional_bool("jacobian.progress", self.progress)
-        if self.tol is not None and (isinstance(self.tol, bool) or not isinstance(
-                self.tol, (int, float)) or not 0 < self.tol < 1):
-            raise OptionError("jacobian.tol", self.tol, "None or a float in (0, 1)")
-        object.__setattr__(self, "positions", _positions(self.positions))
-        object.__setattr__(self, "samples", _samples(self.samples))
+            check_int(f"jacobian.{name}", getattr(self, name))
+        for name in ("dense", "bottleneck_dense", "progress"):
+            check_bool(f"jacobian.{name}", getattr(self, name), allow_none=True)
+        check_float("jacobian.tol", self.tol, above=0, below=1, allow_none=True)
+        object.__setattr__(self, "positions", checked_positions(self.positions))
+        object.__setattr__(self, "samples", checked_samples(self.samples))
         ablations = (self.ablations,) if isinstance(self.ablations, str) else self.ablations
         ablations = tuple(ablations)
         unknown = [a for a in ablations if a not in ABLATIONS]
@@ -128,10 +115,17 @@ class JacobianOptions:
         if isinstance(value, cls):
             return value
         if isinstance(value, Mapping):
-            return cls(**_known(cls, value, "jacobian"))
-        raise OptionError("jacobian", value, "None, True, a dict of options or JacobianOptions")
+            return cls(**known_options(cls, value, "jacobian"))
+        raise OptionTypeError("jacobian", value,
+                              "None, True, a dict of options or JacobianOptions")
 
     def to_dict(self) -> dict[str, Any]:
+        """These options as JSON-able values (lists for tuples), as a report's metadata stores
+        them.
+
+        >>> JacobianOptions(positions=[3]).to_dict()["positions"]
+        [3]
+        """
         out = dataclasses.asdict(self)
         out["positions"] = list(self.positions) if isinstance(self.positions, tuple) \
             else self.positions
@@ -175,11 +169,10 @@ class PowerOptions:
     direction: Optional[tuple[float, ...]] = None
 
     def __post_init__(self) -> None:
-        _check_optional_bool("power.full", self.full)
-        _check_int("power.k", self.k, minimum=1)
-        if self.reference_layer is not None:
-            _check_int("power.reference_layer", self.reference_layer, minimum=-(2 ** 31))
-        object.__setattr__(self, "direction", _direction(self.direction))
+        check_bool("power.full", self.full, allow_none=True)
+        check_int("power.k", self.k, minimum=1)
+        check_int("power.reference_layer", self.reference_layer, allow_none=True)
+        object.__setattr__(self, "direction", checked_direction(self.direction))
 
     def matrix_free(self, d: int) -> bool:
         """Whether F's spectrum is computed matrix-free at width d.
@@ -195,8 +188,8 @@ class PowerOptions:
         if isinstance(value, bool) or isinstance(value, cls):
             return value
         if isinstance(value, Mapping):
-            return cls(**_known(cls, value, "power"))
-        raise OptionError("power", value, "True, False, a dict of options or PowerOptions")
+            return cls(**known_options(cls, value, "power"))
+        raise OptionTypeError("power", value, "True, False, a dict of options or PowerOptions")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -222,11 +215,8 @@ class IdealisedOptions:
     iterate: str = "I+F"
 
     def __post_init__(self) -> None:
-        if self.attention not in IDEALISED_ATTENTIONS:
-            raise OptionError("idealised.attention", self.attention,
-                              f"one of {IDEALISED_ATTENTIONS}")
-        if self.iterate not in ITERATES:
-            raise OptionError("idealised.iterate", self.iterate, f"one of {ITERATES}")
+        check_choice("idealised.attention", self.attention, IDEALISED_ATTENTIONS)
+        check_choice("idealised.iterate", self.iterate, ITERATES)
 
     @classmethod
     def resolve(cls, value: Any) -> Union[bool, "IdealisedOptions"]:
@@ -234,9 +224,9 @@ class IdealisedOptions:
         if isinstance(value, bool) or isinstance(value, cls):
             return value
         if isinstance(value, Mapping):
-            return cls(**_known(cls, value, "idealised"))
-        raise OptionError("idealised", value, "True, False, a dict of options (e.g. "
-                          "{'attention': 'recorded'}) or IdealisedOptions")
+            return cls(**known_options(cls, value, "idealised"))
+        raise OptionTypeError("idealised", value, "True, False, a dict of options (e.g. "
+                              "{'attention': 'recorded'}) or IdealisedOptions")
 
 
 _DEFAULT_IDEALISED = IdealisedOptions()
@@ -260,7 +250,7 @@ class TopologyOptions:
     sublayers: bool = False
 
     def __post_init__(self) -> None:
-        _check_bool("topology.sublayers", self.sublayers)
+        check_bool("topology.sublayers", self.sublayers)
 
     @classmethod
     def resolve(cls, value: Any) -> Union[bool, "TopologyOptions"]:
@@ -268,9 +258,9 @@ class TopologyOptions:
         if isinstance(value, bool) or isinstance(value, cls):
             return value
         if isinstance(value, Mapping):
-            return cls(**_known(cls, value, "topology"))
-        raise OptionError("topology", value, "True, False, a dict of options (e.g. "
-                          "{'sublayers': True}) or TopologyOptions")
+            return cls(**known_options(cls, value, "topology"))
+        raise OptionTypeError("topology", value, "True, False, a dict of options (e.g. "
+                              "{'sublayers': True}) or TopologyOptions")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -322,16 +312,15 @@ class AnalyzeOptions:
         object.__setattr__(self, "idealised", IdealisedOptions.resolve(self.idealised))
         object.__setattr__(self, "topology", TopologyOptions.resolve(self.topology))
         for name in ("fold_norm", "bottleneck", "reinit"):
-            _check_bool(name, getattr(self, name))
-        if not _is_int(self.reinit_seeds) or self.reinit_seeds < 0 or self.reinit_seeds == 1:
-            raise OptionError("reinit_seeds", self.reinit_seeds,
-                              "0 (off) or an int >= 2 (re-initialisations to test against)")
+            check_bool(name, getattr(self, name))
+        seeds = "0 (off) or an int >= 2 (re-initialisations to test against)"
+        if check_int("reinit_seeds", self.reinit_seeds, minimum=0, accepted=seeds) == 1:
+            raise OptionError("reinit_seeds", 1, seeds)
         if self.tokenizer is not None and not callable(getattr(self.tokenizer, "decode", None)):
-            raise OptionError("tokenizer", type(self.tokenizer).__name__,
-                              "None or a tokenizer with a decode(ids) method")
-        _check_optional_bool("progress", self.progress)
-        if self.iterate not in ITERATES:
-            raise OptionError("iterate", self.iterate, f"one of {ITERATES}")
+            raise OptionTypeError("tokenizer", self.tokenizer,
+                                  "None or a tokenizer with a decode(ids) method")
+        check_bool("progress", self.progress, allow_none=True)
+        check_choice("iterate", self.iterate, ITERATES)
         object.__setattr__(self, "jacobian", JacobianOptions.resolve(self.jacobian))
 
     @classmethod
@@ -382,7 +371,13 @@ class AnalyzeOptions:
         """The progress switch in force (``progress``, else ``jacobian.progress``)."""
         return self.progress if self.progress is not None else self.jacobian_options.progress
 
-    def to_dict(self) -> dict[str, Any]:  # the options that shape results: not the progress display
+    def to_dict(self) -> dict[str, Any]:
+        """The options that shape results (not the progress display) as JSON-able values: a
+        report's ``metadata["options"]``.
+
+        >>> AnalyzeOptions(jacobian={"k": 4}).to_dict()["jacobian"]["k"]
+        4
+        """
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                if not f.name.startswith("_") and f.name != "progress"}
         if isinstance(self.power, PowerOptions):

@@ -21,8 +21,8 @@ from typing import Any, Callable, Optional, Union
 
 from torch import nn
 
-from .._optional import require
-from ..errors import UnsupportedModelError
+from ..checks import check_int
+from ..errors import UnsupportedModelError, require
 from ..wrappers import unwrap_model
 from .tracker import SpectralTracker
 
@@ -63,8 +63,7 @@ class SpectralLightningCallback(_pl.Callback):
     def __init__(self, *, every: int = 50,
                  model: Union[None, str, Callable[[nn.Module], nn.Module]] = None,
                  **tracker_options: Any) -> None:
-        if not isinstance(every, int) or isinstance(every, bool) or every < 1:
-            raise ValueError(f"every must be a positive int, got {every!r}")
+        check_int("every", every, minimum=1)
         self.every: int = every
         self.model: Union[None, str, Callable[[nn.Module], nn.Module]] = model
         self.tracker_options: dict[str, Any] = tracker_options

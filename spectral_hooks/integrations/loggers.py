@@ -106,7 +106,7 @@ class TensorBoardLogger(_Base):
     """Scalars into TensorBoard event files (``torch.utils.tensorboard.SummaryWriter``)."""
 
     def __init__(self, log_dir: Union[str, os.PathLike[str]], **writer_kwargs: Any) -> None:
-        from .._optional import require  # here: the SIGKILL test loads this file alone
+        from ..errors import require  # here: the SIGKILL test loads this file alone
         require("tensorboard", feature="TensorBoardLogger")
         from torch.utils.tensorboard import SummaryWriter
 
@@ -141,7 +141,7 @@ class WandbLogger(_Base):
     run: Any  # a wandb Run, None once closed
 
     def __init__(self, run: Any = None, **init_kwargs: Any) -> None:
-        from .._optional import require
+        from ..errors import require
         wandb = require("wandb", feature="WandbLogger")
         if run is None and getattr(wandb, "run", None) is not None:
             raise RuntimeError("a W&B run is already active (its owner, e.g. the Trainer's "

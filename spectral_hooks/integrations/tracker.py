@@ -171,8 +171,6 @@ class SpectralTracker:
                  jacobian_columns: Sequence[str] = JACOBIAN_COLUMNS) -> None:
         from .. import instrument
 
-        if not isinstance(every, int) or isinstance(every, bool) or every < 1:
-            raise ValueError(f"every must be a positive int, got {every!r}")
         self.event: Event = Event(every=every, columns=columns, prefix=prefix,
                            analyze_options=analyze_options, jacobian_every=jacobian_every,
                            jacobian_options=jacobian_options, jacobian_columns=jacobian_columns)

@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from ..anatomy.calls import BlockCallConvention
-from ..checks import check_float_dtype
+from ..checks import check_float_dtype, check_int
 from ..errors import NonFiniteError, OptionError, RecordingError
 from ..recording import BlockCall, map_tensors
 from ..suspend import suspended
@@ -230,8 +230,7 @@ def _resolve_positions(recording, layer: int, sample: int, position: Optional[in
         if real.numel() == 0:
             raise RecordingError(f"sample {sample} has no real (non-padding) token at layer {layer}")
         return real
-    if not isinstance(position, int) or isinstance(position, bool):
-        raise TypeError(f"position must be an int, got {type(position).__name__}")
+    position = check_int("position", position)
     width = mask.shape[0]
     if position < 0:
         if -position > real.numel():

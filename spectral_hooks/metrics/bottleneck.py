@@ -48,6 +48,9 @@ from spectral_hooks.metrics.jacobian import SCHUR_MAX_D, schur_diagonal, symmetr
 from spectral_hooks.metrics.nulls import gamma_null
 from spectral_hooks.metrics.rank_estimates import RANK_ESTIMATE_COLUMNS, rank_estimates
 
+from ..checks import check_choice, check_int, check_type
+from ..errors import OptionError, OptionTypeError
+
 __all__ = ["bottleneck_table", "end_to_end_table", "single_layer_ablation_table",
            "propagation_table", "VARIANTS", "BOTTLENECK_COLUMNS", "PROPAGATION_COLUMNS",
            "RANK_ESTIMATE_COLUMNS", "ALL_LAYERS"]
@@ -67,23 +70,22 @@ _Op: TypeAlias = "LinearOperator | Tensor"
 
 
 def _dims(operators: Sequence[_Op], what: str) -> int:
+    want = "a sequence of LinearOperators or [d, d] tensors (one per layer)"
     if isinstance(operators, (Tensor, LinearOperator)) or not isinstance(operators, Sequence):
-        raise TypeError(f"{what}: operators must be a sequence of LinearOperators or [d, d] "
-                        f"tensors (one per layer), got {type(operators).__name__}")
+        raise OptionTypeError("operators", operators, want, hint=what)
     if len(operators) == 0:
-        raise ValueError(f"{what}: need at least one operator")
+        raise OptionError("operators", operators, "at least one operator: " + want, hint=what)
     shapes = set()
     for i, o in enumerate(operators):
         if isinstance(o, Tensor):
             if o.ndim != 2 or o.is_complex() or not o.is_floating_point():
-                raise ValueError(f"{what}: operators[{i}] must be a real [d, d] tensor, got "
-                                 f"{o.dtype} {tuple(o.shape)}")
+                raise OptionError(f"operators[{i}]", o, "a real floating [d, d] tensor", hint=what)
             shapes.add(tuple(o.shape))
         elif isinstance(o, LinearOperator):
             shapes.add(o.shape)
         else:
-            raise TypeError(f"{what}: operators[{i}] is a {type(o).__name__}, expected a "
-                            f"LinearOperator or a tensor")
+            raise OptionTypeError(f"operators[{i}]", o, "a LinearOperator or a [d, d] tensor",
+                                  hint=what)
     if len(shapes) != 1 or len({s for sh in shapes for s in sh}) != 1:
         raise ValueError(f"{what}: operators must all be square of one size, got shapes "
                          f"{sorted(shapes)}")
@@ -113,12 +115,10 @@ def _rank_row(variant: str, depth: int, s: Tensor, tau: float, truncated: bool,
 
 
 def _check_probes(n_probes: int, steps: int, what: str) -> None:
-    if isinstance(n_probes, bool) or not isinstance(n_probes, int) or n_probes == 1 \
-            or n_probes < 0:
-        raise ValueError(f"{what}: n_probes must be 0 (no estimates) or an int >= 2, got "
-                         f"{n_probes!r}")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"{what}: steps must be an int >= 1, got {steps!r}")
+    probes = "0 (no estimates) or an int >= 2"
+    if check_int("n_probes", n_probes, minimum=0, accepted=probes, hint=what) == 1:
+        raise OptionError("n_probes", n_probes, probes, hint=what)
+    check_int("steps", steps, minimum=1, hint=what)
 
 
 def _estimates(P: LinearOperator, n_probes: int, steps: int, seed: int, tau: float) -> dict:
@@ -160,8 +160,7 @@ def bottleneck_table(operators: Sequence[_Op], *, k: int = 32, variant: str = "t
     what = "bottleneck_table"
     d = _dims(operators, what)
     _check_probes(n_probes, steps, what)
-    if variant not in VARIANTS:
-        raise ValueError(f"{what}: variant must be one of {VARIANTS}, got {variant!r}")
+    check_choice("variant", variant, VARIANTS, hint=what)
     if variant == "schur":
         _check_schur(operators, d, what)
         operators = [schur_diagonal(cast(Tensor, o).to(torch.float64)) for o in operators]
@@ -178,8 +177,7 @@ def bottleneck_table(operators: Sequence[_Op], *, k: int = 32, variant: str = "t
             rows.append(_rank_row(variant, depth, torch.linalg.svdvals(P), tau, False,
                                   _count(operators) - start))
         return pd.DataFrame(rows, columns=list(BOTTLENECK_COLUMNS))
-    if isinstance(k, bool) or not isinstance(k, int) or not (1 <= k <= d):
-        raise ValueError(f"{what}: k must be an int with 1 <= k <= d = {d}, got {k!r}")
+    check_int("k", k, minimum=1, maximum=d, accepted=f"an int with 1 <= k <= d = {d}", hint=what)
     ops = [_as_op(o) for o in operators]
     if variant == "symmetric":
         ops = [symmetric_part(o) for o in ops]
@@ -235,8 +233,7 @@ def single_layer_ablation_table(operators: Sequence[_Op], *, variant: str,
     what = "single_layer_ablation_table"
     d = _dims(operators, what)
     _check_probes(n_probes, steps, what)
-    if variant not in ("symmetric", "schur"):
-        raise ValueError(f"{what}: variant must be 'symmetric' or 'schur', got {variant!r}")
+    check_choice("variant", variant, ("symmetric", "schur"), hint=what)
     layers = list(range(len(operators))) if layers is None else list(layers)
     if len(layers) != len(operators):
         raise ValueError(f"{what}: {len(layers)} layer labels for {len(operators)} operators")
@@ -245,8 +242,7 @@ def single_layer_ablation_table(operators: Sequence[_Op], *, variant: str,
         dense = True
     if dense:
         return _single_layer_dense(operators, variant, layers, tau)
-    if isinstance(k, bool) or not isinstance(k, int) or not (1 <= k <= d):
-        raise ValueError(f"{what}: k must be an int with 1 <= k <= d = {d}, got {k!r}")
+    check_int("k", k, minimum=1, maximum=d, accepted=f"an int with 1 <= k <= d = {d}", hint=what)
     rows, ops, start = [], [_as_op(o) for o in operators], _count(operators)
     for m, layer in enumerate(layers):
         chain = ops[:m] + [cast(LinearOperator, _ablated(ops[m], variant, dense=False))] + ops[m + 1:]
@@ -294,16 +290,15 @@ def end_to_end_table(products: Sequence[_Op], *, k: int = 32, variant: str = "tr
     what = "end_to_end_table"
     d = _dims(products, what)
     _check_probes(n_probes, steps, what)
-    if variant not in ("trained", "init"):
-        raise ValueError(f"{what}: variant must be 'trained' or 'init', got {variant!r}")
+    check_choice("variant", variant, ("trained", "init"), hint=what)
     rows = []
     for depth, P in enumerate(products, start=1):
         est: dict = {}
         if dense:
             s, truncated = torch.linalg.svdvals(_as_dense(P)), False
         else:
-            if isinstance(k, bool) or not isinstance(k, int) or not (1 <= k <= d):
-                raise ValueError(f"{what}: k must be an int with 1 <= k <= d = {d}, got {k!r}")
+            check_int("k", k, minimum=1, maximum=d, accepted=f"an int with 1 <= k <= d = {d}",
+                      hint=what)
             op = _as_op(P)
             s = svds(op, k, method=method, tol=tol, seed=seed + depth, return_vectors=False).S
             truncated = k < d
@@ -332,22 +327,20 @@ def propagation_table(operators: Sequence[_Op], *, start_layer: int = 0,
     what = "propagation_table"
     d = _dims(operators, what)
     L = len(operators)
-    if isinstance(start_layer, bool) or not isinstance(start_layer, int) \
-            or not (0 <= start_layer < L):
-        raise ValueError(f"{what}: start_layer must be an int in [0, {L}), got {start_layer!r}")
-    if isinstance(k, bool) or not isinstance(k, int) or not (1 <= k <= d):
-        raise ValueError(f"{what}: k must be an int with 1 <= k <= d = {d}, got {k!r}")
+    check_int("start_layer", start_layer, minimum=0, maximum=L - 1, hint=what)
+    check_int("k", k, minimum=1, maximum=d, accepted=f"an int with 1 <= k <= d = {d}", hint=what)
     if vector is None:
         g = torch.Generator().manual_seed(int(seed))
         x = torch.randn(d, generator=g, dtype=torch.float64)
         x = (x / torch.linalg.vector_norm(x)).to(operators[0].device)
     else:
-        if not isinstance(vector, Tensor) or tuple(vector.shape) != (d,):
-            raise ValueError(f"{what}: vector must be a tensor [{d}], got "
-                             f"{tuple(vector.shape) if isinstance(vector, Tensor) else vector!r}")
+        check_type("vector", vector, Tensor, f"a tensor [{d}]", hint=what)
+        if tuple(vector.shape) != (d,):
+            raise OptionError("vector", vector, f"a tensor [{d}]", hint=what)
         x = vector.to(torch.float64)
     if float(torch.linalg.vector_norm(x)) == 0 or not bool(torch.isfinite(x).all()):
-        raise ValueError(f"{what}: the perturbation must be finite and non-zero")
+        raise OptionError("vector", "a zero or non-finite perturbation",
+                          "a finite, non-zero vector", hint=what)
     null = gamma_null(d, k)
     rows = []
     for layer in range(start_layer, L):

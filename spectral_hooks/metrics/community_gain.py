@@ -45,6 +45,7 @@ from typing import cast
 import numpy as np
 import pandas as pd
 
+from ..checks import check_int, check_type
 from .stats import empirical_pvalues, with_adjusted
 from .trends import depth_trend
 
@@ -100,13 +101,12 @@ def community_table(units: pd.DataFrame, *, n_shuffles: int = 1000, seed: int = 
                     ) -> pd.DataFrame:
     """One row per (layer, community) of ``units`` (the ``units`` section's columns)."""
     what = "community_table"
-    if not isinstance(units, pd.DataFrame):
-        raise TypeError(f"{what}: units must be a DataFrame, got {type(units).__name__}")
+    check_type("units", units, pd.DataFrame, "a pandas DataFrame (the units section)",
+               hint=what)
     missing = [c for c in _NEEDED if c not in units.columns]
     if missing:
         raise ValueError(f"{what}: units lacks columns {missing}")
-    if isinstance(n_shuffles, bool) or not isinstance(n_shuffles, int) or n_shuffles < 0:
-        raise ValueError(f"{what}: n_shuffles must be an int >= 0, got {n_shuffles!r}")
+    check_int("n_shuffles", n_shuffles, minimum=0, hint=what)
     rows = []
     for layer, df in units.groupby("layer", sort=True):
         df = df.sort_values("unit")

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Any, Optional, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from .._optional import MissingExtraError
+from ..checks import check_choice, check_int, check_type
+from ..errors import MissingExtraError, OptionError, OptionTypeError
 
 __all__ = ["UnitGraph", "Communities", "unit_graph", "communities", "modularity",
            "participation", "CONSTANT_RTOL"]
@@ -29,7 +30,7 @@ logger: logging.Logger = logging.getLogger("spectral_hooks.metrics.topology")
 
 CONSTANT_RTOL = 1e-12  # a unit is constant when its centred norm <= CONSTANT_RTOL * the largest
 
-_METHODS = ("auto", "leiden", "louvain")
+COMMUNITY_METHODS = ("auto", "leiden", "louvain")
 
 
 @dataclass(frozen=True)
@@ -53,10 +54,12 @@ class UnitGraph:
 
     @property
     def n_units(self) -> int:
+        """d, the number of units (nodes)."""
         return int(self.weights.shape[0])
 
     @property
     def n_edges(self) -> int:
+        """The number of edges (pairs i < j with a non-zero weight)."""
         return int(self.edges.shape[0])
 
 
@@ -76,70 +79,79 @@ class Communities:
     method: str
 
 
-# -- validation helpers ------------------------------------------------------------------------
+# -- validation: argument checks shared with spectral_hooks.metrics.topology -------------------
 
-def _check_int(value, name: str, what: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"{what}: {name} must be an int >= {minimum}, got {value!r}")
-    return int(value)
+def checked_matrix(X: Any, what: str, name: str = "X") -> Tensor:
+    """``X`` as a finite real float64 CPU tensor [N tokens, d units] (a tensor or an array).
 
-
-def _as_matrix(X, what: str) -> Tensor:
+    >>> checked_matrix(torch.ones(3, 2), "unit_graph").dtype
+    torch.float64
+    """
     if isinstance(X, np.ndarray):
         X = torch.from_numpy(X)
-    if not isinstance(X, Tensor):
-        raise TypeError(f"{what}: X must be a tensor [N, d], got {type(X).__name__}")
-    if X.ndim != 2:
-        raise ValueError(f"{what}: X must be 2-dimensional [N tokens, d units], got shape "
-                         f"{tuple(X.shape)}")
-    if X.is_complex():
-        raise ValueError(f"{what}: X must be real, got {X.dtype}")
+    check_type(name, X, Tensor, "a real tensor [N tokens, d units]", hint=what)
+    if X.ndim != 2 or X.is_complex():
+        raise OptionError(name, X, "a real 2-dimensional tensor [N tokens, d units]", hint=what)
     X = X.detach().to(device="cpu", dtype=torch.float64)
     if not bool(torch.isfinite(X).all()):
-        raise ValueError(f"{what}: X contains NaN or Inf")
+        raise OptionError(name, "a tensor holding NaN or Inf", "finite values", hint=what)
     return X
 
 
-def _as_vector(v, what: str, name: str, n: Optional[int] = None) -> Tensor:
+def checked_vector(v: Any, what: str, name: str, n: Optional[int] = None) -> Tensor:
+    """``v`` (a tensor, array or sequence) as a 1-dimensional CPU tensor of ``n`` entries.
+
+    >>> checked_vector([1.0, 2.0], "participation", "labels", 2).tolist()
+    [1.0, 2.0]
+    """
     if isinstance(v, np.ndarray):
         v = torch.from_numpy(v)
     if not isinstance(v, Tensor):
-        v = torch.as_tensor(np.asarray(v, dtype=np.float64))
-    if v.ndim != 1:
-        raise ValueError(f"{what}: {name} must be 1-dimensional, got shape {tuple(v.shape)}")
-    if n is not None and v.shape[0] != n:
-        raise ValueError(f"{what}: {name} has {v.shape[0]} entries, expected {n}")
+        try:
+            v = torch.as_tensor(np.asarray(v, dtype=np.float64))
+        except (TypeError, ValueError):
+            raise OptionTypeError(name, v, "a vector (a tensor, array or list of numbers)",
+                                  hint=what) from None
+    if v.ndim != 1 or (n is not None and v.shape[0] != n):
+        raise OptionError(name, v, "a 1-dimensional tensor" + (f" of {n} entries" if n is not None
+                                                                else ""), hint=what)
     return v.detach().to("cpu")
 
 
-def _as_labels(labels, d: int, what: str) -> Tensor:
+def checked_labels(labels: Any, d: int, what: str) -> Tensor:
+    """Community labels (ints >= 0, one per unit, or Communities) as an int64 tensor [d].
+
+    >>> checked_labels(torch.tensor([0, 1, 1]), 3, "modularity").tolist()
+    [0, 1, 1]
+    """
     if isinstance(labels, Communities):
         labels = labels.labels
-    lab = _as_vector(labels, what, "labels", d)
+    lab = checked_vector(labels, what, "labels", d)
     if lab.is_floating_point() or lab.is_complex() or lab.dtype == torch.bool:
-        raise ValueError(f"{what}: labels must be integers, got {lab.dtype}")
+        raise OptionError("labels", lab, "integer community labels >= 0", hint=what)
     lab = lab.to(torch.int64)
     if d and int(lab.min()) < 0:
-        raise ValueError(f"{what}: labels must be >= 0")
+        raise OptionError("labels", "labels holding a negative value",
+                          "integer community labels >= 0", hint=what)
     return lab
 
 
-def _graph_edges(graph, what: str) -> tuple[int, Tensor, Tensor, Tensor]:
+def _graph_edges(graph: Any, what: str) -> tuple[int, Tensor, Tensor, Tensor]:
     """(d, i, j, w) with i < j for a UnitGraph or a symmetric dense weight tensor [d, d]."""
     if isinstance(graph, UnitGraph):
         return graph.n_units, graph.edges[:, 0], graph.edges[:, 1], graph.edge_weights
-    if isinstance(graph, Tensor) and graph.ndim == 2 and graph.shape[0] == graph.shape[1]:
-        W = graph.detach().to("cpu", torch.float64)
-        if not bool(torch.isfinite(W).all()):
-            raise ValueError(f"{what}: weight matrix contains NaN or Inf")
-        if not torch.equal(W, W.T):
-            raise ValueError(f"{what}: weight matrix must be symmetric")
-        i, j = torch.triu_indices(W.shape[0], W.shape[0], offset=1)
-        w = W[i, j]
-        keep = w != 0
-        return int(W.shape[0]), i[keep], j[keep], w[keep]
-    raise TypeError(f"{what}: graph must be a UnitGraph or a symmetric tensor [d, d], got "
-                    f"{type(graph).__name__}")
+    want = "a UnitGraph or a finite symmetric weight tensor [d, d]"
+    if not isinstance(graph, Tensor) or graph.ndim != 2 or graph.shape[0] != graph.shape[1]:
+        raise OptionTypeError("graph", graph, want, hint=what)
+    W = graph.detach().to("cpu", torch.float64)
+    if not bool(torch.isfinite(W).all()):
+        raise OptionError("graph", "a weight matrix holding NaN or Inf", want, hint=what)
+    if not torch.equal(W, W.T):
+        raise OptionError("graph", "a weight matrix that is not symmetric", want, hint=what)
+    i, j = torch.triu_indices(W.shape[0], W.shape[0], offset=1)
+    w = W[i, j]
+    keep = w != 0
+    return int(W.shape[0]), i[keep], j[keep], w[keep]
 
 
 # -- graph -------------------------------------------------------------------------------------
@@ -160,16 +172,13 @@ def unit_graph(X: Tensor, *, top_k: int = 10) -> UnitGraph:
     float64 matrices (d = 4096: 128 MiB each).
     """
     what = "unit_graph"
-    X = _as_matrix(X, what)
+    X = checked_matrix(X, what)
     N, d = X.shape
-    if N < 3:
-        raise ValueError(f"{what}: need at least 3 tokens to correlate units, got N={N}")
-    if d < 2:
-        raise ValueError(f"{what}: need at least 2 units, got d={d}")
-    top_k = _check_int(top_k, "top_k", what, 1)
-    if top_k >= d:
-        raise ValueError(f"{what}: top_k must be < d (the number of other units), got "
-                         f"top_k={top_k}, d={d}")
+    if N < 3 or d < 2:
+        raise OptionError("X", X, "at least 3 tokens (rows) to correlate units and at least "
+                          "2 units (columns)", hint=what)
+    top_k = check_int("top_k", top_k, minimum=1, maximum=d - 1,
+                      accepted=f"an int in [1, d - 1 = {d - 1}] (d = {d} units)")
     Xc = X - X.mean(dim=0, keepdim=True)
     norms = torch.linalg.vector_norm(Xc, dim=0)
     constant = norms <= CONSTANT_RTOL * float(norms.max())
@@ -210,7 +219,7 @@ def modularity(graph: UnitGraph | Tensor, labels: Tensor | Sequence[int]) -> flo
     ``graph`` is a UnitGraph or a symmetric weight tensor [d, d]; NaN when it has no edges.
     """
     d, i, j, w = _graph_edges(graph, "modularity")
-    lab = _as_labels(labels, d, "modularity")
+    lab = checked_labels(labels, d, "modularity")
     a = w.abs()
     m = float(a.sum())
     if m == 0.0:
@@ -283,9 +292,8 @@ def communities(graph: UnitGraph | Tensor, *, seed: int = 0, method: str = "auto
     the result for a given graph.
     """
     what = "communities"
-    if method not in _METHODS:
-        raise ValueError(f"{what}: method must be one of {_METHODS}, got {method!r}")
-    seed = _check_int(seed, "seed", what, 0)
+    check_choice("method", method, COMMUNITY_METHODS)
+    seed = check_int("seed", seed, minimum=0)
     d, i, j, w = _graph_edges(graph, what)
     ran = method
     if method == "auto":
@@ -331,7 +339,7 @@ def participation(graph: UnitGraph | Tensor, labels: Tensor | Sequence[int]) -> 
     units (k_i = 0) get 0.
     """
     d, i, j, w = _graph_edges(graph, "participation")
-    lab = _as_labels(labels, d, "participation")
+    lab = checked_labels(labels, d, "participation")
     a = w.abs()
     k = torch.zeros(d, dtype=torch.float64).index_add_(0, i, a).index_add_(0, j, a)
     n_c = int(lab.max()) + 1 if d else 1

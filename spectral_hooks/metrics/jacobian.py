@@ -42,6 +42,7 @@ from typing import Any, Optional, Union
 import torch
 from torch import Tensor
 
+from spectral_hooks.checks import check_int
 from spectral_hooks.errors import OptionError
 from spectral_hooks.linalg import DenseOperator, IdentityOperator, LinearOperator, eigs, svds
 from spectral_hooks.metrics.departure import departure_bounds, departure_bounds_from_probes
@@ -274,8 +275,7 @@ def jacobian_metrics(J: Union[LinearOperator, Tensor], *, k: int = 16, dense: bo
     """
     op = _as_operator(J)
     d = op.shape[0]
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise OptionError("k", k, "an int >= 1", hint="jacobian_metrics")
+    check_int("k", k, minimum=1, hint="jacobian_metrics")
     start = op.n_matvecs
     if dense:
         if d > SCHUR_MAX_D:
@@ -286,8 +286,7 @@ def jacobian_metrics(J: Union[LinearOperator, Tensor], *, k: int = 16, dense: bo
     if k > d - 2:
         raise OptionError("k", k, f"k <= d - 2 = {d - 2} in matrix-free mode",
                           hint=f"jacobian_metrics: d = {d}; use dense=True for the full spectrum")
-    if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 2:
-        raise OptionError("n_samples", n_samples, "an int >= 2", hint="jacobian_metrics")
+    check_int("n_samples", n_samples, minimum=2, hint="jacobian_metrics")
     return _matrix_free(op, k, n_samples, seed, tol, start)
 
 

@@ -15,6 +15,7 @@ import math
 
 import torch
 
+from ..checks import check_int
 from .rotation import mc_error, rotation_stats, top_k_by_modulus
 
 __all__ = ["expected_real_eigenvalues", "frac_complex_null", "frac_complex_top_null",
@@ -36,8 +37,7 @@ def expected_real_eigenvalues(d: int) -> float:
     E_d = 1/2 + sqrt(2) 2F1(1, -1/2; d; 1/2) / B(d, 1/2) ~ sqrt(2d/pi) + 1/2.
     The hypergeometric series has terms (-1/2)_j / (d)_j 2^-j and converges geometrically.
     """
-    if isinstance(d, bool) or not isinstance(d, int) or d < 1:
-        raise ValueError(f"expected_real_eigenvalues: d must be an int >= 1, got {d!r}")
+    check_int("d", d, minimum=1, hint="expected_real_eigenvalues")
     total, term, j = 0.0, 1.0, 0
     while abs(term) > 1e-18 * abs(total) or j == 0:
         total += term
@@ -67,8 +67,8 @@ def frac_complex_top_null(d: int, k: int, *, seed: int = 0,
     >>> frac_complex_top_null(4096, 16)
     (nan, nan)
     """
-    if isinstance(d, bool) or not isinstance(d, int) or d < 1 or not 1 <= k <= d:
-        raise ValueError(f"frac_complex_top_null: need ints 1 <= k <= d, got d={d!r}, k={k!r}")
+    check_int("d", d, minimum=1, hint="frac_complex_top_null")
+    check_int("k", k, minimum=1, maximum=d, hint="frac_complex_top_null")
     if d > NULL_MC_MAX_D:
         return float("nan"), float("nan")
     key = (int(d), int(k), int(seed), int(n_draws))

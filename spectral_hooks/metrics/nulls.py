@@ -13,6 +13,8 @@ import math
 import torch
 from torch import Tensor
 
+from ..checks import check_int
+
 __all__ = ["gamma_null", "rho_test", "binom_sf"]
 
 
@@ -32,17 +34,14 @@ def gamma_null(d: int, r: int = 1, *, exact: bool = True, n_samples: int = 200_0
     ``exact=False`` returns a Monte-Carlo estimate instead (``n_samples`` Gaussian draws, ``seed``);
     it is there for cross-checking, the closed form is the default.
     """
-    if not (isinstance(d, int) and isinstance(r, int)) or isinstance(d, bool) or isinstance(r, bool):
-        raise ValueError(f"d and r must be ints, got d={d!r}, r={r!r}")
-    if d < 1 or not (1 <= r <= d):
-        raise ValueError(f"need 1 <= r <= d, got d={d}, r={r}")
+    d = check_int("d", d, minimum=1, hint="gamma_null")
+    r = check_int("r", r, minimum=1, maximum=d, hint="gamma_null")
     if r == d:
         return 1.0
     if exact:
         log_val = math.lgamma(d / 2) + math.lgamma((r + 1) / 2) - math.lgamma(r / 2) - math.lgamma((d + 1) / 2)
         return math.exp(log_val)
-    if n_samples < 1:
-        raise ValueError(f"n_samples must be >= 1, got {n_samples}")
+    check_int("n_samples", n_samples, minimum=1, hint="gamma_null")
     gen = torch.Generator().manual_seed(seed)
     g = torch.randn(n_samples, d, generator=gen, dtype=torch.float64)
     return float((g[:, :r].norm(dim=1) / g.norm(dim=1)).mean())

@@ -47,6 +47,8 @@ from torch import Tensor
 
 from spectral_hooks.linalg import DenseOperator, LinearOperator
 
+from ..checks import check_float, check_int
+
 __all__ = ["rank_estimates", "RANK_ESTIMATE_COLUMNS"]
 
 #: the keys of :func:`rank_estimates`
@@ -98,11 +100,9 @@ def rank_estimates(P: Union[Tensor, LinearOperator], *, n_probes: int = 16, step
     module docstring: SLQ on P^T P, ``n_probes`` Rademacher probes, ``steps`` Lanczos steps,
     ``steps`` capped at d). Cost: n_probes x steps products with P and with P^T.
     Keys: ``RANK_ESTIMATE_COLUMNS``."""
-    for name, value, low in (("n_probes", n_probes, 2), ("steps", steps, 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < low:
-            raise ValueError(f"rank_estimates: {name} must be an int >= {low}, got {value!r}")
-    if not 0 < tau < 1:
-        raise ValueError(f"rank_estimates: tau must be in (0, 1), got {tau!r}")
+    check_int("n_probes", n_probes, minimum=2, hint="rank_estimates")
+    check_int("steps", steps, minimum=1, hint="rank_estimates")
+    check_float("tau", tau, above=0, below=1, hint="rank_estimates")
     op = P if isinstance(P, LinearOperator) else DenseOperator(
         torch.as_tensor(P).detach().to(torch.float64))
     d = op.shape[1]

@@ -16,6 +16,9 @@ from torch import Tensor
 
 from spectral_hooks.linalg import LinearOperator
 
+from ..checks import check_type
+from ..errors import OptionError, OptionTypeError
+
 __all__ = ["symmetric_part", "schur_diagonal", "SCHUR_MAX_D"]
 
 SCHUR_MAX_D = 2048  # dense-mode size limit of the Schur ablation
@@ -31,8 +34,7 @@ def symmetric_part(J: LinearOperator) -> LinearOperator:
 
     Each application costs one matvec and one rmatvec of J; the result is its own adjoint.
     """
-    if not isinstance(J, LinearOperator):
-        raise TypeError(f"symmetric_part expects a LinearOperator, got {type(J).__name__}")
+    check_type("J", J, LinearOperator, "a LinearOperator", hint="symmetric_part")
     if J.shape[0] != J.shape[1]:
         raise ValueError(f"symmetric_part needs a square operator, got shape {J.shape}")
     J._need_adjoint()
@@ -46,11 +48,12 @@ def symmetric_part(J: LinearOperator) -> LinearOperator:
 
 
 def _check_dense_square(J: Tensor, what: str) -> Tensor:
-    if not isinstance(J, Tensor) or J.ndim != 2 or J.shape[0] != J.shape[1]:
-        raise ValueError(f"{what}: need a dense square tensor [d, d], got "
-                         f"{tuple(J.shape) if isinstance(J, Tensor) else type(J).__name__}")
+    want = "a dense square floating tensor [d, d]"
+    check_type("J", J, Tensor, want, hint=what)
+    if J.ndim != 2 or J.shape[0] != J.shape[1]:
+        raise OptionError("J", J, want, hint=f"{what}: not square")
     if not (J.is_floating_point() or J.is_complex()):
-        raise TypeError(f"{what}: need a floating tensor, got {J.dtype}")
+        raise OptionTypeError("J", J, want, hint=what)
     if J.shape[0] > SCHUR_MAX_D:
         raise ValueError(f"{what}: d = {J.shape[0]} exceeds the dense-mode size limit "
                          f"SCHUR_MAX_D = {SCHUR_MAX_D}")

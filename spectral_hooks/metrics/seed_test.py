@@ -30,6 +30,7 @@ from typing import cast
 import numpy as np
 import pandas as pd
 
+from ..checks import check_type
 from .stats import empirical_pvalues, single_case_t, with_adjusted
 
 __all__ = ["seed_test_table", "SEED_TEST_COLUMNS", "SEED_TEST_PVALUES"]
@@ -42,8 +43,7 @@ SEED_TEST_COLUMNS = ["metric", "layer", "trained", "init_mean", "init_std", "n_i
 
 
 def _check(df: pd.DataFrame, needed: tuple[str, ...], name: str) -> None:
-    if not isinstance(df, pd.DataFrame):
-        raise TypeError(f"seed_test_table: {name} must be a DataFrame, got {type(df).__name__}")
+    check_type(name, df, pd.DataFrame, "a pandas DataFrame", hint="seed_test_table")
     missing = [c for c in needed if c not in df.columns]
     if missing:
         raise ValueError(f"seed_test_table: {name} lacks columns {missing} "

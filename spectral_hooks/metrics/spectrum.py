@@ -48,6 +48,8 @@ from spectral_hooks.linalg.krylov import eigs
 from spectral_hooks.linalg.lowrank import LowRankOperator, lowrank_eig
 from spectral_hooks.linalg.operators import IdentityOperator, LinearOperator
 
+from ..checks import check_choice, check_int, check_type
+
 if TYPE_CHECKING:  # shape annotations only (jaxtyping is not a runtime dependency)
     from jaxtyping import Complex, Float
 
@@ -133,8 +135,7 @@ def _check_square(F: Tensor) -> Tensor:
         if len(F.shape) != 3 or F.shape[1] != F.shape[2]:
             raise ValueError(f"operator stack must be [L, d, d], got shape {tuple(F.shape)}")
         return F
-    if not isinstance(F, Tensor):
-        raise ValueError(f"F must be a torch.Tensor, got {type(F).__name__}")
+    check_type("F", F, Tensor, "a real tensor [d, d] or [L, d, d], or a LinearOperator")
     if F.ndim not in (2, 3) or F.shape[-1] != F.shape[-2] or F.shape[-1] == 0:
         raise ValueError(f"F must be [d, d] or [L, d, d] with d >= 1, got shape {tuple(F.shape)}")
     if F.is_complex():
@@ -146,8 +147,7 @@ def _check_square(F: Tensor) -> Tensor:
 
 
 def _check_iterate(iterate: str) -> None:
-    if iterate not in ITERATES:
-        raise ValueError(f"iterate must be one of {ITERATES}, got {iterate!r}")
+    check_choice("iterate", iterate, ITERATES)
 
 
 def _realify(vecs: Tensor) -> Tensor:
@@ -161,9 +161,8 @@ def _realify(vecs: Tensor) -> Tensor:
 
 
 def _check_options(dense_limit: int, top_k: int) -> None:
-    for name, v, lo in (("dense_limit", dense_limit, 0), ("top_k", top_k, 1)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < lo:
-            raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
+    check_int("dense_limit", dense_limit, minimum=0)
+    check_int("top_k", top_k, minimum=1)
 
 
 def _eig_sorted(F: Tensor, iterate: str, real_tol: float) -> tuple[Tensor, Tensor, Tensor]:

@@ -38,6 +38,7 @@ from typing import Optional, Sequence, cast
 import numpy as np
 import pandas as pd
 
+from ..errors import OptionTypeError
 from .trends import student_t_two_sided
 
 __all__ = ["bh_adjust", "with_adjusted", "empirical_pvalues", "welch_t", "single_case_t",
@@ -88,7 +89,8 @@ def with_adjusted(df: pd.DataFrame, columns: Sequence[str], *,
     ['layer', 'pvalue', 'pvalue_adj', 'n']
     """
     if isinstance(columns, str):
-        raise TypeError("with_adjusted: columns must be a sequence of column names, not a str")
+        raise OptionTypeError("columns", columns, "a sequence of column names, not one str",
+                              hint="with_adjusted")
     out = df.copy()
     for name in columns:
         if name not in out.columns:

@@ -69,15 +69,16 @@ from torch import Tensor
 
 from spectral_hooks.linalg import LinearOperator, column_norms_sq
 
+from ..checks import check_choice, check_int, check_type
+from ..errors import OptionError, OptionTypeError
 from .correlation_graph import (
-    _METHODS,
+    COMMUNITY_METHODS,
     CONSTANT_RTOL,
     Communities,
     UnitGraph,
-    _as_labels,
-    _as_matrix,
-    _as_vector,
-    _check_int,
+    checked_labels,
+    checked_matrix,
+    checked_vector,
     communities,
     modularity,
     participation,
@@ -132,22 +133,19 @@ def amplification(delta_J: Union[Tensor, LinearOperator], *, dense: bool = False
     what = "amplification"
     if dense:
         if not isinstance(delta_J, Tensor) or delta_J.ndim != 2:
-            raise ValueError(f"{what}: dense=True needs delta_J as a tensor [m, d], got "
-                             f"{type(delta_J).__name__}")
+            raise OptionTypeError("delta_J", delta_J, "a tensor [m, d] (dense=True)", hint=what)
         D = delta_J.detach().to("cpu")
         D = D if D.is_complex() else D.to(torch.float64)
         if not bool(torch.isfinite(D).all()):
-            raise ValueError(f"{what}: delta_J contains NaN or Inf")
+            raise OptionError("delta_J", "a tensor holding NaN or Inf", "finite values",
+                              hint=what)
         return torch.linalg.vector_norm(D, dim=0).to(torch.float64), False
-    n_samples = _check_int(n_samples, "n_samples", what, 1)
-    seed = _check_int(seed, "seed", what, 0)
-    if isinstance(delta_J, Tensor):
-        if delta_J.ndim != 2:
-            raise ValueError(f"{what}: delta_J must be [m, d], got shape "
-                             f"{tuple(delta_J.shape)}")
-    elif not isinstance(delta_J, LinearOperator):
-        raise TypeError(f"{what}: delta_J must be a tensor or a LinearOperator, got "
-                        f"{type(delta_J).__name__}")
+    n_samples = check_int("n_samples", n_samples, minimum=1)
+    seed = check_int("seed", seed, minimum=0)
+    check_type("delta_J", delta_J, (Tensor, LinearOperator),
+               "a tensor [m, d] or a LinearOperator", hint=what)
+    if isinstance(delta_J, Tensor) and delta_J.ndim != 2:
+        raise OptionError("delta_J", delta_J, "a tensor [m, d] or a LinearOperator", hint=what)
     est = column_norms_sq(delta_J, n_samples=n_samples, seed=seed)
     value = torch.as_tensor(est.value).detach().to("cpu", torch.float64)
     return value.clamp(min=0.0).sqrt(), True
@@ -185,16 +183,17 @@ def community_amplification(delta_J_dense_or_g: Tensor, labels) -> Tensor:
     x = delta_J_dense_or_g
     if isinstance(x, np.ndarray):
         x = torch.from_numpy(x)
-    if not isinstance(x, Tensor) or x.ndim not in (1, 2):
-        raise ValueError(f"{what}: expected dense Delta J [m, d] or g [d], got "
-                         f"{type(x).__name__}" + (f" of shape {tuple(x.shape)}"
-                                                  if isinstance(x, Tensor) else ""))
+    want = "dense Delta J [m, d] or the amplification g [d]"
+    check_type("delta_J_dense_or_g", x, Tensor, want, hint=what)
+    if x.ndim not in (1, 2):
+        raise OptionError("delta_J_dense_or_g", x, want, hint=what)
     x = x.detach().to("cpu")
     x = x if x.is_complex() else x.to(torch.float64)
     if not bool(torch.isfinite(x).all()):
-        raise ValueError(f"{what}: input contains NaN or Inf")
+        raise OptionError("delta_J_dense_or_g", "a tensor holding NaN or Inf", "finite values",
+                          hint=what)
     g2 = (x.abs() ** 2 if x.ndim == 1 else (x.abs() ** 2).sum(0)).to(torch.float64)
-    lab = _as_labels(labels, g2.shape[0], what)
+    lab = checked_labels(labels, g2.shape[0], what)
     n_c = int(lab.max()) + 1 if len(lab) else 0
     tot = torch.zeros(n_c, dtype=torch.float64).index_add_(0, lab, g2)
     cnt = torch.zeros(n_c, dtype=torch.float64).index_add_(0, lab, torch.ones_like(g2))
@@ -219,17 +218,17 @@ def spearman(a, b) -> tuple[float, float]:
     y = np.asarray(b.detach().cpu().numpy() if isinstance(b, Tensor) else b,
                    dtype=np.float64)
     if x.ndim != 1 or y.ndim != 1 or x.shape != y.shape:
-        raise ValueError(f"spearman: a and b must be 1-dimensional of equal length, got "
-                         f"shapes {x.shape} and {y.shape}")
+        raise OptionError("b", f"an array of shape {y.shape} against a of shape {x.shape}",
+                          "a and b 1-dimensional of equal length", hint="spearman")
     keep = np.isfinite(x) & np.isfinite(y)
     return depth_trend(y[keep], x[keep])
 
 
 def _coupling_input(g, layer, d: int, what: str, name: str) -> Tensor:
-    g = _as_vector(g, what, f"{name}[{layer}]")
+    g = checked_vector(g, what, f"{name}[{layer}]")
     if g.shape[0] != d:
-        raise ValueError(f"{what}: {name}[{layer}] has {g.shape[0]} entries but X_by_layer"
-                         f"[{layer}] has {d} units")
+        raise OptionError(f"{name}[{layer}]", g, f"{d} entries, one per unit of X_by_layer"
+                          f"[{layer}]", hint=what)
     return g.to(torch.float64)
 
 
@@ -321,23 +320,22 @@ def topology_tables(X_by_layer: Mapping[int, Tensor], g_by_layer: Mapping[int, T
     - ``*_adj``: each p-value column Benjamini-Hochberg adjusted over the layers of the table.
     """
     what = "topology_tables"
-    if not isinstance(X_by_layer, Mapping) or not isinstance(g_by_layer, Mapping):
-        raise TypeError(f"{what}: X_by_layer and g_by_layer must be mappings layer -> tensor")
+    check_type("X_by_layer", X_by_layer, Mapping, "a mapping layer -> tensor", hint=what)
+    check_type("g_by_layer", g_by_layer, Mapping, "a mapping layer -> tensor", hint=what)
     for name, value in (("g_init_by_layer", g_init_by_layer), ("gain_by_layer", gain_by_layer),
                         ("gain_init_by_layer", gain_init_by_layer)):
-        if value is not None and not isinstance(value, Mapping):
-            raise TypeError(f"{what}: {name} must be a mapping layer -> tensor or None")
+        check_type(name, value, (Mapping, type(None)), "a mapping layer -> tensor or None",
+                   hint=what)
     if set(X_by_layer) != set(g_by_layer):
-        raise ValueError(f"{what}: X_by_layer and g_by_layer must have the same layers, got "
-                         f"{sorted(X_by_layer)} and {sorted(g_by_layer)}")
-    if method not in _METHODS:
-        raise ValueError(f"{what}: method must be one of {_METHODS}, got {method!r}")
-    seed = _check_int(seed, "seed", what, 0)
-    n_shuffles = _check_int(n_shuffles, "n_shuffles", what, 0)
-    top_k = _check_int(top_k, "top_k", what, 1)
+        raise OptionError("g_by_layer", f"layers {sorted(g_by_layer)}", "the same layers as "
+                          f"X_by_layer, {sorted(X_by_layer)}", hint=what)
+    check_choice("method", method, COMMUNITY_METHODS)
+    seed = check_int("seed", seed, minimum=0)
+    n_shuffles = check_int("n_shuffles", n_shuffles, minimum=0)
+    top_k = check_int("top_k", top_k, minimum=1)
     rows, unit_frames = [], []
     for layer in sorted(X_by_layer):
-        X = _as_matrix(X_by_layer[layer], f"{what}: layer {layer}")
+        X = checked_matrix(X_by_layer[layer], what, f"X_by_layer[{layer}]")
         N, d = X.shape
         g = _coupling_input(g_by_layer[layer], layer, d, what, "g_by_layer")
         g0 = _optional_vector(g_init_by_layer, layer, d, what, "g_init_by_layer")

@@ -26,6 +26,9 @@ from typing import Optional, Sequence, cast
 import numpy as np
 import pandas as pd
 
+from ..checks import check_type
+from ..errors import OptionTypeError
+
 __all__ = ["depth_trend", "trends_table", "student_t_two_sided", "betainc_regularized",
            "EXACT_MAX_N"]
 
@@ -154,10 +157,10 @@ def trends_table(df: pd.DataFrame, metrics: Sequence[str], *, layer_col: str = "
     Rows sharing a layer (several positions) are averaged per layer first (NaNs skipped);
     the trend is then taken over layers with :func:`depth_trend`.
     """
-    if not isinstance(df, pd.DataFrame):
-        raise TypeError(f"trends_table: df must be a DataFrame, got {type(df).__name__}")
+    check_type("df", df, pd.DataFrame, "a pandas DataFrame", hint="trends_table")
     if isinstance(metrics, str):
-        raise TypeError("trends_table: metrics must be a sequence of column names, not a str")
+        raise OptionTypeError("metrics", metrics, "a sequence of column names, not one str",
+                              hint="trends_table")
     missing = [c for c in [layer_col, *metrics] if c not in df.columns]
     if missing:
         raise ValueError(f"trends_table: columns {missing} not in the table "

@@ -10,12 +10,16 @@
 
 from typing import Any
 
-from .core import KEY_COLUMNS, SCHEMA_VERSION, SECTION_NAMES, Report
+from .compare import KEY_COLUMNS
+from .core import SECTION_NAMES, Report
 from .integrity import ReportIntegrityError
+from .metadata import ReportMetadata
 from .schema import Column, SchemaError, SectionSchema
+from .storage import SCHEMA_VERSION
 
 __all__ = [
-    "Report", "SECTION_NAMES", "KEY_COLUMNS", "SCHEMA_VERSION", "Column", "SectionSchema",
+    "Report", "ReportMetadata", "SECTION_NAMES", "KEY_COLUMNS", "SCHEMA_VERSION", "Column",
+    "SectionSchema",
     "SchemaError", "ReportIntegrityError", "figures", "render_html", "write_html",
 ]
 

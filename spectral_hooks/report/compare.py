@@ -8,7 +8,7 @@ from typing import Any, Optional
 import numpy as np
 import pandas as pd
 
-from .encoding import _to_jsonable
+from .encoding import to_jsonable
 
 #: Columns that identify a row; `Report.compare` matches rows on those present in both tables.
 KEY_COLUMNS: tuple[str, ...] = (
@@ -69,7 +69,7 @@ def _short_meta(meta: Mapping[str, Any]) -> dict[str, Any]:
     for k in keep:
         if k in meta:
             try:
-                out[k] = _to_jsonable(meta[k], k)
+                out[k] = to_jsonable(meta[k], k)
             except TypeError:
                 out[k] = str(meta[k])
     return out

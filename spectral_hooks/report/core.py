@@ -32,19 +32,14 @@ from typing import Any, Union
 
 import pandas as pd
 
-from ..errors import OptionTypeError, UnknownNameError
-from .compare import KEY_COLUMNS, compare_sections
+from ..checks import check_type
+from ..errors import OptionError, OptionTypeError, UnknownNameError
+from .compare import compare_sections
+from .metadata import ReportMetadata
 from .schema import SectionSchema
-from .storage import (  # noqa: F401  (re-exported: they lived here)
-    FORMAT_NAME,
-    METADATA_FILE,
-    SCHEMA_VERSION,
-    _check_section_name,
-    load_tables,
-    save_tables,
-)
+from .storage import check_section_name, load_tables, save_tables
 
-__all__ = ["Report", "SECTION_NAMES", "KEY_COLUMNS", "SCHEMA_VERSION"]
+__all__ = ["Report", "SECTION_NAMES"]
 
 logger: logging.Logger = logging.getLogger(__name__)
 
@@ -86,8 +81,12 @@ class Report:
         DataFrame (or None when the analysis turns out to be unavailable). Callables are
         resolved lazily, once, on first access, under a per-section lock.
     metadata:
-        JSON-able values describing the run (model name, config hash, inputs summary, options,
-        library versions, timings, ...). Kept as given; `save` adds ``spectral_hooks_version``.
+        A `ReportMetadata` or a mapping of JSON-able values describing the run (model name,
+        config hash, inputs summary, options, library versions, timings, ...): declared keys
+        become its fields, any other goes to its ``extra``. ``report.metadata`` is that frozen
+        `ReportMetadata` (read it as a mapping: ``report.metadata["options"]``; derive a
+        changed one with ``report.metadata.replace(...)``); `save` sets
+        ``spectral_hooks_version`` where it is unset.
     schemas:
         Optional mapping from section name to its `SectionSchema`. A section with a schema is
         validated when first resolved (a mismatch raises `SchemaError`); `schema` and
@@ -111,29 +110,25 @@ class Report:
     def __init__(
         self,
         sections: Mapping[str, SectionSource] | None = None,
-        metadata: Mapping[str, Any] | None = None,
+        metadata: Mapping[str, Any] | ReportMetadata | None = None,
         *,
         schemas: Mapping[str, SectionSchema] | None = None,
     ) -> None:
         sections = {} if sections is None else sections
-        if not isinstance(sections, Mapping):
-            raise TypeError(f"sections must be a mapping of name -> DataFrame, got {type(sections).__name__}")
-        if metadata is not None and not isinstance(metadata, Mapping):
-            raise TypeError(f"metadata must be a mapping, got {type(metadata).__name__}")
+        check_type("sections", sections, Mapping, "a mapping of name -> DataFrame")
+        check_type("metadata", metadata, (Mapping, type(None)), "a mapping of name -> value")
         self._sources: dict[str, SectionSource] = {}
         for name, source in sections.items():
-            _check_section_name(name)
+            check_section_name(name)
             if source is None:
                 continue
             if not (isinstance(source, pd.DataFrame) or callable(source)):
-                raise TypeError(
-                    f"section {name!r} must be a pandas DataFrame or a callable returning one, "
-                    f"got {type(source).__name__}"
-                )
+                raise OptionTypeError(f"sections[{name!r}]", source,
+                                      "a pandas DataFrame or a callable returning one")
             self._sources[name] = source
         self._cache: dict[str, Any] = {}
         self._locks: dict[str, threading.Lock] = {name: threading.Lock() for name in self._sources}
-        self.metadata: dict[str, Any] = dict(metadata or {})
+        self.metadata: ReportMetadata = ReportMetadata.from_mapping(metadata or {})
         self._schemas = _checked_schemas(schemas)
         self._validated: set[str] = set()
 
@@ -162,10 +157,8 @@ class Report:
             if name not in self._cache:  # another thread may have resolved it meanwhile
                 value = source()
                 if value is not None and not isinstance(value, pd.DataFrame):
-                    raise TypeError(
-                        f"section {name!r}: the callable returned {type(value).__name__}, "
-                        "expected a pandas DataFrame or None"
-                    )
+                    raise OptionTypeError(f"sections[{name!r}]()", value,
+                                          "a callable returning a pandas DataFrame or None")
                 self._cache[name] = value
         result = self._cache[name]
         return default if result is None else self._checked(name, result)
@@ -193,8 +186,12 @@ class Report:
     def columns_doc(self, name: str) -> pd.DataFrame:
         """What each column of section ``name`` means: name, dtype, meaning, anchor, ...
 
-        >>> report.columns_doc("power").set_index("name").loc["gap_ratio", "meaning"]  # doctest: +SKIP
-        'r_t = |mu_2| / |mu_1|; smaller = a stronger pull'
+        >>> from spectral_hooks.report.schema import Column, SectionSchema
+        >>> schema = SectionSchema("power", (Column("layer", "int", "block index", "power"),),
+        ...                        ("layer",))
+        >>> report = Report({"power": pd.DataFrame({"layer": [0]})}, schemas={"power": schema})
+        >>> report.columns_doc("power").loc[0, ["name", "meaning"]].tolist()
+        ['layer', 'block index']
         """
         return self.schema(name).doc()
 
@@ -308,7 +305,11 @@ class Report:
     def load(cls, directory: str | os.PathLike[str], *, verify: bool = True) -> Report:
         """Read a report written by `save` (no pickle involved).
 
-        >>> Report.load("out/")                       # doctest: +SKIP
+        >>> import tempfile
+        >>> saved = Report({"power": pd.DataFrame({"layer": [0, 1]})}, {"model": "demo"})
+        >>> back = Report.load(saved.save(tempfile.mkdtemp(), format="csv"))
+        >>> back.sections, back.metadata["model"], back.power.equals(saved.power)
+        (['power'], 'demo', True)
 
         Each file's size and SHA-256 and the manifest's own checksum are verified: a truncated,
         corrupted or edited report raises `ReportIntegrityError` (a ValueError) naming the file.
@@ -369,12 +370,10 @@ class Report:
 def _checked_schemas(schemas: Mapping[str, SectionSchema] | None) -> dict[str, SectionSchema]:
     if schemas is None:
         return {}
-    if not isinstance(schemas, Mapping):
-        raise TypeError("schemas must be a mapping of section name -> SectionSchema, "
-                        f"got {type(schemas).__name__}")
+    check_type("schemas", schemas, Mapping, "a mapping of section name -> SectionSchema")
     for name, schema in schemas.items():
-        if not isinstance(schema, SectionSchema):
-            raise TypeError(f"schemas[{name!r}] must be a SectionSchema, got {type(schema).__name__}")
+        check_type(f"schemas[{name!r}]", schema, SectionSchema, "a SectionSchema")
         if schema.name != name:
-            raise ValueError(f"schemas[{name!r}] is the schema of section {schema.name!r}")
+            raise OptionError(f"schemas[{name!r}]", f"the schema of section {schema.name!r}",
+                              f"the schema of section {name!r}")
     return dict(schemas)

@@ -20,14 +20,18 @@ import pandas as pd
 
 
 # ---------------------------------------------------------------------- JSON
-def _to_jsonable(value: Any, where: str) -> Any:
-    """Strictly JSON-able copy (numpy scalars/arrays converted); TypeError naming the key."""
+def to_jsonable(value: Any, where: str) -> Any:
+    """Strictly JSON-able copy (numpy scalars/arrays converted); TypeError naming the key.
+
+    >>> to_jsonable({"n": np.int64(3), "x": np.arange(2)}, "metadata")
+    {'n': 3, 'x': [0, 1]}
+    """
     if value is None or isinstance(value, (str, bool, int, float)):
         return value
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, np.ndarray):
-        return _to_jsonable(value.tolist(), where)
+        return to_jsonable(value.tolist(), where)
     if isinstance(value, os.PathLike):
         return os.fspath(value)
     if isinstance(value, Mapping):
@@ -35,15 +39,20 @@ def _to_jsonable(value: Any, where: str) -> Any:
         for k, v in value.items():
             if not isinstance(k, str):
                 raise TypeError(f"{where}: key {k!r} is not a string")
-            out[k] = _to_jsonable(v, f"{where}[{k!r}]")
+            out[k] = to_jsonable(v, f"{where}[{k!r}]")
         return out
     if isinstance(value, (list, tuple)):
-        return [_to_jsonable(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return [to_jsonable(v, f"{where}[{i}]") for i, v in enumerate(value)]
     raise TypeError(f"{where} holds a {type(value).__name__}, which is not JSON-able")
 
 
 # ---------------------------------------------------------------------- columns and cells
-def _column_kind(s: pd.Series) -> str:
+def column_kind(s: pd.Series) -> str:
+    """The storage kind of a column (TypeError for a dtype that cannot be stored exactly).
+
+    >>> column_kind(pd.Series([1, 2])), column_kind(pd.Series(["a"])), column_kind(pd.Series([1j]))
+    ('int', 'text', 'complex')
+    """
     dt = s.dtype
     if isinstance(dt, pd.CategoricalDtype):
         return "category"
@@ -64,7 +73,12 @@ def _column_kind(s: pd.Series) -> str:
     raise TypeError(f"unsupported dtype {dt}")
 
 
-def _json_cell(x: Any, where: str) -> str:
+def json_cell(x: Any, where: str) -> str:
+    """One cell as JSON text (``pd.NA`` as its own marker); TypeError naming ``where``.
+
+    >>> json_cell(None, "c"), json_cell(pd.NA, "c"), unjson_cell(json_cell(pd.NA, "c")) is pd.NA
+    ('null', '{"__na__": true}', True)
+    """
     if x is pd.NA:
         return '{"__na__": true}'
     if isinstance(x, np.generic):
@@ -75,14 +89,24 @@ def _json_cell(x: Any, where: str) -> str:
         raise TypeError(f"{where}: value {x!r} ({type(x).__name__}) cannot be stored") from None
 
 
-def _unjson_cell(text: str) -> Any:
+def unjson_cell(text: str) -> Any:
+    """The cell :func:`json_cell` wrote.
+
+    >>> unjson_cell('"a"'), unjson_cell("NaN")
+    ('a', nan)
+    """
     value = json.loads(text)
     if isinstance(value, dict) and value == {"__na__": True}:
         return pd.NA
     return value
 
 
-def _encode_csv_column(s: pd.Series, kind: str, where: str) -> pd.Series:
+def encode_csv_column(s: pd.Series, kind: str, where: str) -> pd.Series:
+    """A column of ``kind`` as the exact strings written to a CSV file.
+
+    >>> encode_csv_column(pd.Series([0.1, 1j]), "complex", "c").tolist()
+    ['0.1 0.0', '0.0 1.0']
+    """
     values = s.to_numpy(dtype=object) if kind in ("text", "category", "nullable") else s.to_numpy()
     if kind == "bool":
         out = ["1" if v else "0" for v in values]
@@ -93,11 +117,16 @@ def _encode_csv_column(s: pd.Series, kind: str, where: str) -> pd.Series:
     elif kind == "complex":
         out = [f"{complex(v).real!r} {complex(v).imag!r}" for v in values]
     else:  # text, category, nullable: JSON per cell keeps None / NaN / NA apart
-        out = [_json_cell(v, where) for v in values]
+        out = [json_cell(v, where) for v in values]
     return pd.Series(out, dtype=object)
 
 
-def _decode_csv_column(cells: list[str], kind: str, dtype: str, entry: Mapping[str, Any]) -> pd.Series:
+def decode_csv_column(cells: list[str], kind: str, dtype: str, entry: Mapping[str, Any]) -> pd.Series:
+    """The column :func:`encode_csv_column` wrote, as ``dtype`` (``entry``: its manifest entry).
+
+    >>> decode_csv_column(["1", "0"], "bool", "bool", {}).tolist()
+    [True, False]
+    """
     if kind == "bool":
         return pd.Series(np.array([c == "1" for c in cells], dtype=bool))
     if kind == "int":
@@ -110,15 +139,20 @@ def _decode_csv_column(cells: list[str], kind: str, dtype: str, entry: Mapping[s
             r, i = c.split(" ")
             vals.append(complex(float(r), float(i)))
         return pd.Series(np.array(vals, dtype=np.complex128)).astype(dtype)
-    values = [_unjson_cell(c) for c in cells]
+    values = [unjson_cell(c) for c in cells]
     if kind == "nullable":
         return pd.Series(values, dtype=object).astype(dtype)
-    return _finish_text(values, kind, dtype, entry)
+    return finish_text(values, kind, dtype, entry)
 
 
-def _finish_text(values: list[Any], kind: str, dtype: str, entry: Mapping[str, Any]) -> pd.Series:
+def finish_text(values: list[Any], kind: str, dtype: str, entry: Mapping[str, Any]) -> pd.Series:
+    """Decoded text or category cells as a column of ``dtype`` (categories from ``entry``).
+
+    >>> finish_text(["a", "b"], "category", "category", {"categories": ['"a"', '"b"']}).tolist()
+    ['a', 'b']
+    """
     if kind == "category":
-        cats = [_unjson_cell(c) for c in entry["categories"]]
+        cats = [unjson_cell(c) for c in entry["categories"]]
         cat_index = pd.Index(cats, dtype=object)
         cdt = entry.get("categories_dtype")
         if cdt:

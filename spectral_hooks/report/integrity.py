@@ -1,7 +1,10 @@
 """Durable report files: atomic writes, SHA-256 checksums, and the checks `Report.load` makes.
 
-    >>> atomic_write_bytes(Path("out/power.csv"), b"layer\\n0\\n")   # doctest: +SKIP
-    'e3b0c442...'                                                     # the file's SHA-256
+    >>> import tempfile
+    >>> path = Path(tempfile.mkdtemp()) / "power.csv"
+    >>> atomic_write_bytes(path, b"layer\\n0\\n") == sha256_bytes(path.read_bytes())
+    True
+    >>> verify_file(path, {"size": 8, "sha256": sha256_bytes(b"layer\\n0\\n")}, "power")
 
 Every file of a saved report is written to a temporary sibling, flushed, ``fsync``-ed and then
 renamed over its final name, so a crash leaves either the old file or the new one, never half of
@@ -30,6 +33,11 @@ class ReportIntegrityError(SpectralHooksError, ValueError):
 
 
 def sha256_bytes(data: bytes) -> str:
+    """The SHA-256 of ``data`` as 64 hex digits.
+
+    >>> sha256_bytes(b"")[:8]
+    'e3b0c442'
+    """
     return hashlib.sha256(data).hexdigest()
 
 
@@ -64,7 +72,11 @@ def atomic_write_bytes(path: Path, data: bytes) -> str:
 
 
 def manifest_checksum(manifest: Mapping[str, Any]) -> str:
-    """SHA-256 of the manifest's canonical JSON, without its own checksum key."""
+    """SHA-256 of the manifest's canonical JSON, without its own checksum key.
+
+    >>> manifest_checksum({"a": 1}) == manifest_checksum({"a": 1, MANIFEST_CHECKSUM_KEY: "x"})
+    True
+    """
     body = {k: v for k, v in manifest.items() if k != MANIFEST_CHECKSUM_KEY}
     text = json.dumps(body, sort_keys=True, allow_nan=True, ensure_ascii=False)
     return sha256_bytes(text.encode("utf-8"))
@@ -123,7 +135,14 @@ def verify_file(path: Path, info: Mapping[str, Any], section: str) -> None:
 
 
 def check_shape(raw_rows: int, n_rows: int, section: str, path: Path) -> None:
-    """The file holds the number of rows the manifest says (checked even with verify=False)."""
+    """The file holds the number of rows the manifest says (checked even with verify=False).
+
+    >>> try:
+    ...     check_shape(2, 3, "power", Path("power.csv"))
+    ... except ReportIntegrityError as err:
+    ...     print(err)
+    report section 'power' ('power.csv'): the file has 2 rows, the manifest says 3
+    """
     if raw_rows != n_rows:
         raise ReportIntegrityError(f"report section {section!r} ({str(path)!r}): the file has "
                                    f"{raw_rows} rows, the manifest says {n_rows}")

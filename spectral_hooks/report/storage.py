@@ -23,17 +23,17 @@ from typing import Any, cast
 import numpy as np
 import pandas as pd
 
-from .._optional import MissingExtraError
 from .._version import __version__
-from ..errors import OptionError
+from ..checks import check_bool, check_choice
+from ..errors import MissingExtraError, OptionError
 from .encoding import (
-    _column_kind,
-    _decode_csv_column,
-    _encode_csv_column,
-    _finish_text,
-    _json_cell,
-    _to_jsonable,
-    _unjson_cell,
+    column_kind,
+    decode_csv_column,
+    encode_csv_column,
+    finish_text,
+    json_cell,
+    to_jsonable,
+    unjson_cell,
 )
 from .integrity import (
     MANIFEST_CHECKSUM_KEY,
@@ -45,6 +45,7 @@ from .integrity import (
     verify_file,
     verify_manifest,
 )
+from .metadata import ReportMetadata
 
 #: Version of the on-disk layout written by `Report.save`.
 SCHEMA_VERSION = 2  # 2: file sizes, SHA-256s and the manifest checksum (1 loads unverified)
@@ -60,43 +61,50 @@ _COMPLEX_IM_PREFIX = "__im__"
 _INDEX_PREFIX = "__index_level_"
 
 
-def _check_section_name(name: Any) -> str:
+def check_section_name(name: Any) -> str:
+    """``name`` if it can be a section's file name (an OptionError otherwise).
+
+    >>> check_section_name("power")
+    'power'
+    """
     if not isinstance(name, str) or not _NAME_RE.match(name):
-        raise ValueError(
-            f"invalid section name {name!r}: use letters, digits, '_', '-' or '.' "
-            "(it becomes a file name when the report is saved)"
-        )
+        raise OptionError("section name", name, "letters, digits, '_', '-' or '.' (at most "
+                          "100; it becomes a file name when the report is saved)")
     return name
 
 
 def save_tables(
     tables: Iterable[tuple[str, pd.DataFrame]],
-    metadata: Mapping[str, Any],
+    metadata: Mapping[str, Any] | ReportMetadata,
     directory: str | os.PathLike[str],
     *,
     format: str | None = None,
 ) -> Path:
     """Write ``(name, table)`` pairs and ``metadata.json`` into ``directory``; see `Report.save`.
 
-    >>> import tempfile                                              # doctest: +SKIP
-    >>> save_tables([("power", df)], {"model": "demo"}, tempfile.mkdtemp())  # doctest: +SKIP
+    >>> import tempfile
+    >>> out = save_tables([("power", pd.DataFrame({"layer": [0, 1]}))], {"model": "demo"},
+    ...                   tempfile.mkdtemp(), format="csv")
+    >>> sorted(p.name for p in out.iterdir())
+    ['metadata.json', 'power.csv']
 
-    Plain tables and a metadata mapping: this module knows nothing of `Report`.
+    Plain tables and the metadata (a :class:`ReportMetadata` or a mapping): this module knows
+    nothing of `Report`. ``spectral_hooks_version`` is set to this version where it is unset.
     """
     if format is None:
         format = "parquet" if _HAVE_PYARROW else "csv"
-    if format not in ("parquet", "csv"):
-        raise OptionError("format", format, "'parquet', 'csv' or None (parquet when pyarrow "
-                          "is installed)")
+    check_choice("format", format, ("parquet", "csv"),
+                 accepted="'parquet', 'csv' or None (parquet when pyarrow is installed)")
     if format == "parquet" and not _HAVE_PYARROW:
         raise MissingExtraError("pyarrow", "format='parquet'; or use format='csv'")
     out = Path(directory)
     _prepare_dir(out)
 
-    metadata = dict(metadata)
-    metadata.setdefault("spectral_hooks_version", __version__)
+    record = ReportMetadata.from_mapping(metadata)
+    if record.spectral_hooks_version is None:
+        record = record.replace(spectral_hooks_version=__version__)
     try:
-        metadata_json = _to_jsonable(metadata, "metadata")
+        metadata_json = to_jsonable(record.to_dict(), "metadata")
     except TypeError as exc:
         raise ValueError(f"report metadata is not JSON-serialisable: {exc}") from None
 
@@ -118,16 +126,22 @@ def save_tables(
 
 
 def load_tables(directory: str | os.PathLike[str], *,
-                verify: bool = True) -> tuple[dict[str, pd.DataFrame], Any]:
+                verify: bool = True) -> tuple[dict[str, pd.DataFrame], ReportMetadata]:
     """(sections, metadata) of a report written by `save_tables` (no pickle involved).
+
+    >>> import tempfile
+    >>> out = save_tables([("power", pd.DataFrame({"layer": [0, 1]}))], {"model": "demo"},
+    ...                   tempfile.mkdtemp(), format="csv")
+    >>> sections, metadata = load_tables(out)
+    >>> sections["power"]["layer"].tolist(), metadata["model"]
+    ([0, 1], 'demo')
 
     ``verify=True`` checks the manifest's own checksum and each file's size and SHA-256 and
     raises `ReportIntegrityError` naming the damaged file; ``verify=False`` skips those checks
     (for a report edited on purpose) but still refuses a file whose row count or column dtypes
     do not match the manifest.
     """
-    if not isinstance(verify, bool):
-        raise OptionError("verify", verify, "True (check every checksum) or False")
+    check_bool("verify", verify)
     root = Path(directory)
     meta_path = root / METADATA_FILE
     if not root.is_dir():
@@ -151,7 +165,7 @@ def load_tables(directory: str | os.PathLike[str], *,
         )
     check_structure(manifest, meta_path)
     for name, info in manifest["sections"].items():
-        _check_section_name(name)
+        check_section_name(name)
         filename = info["file"]
         if Path(filename).name != filename or filename in ("", ".", ".."):
             raise ValueError(f"{meta_path}: section {name!r} names an invalid file {filename!r}")
@@ -165,7 +179,16 @@ def load_tables(directory: str | os.PathLike[str], *,
         if verify and version >= 2:
             verify_file(path, info, name)
         sections[name] = _read_table(path, info, name)
-    return sections, manifest.get("metadata", {})
+    return sections, _metadata_of(manifest, meta_path)
+
+
+def _metadata_of(manifest: Mapping[str, Any], meta_path: Path) -> ReportMetadata:
+    """The manifest's metadata, from this layout or the one before (see ReportMetadata)."""
+    stored = manifest.get("metadata", {})
+    if not isinstance(stored, Mapping):
+        raise ReportIntegrityError(f"{meta_path}: 'metadata' is a {type(stored).__name__}, "
+                                   "not a JSON object; the manifest is damaged")
+    return ReportMetadata.from_mapping(stored)
 
 
 # ---------------------------------------------------------------------- helpers: files
@@ -201,7 +224,7 @@ def _flatten_index(df: pd.DataFrame, section: str) -> tuple[pd.DataFrame, dict[s
     flat.index = idx.set_names(cols)
     flat = flat.reset_index()
     try:
-        json_names = _to_jsonable(names, f"section {section!r} index names")
+        json_names = to_jsonable(names, f"section {section!r} index names")
     except TypeError as exc:
         raise TypeError(str(exc)) from None
     return flat, {"columns": cols, "names": json_names}
@@ -225,7 +248,7 @@ def _write_table(df: pd.DataFrame, path: Path, format: str, section: str) -> dic
     for col in flat.columns:
         s = flat[col]
         try:
-            kind = _column_kind(s)
+            kind = column_kind(s)
         except TypeError as exc:
             raise TypeError(
                 f"section {section!r}, column {col!r}: {exc}; convert it to a number or string first"
@@ -233,19 +256,19 @@ def _write_table(df: pd.DataFrame, path: Path, format: str, section: str) -> dic
         entry: dict[str, Any] = {"name": col, "dtype": str(s.dtype), "kind": kind}
         if kind == "category":
             cats = s.cat.categories
-            entry["categories"] = [_json_cell(c, f"section {section!r}, column {col!r}") for c in cats]
+            entry["categories"] = [json_cell(c, f"section {section!r}, column {col!r}") for c in cats]
             entry["categories_dtype"] = str(cats.dtype)
             entry["ordered"] = bool(s.cat.ordered)
         columns.append(entry)
         where = f"section {section!r}, column {col!r}"
         if format == "csv":
-            encoded[col] = _encode_csv_column(s, kind, where)
+            encoded[col] = encode_csv_column(s, kind, where)
         else:
             if kind == "complex":
                 encoded[_COMPLEX_RE_PREFIX + col] = pd.Series(np.real(s.to_numpy()))
                 encoded[_COMPLEX_IM_PREFIX + col] = pd.Series(np.imag(s.to_numpy()))
             elif kind == "text" or kind == "category":
-                encoded[col] = pd.Series([_json_cell(x, where) for x in s.astype(object)], dtype=object)
+                encoded[col] = pd.Series([json_cell(x, where) for x in s.astype(object)], dtype=object)
             else:
                 encoded[col] = s.reset_index(drop=True)
     table = pd.DataFrame(encoded, index=pd.RangeIndex(len(flat)))
@@ -330,18 +353,18 @@ _NUMERIC_KINDS = ("bool", "int", "float", "complex")
 
 def _decode_column(raw: pd.DataFrame, entry: Mapping[str, Any], fmt: str, n_rows: int) -> pd.Series:
     name, kind, dtype = entry["name"], entry["kind"], entry["dtype"]
-    declared = _column_kind(pd.Series([], dtype=dtype))  # a cast would silently change values
+    declared = column_kind(pd.Series([], dtype=dtype))  # a cast would silently change values
     if declared != kind and (declared in _NUMERIC_KINDS or kind in _NUMERIC_KINDS):
         raise TypeError(f"the manifest stores it as {kind!r} values but declares dtype {dtype}")
     if fmt == "csv":
         cells = raw[name].tolist() if n_rows else []
-        return _decode_csv_column(cells, kind, dtype, entry)
+        return decode_csv_column(cells, kind, dtype, entry)
     if kind == "complex":
         re_ = raw[_COMPLEX_RE_PREFIX + name].to_numpy()
         im_ = raw[_COMPLEX_IM_PREFIX + name].to_numpy()
         return pd.Series(re_ + 1j * im_, dtype=dtype)
     if kind in ("text", "category"):
-        cells = [_unjson_cell(x) for x in raw[name].tolist()]
-        return _finish_text(cells, kind, dtype, entry)
+        cells = [unjson_cell(x) for x in raw[name].tolist()]
+        return finish_text(cells, kind, dtype, entry)
     s = raw[name]
     return s if str(s.dtype) == dtype else s.astype(dtype)

@@ -16,8 +16,8 @@ import torch  # noqa: E402
 from transformers import GPT2Config, GPT2Model  # noqa: E402
 
 import spectral_hooks as sh  # noqa: E402
-from spectral_hooks._optional import MissingExtraError  # noqa: E402
 from spectral_hooks.cli import main  # noqa: E402
+from spectral_hooks.errors import MissingExtraError  # noqa: E402
 from spectral_hooks.integrations import TensorBoardLogger, WandbLogger  # noqa: E402
 
 

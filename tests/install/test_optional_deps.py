@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from spectral_hooks._optional import MissingExtraError, require
+from spectral_hooks.errors import MissingExtraError, require
 
 
 def test_require_names_the_extra():

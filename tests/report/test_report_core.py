@@ -13,9 +13,9 @@ import pytest
 from pandas.testing import assert_frame_equal
 
 import spectral_hooks
-import spectral_hooks.report.core as core
 import spectral_hooks.report.storage as storage
 from spectral_hooks.report import Report
+from spectral_hooks.report.compare import KEY_COLUMNS
 
 
 def tricky_frame() -> pd.DataFrame:
@@ -53,7 +53,7 @@ def test_round_trip_exact(tmp_path, fmt, make_sections):
     assert back.metadata == {**rep.metadata, "spectral_hooks_version": spectral_hooks.__version__}
     assert "spectral_hooks_version" not in rep.metadata  # save does not mutate
     manifest = json.loads((tmp_path / "metadata.json").read_text())
-    assert manifest["schema_version"] == core.SCHEMA_VERSION
+    assert manifest["schema_version"] == storage.SCHEMA_VERSION
     assert manifest["sections"]["extra"]["dtypes"]["z"] == "complex128"
     assert manifest["sections"]["extra"]["dtypes"]["flag"] == "bool"
 
@@ -165,11 +165,11 @@ def test_load_errors(tmp_path, make_report):
     make_report().save(tmp_path / "r")
     path = tmp_path / "r" / "metadata.json"
     manifest = json.loads(path.read_text())
-    manifest["schema_version"] = core.SCHEMA_VERSION + 1
+    manifest["schema_version"] = storage.SCHEMA_VERSION + 1
     path.write_text(json.dumps(manifest))
     with pytest.raises(ValueError, match="newer"):
         Report.load(tmp_path / "r")
-    manifest["schema_version"] = core.SCHEMA_VERSION
+    manifest["schema_version"] = storage.SCHEMA_VERSION
     manifest["sections"]["power"]["file"] = "../../etc/passwd"
     path.write_text(json.dumps(manifest))
     with pytest.raises(ValueError, match="invalid file"):
@@ -184,7 +184,7 @@ def test_compare_with_itself_is_zero(make_report):
     for name in rep.sections:
         d = diff[name]
         assert len(d) == len(rep[name])
-        keys = [c for c in core.KEY_COLUMNS if c in rep[name].columns]
+        keys = [c for c in KEY_COLUMNS if c in rep[name].columns]
         assert_frame_equal(d[keys], rep[name][keys].reset_index(drop=True))
         values = d.drop(columns=keys)
         assert len(values.columns) > 0
