@@ -344,7 +344,7 @@ def anatomy_of(model: nn.Module) -> "Anatomy | EncoderDecoderAnatomy":
     :class:`~spectral_hooks.anatomy.stacks.EncoderDecoderAnatomy`: one Anatomy per stack.
 
     Wrappers (DDP, DataParallel, accelerate, ``torch.compile``, PEFT's ``PeftModel``) are
-    looked through (:func:`spectral_hooks.wrappers.unwrap_model`). Raises TypeError for a
+    looked through (:func:`spectral_hooks.anatomy.wrappers.unwrap_model`). Raises TypeError for a
     non-module. A model no family recognises gets the generic
     fallback (:mod:`.generic`: a :class:`~spectral_hooks.errors.GenericAnatomyWarning`, checked
     on the first recorded batch) or :class:`~spectral_hooks.errors.UnsupportedModelError` (a
@@ -358,9 +358,9 @@ def anatomy_of(model: nn.Module) -> "Anatomy | EncoderDecoderAnatomy":
     if not isinstance(model, nn.Module):
         raise OptionTypeError("model", model, "a torch.nn.Module (a transformers or "
                               "TransformerLens model)")
-    from ..wrappers import unwrap_model
     from . import families  # noqa: F401  (registers the built-in families)
     from .generic import generic_anatomy
+    from .wrappers import unwrap_model
 
     model = unwrap_model(model, quiet=True)  # DDP, compile, PeftModel: the one rule
     for _, builder in _REGISTRY:

@@ -22,8 +22,8 @@ from typing import Any, Callable, Optional, Union
 from torch import nn
 
 from .._optional import require
+from ..anatomy.wrappers import unwrap_model
 from ..errors import UnsupportedModelError
-from ..wrappers import unwrap_model
 from .tracker import SpectralTracker
 
 _pl = require("lightning.pytorch", feature="SpectralLightningCallback")

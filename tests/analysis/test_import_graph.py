@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2] / "spectral_hooks"
 # rank of each module group: a module may import only groups of lower or equal rank
 RANKS = {
     "errors": 0, "checks": 0, "_version": 0, "suspend": 0, "linalg": 0, "_optional": 0,
-    "tl_names": 0, "cache_view": 0, "wrappers": 0, "running_stats": 0, "recorded_patterns": 0,
+    "tl_names": 0, "cache_view": 0, "running_stats": 0, "recorded_patterns": 0,
     "metrics": 1, "recording": 1, "anatomy": 1, "report": 1,
     "weights": 2,
     "linearize": 3, "steering": 3,

@@ -84,14 +84,14 @@ def refuse_sharded(model: nn.Module, what: str) -> None:
     offloading (CPU/disk, ``device_map``) cannot do: replaying a block under forward-mode AD."""
     if any(hasattr(m, "_hf_hook") and getattr(m._hf_hook, "offload", False)
            for m in model.modules()):
-        from .errors import UnsupportedModelError
+        from ..errors import UnsupportedModelError
 
         raise UnsupportedModelError(
             f"{what} of a model with accelerate-offloaded weights is not supported (accelerate's "
             "hooks swap the weights in during the block replay and break forward-mode AD): "
             "load the model without offloading (no device_map, or one that fits in memory)")
     if is_sharded(model):
-        from .errors import UnsupportedModelError
+        from ..errors import UnsupportedModelError
 
         raise UnsupportedModelError(
             f"{what} of an FSDP2-sharded model is not supported (its blocks are replayed outside "
@@ -115,7 +115,7 @@ def weights_in(module: nn.Module, *, where: str = "this block") -> Iterator[None
                 if has_offloaded_params(m):
                     stack.enter_context(align_module_device(m))
         if any(p.device.type == "meta" for p in module.parameters()):
-            from .errors import UnsupportedModelError
+            from ..errors import UnsupportedModelError
 
             raise UnsupportedModelError(
                 f"the weights of {where} are on the meta device (init_empty_weights, never "
