@@ -62,8 +62,13 @@ class UnknownNameError(OptionError, KeyError):
 
 
 def _short_repr(value: Any, limit: int = 80) -> str:
-    """repr on one line, at most ``limit`` characters (a model's repr is pages long)."""
-    text = " ".join(repr(value).split())
+    """repr on one line, at most ``limit`` characters; a model, pipeline or other object whose
+    repr is pages long or an address is named by its type only (``<GPT2LMHeadModel>``)."""
+    text = repr(value)
+    if (hasattr(value, "named_modules") or " object at 0x" in text
+            or ("\n" in text and not hasattr(value, "shape"))):  # a tensor: its values
+        return f"<{type(value).__name__}>"
+    text = " ".join(text.split())
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 

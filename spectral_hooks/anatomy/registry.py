@@ -13,7 +13,7 @@ anatomy module is used.
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Union
+from typing import Any, Callable, Optional, Union
 
 from torch import nn
 
@@ -73,14 +73,15 @@ def family_infos(*, builtin: bool = False) -> list[FamilyInfo]:
         not builtin or getattr(builder, "__module__", "").startswith(__package__ or ""))]
 
 
-def anatomy_of(model: nn.Module) -> "Anatomy | EncoderDecoderAnatomy":
+def anatomy_of(model: Any) -> "Anatomy | EncoderDecoderAnatomy":
     """Describe ``model`` (HF transformers, TransformerLens 3 or 4) as an :class:`Anatomy`; an
     encoder-decoder model (T5, BART, Whisper) as an
     :class:`~spectral_hooks.anatomy.stacks.EncoderDecoderAnatomy`: one Anatomy per stack.
 
-    Wrappers (DDP, DataParallel, accelerate, ``torch.compile``, PEFT's ``PeftModel``) are
-    looked through (:func:`spectral_hooks.anatomy.wrappers.unwrap_model`). Raises TypeError for a
-    non-module. A model no family recognises gets the generic
+    Wrappers (DDP, DataParallel, accelerate, ``torch.compile``, PEFT, sentence-transformers,
+    nnsight, pipelines) are looked through (:func:`spectral_hooks.anatomy.wrappers.unwrap_model`);
+    anything else that is not a Module raises :class:`~spectral_hooks.errors.OptionTypeError` (a
+    TypeError). A model no family recognises gets the generic
     fallback (:mod:`.generic`: a :class:`~spectral_hooks.errors.GenericAnatomyWarning`, checked
     on the first recorded batch) or :class:`~spectral_hooks.errors.UnsupportedModelError` (a
     ValueError) that names ``spectral_hooks.register_anatomy``.
@@ -90,10 +91,7 @@ def anatomy_of(model: nn.Module) -> "Anatomy | EncoderDecoderAnatomy":
         >>> anatomy.family, anatomy.n_layers, anatomy.causal
         ('gpt2', 2, True)
     """
-    if not isinstance(model, nn.Module):
-        raise OptionTypeError("model", model, "a torch.nn.Module (a transformers or "
-                              "TransformerLens model)")
-    model = unwrap_model(model, quiet=True)  # DDP, compile, PeftModel: the one rule
+    model = unwrap_model(model, quiet=True)  # the one rule: DDP, PEFT, sentence-transformers...
     for _, builder in _REGISTRY:
         anatomy = builder(model)
         if anatomy is not None:
