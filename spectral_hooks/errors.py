@@ -85,7 +85,10 @@ def describe_value(value: Any, limit: int = 80) -> str:
         kind = "tensor" if torch is not None and isinstance(value, torch.Tensor) \
             else type(value).__name__
         return f"a {value.dtype} {kind} of shape {tuple(int(n) for n in shape)}"
-    text = " ".join(repr(value).split())
+    text = repr(value)
+    if " object at 0x" in text or ("\n" in text and shape is None):  # a pipeline, an envelope
+        return f"a {type(value).__name__}"
+    text = " ".join(text.split())
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 

@@ -6,7 +6,7 @@
 
 A :class:`ForwardCall` lives while the model runs: which application of each (possibly shared)
 module this is, what was captured, each block's replayable call. The keyword names it reads
-(inputs, mask, KV caches) are anatomy facts (``anatomy.base``).
+(inputs, mask, KV caches) are anatomy facts (``anatomy.calls``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from .anatomy import Anatomy
-from .anatomy.base import CACHE_KWARGS, MASK_KWARG, MODEL_INPUT_KWARGS
+from .anatomy.calls import CACHE_KWARGS, MASK_KWARG, MODEL_INPUT_KWARGS
 from .anatomy.patterns import pattern_capture
 from .errors import OptionError, OptionTypeError, RecordingError, UnsupportedModelError
 from .recording import CAPTURES, BlockCall, map_tensors

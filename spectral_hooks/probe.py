@@ -23,6 +23,7 @@ from . import forward_call as fc
 from .analysis import AnalysisCache, AnalyzeOptions, Subject, analyze
 from .analysis.distributed import analyze_distributed
 from .anatomy import Anatomy, EncoderDecoderAnatomy, anatomy_of, stack_of
+from .anatomy.wrappers import unwrap_model
 from .block_jacobians import BlockJacobians
 from .checks import check_float_dtype
 from .encoder_decoder import EncoderDecoderProbe
@@ -31,7 +32,6 @@ from .record_on import RecordsOn
 from .recording import DEFAULT_CAPTURES, STORES, Recording, map_tensors
 from .report import Report
 from .suspend import is_suspended, suspended  # noqa: F401  (suspended: public re-export)
-from .wrappers import unwrap_model
 
 log: logging.Logger = logging.getLogger(__name__)
 
@@ -218,7 +218,7 @@ def instrument(model: nn.Module, *, layers: Optional[Iterable[int]] = None,
                capture: Sequence[str] = DEFAULT_CAPTURES, store: str = "device",
                dtype: Optional[torch.dtype] = None) -> Probe | EncoderDecoderProbe:
     """Attach recording hooks to ``model`` (DDP/compile wrappers: to the module inside, see
-    ``wrappers.py``) and return the :class:`Probe` (for an encoder-decoder model, an
+    ``anatomy/wrappers.py``) and return the :class:`Probe` (for an encoder-decoder model, an
     :class:`~spectral_hooks.encoder_decoder.EncoderDecoderProbe`).
 
         >>> from transformers import GPT2Config, GPT2Model

@@ -14,11 +14,11 @@ import torch
 from torch import Tensor, nn
 
 from .anatomy import Anatomy, anatomy_of, stack_of
+from .anatomy.wrappers import weights_in
 from .checks import check_bool, check_float_dtype
 from .errors import NonFiniteComputationError, OptionError
 from .linalg import LinearOperator, LowRankOperator, merge_shared_factors
 from .linalg.lowrank import shared_value_groups
-from .wrappers import weights_in
 
 ATTENTIONS = ("self", "cross")
 

@@ -18,13 +18,13 @@ FACE = [n for n in sh.__all__ if n not in ("__version__", "linalg")]
 @pytest.fixture(autouse=True)
 def registry_restored():
     """Examples such as register_anatomy's register families: undo that for the other tests."""
-    from spectral_hooks.anatomy import base, families  # noqa: F401  (built-ins registered first)
+    from spectral_hooks.anatomy import registry  # the package registers the built-ins first
 
-    registry, infos = list(base._REGISTRY), dict(base._INFOS)
+    families, infos = list(registry._REGISTRY), dict(registry._INFOS)
     yield
-    base._REGISTRY[:] = registry
-    base._INFOS.clear()
-    base._INFOS.update(infos)
+    registry._REGISTRY[:] = families
+    registry._INFOS.clear()
+    registry._INFOS.update(infos)
 
 
 @pytest.mark.parametrize("name", FACE)

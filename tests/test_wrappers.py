@@ -42,7 +42,7 @@ def gloo_group():
 def test_ddp(gloo_group, caplog):
     model = make_model("gpt2", dtype=torch.float32)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
-    with caplog.at_level(logging.INFO, logger="spectral_hooks.wrappers"):
+    with caplog.at_level(logging.INFO, logger="spectral_hooks.anatomy.wrappers"):
         probe = sh.instrument(ddp)
     assert probe.model is model and "DistributedDataParallel" in caplog.text
     probe.remove()
@@ -61,7 +61,7 @@ def test_torch_compile_eager_backend(caplog):
     torch._dynamo.reset()
     model = make_model("gpt2", dtype=torch.float32)
     compiled = torch.compile(model, backend="eager")
-    with caplog.at_level(logging.WARNING, logger="spectral_hooks.wrappers"):
+    with caplog.at_level(logging.WARNING, logger="spectral_hooks.anatomy.wrappers"):
         recorded = _recorded(compiled, compiled)  # instrumented before the first call
     _same(recorded, _recorded(model, model))
     assert "torch._dynamo.reset()" in caplog.text  # the one limit is said

@@ -23,10 +23,10 @@ from typing import Callable
 import pandas as pd
 
 from ..anatomy.sublayers import sublayer_split
+from ..anatomy.wrappers import refuse_sharded
 from ..errors import RecordingError, collecting_fallbacks
 from ..report import Report
 from ..report.metadata import ReportMetadata
-from ..wrappers import refuse_sharded
 from .bottleneck import bottleneck_section, propagation_section
 from .cache import AnalysisCache
 from .columns import SCHEMAS

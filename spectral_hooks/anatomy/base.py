@@ -18,37 +18,18 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Optional, cast
+from typing import Any, Callable, Optional, cast
 
 import torch
 from torch import Tensor, nn
 
 from ..checks import checked_layer
-from ..errors import LayerIndexError, MissingWeightsError, OptionTypeError, UnsupportedModelError
-from .calls import (
-    CACHE_KWARGS,
-    HF_BLOCK_CACHE_KWARGS,
-    HF_CALLS,
-    MASK_KWARG,
-    MODEL_INPUT_KWARGS,
-    BlockCallConvention,
-)
-from .heads import (  # noqa: F401  (re-exported: families import them from here)
-    HeadWeights,
-    column_weight,
-    is_conv1d,
-    output_heads,
-    value_heads,
-)
+from ..errors import MissingWeightsError, UnsupportedModelError
+from .calls import HF_CALLS, BlockCallConvention
+from .heads import HeadWeights
 
-if TYPE_CHECKING:
-    from .stacks import EncoderDecoderAnatomy
-
-__all__ = ["Anatomy", "LayerParts", "HeadWeights", "BlockCallConvention", "MissingWeightsError",
-           "UnsupportedModelError", "LayerIndexError", "CACHE_KWARGS", "HF_BLOCK_CACHE_KWARGS",
-           "MODEL_INPUT_KWARGS", "MASK_KWARG", "anatomy_of", "register_anatomy",
-           "registered_families", "config_layer_kinds", "fresh_model", "FamilyInfo",
-           "family_infos"]
+__all__ = ["Anatomy", "LayerParts", "FamilyInfo", "NORM_PLACEMENTS", "config_int",
+           "config_layer_kinds", "fresh_model", "get_path"]
 
 NORM_PLACEMENTS = ("pre", "post", "sandwich", "sublayer_post", "unknown")
 
@@ -265,12 +246,6 @@ def fresh_model(model: nn.Module, *, seed: int = 0) -> nn.Module:
     return fresh.to(device=device, dtype=dtype).train(model.training)
 
 
-# ----------------------------------------------------------------------------------------------
-# Registry
-
-Builder = Callable[[nn.Module], "Optional[Anatomy | EncoderDecoderAnatomy]"]
-
-
 @dataclass(frozen=True)
 class FamilyInfo:
     """What a family declares about itself, for people (README's table of supported models).
@@ -297,74 +272,3 @@ class FamilyInfo:
         return (self.name, ", ".join(self.model_types) or "-", self.causal, self.norm_placement,
                 self.attention_type, self.power_view, self.jacobian_view,
                 self.tested_by or "untested")
-
-
-_REGISTRY: list[tuple[str, Builder]] = []
-_INFOS: dict[str, FamilyInfo] = {}
-
-
-def register_anatomy(name: str, builder: Builder, *, first: bool = True,
-                     info: Optional[FamilyInfo] = None) -> None:
-    """Teach spectral_hooks a new architecture.
-
-    ``builder(model)`` returns an :class:`Anatomy` when it recognises ``model`` and None
-    otherwise. User builders are tried before the built-in families (``first=True``).
-    ``info`` declares the family's facts for the table of supported models.
-
-        >>> def my_builder(model):
-        ...     return None            # inspect `model`, return Anatomy(...) when it is yours
-        >>> register_anatomy("mine", my_builder)
-    """
-    if not isinstance(name, str) or not name:
-        raise OptionTypeError("name", name, "a non-empty str naming the family")
-    if not callable(builder):
-        raise OptionTypeError("builder", builder, "a callable: model -> Anatomy | None")
-    entry = (name, builder)
-    _REGISTRY.insert(0, entry) if first else _REGISTRY.append(entry)
-    if info is not None:
-        _INFOS[name] = info
-
-
-def registered_families() -> list[str]:
-    return [name for name, _ in _REGISTRY]
-
-
-def family_infos(*, builtin: bool = False) -> list[FamilyInfo]:
-    """The declared facts of every registered family that declared them, in lookup order;
-    ``builtin``: only the families spectral_hooks itself registers."""
-    from . import families  # noqa: F401  (registers the built-in families)
-
-    return [_INFOS[name] for name, builder in _REGISTRY if name in _INFOS and (
-        not builtin or getattr(builder, "__module__", "").startswith(__package__ or ""))]
-
-
-def anatomy_of(model: nn.Module) -> "Anatomy | EncoderDecoderAnatomy":
-    """Describe ``model`` (HF transformers, TransformerLens 3 or 4) as an :class:`Anatomy`; an
-    encoder-decoder model (T5, BART, Whisper) as an
-    :class:`~spectral_hooks.anatomy.stacks.EncoderDecoderAnatomy`: one Anatomy per stack.
-
-    Wrappers (DDP, DataParallel, accelerate, ``torch.compile``, PEFT's ``PeftModel``) are
-    looked through (:func:`spectral_hooks.wrappers.unwrap_model`). Raises TypeError for a
-    non-module. A model no family recognises gets the generic
-    fallback (:mod:`.generic`: a :class:`~spectral_hooks.errors.GenericAnatomyWarning`, checked
-    on the first recorded batch) or :class:`~spectral_hooks.errors.UnsupportedModelError` (a
-    ValueError) that names ``spectral_hooks.register_anatomy``.
-
-        >>> from transformers import GPT2Config, GPT2Model
-        >>> anatomy = anatomy_of(GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)))
-        >>> anatomy.family, anatomy.n_layers, anatomy.causal
-        ('gpt2', 2, True)
-    """
-    if not isinstance(model, nn.Module):
-        raise OptionTypeError("model", model, "a torch.nn.Module (a transformers or "
-                              "TransformerLens model)")
-    from ..wrappers import unwrap_model
-    from . import families  # noqa: F401  (registers the built-in families)
-    from .generic import generic_anatomy
-
-    model = unwrap_model(model, quiet=True)  # DDP, compile, PeftModel: the one rule
-    for _, builder in _REGISTRY:
-        anatomy = builder(model)
-        if anatomy is not None:
-            return anatomy
-    return generic_anatomy(model)

@@ -42,15 +42,8 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import GenericAnatomyWarning, UnsupportedModelError
-from .base import (
-    Anatomy,
-    FamilyInfo,
-    LayerParts,
-    config_int,
-    config_layer_kinds,
-    output_heads,
-    value_heads,
-)
+from .base import Anatomy, FamilyInfo, LayerParts, config_int, config_layer_kinds
+from .heads import output_heads, value_heads
 
 _ATTN_NAMES = ("self_attn", "attn", "attention", "self_attention", "mixer")
 _QUERY_NAMES = ("q_proj", "query", "q", "q_lin", "query_proj")

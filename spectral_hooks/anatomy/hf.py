@@ -15,18 +15,10 @@ from typing import Any, Callable, Optional, TypedDict, Union, cast
 from torch import nn
 
 from ..errors import UnsupportedModelError
-from .base import (
-    Anatomy,
-    FamilyInfo,
-    LayerParts,
-    config_int,
-    config_layer_kinds,
-    get_path,
-    output_heads,
-    register_anatomy,
-    value_heads,
-)
+from .base import Anatomy, FamilyInfo, LayerParts, config_int, config_layer_kinds, get_path
 from .calls import HF_CALLS, BlockCallConvention
+from .heads import output_heads, value_heads
+from .registry import register_anatomy
 
 
 class HFPaths(TypedDict):

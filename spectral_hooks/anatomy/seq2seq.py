@@ -13,9 +13,60 @@ Decoder blocks call their cross-attention (``layer.1.EncDecAttention`` / ``encod
 the encoder output and take the :data:`~.calls.HF_CROSS_CALLS` convention.
 """
 
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional, Union
+
+from torch import nn
+
+from .base import Anatomy, FamilyInfo, get_path
 from .calls import HF_CALLS, HF_CROSS_CALLS
-from .hf import HFFamily
-from .stacks import EncoderDecoderFamily, register_encoder_decoder
+from .hf import HFFamily, base_model_of, build, model_type_of
+from .registry import register_anatomy
+from .stacks import EncoderDecoderAnatomy
+
+
+@dataclass(frozen=True)
+class EncoderDecoderFamily:
+    """Where an HF encoder-decoder family keeps each stack: one :class:`HFFamily` per stack,
+    its paths relative to the base model (``blocks="encoder.block"``, ``call_root="encoder"``).
+    """
+
+    name: str
+    model_types: tuple[str, ...]
+    encoder: HFFamily
+    decoder: HFFamily
+    attention_type: str = "self + cross (decoder)"
+
+
+def _stack(model: nn.Module, family: HFFamily, stack: str) -> Anatomy:
+    return dataclasses.replace(build(model, family), stack=stack)
+
+
+def build_encoder_decoder(model: nn.Module, family: EncoderDecoderFamily
+                          ) -> Union[Anatomy, EncoderDecoderAnatomy]:
+    encoder = _stack(model, family.encoder, "encoder")
+    if get_path(base_model_of(model), family.decoder.blocks) is None:
+        return encoder  # an encoder-only model of the family (T5EncoderModel)
+    return EncoderDecoderAnatomy(family=family.name, model=model, encoder=encoder,
+                                 decoder=_stack(model, family.decoder, "decoder"))
+
+
+def register_encoder_decoder(family: EncoderDecoderFamily) -> EncoderDecoderFamily:
+    """Register an encoder-decoder family so :func:`anatomy_of` recognises its model types."""
+
+    def builder(model: nn.Module) -> Optional[Union[Anatomy, EncoderDecoderAnatomy]]:
+        if model_type_of(model) in family.model_types and hasattr(model, "config"):
+            return build_encoder_decoder(model, family)
+        return None
+
+    register_anatomy(family.name, builder, first=False, info=FamilyInfo(
+        family.name, family.model_types, causal="encoder no, decoder yes",
+        norm_placement=family.encoder.norm_placement, attention_type=family.attention_type,
+        tested_by="tests/families/test_encoder_decoder.py"))
+    return family
 
 
 def _t5(stack: str) -> HFFamily:

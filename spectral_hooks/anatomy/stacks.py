@@ -18,18 +18,15 @@ An encoder-only model of such a family (``T5EncoderModel``) is a plain Anatomy o
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import Optional, Union
 
 from torch import nn
 
 from ..errors import OptionError, UnsupportedModelError
-from .base import Anatomy, FamilyInfo, get_path, register_anatomy
-from .hf import HFFamily, base_model_of, build, model_type_of
+from .base import Anatomy
 
-__all__ = ["EncoderDecoderAnatomy", "EncoderDecoderFamily", "STACKS", "register_encoder_decoder",
-           "stack_of"]
+__all__ = ["EncoderDecoderAnatomy", "STACKS", "stack_of"]
 
 STACKS = ("encoder", "decoder")
 
@@ -82,44 +79,3 @@ def stack_of(anatomy: Union[Anatomy, EncoderDecoderAnatomy], stack: Optional[str
     if stack is not None and anatomy.stack != stack:
         raise OptionError("stack", stack, f"None: {type(anatomy.model).__name__} has one stack")
     return anatomy
-
-
-@dataclass(frozen=True)
-class EncoderDecoderFamily:
-    """Where an HF encoder-decoder family keeps each stack: one :class:`HFFamily` per stack,
-    its paths relative to the base model (``blocks="encoder.block"``, ``call_root="encoder"``).
-    """
-
-    name: str
-    model_types: tuple[str, ...]
-    encoder: HFFamily
-    decoder: HFFamily
-    attention_type: str = "self + cross (decoder)"
-
-
-def _stack(model: nn.Module, family: HFFamily, stack: str) -> Anatomy:
-    return dataclasses.replace(build(model, family), stack=stack)
-
-
-def build_encoder_decoder(model: nn.Module, family: EncoderDecoderFamily
-                          ) -> Union[Anatomy, EncoderDecoderAnatomy]:
-    encoder = _stack(model, family.encoder, "encoder")
-    if get_path(base_model_of(model), family.decoder.blocks) is None:
-        return encoder  # an encoder-only model of the family (T5EncoderModel)
-    return EncoderDecoderAnatomy(family=family.name, model=model, encoder=encoder,
-                                 decoder=_stack(model, family.decoder, "decoder"))
-
-
-def register_encoder_decoder(family: EncoderDecoderFamily) -> EncoderDecoderFamily:
-    """Register an encoder-decoder family so :func:`anatomy_of` recognises its model types."""
-
-    def builder(model: nn.Module) -> Optional[Union[Anatomy, EncoderDecoderAnatomy]]:
-        if model_type_of(model) in family.model_types and hasattr(model, "config"):
-            return build_encoder_decoder(model, family)
-        return None
-
-    register_anatomy(family.name, builder, first=False, info=FamilyInfo(
-        family.name, family.model_types, causal="encoder no, decoder yes",
-        norm_placement=family.encoder.norm_placement, attention_type=family.attention_type,
-        tested_by="tests/families/test_encoder_decoder.py"))
-    return family

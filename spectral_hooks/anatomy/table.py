@@ -18,8 +18,9 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from .base import FamilyInfo, family_infos
+from .base import FamilyInfo
 from .generic import GENERIC_INFO
+from .registry import family_infos
 
 HEADER = ("family", "model types", "causal", "norm placement", "attention type", "power view",
           "Jacobian view", "tested")

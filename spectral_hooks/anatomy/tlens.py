@@ -9,18 +9,11 @@ from typing import Any, Optional, cast
 
 from torch import Tensor, nn
 
-from .base import (
-    Anatomy,
-    FamilyInfo,
-    HeadWeights,
-    LayerParts,
-    config_layer_kinds,
-    get_path,
-    output_heads,
-    register_anatomy,
-)
+from .base import Anatomy, FamilyInfo, LayerParts, config_layer_kinds, get_path
 from .calls import TL3_CALLS, TL_BRIDGE_CALLS
-from .heads import expand_kv
+from .heads import HeadWeights, expand_kv, output_heads
+from .registry import anatomy_of, register_anatomy
+from .stacks import stack_of
 
 
 def _tl_value(attn: Any, n_heads: int) -> HeadWeights:
@@ -77,9 +70,6 @@ def _bridge_attn_out(block: nn.Module) -> nn.Module:
 def _transformer_bridge(model: nn.Module) -> Optional[Anatomy]:
     if type(model).__name__ != "TransformerBridge":
         return None
-    from .base import anatomy_of
-    from .stacks import stack_of
-
     # norms, causality and sizes of the wrapped model (one stack: encoder-decoder bridges are
     # not supported)
     inner = stack_of(anatomy_of(cast(Any, model).original_model), what="a TransformerLens bridge")

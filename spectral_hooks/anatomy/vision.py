@@ -27,8 +27,9 @@ from typing import Any, Optional
 from torch import nn
 
 from ..errors import UnsupportedModelError
-from .base import Anatomy, FamilyInfo, register_anatomy
+from .base import Anatomy, FamilyInfo
 from .hf import HFFamily, HFPaths, HFPathsAndFinalNorm, model_type_of, register
+from .registry import register_anatomy
 
 
 class _VitFacts(HFPathsAndFinalNorm):

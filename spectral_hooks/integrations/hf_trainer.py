@@ -45,9 +45,9 @@ from __future__ import annotations
 import logging
 from typing import Any, Iterable, Optional, Sequence
 
+from ..anatomy.wrappers import unwrap_model
 from ..checks import check_int
 from ..errors import OptionError, OptionTypeError
-from ..wrappers import unwrap_model
 from .loggers import POWER_COLUMNS, MetricsLogger
 from .power_log import JACOBIAN_COLUMNS
 from .tracker import Event

@@ -23,7 +23,7 @@ from torch import nn
 
 from ..checks import check_int
 from ..errors import UnsupportedModelError, require
-from ..wrappers import unwrap_model
+from ..anatomy.wrappers import unwrap_model
 from .tracker import SpectralTracker
 
 _pl = require("lightning.pytorch", feature="SpectralLightningCallback")

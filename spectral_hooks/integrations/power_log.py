@@ -26,9 +26,9 @@ from typing import Any, Callable, Iterable, Optional, cast
 import torch
 from torch import Tensor
 
+from ..anatomy.wrappers import weights_in
 from ..metrics.power_factors import TRAINING_DENSE_LIMIT, power_row_from_factors
 from ..metrics.spectrum import TOP_K
-from ..wrappers import weights_in
 from .distributed import gather_rows, token_counts
 
 JACOBIAN_COLUMNS = ("top_eig_abs",)

@@ -37,8 +37,8 @@ from typing import Any, Iterable, Optional, Sequence
 
 import torch
 
+from ..anatomy.wrappers import is_sharded, unwrap_model
 from ..errors import OptionError
-from ..wrappers import is_sharded, unwrap_model
 from .distributed import any_rank, world_size
 from .loggers import POWER_COLUMNS, MetricsLogger
 from .power_log import (

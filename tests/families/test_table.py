@@ -5,8 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from spectral_hooks.anatomy import register_anatomy
-from spectral_hooks.anatomy.base import _INFOS, _REGISTRY, FamilyInfo
+from spectral_hooks.anatomy import FamilyInfo, register_anatomy, registry
 from spectral_hooks.anatomy.table import main, replace_table, supported_models_table, table_in
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -24,7 +23,7 @@ def test_every_built_in_family_is_a_row_and_user_families_are_not():
     try:
         table = supported_models_table()
     finally:
-        _REGISTRY.pop(0), _INFOS.pop("mine")
+        registry._REGISTRY.pop(0), registry._INFOS.pop("mine")
     rows = [line.split(" | ")[0].lstrip("| ") for line in table.splitlines()[2:]]
     for family in ("bert", "distilbert", "modernbert", "deberta_v2", "mpnet", "vit", "deit",
                    "clip_vision", "siglip_vision", "clip_text", "generic fallback"):
