@@ -21,9 +21,8 @@ from .anatomy import Anatomy
 from .anatomy.base import CACHE_KWARGS, MASK_KWARG, MODEL_INPUT_KWARGS
 from .anatomy.patterns import pattern_capture
 from .errors import OptionError, OptionTypeError, RecordingError, UnsupportedModelError
-from .recording import CAPTURES, BlockCall, map_tensors
-from .suspend import suspended
-from .tl_names import capture_points, layer_list
+from .recording import CAPTURES, POINTS, BlockCall, map_tensors, suspended
+from .recording.points import capture_points, layer_list
 
 
 def recorded_layers(anatomy: Anatomy, layers: Optional[Iterable[int]]) -> tuple[int, ...]:
@@ -59,9 +58,8 @@ def output_points(anatomy: Anatomy, capture: tuple[str, ...]) -> list[tuple[Any,
     """(LayerParts attribute, capture point, output -> recorded tensor) for every point captured
     by a module's output hook (``resid_*`` only where a TransformerLens HookPoint has them;
     ``attn_pattern`` where the anatomy says it can be read, else UnsupportedModelError)."""
-    points = [(attr, name, first_tensor) for attr, name in (
-        ("resid_pre_hook", "resid_pre"), ("resid_post_hook", "resid_post"),
-        ("attn_out_module", "attn_out")) if name in capture]
+    points = [(point.anatomy_attr, point.name, first_tensor) for point in POINTS
+              if point.name in capture and point.anatomy_attr is not None]
     if "attn_pattern" in capture:
         source = pattern_capture(anatomy)
         points.append((source.attr, "attn_pattern", source.extract))

@@ -1,9 +1,14 @@
 """Probe: forward hooks that record a transformer's residual stream, and nothing else.
 
-    >>> with instrument(model) as probe:           # doctest: +SKIP
-    ...     model(**batch)
-    >>> probe.recording.resid_post[2].shape        # doctest: +SKIP
-    torch.Size([4, 12, 768])
+    >>> import torch
+    >>> from transformers import GPT2Config, GPT2Model
+    >>> model = GPT2Model(GPT2Config(n_layer=3, n_embd=32, n_head=4)).eval()
+    >>> with instrument(model) as probe:
+    ...     _ = model(torch.ones(4, 12, dtype=torch.long))
+    >>> probe.recording.resid_post[2].shape
+    torch.Size([4, 12, 32])
+    >>> probe.jacobian(1, position=-1).shape            # the block Jacobian at a recorded token
+    (32, 32)
 
 Guarantees: the probe removes exactly its own handles (also when the forward raises, in a
 ``with``), never changes a model output, records detached copies, counts applications of shared
@@ -23,22 +28,20 @@ from . import forward_call as fc
 from .analysis import AnalysisCache, AnalyzeOptions, Subject, analyze
 from .analysis.distributed import analyze_distributed
 from .anatomy import Anatomy, EncoderDecoderAnatomy, anatomy_of, stack_of
-from .block_jacobians import BlockJacobians
 from .encoder_decoder import EncoderDecoderProbe
-from .errors import OptionError
-from .record_on import RecordsOn
-from .recording import DEFAULT_CAPTURES, STORES, Recording, map_tensors
+from .errors import OptionError, RecordingError
+from .linearize import BlockJacobian, JacobianProduct
+from .recording import DEFAULT_CAPTURES, STORES, Recording, is_suspended, map_tensors
 from .report import Report
-from .suspend import is_suspended, suspended  # noqa: F401  (suspended: public re-export)
 from .wrappers import unwrap_model
 
 log: logging.Logger = logging.getLogger(__name__)
 
 
-class Probe(BlockJacobians, RecordsOn):
+class Probe:
     """Hooks on one model; see :func:`instrument`. Block Jacobians at the recorded inputs:
-    ``jacobian``, ``jacobian_product``, ``dense_jacobian`` (:class:`BlockJacobians`); the
-    same inputs on another model: ``clone_on``, ``record_on`` (:class:`RecordsOn`)."""
+    ``jacobian``, ``jacobian_product``, ``dense_jacobian``; the same inputs on another model
+    (how the re-initialised control is recorded): ``clone_on``, ``record_on``."""
 
     def __init__(self, model: nn.Module, *, layers: Optional[Iterable[int]] = None,
                  capture: Sequence[str] = DEFAULT_CAPTURES, store: str = "device",
@@ -185,6 +188,58 @@ class Probe(BlockJacobians, RecordsOn):
         """Forget every cached analysis result. Needed only after an in-place edit of a few
         weight elements that bypasses autograd (see ``analysis/cache.py``)."""
         self._cache.invalidate()
+
+    # ---------------------------------------------------------------- block Jacobians
+    def jacobian(self, layer: int, *, position: int = -1, sample: int = 0,
+                 kind: str = "token", dtype: torch.dtype = torch.float64,
+                 **options: Any) -> BlockJacobian:
+        """Block ``layer``'s Jacobian at its recorded input as a matrix-free LinearOperator
+        (matvec = JVP, rmatvec = VJP). ``position=-1``: the last real token of ``sample``.
+        ``options``: ``method``, ``single_query`` (see linearize.block_jacobian)."""
+        from .linearize import block_jacobian
+
+        return block_jacobian(self.anatomy, self.recording, layer, sample=sample,
+                              position=position, kind=kind, dtype=dtype, **options)
+
+    def jacobian_product(self, first: int, last: int, *, position: int = -1, sample: int = 0,
+                         dtype: torch.dtype = torch.float64, **options: Any) -> JacobianProduct:
+        """P = J_last ... J_first at one token position (exact for causal models)."""
+        from .linearize import jacobian_product
+
+        return jacobian_product(self.anatomy, self.recording, first, last, sample=sample,
+                                position=position, dtype=dtype, **options)
+
+    def dense_jacobian(self, layer: int, *, position: int = -1, sample: int = 0,
+                       kind: str = "token", dtype: torch.dtype = torch.float64) -> Tensor:
+        """The dense Jacobian by forward-mode AD (small models; a float64 Tensor)."""
+        from .linearize import dense_block_jacobian
+
+        return dense_block_jacobian(self.anatomy, self.recording, layer, sample=sample,
+                                    position=position, kind=kind, dtype=dtype)
+
+    # ---------------------------------------------------------------- the same inputs elsewhere
+    def clone_on(self, model: nn.Module) -> Any:
+        """A new probe with the same layers, captures, store and stack on another model (e.g.
+        a re-initialised copy of this one)."""
+        rec = self.recording
+        return type(self)(model, layers=self.layers, capture=rec.capture, store=rec.store,
+                          dtype=rec.dtype, anatomy=stack_of(anatomy_of(model), self.anatomy.stack))
+
+    def record_on(self, model: nn.Module) -> tuple[Anatomy, Recording]:
+        """Run the recorded model inputs through ``model`` (same architecture) and return its
+        anatomy and recording (used for the re-initialised control). A stack of an
+        encoder-decoder model runs its own stack (a decoder: on the recorded encoder output)."""
+        inputs = self.recording.model_inputs
+        if not inputs or any(i is None for i in inputs):
+            raise RecordingError("reinit needs the model inputs of every recorded run; they "
+                                 "are missing (the model's forward was bypassed, e.g. TL3 "
+                                 "generate())")
+        device = next(model.parameters()).device
+        with self.clone_on(model) as other, torch.no_grad():
+            run = model if other.anatomy.stack is None else other.anatomy.call_root
+            for args, kwargs in map_tensors(inputs, lambda t: t.to(device)):
+                run(*args, **kwargs)
+        return other.anatomy, other.recording
 
     # ---------------------------------------------------------------- analysis
     def analyze(self, options: Optional[AnalyzeOptions] = None, *, distributed: bool = False,

@@ -9,9 +9,9 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .errors import RecordingError
+from ..errors import RecordingError
 
-__all__ = ["RunningStats"]
+__all__ = ["RunningStats", "Accumulator"]
 
 
 @dataclass(frozen=True)
@@ -23,13 +23,16 @@ class RunningStats:
     cov: Tensor  # [d, d] float64, unbiased (divides by count - 1)
 
 
-class _Accumulator:
+class Accumulator:
+    """Sums of the real tokens' vectors and outer products, in float64 (``store="stats"``)."""
+
     def __init__(self) -> None:
         self.count = 0
         self.total: Optional[Tensor] = None
         self.outer: Optional[Tensor] = None
 
     def update(self, x: Tensor, mask: Tensor) -> None:
+        """Add the tokens of ``x`` [batch, pos, d] where ``mask`` [batch, pos] is non-zero."""
         tokens = x[mask.bool()].to(torch.float64)
         if self.total is None:
             d = x.shape[-1]
@@ -41,6 +44,7 @@ class _Accumulator:
         self.outer += tokens.T @ tokens
 
     def result(self) -> RunningStats:
+        """Count, mean and unbiased covariance so far (RecordingError before any token)."""
         if not self.count:
             raise RecordingError("no tokens recorded yet")
         assert self.total is not None and self.outer is not None  # a token was counted

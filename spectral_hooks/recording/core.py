@@ -15,16 +15,14 @@ different lengths are right-padded with zeros and ``mask == 0``; padding never c
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional, Union
+from typing import Any, Iterator, Optional, Union
 
 import torch
 from torch import Tensor
 
-from .cache_view import ActivationCacheView, move
-from .checks import checked_layer
-from .errors import (
+from ..checks import checked_layer
+from ..errors import (
     OptionError,
     OptionIndexError,
     OptionTypeError,
@@ -32,65 +30,13 @@ from .errors import (
     RecordingKeyError,
     UnknownNameError,
 )
-from .recorded_patterns import stacked
-from .running_stats import RunningStats, _Accumulator
-from .tl_names import layer_of, point_of
+from .block_call import BlockCall, map_tensors
+from .cache_view import ActivationCacheView
+from .patterns import stacked
+from .points import CAPTURES, layer_of, point_of
+from .running_stats import Accumulator, RunningStats
 
-#: every capture point; the default (``DEFAULT_CAPTURES``) leaves out the attention
-#: probabilities ``attn_pattern`` ([batch, head, pos, pos]: quadratic in the length)
-CAPTURES = ("resid_pre", "resid_post", "attn_out", "attn_pattern")
-DEFAULT_CAPTURES = ("resid_pre", "resid_post", "attn_out")
 STORES = ("device", "cpu", "stats")
-
-
-def map_tensors(obj: Any, fn: Callable[[Tensor], Any]) -> Any:
-    """Apply ``fn`` to every tensor inside nested tuples, lists and dicts."""
-    if isinstance(obj, Tensor):
-        return fn(obj)
-    if isinstance(obj, tuple):
-        return tuple(map_tensors(o, fn) for o in obj)
-    if isinstance(obj, list):
-        return [map_tensors(o, fn) for o in obj]
-    if isinstance(obj, dict):
-        return {k: map_tensors(v, fn) for k, v in obj.items()}
-    return obj
-
-
-@dataclass(frozen=True)
-class BlockCall:
-    """A block's call arguments, with the residual input stored in them, caches removed.
-
-    The residual input is ``args[0]`` when ``hidden_in_args``, else ``kwargs[hidden_kwarg]``
-    (the keyword is an anatomy fact, ``anatomy.call_convention.hidden_kwarg``, passed by the
-    probe: HF blocks take ``hidden_states``, TransformerLens 3 blocks ``resid_pre``).
-    """
-
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-    hidden_in_args: bool
-    hidden_kwarg: str = "hidden_states"
-
-    @property
-    def hidden(self) -> Tensor:
-        return self.args[0] if self.hidden_in_args else self.kwargs[self.hidden_kwarg]
-
-    def with_hidden(self, hidden: Tensor) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """The call's (args, kwargs) with the residual input replaced by ``hidden``."""
-        if self.hidden_in_args:
-            return (hidden,) + tuple(self.args[1:]), dict(self.kwargs)
-        return tuple(self.args), {**self.kwargs, self.hidden_kwarg: hidden}
-
-    def select(self, row: int) -> "BlockCall":
-        """The same call for one batch row (tensors with a batch dimension are sliced)."""
-        batch = self.hidden.shape[0]
-
-        def pick(t: Tensor) -> Tensor:
-            if batch > 1 and t.ndim >= 2 and t.shape[0] == batch:
-                return t[row:row + 1]
-            return t
-
-        return dataclasses.replace(self, args=map_tensors(self.args, pick),
-                                   kwargs=map_tensors(self.kwargs, pick))
 
 
 @dataclass(frozen=True)
@@ -140,7 +86,7 @@ class _LayerView:
 
 class Recording(ActivationCacheView):
     """Residual-stream states and attention outputs recorded per layer; also a mapping of
-    TransformerLens hook names (see :mod:`spectral_hooks.cache_view`)."""
+    TransformerLens hook names (see :mod:`spectral_hooks.recording.cache_view`)."""
 
     n_layers: int
     layers: tuple[int, ...]
@@ -184,7 +130,7 @@ class Recording(ActivationCacheView):
         mask = mask.detach().to("cpu", torch.long)
         if self.store == "stats":
             for key, tensor in captured.items():
-                self._stats.setdefault(key, _Accumulator()).update(tensor, mask.to(tensor.device))
+                self._stats.setdefault(key, Accumulator()).update(tensor, mask.to(tensor.device))
             captured = {}
         if continues and self._runs and self._runs[-1].batch == mask.shape[0]:
             run, step = self._runs[-1], len(self._runs[-1].steps)
@@ -252,9 +198,8 @@ class Recording(ActivationCacheView):
         masks stay on the CPU; later forwards are stored as ``store`` says."""
         for run in self._runs:
             run.chunks = {key: [t.to(device) for t in ts] for key, ts in run.chunks.items()}
-            run.block_calls = {layer: move(call, device)
-                               for layer, call in run.block_calls.items()}
-            run.inputs = move(run.inputs, device)
+            run.block_calls = map_tensors(run.block_calls, lambda t: t.to(device))
+            run.inputs = map_tensors(run.inputs, lambda t: t.to(device))
         for acc in self._stats.values():
             acc.total, acc.outer = acc.total.to(device), acc.outer.to(device)
         self._cache.clear()
@@ -364,7 +309,7 @@ class Recording(ActivationCacheView):
             if (capture, layer) not in self._stats:
                 raise RecordingError(f"no statistics for {capture} at layer {layer} yet")
             return self._stats[(capture, layer)].result()
-        acc = _Accumulator()
+        acc = Accumulator()
         acc.update(self.tensor(capture, layer), self.mask.to(self.tensor(capture, layer).device))
         return acc.result()
 
