@@ -61,6 +61,7 @@ class Probe:
                                               capture=capture, store=store, dtype=dtype)
         self._handles: list = []
         self._call: Optional[fc.ForwardCall] = None
+        self._copies = True  # until a call shows that the model writes no recorded state in place
         self._cache = AnalysisCache(model, self.recording)
         self._attach()
 
@@ -70,10 +71,14 @@ class Probe:
         self._handles.append(register(hook, with_kwargs=True))
 
     def _attach(self) -> None:
+        """Register the hooks. Everything a hook can know before the model runs is worked out
+        here, once: the model call's parameter names, each shared module's layer order, which
+        layers record which point."""
         root, parts = self.anatomy.call_root, self.anatomy.layers
         capture = self.recording.capture
         points = fc.output_points(self.anatomy, capture)  # may refuse: before any hook
-        self._root_signature = inspect.signature(root.forward)
+        self._bind = fc.ModelCallBinder(inspect.signature(root.forward))
+        self._expected = len(capture) * len(self.layers)  # captured (point, layer) pairs a call holds
         self._register(root, self._begin_call, pre=True)
         self._register(root, self._end_call)
         last_block, self._first_block = parts[-1].block, parts[0].block
@@ -81,36 +86,64 @@ class Probe:
         for module, order in fc.application_orders(self.anatomy, "block").values():
             self._register(module, self._block_pre_hook(order), pre=True)
             if "resid_post" in capture and parts[order[0]].resid_post_hook is None:
-                self._register(module, self._output_hook("resid_post", ("block", id(module)),
-                                                         order))
+                self._register(module, self._output_hook("resid_post", order))
         for attr, name, read in points:
             for module, order in fc.application_orders(self.anatomy, attr).values():
-                self._register(module, self._output_hook(name, (attr, id(module)), order, read))
+                self._register(module, self._output_hook(name, order, read))
         # last, so that an implicit call commits after every other hook of the last block ran
         self._register(last_block, self._end_implicit_call)
 
+    def attach(self) -> "Probe":
+        """Register the hooks again after :meth:`remove` (the recording is kept); nothing
+        happens when they are attached. The training integrations attach a probe only for the
+        steps they record."""
+        if not self._handles:
+            self._attach()
+        return self
+
     # ---------------------------------------------------------------- hooks
+    def _store(self, t: Tensor) -> Tensor:
+        """How a hook keeps a recorded state: a reference (its in-place version noted and
+        checked when the call ends), or a copy where the store asks for one, while the probe
+        has not yet seen a call end without an in-place write to a recorded state, and for
+        inference-mode tensors (whose writes cannot be seen)."""
+        if t.is_inference():
+            return self.recording.to_store(t)
+        call = self._call
+        if call is not None:
+            call.versions.append((t, t._version))
+        return self.recording.to_store(t) if self._copies else self.recording.keep(t)
+
     def _begin_call(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        self._call = fc.ForwardCall.begin(fc.bind_model_call(self._root_signature, args, kwargs))
-        if not self._call.continues:
-            keep = lambda t: self.recording.to_store(t, copy=False)  # noqa: E731
-            self._call.inputs = (map_tensors(tuple(args), keep),
-                                 map_tensors(fc.without_caches(kwargs), keep))
+        self._call = call = fc.ForwardCall.begin(self._bind(args, kwargs))
+        if not call.continues:
+            keep = self.recording.keep
+            call.inputs = (map_tensors(tuple(args), keep),
+                           map_tensors(fc.without_caches(kwargs), keep))
 
     def _end_call(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         call, self._call = self._call, None
         if call is None or not call.captured:
             return
-        missing = sorted({layer for name in self.recording.capture for layer in self.layers
-                          if (name, layer) not in call.captured})
-        if missing:  # e.g. stop_at_layer, or an exception swallowed inside the model
+        if len(call.captured) != self._expected:
+            missing = sorted({layer for name in self.recording.capture for layer in self.layers
+                              if (name, layer) not in call.captured})
+            # e.g. stop_at_layer, or an exception swallowed inside the model
             log.warning("forward call not recorded: layers %s did not run (recorded layers "
                         "must all run in every call)", missing)
             return
+        written = any(t._version != v for t, v in call.versions)
+        if written and not self._copies:
+            self._copies = True
+            log.warning("forward call not recorded: the model wrote a recorded state in place "
+                        "after it was recorded; this probe stores copies from now on")
+            return
         self.anatomy = fc.verified(self.anatomy, call, output, on_refusal=self.remove)
-        self.recording.commit(call.captured, call.batch_mask(), continues=call.continues,
+        self.recording.commit(call.captured, call.captured_mask(), call.shape(),
+                              continues=call.continues,
                               block_calls=call.block_calls, inputs=call.inputs,
                               token_ids=call.new_token_ids())
+        self._copies = written  # references from the first call that sees no in-place write
 
     def _end_implicit_call(self, module: nn.Module, args: tuple, kwargs: dict,
                            output: Any) -> None:
@@ -123,8 +156,12 @@ class Probe:
             self._end_call(module, args, kwargs, output)
 
     def _block_pre_hook(self, order: list[int]):
-        recorded, wants_pre = set(self.layers), "resid_pre" in self.recording.capture
+        parts, n = self.anatomy.layers, len(order)
+        recorded = [layer in self.layers for layer in order]
+        keep_pre = [rec and "resid_pre" in self.recording.capture
+                    and parts[layer].resid_pre_hook is None for layer, rec in zip(order, recorded)]
         hidden_kwarg = self.anatomy.call_convention.hidden_kwarg
+        key = ("block_pre", id(parts[order[0]].block))
 
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
             if is_suspended():
@@ -136,32 +173,34 @@ class Probe:
             call = self._call
             if call is None:
                 return  # outside a model forward: e.g. checkpoint recomputation in backward
-            layer = call.next_layer(("block_pre", id(module)), order)
-            hidden = args[0] if args else kwargs.get(hidden_kwarg)
-            if layer is None or layer not in recorded or not isinstance(hidden, Tensor):
+            i = call.counts.get(key, 0)
+            call.counts[key] = i + 1
+            if i >= n or not recorded[i]:
                 return
-            block_call = None
+            hidden = args[0] if args else kwargs.get(hidden_kwarg)
+            if not isinstance(hidden, Tensor) or (call.continues and not keep_pre[i]):
+                return
+            layer, stored = order[i], self._store(hidden)
             if not call.continues:
-                block_call = fc.replayable_call(args, kwargs, self.recording.to_store,
-                                                hidden_kwarg=hidden_kwarg)
-                call.block_calls[layer] = block_call
-            if wants_pre and self.anatomy.layers[layer].resid_pre_hook is None:
-                call.captured[("resid_pre", layer)] = (
-                    block_call.hidden if block_call is not None
-                    else self.recording.to_store(hidden))
+                call.block_calls[layer] = fc.replayable_call(
+                    args, kwargs, stored, self.recording.keep, hidden_kwarg=hidden_kwarg)
+            if keep_pre[i]:
+                call.captured[("resid_pre", layer)] = stored
 
         return hook
 
-    def _output_hook(self, name: str, key: tuple, order: list[int], read=fc.first_tensor):
-        recorded = set(self.layers)
+    def _output_hook(self, name: str, order: list[int], read=fc.first_tensor):
+        recorded, n = [layer in self.layers for layer in order], len(order)
+        key = object()  # this hook's own application counter
 
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
             call = self._call
             if call is None or is_suspended():
                 return
-            layer = call.next_layer(key, order)
-            if layer is not None and layer in recorded:
-                call.captured[(name, layer)] = self.recording.to_store(read(output))
+            i = call.counts.get(key, 0)
+            call.counts[key] = i + 1
+            if i < n and recorded[i]:
+                call.captured[(name, order[i])] = self._store(read(output))
 
         return hook
 

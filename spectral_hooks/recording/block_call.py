@@ -19,19 +19,30 @@ from torch import Tensor
 __all__ = ["BlockCall", "map_tensors"]
 
 
+_LEAVES = (type(None), bool, int, float, str, complex, bytes)
+_DATACLASS: dict[type, bool] = {}  # type -> is a dataclass (checked once per type)
+
+
 def map_tensors(obj: Any, fn: Callable[[Tensor], Any]) -> Any:
     """``obj`` with ``fn`` applied to every tensor inside nested tuples, lists, dicts and
     dataclass instances (tuples and dicts come back as plain tuples and dicts, dataclasses as
-    copies by ``dataclasses.replace``); anything else is returned as it is."""
-    if isinstance(obj, Tensor):
+    copies by ``dataclasses.replace``); anything else is returned as it is. Hooks call it on
+    every block call, so the common types are tested first."""
+    kind = type(obj)
+    if kind is Tensor or isinstance(obj, Tensor):
         return fn(obj)
+    if kind in _LEAVES:
+        return obj
     if isinstance(obj, tuple):
-        return tuple(map_tensors(o, fn) for o in obj)
+        return tuple([map_tensors(o, fn) for o in obj])
     if isinstance(obj, list):
         return [map_tensors(o, fn) for o in obj]
     if isinstance(obj, dict):
         return {k: map_tensors(v, fn) for k, v in obj.items()}
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+    is_dataclass = _DATACLASS.get(kind)
+    if is_dataclass is None:
+        is_dataclass = _DATACLASS[kind] = dataclasses.is_dataclass(kind)
+    if is_dataclass:
         return dataclasses.replace(obj, **{f.name: map_tensors(getattr(obj, f.name), fn)
                                            for f in dataclasses.fields(obj) if f.init})
     return obj

@@ -54,15 +54,36 @@ class StepInfo:
 class _Run:
     batch: int
     chunks: dict = field(default_factory=dict)  # (capture, layer) -> list[Tensor]
-    masks: list = field(default_factory=list)
+    widths: list = field(default_factory=list)  # per step: its new positions
     steps: list = field(default_factory=list)
     block_calls: dict[int, BlockCall] = field(default_factory=dict)  # layer -> BlockCall (prefill only)
-    token_ids: list = field(default_factory=list)  # per step: Tensor[batch, n_new] or None
+    # per step, as the model got them (on its device, read only when asked: no host sync per
+    # forward): the padding mask [batch, n_new] (None: every position is real) and the token
+    # ids [batch, n_new] (None: embeddings)
+    raw_masks: list = field(default_factory=list)
+    raw_token_ids: list = field(default_factory=list)
     inputs: Optional[tuple] = None  # the model call's (args, kwargs), caches removed
+    read_masks: list = field(default_factory=list)  # raw_masks read to the CPU (long), so far
 
     @property
     def n_positions(self) -> int:
-        return sum(m.shape[1] for m in self.masks)
+        return sum(self.widths)
+
+    @property
+    def masks(self) -> list[Tensor]:
+        """Per step, the padding mask on the CPU (long, 1 for real tokens)."""
+        for mask, width in zip(self.raw_masks[len(self.read_masks):],
+                               self.widths[len(self.read_masks):]):
+            self.read_masks.append(torch.ones(self.batch, width, dtype=torch.long)
+                                   if mask is None else mask.to("cpu", torch.long))
+        return self.read_masks
+
+    @property
+    def token_ids(self) -> list[Tensor]:
+        """Per step, the token ids on the CPU (long; -1 where the model got embeddings)."""
+        return [torch.full((self.batch, width), -1, dtype=torch.long) if ids is None
+                else ids.to("cpu", torch.long) for ids, width in zip(self.raw_token_ids,
+                                                                      self.widths)]
 
 
 class _LayerView:
@@ -121,18 +142,34 @@ class Recording(ActivationCacheView):
         dtype = self.dtype if self.dtype is not None and t.is_floating_point() else t.dtype
         return t.detach().to(device=device, dtype=dtype, copy=copy)
 
-    def commit(self, captured: dict[Any, Any], mask: Tensor, *, continues: bool,
-               block_calls: dict[int, BlockCall], inputs: Optional[tuple[Any, ...]] = None,
+    def keep(self, t: Tensor) -> Tensor:
+        """``t`` as the store keeps it, copied only where the store asks (``store="cpu"`` from
+        another device, another ``dtype``): else ``t`` itself (detached where it needs grad)."""
+        if self.store == "cpu" or self.dtype is not None:
+            return self.to_store(t, copy=False)
+        return t.detach() if t.requires_grad else t
+
+    def commit(self, captured: dict[Any, Any], mask: Optional[Tensor],
+               shape: tuple[int, int], *, continues: bool, block_calls: dict[int, BlockCall],
+               inputs: Optional[tuple[Any, ...]] = None,
                token_ids: Optional[Tensor] = None) -> None:
-        """Add one forward call: ``captured[(capture, layer)] = Tensor[batch, pos, d]``."""
+        """Add one forward call: ``captured[(capture, layer)] = Tensor[batch, pos, d]``;
+        ``mask`` [batch, pos] and ``token_ids`` [batch, pos] as the model got them (None: every
+        position real / embeddings), ``shape`` = (batch, pos). Nothing is read to the host
+        here: the mask and ids are kept on their device (copied there, so a caller reusing
+        its buffers changes nothing) and read when asked for."""
         self._cache.clear()
         self.generation += 1
-        mask = mask.detach().to("cpu", torch.long)
+        batch, width = shape
+        if mask is not None:
+            mask = mask.detach().clone()
+        if token_ids is not None:
+            token_ids = token_ids.detach().clone()
         if self.store == "stats":
             for key, tensor in captured.items():
-                self._stats.setdefault(key, Accumulator()).update(tensor, mask.to(tensor.device))
+                self._stats.setdefault(key, Accumulator()).update(tensor, mask)
             captured = {}
-        if continues and self._runs and self._runs[-1].batch == mask.shape[0]:
+        if continues and self._runs and self._runs[-1].batch == batch:
             run, step = self._runs[-1], len(self._runs[-1].steps)
         else:
             if self.store == "stats" and self._runs:
@@ -140,18 +177,18 @@ class Recording(ActivationCacheView):
                 self._runs, self._calls = [], []
             # a continuation with nothing to continue (decode steps of a cache filled before
             # the probe was attached) is marked step 1: it cannot be replayed
-            run, step = _Run(batch=mask.shape[0]), int(continues)
+            run, step = _Run(batch=batch), int(continues)
             run.block_calls = dict(block_calls)
             run.inputs = inputs
             self._runs.append(run)
         for key, tensor in captured.items():
             run.chunks.setdefault(key, []).append(tensor)
-        run.masks.append(mask)
+        run.raw_masks.append(mask)
+        run.raw_token_ids.append(token_ids)
+        run.widths.append(width)
         run.steps.append(step)
-        run.token_ids.append(token_ids if token_ids is not None
-                             else torch.full_like(mask, -1))
-        self._calls.append(StepInfo(self._n_calls, len(self._runs) - 1, step,
-                                    mask.shape[1], not continues))
+        self._calls.append(StepInfo(self._n_calls, len(self._runs) - 1, step, width,
+                                    not continues))
         self._n_calls += 1
 
     # ---------------------------------------------------------------- reading
@@ -280,7 +317,8 @@ class Recording(ActivationCacheView):
         if not self._runs:
             raise RecordingError("nothing recorded yet: run the model inside the probe first")
         width = max(run.n_positions for run in self._runs)
-        pieces = [torch.cat([torch.full_like(m, s) for m, s in zip(run.masks, run.steps)], dim=1)
+        pieces = [torch.cat([torch.full((run.batch, w), s, dtype=torch.long)
+                             for w, s in zip(run.widths, run.steps)], dim=1)
                   for run in self._runs]
         steps = self._padded(pieces, width, fill=-1)
         return steps.masked_fill(self.mask == 0, -1)
@@ -310,7 +348,7 @@ class Recording(ActivationCacheView):
                 raise RecordingError(f"no statistics for {capture} at layer {layer} yet")
             return self._stats[(capture, layer)].result()
         acc = Accumulator()
-        acc.update(self.tensor(capture, layer), self.mask.to(self.tensor(capture, layer).device))
+        acc.update(self.tensor(capture, layer), self.mask)
         return acc.result()
 
     def block_input(self, layer: int, sample: int = 0) -> BlockCall:
