@@ -17,7 +17,8 @@ forwards (B: ``instrument(model)`` with the default captures, ``store="device"``
 cleared after each forward, as a streaming user does) in alternating order (A B, B A, ...);
 the probe is attached only for B. We quote the median of the per-round ratios B / A with min
 and max, of wall time and of this thread's CPU time (the steadier one on a shared machine: wall
-time there mostly measures waiting for a core), the CPU time added per forward, the hooks the probe adds (forward and forward-pre hooks on every module), and the
+time there mostly measures waiting for a core), the CPU time added per forward, the hooks the
+probe keeps after its first call (forward and forward-pre hooks on every module), and the
 outputs of both arms compared bit for bit.
 """
 

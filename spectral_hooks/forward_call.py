@@ -125,9 +125,10 @@ def padding_mask(kwargs: dict[str, Any]) -> Optional[Tensor]:
 
 
 def replayable_call(args: tuple[Any, ...], kwargs: dict[str, Any], hidden: Tensor,
-                    keep: Callable[[Tensor], Tensor], *, hidden_kwarg: str) -> BlockCall:
+                    keep: Optional[Callable[[Tensor], Tensor]], *,
+                    hidden_kwarg: str) -> BlockCall:
     """A block's call with its residual input replaced by ``hidden`` (as the probe stored it),
-    the other tensors kept by ``keep`` (references on the store's device), KV caches dropped,
+    the other tensors kept by ``keep`` (None: as they are, references), KV caches dropped,
     use_cache off. ``hidden_kwarg``: the keyword of the residual input when it is not passed
     positionally."""
     kwargs = {k: v for k, v in kwargs.items() if k not in CACHE_KWARGS and not is_cache(v)}
@@ -135,9 +136,11 @@ def replayable_call(args: tuple[Any, ...], kwargs: dict[str, Any], hidden: Tenso
         kwargs["use_cache"] = False
     if args:
         rest = tuple(None if is_cache(a) else a for a in args[1:])
-        return BlockCall((hidden,) + map_tensors(rest, keep), map_tensors(kwargs, keep), True,
-                         hidden_kwarg=hidden_kwarg)
-    kwargs = map_tensors(kwargs, keep)
+        if keep is not None:
+            rest, kwargs = map_tensors(rest, keep), map_tensors(kwargs, keep)
+        return BlockCall((hidden,) + rest, kwargs, True, hidden_kwarg=hidden_kwarg)
+    if keep is not None:
+        kwargs = map_tensors(kwargs, keep)
     kwargs[hidden_kwarg] = hidden
     return BlockCall(args, kwargs, False, hidden_kwarg=hidden_kwarg)
 
@@ -233,6 +236,10 @@ class ForwardCall:
         self.block_calls: dict[Any, Any] = {}
         self.inputs: Optional[tuple[Any, ...]] = None
         self.versions: list[tuple[Tensor, int]] = []  # (recorded state, its in-place version)
+        # the merge check (Probe._merge_rule): the last block output, and whether each block
+        # input so far was the block output before it
+        self.block_output: Optional[Tensor] = None
+        self.merge_ok, self.merge_checks = True, 0
 
     @classmethod
     def begin(cls, bound: dict[str, Any]) -> "ForwardCall":

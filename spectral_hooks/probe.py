@@ -62,6 +62,9 @@ class Probe:
         self._handles: list = []
         self._call: Optional[fc.ForwardCall] = None
         self._copies = True  # until a call shows that the model writes no recorded state in place
+        self._merge = self._merge_rule()
+        # the store keeps tensors as they are (detached where they need grad): no walk needed
+        self._references = store == "device" and dtype is None
         self._cache = AnalysisCache(model, self.recording)
         self._attach()
 
@@ -83,15 +86,44 @@ class Probe:
         self._register(root, self._end_call)
         last_block, self._first_block = parts[-1].block, parts[0].block
         self._last_block_uses = sum(p.block is last_block for p in parts)
+        self._merge_handles = []  # block output hooks that the next block's input replaces
         for module, order in fc.application_orders(self.anatomy, "block").values():
             self._register(module, self._block_pre_hook(order), pre=True)
             if "resid_post" in capture and parts[order[0]].resid_post_hook is None:
-                self._register(module, self._output_hook("resid_post", order))
+                if self._merge == "on" and order[0] < len(parts) - 1:
+                    continue  # read from the next block's input
+                self._register(module, self._output_hook("resid_post", order, block=True))
+                if self._merge == "check" and order[0] < len(parts) - 1:
+                    self._merge_handles.append(self._handles[-1])
         for attr, name, read in points:
             for module, order in fc.application_orders(self.anatomy, attr).values():
                 self._register(module, self._output_hook(name, order, read))
         # last, so that an implicit call commits after every other hook of the last block ran
         self._register(last_block, self._end_implicit_call)
+
+    def _merge_rule(self) -> str:
+        """Whether ``resid_post`` of layer l is read from block l+1's input instead of a hook
+        on block l's output: "check" (both hooked; the first recorded call compares them by
+        identity, then "on" and the output hooks go, or "off"), "off" where it cannot hold
+        (one module applied at several layers, TransformerLens hook points, one layer)."""
+        parts = self.anatomy.layers
+        blocks = {id(p.block) for p in parts}
+        if ("resid_post" not in self.recording.capture or len(parts) < 2
+                or len(blocks) != len(parts) or any(p.resid_post_hook is not None for p in parts)):
+            return "off"
+        return "check"
+
+    def _settle_merge(self, call: fc.ForwardCall) -> None:
+        """After the first recorded call: merge the hooks where every block's input was the
+        previous block's output object, else keep them for good."""
+        if call.merge_ok and call.merge_checks == len(self.anatomy.layers) - 1:
+            self._merge = "on"
+            for handle in self._merge_handles:
+                self._handles.remove(handle)
+                handle.remove()
+        else:
+            self._merge = "off"
+        self._merge_handles = []
 
     def attach(self) -> "Probe":
         """Register the hooks again after :meth:`remove` (the recording is kept); nothing
@@ -117,9 +149,12 @@ class Probe:
     def _begin_call(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         self._call = call = fc.ForwardCall.begin(self._bind(args, kwargs))
         if not call.continues:
-            keep = self.recording.keep
-            call.inputs = (map_tensors(tuple(args), keep),
-                           map_tensors(fc.without_caches(kwargs), keep))
+            if self._references and not torch.is_grad_enabled():
+                call.inputs = (tuple(args), fc.without_caches(kwargs))
+            else:
+                keep = self.recording.keep
+                call.inputs = (map_tensors(tuple(args), keep),
+                               map_tensors(fc.without_caches(kwargs), keep))
 
     def _end_call(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         call, self._call = self._call, None
@@ -144,6 +179,8 @@ class Probe:
                               block_calls=call.block_calls, inputs=call.inputs,
                               token_ids=call.new_token_ids())
         self._copies = written  # references from the first call that sees no in-place write
+        if self._merge == "check":
+            self._settle_merge(call)
 
     def _end_implicit_call(self, module: nn.Module, args: tuple, kwargs: dict,
                            output: Any) -> None:
@@ -160,6 +197,9 @@ class Probe:
         recorded = [layer in self.layers for layer in order]
         keep_pre = [rec and "resid_pre" in self.recording.capture
                     and parts[layer].resid_pre_hook is None for layer, rec in zip(order, recorded)]
+        # resid_post of the layer before, read here once the merge is on
+        post_before = [layer - 1 in self.layers and "resid_post" in self.recording.capture
+                       for layer in order]
         hidden_kwarg = self.anatomy.call_convention.hidden_kwarg
         key = ("block_pre", id(parts[order[0]].block))
 
@@ -175,21 +215,37 @@ class Probe:
                 return  # outside a model forward: e.g. checkpoint recomputation in backward
             i = call.counts.get(key, 0)
             call.counts[key] = i + 1
-            if i >= n or not recorded[i]:
+            if i >= n:
                 return
             hidden = args[0] if args else kwargs.get(hidden_kwarg)
-            if not isinstance(hidden, Tensor) or (call.continues and not keep_pre[i]):
+            if not isinstance(hidden, Tensor):
                 return
-            layer, stored = order[i], self._store(hidden)
+            layer, stored, merge = order[i], None, self._merge
+            if merge != "off" and layer > 0:
+                if merge == "check":
+                    call.merge_checks += 1
+                    call.merge_ok = call.merge_ok and hidden is call.block_output
+                elif post_before[i]:
+                    stored = self._store(hidden)
+                    call.captured[("resid_post", layer - 1)] = stored
+            if not recorded[i] or (call.continues and not keep_pre[i]):
+                return
+            if stored is None:
+                stored = self._store(hidden)
             if not call.continues:
-                call.block_calls[layer] = fc.replayable_call(
-                    args, kwargs, stored, self.recording.keep, hidden_kwarg=hidden_kwarg)
+                keep = None if self._references and not torch.is_grad_enabled() \
+                    else self.recording.keep
+                call.block_calls[layer] = fc.replayable_call(args, kwargs, stored, keep,
+                                                             hidden_kwarg=hidden_kwarg)
             if keep_pre[i]:
                 call.captured[("resid_pre", layer)] = stored
 
         return hook
 
-    def _output_hook(self, name: str, order: list[int], read=fc.first_tensor):
+    def _output_hook(self, name: str, order: list[int], read=fc.first_tensor, *,
+                     block: bool = False):
+        """``block``: the hook on a block's output (``resid_post``), which also notes the output
+        for the merge check (see :meth:`_merge_rule`)."""
         recorded, n = [layer in self.layers for layer in order], len(order)
         key = object()  # this hook's own application counter
 
@@ -199,8 +255,13 @@ class Probe:
                 return
             i = call.counts.get(key, 0)
             call.counts[key] = i + 1
-            if i < n and recorded[i]:
-                call.captured[(name, order[i])] = self._store(read(output))
+            if i >= n:
+                return
+            value = read(output)
+            if block:
+                call.block_output = value
+            if recorded[i]:
+                call.captured[(name, order[i])] = self._store(value)
 
         return hook
 

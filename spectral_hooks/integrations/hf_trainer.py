@@ -28,10 +28,14 @@ under the new ``state.global_step``. The analysis runs under ``torch.no_grad()``
 RNG state: training (dropout masks included) is bit-identical with and without the callback.
 
 ``window="step"`` (default) keeps only the forwards of the current optimizer step (all its
-gradient-accumulation micro-batches): the recording is cleared when each step begins and after
-each evaluation batch, so memory stays flat. ``window="interval"`` keeps everything recorded
-since the last logged step (evaluation forwards inside the interval included): memory grows
-with ``every``, use it with ``store="cpu"`` on large models.
+gradient-accumulation micro-batches): the hooks are attached when a step that logs begins
+(``on_step_begin``) and removed once its metrics are computed, so every other step (and every
+evaluation) runs with none of our hooks and costs nothing; the recording is cleared when each
+step begins and after each evaluation batch, so memory stays flat. ``window="interval"`` keeps
+everything recorded since the last logged step (evaluation forwards inside the interval
+included), so its hooks stay on for every forward of the run: each costs what recording costs
+(``benchmarks/recording_cost.py``; a few percent of a host-bound forward), memory grows with
+``every``: use it with ``store="cpu"`` on large models.
 
 Under DDP (torch.distributed) the callback runs on every rank and each event is a collective
 (:class:`~.tracker.Event`): every rank sends rank 0 its recorded tokens, rank 0 computes (the
@@ -163,11 +167,18 @@ class SpectralCallback(TrainerCallback):
             raise ValueError("SpectralCallback: the Trainer passed no model to on_train_begin")
         self.probe = instrument(unwrap_model(model), layers=self.layers, capture=self.capture,
                                 store=self.store)
+        if self.window == "step":
+            self.probe.remove()  # attached again by on_step_begin, for the steps that log
 
     def on_step_begin(self, args, state, control, **kwargs: Any):
-        """Clear the recording at each step when ``window="step"``."""
+        """``window="step"``: clear the recording; attach the hooks if this step logs, else
+        leave the model without them."""
         if self.probe is not None and self.window == "step":
             self.probe.clear()
+            if self._due(state.global_step + 1):
+                self.probe.attach()
+            else:
+                self.probe.remove()
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs: Any):
         """Compute a due event before the weights change (a collective under DDP)."""
@@ -177,6 +188,8 @@ class SpectralCallback(TrainerCallback):
         if self.probe is not None and self._due(step):
             self._pending = self.event(self.probe, step)  # collective under torch.distributed
             self._event_step = step
+            if self.window == "step":
+                self.probe.remove()  # the step's forwards are done: no hooks until the next
 
     def on_step_end(self, args, state, control, **kwargs: Any):
         """At a due step: ask the Trainer to log, or log through our own loggers."""
@@ -190,6 +203,8 @@ class SpectralCallback(TrainerCallback):
             metrics = self.event(self.probe, int(state.global_step))
         self._event_step = None
         self.probe.clear()
+        if self.window == "step":
+            self.probe.remove()
         if not metrics:
             return
         step = int(state.global_step)
