@@ -1,5 +1,5 @@
 """The examples in the docstrings of the recording side (recording/, probe, forward_call,
-encoder_decoder) run: doctest on tiny models built from configs, offline."""
+encoder_decoder, the training integrations) run: doctest on tiny models built from configs, offline."""
 
 import doctest
 import importlib
@@ -11,7 +11,8 @@ MODULES = ["spectral_hooks.recording", "spectral_hooks.recording.core",
            "spectral_hooks.recording.cache_view", "spectral_hooks.recording.patterns",
            "spectral_hooks.recording.running_stats", "spectral_hooks.recording.suspend",
            "spectral_hooks.probe", "spectral_hooks.forward_call",
-           "spectral_hooks.encoder_decoder"]
+           "spectral_hooks.encoder_decoder", "spectral_hooks.integrations.tracker",
+           "spectral_hooks.integrations.hf_trainer", "spectral_hooks.integrations.lightning"]
 
 
 @pytest.mark.parametrize("name", MODULES)

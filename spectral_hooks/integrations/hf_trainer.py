@@ -1,9 +1,18 @@
 """Spectral metrics while training with the Hugging Face ``Trainer``.
 
+    >>> import tempfile, torch
+    >>> from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
     >>> from spectral_hooks.integrations import SpectralCallback
-    >>> trainer = Trainer(model, args, train_dataset=data)   # report_to=["tensorboard", ...]  # doctest: +SKIP
-    >>> SpectralCallback(every=50).attach(trainer)                                # doctest: +SKIP
-    >>> trainer.train()    # spectral/layer_03/gap_ratio ... in every report_to logger  # doctest: +SKIP
+    >>> model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=100))
+    >>> data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, 100, (8, 8))]
+    >>> args = TrainingArguments(tempfile.mkdtemp(), max_steps=2, per_device_train_batch_size=4,
+    ...                          report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True)
+    >>> trainer = Trainer(model, args, train_dataset=data)  # report_to=["tensorboard", ...]
+    >>> callback = SpectralCallback(every=2).attach(trainer)
+    >>> _ = trainer.train()      # spectral/layer_01/gap_ratio ... in every report_to logger
+    {...}
+    >>> [step for step, _ in callback.history], "spectral/layer_01/gap_ratio" in callback.history[0][1]
+    ([2], True)
 
 Why ``attach`` and not ``callbacks=[callback]``: the Trainer builds its callback list as its own
 flow callback, then the ``report_to`` integrations (TensorBoard, W&B, MLflow, CSV ...), then the

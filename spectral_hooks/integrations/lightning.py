@@ -1,9 +1,24 @@
 """Spectral metrics while training with Lightning (``pip install 'spectral_hooks[lightning]'``).
 
+    >>> import lightning.pytorch as pl, torch
+    >>> from transformers import GPT2Config, GPT2LMHeadModel
     >>> from spectral_hooks.integrations.lightning import SpectralLightningCallback
-    >>> trainer = lightning.Trainer(callbacks=[SpectralLightningCallback(every=50)],
-    ...                             logger=TensorBoardLogger("logs"))             # doctest: +SKIP
-    >>> trainer.fit(module, loader)   # spectral/layer_03/gap_ratio ... in the trainer's logger  # doctest: +SKIP
+    >>> class LM(pl.LightningModule):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=4,
+    ...                                                 vocab_size=100))
+    ...     def training_step(self, batch, batch_idx):
+    ...         return self.model(input_ids=batch, labels=batch).loss
+    ...     def configure_optimizers(self):
+    ...         return torch.optim.AdamW(self.parameters(), lr=1e-3)
+    >>> callback = SpectralLightningCallback(every=2)
+    >>> trainer = pl.Trainer(max_steps=2, accelerator="cpu", logger=False, callbacks=[callback],
+    ...                      enable_progress_bar=False, enable_checkpointing=False,
+    ...                      enable_model_summary=False)
+    >>> trainer.fit(LM(), torch.utils.data.DataLoader(torch.randint(0, 100, (8, 8)), batch_size=4))
+    >>> [step for step, _ in callback.history]   # and in every logger of the trainer
+    [2]
 
 The transformer is found inside the LightningModule: ``model=`` (an attribute name or a
 function of the module) says where; by default the module itself, else its first child that

@@ -1,13 +1,20 @@
 """Spectral metrics from a plain training loop: one call per optimizer step.
 
+    >>> import tempfile, torch
+    >>> from transformers import GPT2Config, GPT2LMHeadModel
     >>> from spectral_hooks.integrations import JSONLLogger, SpectralTracker
-    >>> tracker = SpectralTracker(model, every=50, loggers=[JSONLLogger("spectral.jsonl")])  # doctest: +SKIP
-    >>> for step, batch in enumerate(loader, start=1):                 # doctest: +SKIP
-    ...     loss = model(**batch).loss
-    ...     loss.backward()
-    ...     tracker.step(step)          # before optimizer.step(): the weights that ran
+    >>> model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=100))
+    >>> optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    >>> log = JSONLLogger(tempfile.mkdtemp() + "/spectral.jsonl")
+    >>> tracker = SpectralTracker(model, every=2, loggers=[log])
+    >>> for step in range(1, 5):
+    ...     batch = torch.randint(0, 100, (2, 8))
+    ...     model(batch, labels=batch).loss.backward()
+    ...     metrics = tracker.step(step)          # before optimizer.step(): the weights that ran
     ...     optimizer.step(); optimizer.zero_grad()
-    >>> tracker.close()                                                # doctest: +SKIP
+    >>> metrics["spectral/layer_01/gap_ratio"] > 0, tracker.probe.n_handles  # no hooks at step 5
+    (True, 0)
+    >>> tracker.close()
 
 ``step(step)`` computes the power metrics of what the model ran since the previous call (every
 ``every`` steps; other calls only clear the recording, so memory stays flat), sends them to the
