@@ -58,6 +58,7 @@ bench: $(STAMP)
 	$(BENCH) benchmarks/distributed.py --quick
 	$(BENCH) benchmarks/gpu.py --device cpu --layers 2 --d-model 1024 --tokens 128
 	$(BENCH) benchmarks/recording_vs_tlens.py --quick
+	$(BENCH) benchmarks/recording_cost.py --quick
 	$(BENCH) benchmarks/hygiene.py
 
 bench-full: $(STAMP)
@@ -74,6 +75,7 @@ bench-full: $(STAMP)
 	$(BENCH) benchmarks/distributed.py
 	$(BENCH) benchmarks/gpu.py $(GPU_FORM)
 	$(BENCH) benchmarks/recording_vs_tlens.py
+	$(BENCH) benchmarks/recording_cost.py
 
 clean:
 	rm -rf $(VENV) spectral_report site

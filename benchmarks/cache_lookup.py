@@ -23,7 +23,7 @@ import transformers
 from transformers import GPT2Config, GPT2Model
 
 from spectral_hooks.analysis.cache import AnalysisCache
-from spectral_hooks.recording import Recording
+from spectral_hooks.recording.core import Recording
 
 
 def old_key(model: torch.nn.Module) -> tuple:

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The one prepared device run (issue 24, point 3): run from the repository root on a machine
 # with CUDA; JSON lines and logs go to ${OUT:-benchmarks/results/gpu_session}. Each stage has
-# its own time limit and a failed stage does not stop the next. ~13 minutes at most, ~6 as measured on an H200 (before the materialised eigs part).
+# its own time limit and a failed stage does not stop the next. ~16 minutes at most (3 of them the
+# recording stage), ~6 as measured on an H200 (before the materialised eigs and recording parts).
 set -u
 out=${OUT:-benchmarks/results/gpu_session}
 mkdir -p "$out"
@@ -34,5 +35,14 @@ t0=$SECONDS
 timeout 130 "$py" benchmarks/jacobian_parts.py --layers 3 --profile --materialize --out "$out/parts.jsonl" \
     >"$out/parts.log" 2>&1
 echo "parts rc=$? seconds=$((SECONDS - t0))" | tee -a "$out/stages.txt"
+# recording cost (issue 38): plain vs recorded forward, Llama-3-8B shape bf16 512 tokens, and
+# the CPU proxy's shape on the device
+t0=$SECONDS
+timeout 150 "$py" benchmarks/recording_cost.py --model llama8b --device cuda --rounds 9 \
+    --calls 10 --json "$out/recording_llama8b.json" >"$out/recording.log" 2>&1
+timeout 45 "$py" benchmarks/recording_cost.py --model proxy --device cuda --rounds 11 \
+    --json "$out/recording_proxy.json" >>"$out/recording.log" 2>&1
+echo "recording rc=$? seconds=$((SECONDS - t0))" | tee -a "$out/stages.txt"
+tail -2 "$out/recording.log"
 # the same model's power view (matrix-free top-8 of F at d = 4096)
 stage llama8b_power 150 --skip-record --skip-jacobian --progress

@@ -107,7 +107,7 @@ def run(name: str, *, batch: int, seq: int, rounds: dict, threads: int,
                 if arm == "A":
                     (walls["A"], cpus["A"]), _ = block(every)
                 else:
-                    tracker.probe._attach()
+                    tracker.start_step(r * every + 1)  # hooks only on the steps that log
                     (walls["B"], cpus["B"]), ev = block(every, tracker,
                                                         first_step=r * every + 1)
                     tracker.probe.remove()

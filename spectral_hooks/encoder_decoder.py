@@ -141,6 +141,12 @@ class EncoderDecoderProbe:
     def n_handles(self) -> int:
         return sum(p.n_handles for p in self.probes.values())
 
+    def attach(self) -> "EncoderDecoderProbe":
+        """Register both stacks' hooks again after :meth:`remove` (recordings kept)."""
+        for probe in self.probes.values():
+            probe.attach()
+        return self
+
     def remove(self) -> None:
         """Remove exactly the hooks of both stacks' probes. Safe to call twice."""
         for probe in self.probes.values():

@@ -133,31 +133,21 @@ class NonFiniteError(RecordingError):
         super().__init__(message)
 
     @classmethod
-    def at(cls, *, layer: int, capture: str, sample: Optional[int] = None,
-           position: Optional[int] = None, value: str = "NaN or Inf", more: str = "",
-           consequence: str = "") -> "NonFiniteError":
-        """The library's one message for a non-finite recorded value."""
+    def at(cls, *, layer: int, capture: str, description: Optional[str] = None,
+           sample: Optional[int] = None, position: Optional[int] = None,
+           value: str = "NaN or Inf", more: str = "", consequence: str = "") -> "NonFiniteError":
+        """The library's one message for a non-finite recorded value; ``description``: the
+        capture point with what it is (``recording.points.describe``)."""
         where = (f"sample {sample}, token {position}" if sample is not None
                  else "position unknown: store='stats' keeps no positions; record with "
                       "store='device' to locate it")
         return cls(
             f"{value} in the recording at layer {layer}, {where} (capture point: "
-            f"{CAPTURE_POINTS.get(capture, capture)}){more}{consequence}. The model produced it "
+            f"{description or capture}){more}{consequence}. The model produced it "
             "while recording (a non-finite weight, or overflow: float16 activations overflow "
             "above 65504): run the model in float32 or bfloat16, or fix the weights of layer "
             f"{layer} and below, then probe.clear() and record again",
             layer=layer, capture=capture, sample=sample, position=position)
-
-
-#: What each capture point is, for messages.
-CAPTURE_POINTS = {
-    "resid_pre": "resid_pre, the residual stream entering the block",
-    "attn_out": "attn_out, the attention output",
-    "resid_post": "resid_post, the residual stream leaving the block",
-    "attn_pattern": "attn_pattern, the attention probabilities [batch, head, query, key]",
-    "block input": "block input, the hidden state the block was called with (replayed by the "
-                   "Jacobian view)",
-}
 
 
 class NonFiniteComputationError(SpectralHooksError, FloatingPointError):

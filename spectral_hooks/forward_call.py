@@ -21,9 +21,8 @@ from .anatomy import Anatomy
 from .anatomy.calls import CACHE_KWARGS, MASK_KWARG, MODEL_INPUT_KWARGS
 from .anatomy.patterns import pattern_capture
 from .errors import OptionError, OptionTypeError, RecordingError, UnsupportedModelError
-from .recording import CAPTURES, BlockCall, map_tensors
-from .suspend import suspended
-from .tl_names import capture_points, layer_list
+from .recording import CAPTURES, POINTS, BlockCall, map_tensors, suspended
+from .recording.points import capture_points, layer_list
 
 
 def recorded_layers(anatomy: Anatomy, layers: Optional[Iterable[int]]) -> tuple[int, ...]:
@@ -59,9 +58,8 @@ def output_points(anatomy: Anatomy, capture: tuple[str, ...]) -> list[tuple[Any,
     """(LayerParts attribute, capture point, output -> recorded tensor) for every point captured
     by a module's output hook (``resid_*`` only where a TransformerLens HookPoint has them;
     ``attn_pattern`` where the anatomy says it can be read, else UnsupportedModelError)."""
-    points = [(attr, name, first_tensor) for attr, name in (
-        ("resid_pre_hook", "resid_pre"), ("resid_post_hook", "resid_post"),
-        ("attn_out_module", "attn_out")) if name in capture]
+    points = [(point.anatomy_attr, point.name, first_tensor) for point in POINTS
+              if point.name in capture and point.anatomy_attr is not None]
     if "attn_pattern" in capture:
         source = pattern_capture(anatomy)
         points.append((source.attr, "attn_pattern", source.extract))
@@ -83,8 +81,16 @@ def first_tensor(output: Any) -> Tensor:
     return output[0] if isinstance(output, (tuple, list)) else output
 
 
+_CACHE_TYPES: dict[type, bool] = {}  # type -> a KV cache (HF Cache objects), checked once per type
+
+
 def is_cache(value: Any) -> bool:
-    return value is not None and hasattr(value, "get_seq_length")
+    """True for a KV cache object (anything with ``get_seq_length``: HF Cache classes)."""
+    kind = type(value)
+    found = _CACHE_TYPES.get(kind)
+    if found is None:
+        found = _CACHE_TYPES[kind] = hasattr(kind, "get_seq_length")
+    return found
 
 
 def cache_length(kwargs: dict[str, Any]) -> int:
@@ -118,21 +124,24 @@ def padding_mask(kwargs: dict[str, Any]) -> Optional[Tensor]:
     return mask if isinstance(mask, Tensor) and mask.ndim == 2 else None
 
 
-def replayable_call(args: tuple[Any, ...], kwargs: dict[str, Any], to_store: Callable[..., Tensor], *,
+def replayable_call(args: tuple[Any, ...], kwargs: dict[str, Any], hidden: Tensor,
+                    keep: Optional[Callable[[Tensor], Tensor]], *,
                     hidden_kwarg: str) -> BlockCall:
-    """A block's call with its residual input stored, KV caches dropped, use_cache off.
-    ``hidden_kwarg``: the keyword of the residual input when it is not passed positionally."""
-    hidden_in_args = len(args) > 0
-    kwargs = without_caches(kwargs)
+    """A block's call with its residual input replaced by ``hidden`` (as the probe stored it),
+    the other tensors kept by ``keep`` (None: as they are, references), KV caches dropped,
+    use_cache off. ``hidden_kwarg``: the keyword of the residual input when it is not passed
+    positionally."""
+    kwargs = {k: v for k, v in kwargs.items() if k not in CACHE_KWARGS and not is_cache(v)}
     if "use_cache" in kwargs:
         kwargs["use_cache"] = False
-    args = tuple(None if is_cache(a) else a for a in args)
-    store = lambda t: to_store(t, copy=False)  # noqa: E731
-    if hidden_in_args:
-        args = (to_store(args[0]),) + map_tensors(args[1:], store)
-        return BlockCall(args, map_tensors(kwargs, store), True, hidden_kwarg=hidden_kwarg)
-    kwargs = map_tensors(kwargs, store)
-    kwargs[hidden_kwarg] = to_store(kwargs[hidden_kwarg])
+    if args:
+        rest = tuple(None if is_cache(a) else a for a in args[1:])
+        if keep is not None:
+            rest, kwargs = map_tensors(rest, keep), map_tensors(kwargs, keep)
+        return BlockCall((hidden,) + rest, kwargs, True, hidden_kwarg=hidden_kwarg)
+    if keep is not None:
+        kwargs = map_tensors(kwargs, keep)
+    kwargs[hidden_kwarg] = hidden
     return BlockCall(args, kwargs, False, hidden_kwarg=hidden_kwarg)
 
 
@@ -151,17 +160,40 @@ def verified(anatomy: Anatomy, call: "ForwardCall", output: Any, *,
         raise
 
 
-def bind_model_call(signature: inspect.Signature, args: tuple[Any, ...], kwargs: dict[str, Any]
-                    ) -> dict[str, Any]:
+class ModelCallBinder:
     """The model call's arguments by name (``**kwargs`` flattened), checked for emptiness and
-    for string batches that the model would pad out of the probe's sight."""
-    try:
-        bound = signature.bind_partial(*args, **kwargs).arguments
-    except TypeError:
-        bound = dict(kwargs)
-    extra = bound.pop("kwargs", None)
-    if isinstance(extra, dict):
-        bound.update(extra)
+    for string batches that the model would pad out of the probe's sight. The signature is
+    read once, when the probe attaches; a call binds its positional arguments by name.
+
+        >>> bind = ModelCallBinder(inspect.signature(lambda input_ids, attention_mask=None,
+        ...                                                  **kwargs: None))
+        >>> sorted(bind((torch.ones(1, 2),), {"attention_mask": None, "labels": 3}))
+        ['attention_mask', 'input_ids', 'labels']
+    """
+
+    def __init__(self, signature: inspect.Signature) -> None:
+        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        params = list(signature.parameters.values())
+        self.positional = tuple(p.name for p in params if p.kind in kinds)
+        self.var_positional = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
+        self.var_keyword = next((p.name for p in params
+                                 if p.kind is inspect.Parameter.VAR_KEYWORD), None)
+
+    def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        if len(args) > len(self.positional) and not self.var_positional:
+            bound = dict(kwargs)  # more than the signature takes: the model itself will say so
+        else:
+            bound = dict(zip(self.positional, args))
+            bound.update(kwargs)
+        extra = bound.pop(self.var_keyword, None) if self.var_keyword == "kwargs" else None
+        if isinstance(extra, dict):  # a model forward(**kwargs) called with kwargs={...}
+            bound.update(extra)
+        return checked_model_call(bound)
+
+
+def checked_model_call(bound: dict[str, Any]) -> dict[str, Any]:
+    """``bound`` (a model call's arguments by name), refused when it is empty or a list of
+    strings that the model would pad out of the probe's sight."""
     inputs = next((bound[k] for k in MODEL_INPUT_KWARGS if isinstance(bound.get(k), Tensor)),
                   None)
     if inputs is not None and (inputs.shape[0] == 0 or (inputs.ndim > 1 and
@@ -203,10 +235,15 @@ class ForwardCall:
         self.captured: dict[Any, Any] = {}
         self.block_calls: dict[Any, Any] = {}
         self.inputs: Optional[tuple[Any, ...]] = None
+        self.versions: list[tuple[Tensor, int]] = []  # (recorded state, its in-place version)
+        # the merge check (Probe._merge_rule): the last block output, and whether each block
+        # input so far was the block output before it
+        self.block_output: Optional[Tensor] = None
+        self.merge_ok, self.merge_checks = True, 0
 
     @classmethod
     def begin(cls, bound: dict[str, Any]) -> "ForwardCall":
-        """The state of a model call whose arguments are ``bound`` (see bind_model_call)."""
+        """The state of a model call whose arguments are ``bound`` (see ModelCallBinder)."""
         return cls(padding_mask(bound), continues=cache_length(bound) > 0,
                    token_ids=token_ids_of(bound))
 
@@ -216,21 +253,30 @@ class ForwardCall:
         self.counts[key] = count + 1
         return order[count] if count < len(order) else None
 
-    def batch_mask(self) -> Tensor:
-        """The padding mask of the captured positions (all ones when the model got none)."""
-        sample = next(iter(self.captured.values()))
-        batch, n_new = sample.shape[0], sample.shape[1]
+    def captured_mask(self) -> Optional[Tensor]:
+        """The padding mask of the captured positions as the model got it (on its device, not
+        read here: no host sync), or None when the model got none (every position is real)."""
+        batch, n_new = self.shape()
         mask = self.mask
         if mask is not None and mask.shape[0] == batch and mask.shape[1] >= n_new:
             return mask[:, -n_new:]
-        return torch.ones(batch, n_new, dtype=torch.long)
+        return None
+
+    def batch_mask(self) -> Tensor:
+        """The padding mask of the captured positions (all ones when the model got none)."""
+        mask = self.captured_mask()
+        return torch.ones(self.shape(), dtype=torch.long) if mask is None else mask
 
     def new_token_ids(self) -> Optional[Tensor]:
-        """The token ids of the captured positions [batch, n_new] (None when the model got
-        embeddings, or ids of another shape)."""
-        sample = next(iter(self.captured.values()))
-        batch, n_new = sample.shape[0], sample.shape[1]
+        """The token ids of the captured positions [batch, n_new] as the model got them (on
+        their device; None when the model got embeddings, or ids of another shape)."""
+        batch, n_new = self.shape()
         ids = self.token_ids
         if ids is None or ids.shape[0] != batch or ids.shape[1] < n_new:
             return None
-        return ids[:, -n_new:].detach().to("cpu", torch.long)
+        return ids[:, -n_new:]
+
+    def shape(self) -> tuple[int, int]:
+        """(batch, new positions) of the captured states."""
+        sample = next(iter(self.captured.values()))
+        return sample.shape[0], sample.shape[1]

@@ -1,9 +1,14 @@
 """Probe: forward hooks that record a transformer's residual stream, and nothing else.
 
-    >>> with instrument(model) as probe:           # doctest: +SKIP
-    ...     model(**batch)
-    >>> probe.recording.resid_post[2].shape        # doctest: +SKIP
-    torch.Size([4, 12, 768])
+    >>> import torch
+    >>> from transformers import GPT2Config, GPT2Model
+    >>> model = GPT2Model(GPT2Config(n_layer=3, n_embd=32, n_head=4)).eval()
+    >>> with instrument(model) as probe:
+    ...     _ = model(torch.ones(4, 12, dtype=torch.long))
+    >>> probe.recording.resid_post[2].shape
+    torch.Size([4, 12, 32])
+    >>> probe.jacobian(1, position=-1).shape            # the block Jacobian at a recorded token
+    (32, 32)
 
 Guarantees: the probe removes exactly its own handles (also when the forward raises, in a
 ``with``), never changes a model output, records detached copies, counts applications of shared
@@ -24,22 +29,20 @@ from .analysis import AnalysisCache, AnalyzeOptions, Subject, analyze
 from .analysis.distributed import analyze_distributed
 from .anatomy import Anatomy, EncoderDecoderAnatomy, anatomy_of, stack_of
 from .anatomy.wrappers import unwrap_model
-from .block_jacobians import BlockJacobians
 from .checks import check_float_dtype
 from .encoder_decoder import EncoderDecoderProbe
-from .errors import OptionError
-from .record_on import RecordsOn
-from .recording import DEFAULT_CAPTURES, STORES, Recording, map_tensors
+from .errors import OptionError, RecordingError
+from .linearize import BlockJacobian, JacobianProduct
+from .recording import DEFAULT_CAPTURES, STORES, Recording, is_suspended, map_tensors
 from .report import Report
-from .suspend import is_suspended, suspended  # noqa: F401  (suspended: public re-export)
 
 log: logging.Logger = logging.getLogger(__name__)
 
 
-class Probe(BlockJacobians, RecordsOn):
+class Probe:
     """Hooks on one model; see :func:`instrument`. Block Jacobians at the recorded inputs:
-    ``jacobian``, ``jacobian_product``, ``dense_jacobian`` (:class:`BlockJacobians`); the
-    same inputs on another model: ``clone_on``, ``record_on`` (:class:`RecordsOn`)."""
+    ``jacobian``, ``jacobian_product``, ``dense_jacobian``; the same inputs on another model
+    (how the re-initialised control is recorded): ``clone_on``, ``record_on``."""
 
     def __init__(self, model: nn.Module, *, layers: Optional[Iterable[int]] = None,
                  capture: Sequence[str] = DEFAULT_CAPTURES, store: str = "device",
@@ -56,6 +59,10 @@ class Probe(BlockJacobians, RecordsOn):
                                               capture=capture, store=store, dtype=dtype)
         self._handles: list = []
         self._call: Optional[fc.ForwardCall] = None
+        self._copies = True  # until a call shows that the model writes no recorded state in place
+        self._merge = self._merge_rule()
+        # the store keeps tensors as they are (detached where they need grad): no walk needed
+        self._references = store == "device" and dtype is None
         self._cache = AnalysisCache(model, self.recording)
         self._attach()
 
@@ -65,47 +72,113 @@ class Probe(BlockJacobians, RecordsOn):
         self._handles.append(register(hook, with_kwargs=True))
 
     def _attach(self) -> None:
+        """Register the hooks. Everything a hook can know before the model runs is worked out
+        here, once: the model call's parameter names, each shared module's layer order, which
+        layers record which point."""
         root, parts = self.anatomy.call_root, self.anatomy.layers
         capture = self.recording.capture
         points = fc.output_points(self.anatomy, capture)  # may refuse: before any hook
-        self._root_signature = inspect.signature(root.forward)
+        self._bind = fc.ModelCallBinder(inspect.signature(root.forward))
+        self._expected = len(capture) * len(self.layers)  # captured (point, layer) pairs a call holds
         self._register(root, self._begin_call, pre=True)
         self._register(root, self._end_call)
         last_block, self._first_block = parts[-1].block, parts[0].block
         self._last_block_uses = sum(p.block is last_block for p in parts)
+        self._merge_handles = []  # block output hooks that the next block's input replaces
         for module, order in fc.application_orders(self.anatomy, "block").values():
             self._register(module, self._block_pre_hook(order), pre=True)
             if "resid_post" in capture and parts[order[0]].resid_post_hook is None:
-                self._register(module, self._output_hook("resid_post", ("block", id(module)),
-                                                         order))
+                if self._merge == "on" and order[0] < len(parts) - 1:
+                    continue  # read from the next block's input
+                self._register(module, self._output_hook("resid_post", order, block=True))
+                if self._merge == "check" and order[0] < len(parts) - 1:
+                    self._merge_handles.append(self._handles[-1])
         for attr, name, read in points:
             for module, order in fc.application_orders(self.anatomy, attr).values():
-                self._register(module, self._output_hook(name, (attr, id(module)), order, read))
+                self._register(module, self._output_hook(name, order, read))
         # last, so that an implicit call commits after every other hook of the last block ran
         self._register(last_block, self._end_implicit_call)
 
+    def _merge_rule(self) -> str:
+        """Whether ``resid_post`` of layer l is read from block l+1's input instead of a hook
+        on block l's output: "check" (both hooked; the first recorded call compares them by
+        identity, then "on" and the output hooks go, or "off"), "off" where it cannot hold
+        (one module applied at several layers, TransformerLens hook points, one layer)."""
+        parts = self.anatomy.layers
+        blocks = {id(p.block) for p in parts}
+        if ("resid_post" not in self.recording.capture or len(parts) < 2
+                or len(blocks) != len(parts) or any(p.resid_post_hook is not None for p in parts)):
+            return "off"
+        return "check"
+
+    def _settle_merge(self, call: fc.ForwardCall) -> None:
+        """After the first recorded call: merge the hooks where every block's input was the
+        previous block's output object, else keep them for good."""
+        if call.merge_ok and call.merge_checks == len(self.anatomy.layers) - 1:
+            self._merge = "on"
+            for handle in self._merge_handles:
+                self._handles.remove(handle)
+                handle.remove()
+        else:
+            self._merge = "off"
+        self._merge_handles = []
+
+    def attach(self) -> "Probe":
+        """Register the hooks again after :meth:`remove` (the recording is kept); nothing
+        happens when they are attached. The training integrations attach a probe only for the
+        steps they record."""
+        if not self._handles:
+            self._attach()
+        return self
+
     # ---------------------------------------------------------------- hooks
+    def _store(self, t: Tensor) -> Tensor:
+        """How a hook keeps a recorded state: a reference (its in-place version noted and
+        checked when the call ends), or a copy where the store asks for one, while the probe
+        has not yet seen a call end without an in-place write to a recorded state, and for
+        inference-mode tensors (whose writes cannot be seen)."""
+        if t.is_inference():
+            return self.recording.to_store(t)
+        call = self._call
+        if call is not None:
+            call.versions.append((t, t._version))
+        return self.recording.to_store(t) if self._copies else self.recording.keep(t)
+
     def _begin_call(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        self._call = fc.ForwardCall.begin(fc.bind_model_call(self._root_signature, args, kwargs))
-        if not self._call.continues:
-            keep = lambda t: self.recording.to_store(t, copy=False)  # noqa: E731
-            self._call.inputs = (map_tensors(tuple(args), keep),
-                                 map_tensors(fc.without_caches(kwargs), keep))
+        self._call = call = fc.ForwardCall.begin(self._bind(args, kwargs))
+        if not call.continues:
+            if self._references and not torch.is_grad_enabled():
+                call.inputs = (tuple(args), fc.without_caches(kwargs))
+            else:
+                keep = self.recording.keep
+                call.inputs = (map_tensors(tuple(args), keep),
+                               map_tensors(fc.without_caches(kwargs), keep))
 
     def _end_call(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         call, self._call = self._call, None
         if call is None or not call.captured:
             return
-        missing = sorted({layer for name in self.recording.capture for layer in self.layers
-                          if (name, layer) not in call.captured})
-        if missing:  # e.g. stop_at_layer, or an exception swallowed inside the model
+        if len(call.captured) != self._expected:
+            missing = sorted({layer for name in self.recording.capture for layer in self.layers
+                              if (name, layer) not in call.captured})
+            # e.g. stop_at_layer, or an exception swallowed inside the model
             log.warning("forward call not recorded: layers %s did not run (recorded layers "
                         "must all run in every call)", missing)
             return
+        written = any(t._version != v for t, v in call.versions)
+        if written and not self._copies:
+            self._copies = True
+            log.warning("forward call not recorded: the model wrote a recorded state in place "
+                        "after it was recorded; this probe stores copies from now on")
+            return
         self.anatomy = fc.verified(self.anatomy, call, output, on_refusal=self.remove)
-        self.recording.commit(call.captured, call.batch_mask(), continues=call.continues,
+        self.recording.commit(call.captured, call.captured_mask(), call.shape(),
+                              continues=call.continues,
                               block_calls=call.block_calls, inputs=call.inputs,
                               token_ids=call.new_token_ids())
+        self._copies = written  # references from the first call that sees no in-place write
+        if self._merge == "check":
+            self._settle_merge(call)
 
     def _end_implicit_call(self, module: nn.Module, args: tuple, kwargs: dict,
                            output: Any) -> None:
@@ -118,8 +191,15 @@ class Probe(BlockJacobians, RecordsOn):
             self._end_call(module, args, kwargs, output)
 
     def _block_pre_hook(self, order: list[int]):
-        recorded, wants_pre = set(self.layers), "resid_pre" in self.recording.capture
+        parts, n = self.anatomy.layers, len(order)
+        recorded = [layer in self.layers for layer in order]
+        keep_pre = [rec and "resid_pre" in self.recording.capture
+                    and parts[layer].resid_pre_hook is None for layer, rec in zip(order, recorded)]
+        # resid_post of the layer before, read here once the merge is on
+        post_before = [layer - 1 in self.layers and "resid_post" in self.recording.capture
+                       for layer in order]
         hidden_kwarg = self.anatomy.call_convention.hidden_kwarg
+        key = ("block_pre", id(parts[order[0]].block))
 
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
             if is_suspended():
@@ -131,32 +211,55 @@ class Probe(BlockJacobians, RecordsOn):
             call = self._call
             if call is None:
                 return  # outside a model forward: e.g. checkpoint recomputation in backward
-            layer = call.next_layer(("block_pre", id(module)), order)
-            hidden = args[0] if args else kwargs.get(hidden_kwarg)
-            if layer is None or layer not in recorded or not isinstance(hidden, Tensor):
+            i = call.counts.get(key, 0)
+            call.counts[key] = i + 1
+            if i >= n:
                 return
-            block_call = None
+            hidden = args[0] if args else kwargs.get(hidden_kwarg)
+            if not isinstance(hidden, Tensor):
+                return
+            layer, stored, merge = order[i], None, self._merge
+            if merge != "off" and layer > 0:
+                if merge == "check":
+                    call.merge_checks += 1
+                    call.merge_ok = call.merge_ok and hidden is call.block_output
+                elif post_before[i]:
+                    stored = self._store(hidden)
+                    call.captured[("resid_post", layer - 1)] = stored
+            if not recorded[i] or (call.continues and not keep_pre[i]):
+                return
+            if stored is None:
+                stored = self._store(hidden)
             if not call.continues:
-                block_call = fc.replayable_call(args, kwargs, self.recording.to_store,
-                                                hidden_kwarg=hidden_kwarg)
-                call.block_calls[layer] = block_call
-            if wants_pre and self.anatomy.layers[layer].resid_pre_hook is None:
-                call.captured[("resid_pre", layer)] = (
-                    block_call.hidden if block_call is not None
-                    else self.recording.to_store(hidden))
+                keep = None if self._references and not torch.is_grad_enabled() \
+                    else self.recording.keep
+                call.block_calls[layer] = fc.replayable_call(args, kwargs, stored, keep,
+                                                             hidden_kwarg=hidden_kwarg)
+            if keep_pre[i]:
+                call.captured[("resid_pre", layer)] = stored
 
         return hook
 
-    def _output_hook(self, name: str, key: tuple, order: list[int], read=fc.first_tensor):
-        recorded = set(self.layers)
+    def _output_hook(self, name: str, order: list[int], read=fc.first_tensor, *,
+                     block: bool = False):
+        """``block``: the hook on a block's output (``resid_post``), which also notes the output
+        for the merge check (see :meth:`_merge_rule`)."""
+        recorded, n = [layer in self.layers for layer in order], len(order)
+        key = object()  # this hook's own application counter
 
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
             call = self._call
             if call is None or is_suspended():
                 return
-            layer = call.next_layer(key, order)
-            if layer is not None and layer in recorded:
-                call.captured[(name, layer)] = self.recording.to_store(read(output))
+            i = call.counts.get(key, 0)
+            call.counts[key] = i + 1
+            if i >= n:
+                return
+            value = read(output)
+            if block:
+                call.block_output = value
+            if recorded[i]:
+                call.captured[(name, order[i])] = self._store(value)
 
         return hook
 
@@ -183,6 +286,58 @@ class Probe(BlockJacobians, RecordsOn):
         """Forget every cached analysis result. Needed only after an in-place edit of a few
         weight elements that bypasses autograd (see ``analysis/cache.py``)."""
         self._cache.invalidate()
+
+    # ---------------------------------------------------------------- block Jacobians
+    def jacobian(self, layer: int, *, position: int = -1, sample: int = 0,
+                 kind: str = "token", dtype: torch.dtype = torch.float64,
+                 **options: Any) -> BlockJacobian:
+        """Block ``layer``'s Jacobian at its recorded input as a matrix-free LinearOperator
+        (matvec = JVP, rmatvec = VJP). ``position=-1``: the last real token of ``sample``.
+        ``options``: ``method``, ``single_query`` (see linearize.block_jacobian)."""
+        from .linearize import block_jacobian
+
+        return block_jacobian(self.anatomy, self.recording, layer, sample=sample,
+                              position=position, kind=kind, dtype=dtype, **options)
+
+    def jacobian_product(self, first: int, last: int, *, position: int = -1, sample: int = 0,
+                         dtype: torch.dtype = torch.float64, **options: Any) -> JacobianProduct:
+        """P = J_last ... J_first at one token position (exact for causal models)."""
+        from .linearize import jacobian_product
+
+        return jacobian_product(self.anatomy, self.recording, first, last, sample=sample,
+                                position=position, dtype=dtype, **options)
+
+    def dense_jacobian(self, layer: int, *, position: int = -1, sample: int = 0,
+                       kind: str = "token", dtype: torch.dtype = torch.float64) -> Tensor:
+        """The dense Jacobian by forward-mode AD (small models; a float64 Tensor)."""
+        from .linearize import dense_block_jacobian
+
+        return dense_block_jacobian(self.anatomy, self.recording, layer, sample=sample,
+                                    position=position, kind=kind, dtype=dtype)
+
+    # ---------------------------------------------------------------- the same inputs elsewhere
+    def clone_on(self, model: nn.Module) -> Any:
+        """A new probe with the same layers, captures, store and stack on another model (e.g.
+        a re-initialised copy of this one)."""
+        rec = self.recording
+        return type(self)(model, layers=self.layers, capture=rec.capture, store=rec.store,
+                          dtype=rec.dtype, anatomy=stack_of(anatomy_of(model), self.anatomy.stack))
+
+    def record_on(self, model: nn.Module) -> tuple[Anatomy, Recording]:
+        """Run the recorded model inputs through ``model`` (same architecture) and return its
+        anatomy and recording (used for the re-initialised control). A stack of an
+        encoder-decoder model runs its own stack (a decoder: on the recorded encoder output)."""
+        inputs = self.recording.model_inputs
+        if not inputs or any(i is None for i in inputs):
+            raise RecordingError("reinit needs the model inputs of every recorded run; they "
+                                 "are missing (the model's forward was bypassed, e.g. TL3 "
+                                 "generate())")
+        device = next(model.parameters()).device
+        with self.clone_on(model) as other, torch.no_grad():
+            run = model if other.anatomy.stack is None else other.anatomy.call_root
+            for args, kwargs in map_tensors(inputs, lambda t: t.to(device)):
+                run(*args, **kwargs)
+        return other.anatomy, other.recording
 
     # ---------------------------------------------------------------- analysis
     def analyze(self, options: Optional[AnalyzeOptions] = None, *, distributed: bool = False,

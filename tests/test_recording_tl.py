@@ -8,7 +8,7 @@ import torch
 
 import spectral_hooks as sh
 from spectral_hooks.errors import OptionError
-from spectral_hooks.tl_names import capture_points, layer_list, parse
+from spectral_hooks.recording.points import capture_points, layer_list, parse
 from tests.tiny_models import make_model
 
 POINTS = ("hook_resid_pre", "hook_attn_out", "hook_resid_post")

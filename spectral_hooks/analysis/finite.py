@@ -20,8 +20,10 @@ from torch import Tensor
 
 from ..errors import NonFiniteComputationError, NonFiniteError, RecordingError
 from ..recording import Recording
+from ..recording.points import BLOCK_INPUT, PER_TOKEN, RUN_ORDER, describe
 
-ORDER = ("block input", "resid_pre", "attn_out", "resid_post")
+#: forward order within a layer: the block's input, then its token-vector points as it runs them
+ORDER = (BLOCK_INPUT,) + tuple(point for point in RUN_ORDER if point in PER_TOKEN)
 
 
 def _value(x: Tensor) -> str:
@@ -41,7 +43,7 @@ def _block_input(recording: Recording, layer: int, sample: int) -> Optional[tupl
 def _tensors(recording: Recording, layer: int, sample: Optional[int]) -> Iterator[tuple]:
     """(capture, tensor [B, P, d], mask [B, P], first sample) in forward order."""
     for capture in ORDER:
-        if capture == "block input":
+        if capture == BLOCK_INPUT:
             found = None if sample is None else _block_input(recording, layer, sample)
             if found is not None:
                 yield capture, found[0][None], found[1][None], sample
@@ -59,6 +61,7 @@ def _check_stats(recording: Recording) -> None:
             if not (bool(torch.isfinite(stats.mean).all())
                     and bool(torch.isfinite(stats.cov).all())):
                 raise NonFiniteError.at(layer=layer, capture=capture,
+                                        description=describe(capture),
                                         value=_value(stats.mean))
 
 
@@ -76,7 +79,8 @@ def check_recording_finite(recording: Recording, *, sample: Optional[int] = None
             n_bad = int(bad.sum())
             if n_bad and first is None:
                 s, t = (int(i) for i in bad.nonzero()[0])
-                first = dict(layer=layer, capture=capture, sample=s + offset, position=t,
+                first = dict(layer=layer, capture=capture, description=describe(capture),
+                             sample=s + offset, position=t,
                              value=_value(x[s, t]))
             count += n_bad
     if first is not None:

@@ -42,6 +42,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import GenericAnatomyWarning, UnsupportedModelError
+from ..recording.block_call import map_tensors
 from .base import Anatomy, FamilyInfo, LayerParts, config_int, config_layer_kinds
 from .heads import output_heads, value_heads
 
@@ -144,14 +145,10 @@ def generic_anatomy(model: nn.Module) -> Anatomy:
 def _replay(block: nn.Module, call: Any, hidden: Tensor) -> Tensor:
     param = next(block.parameters())
 
-    def move(t: Any) -> Any:
-        if not isinstance(t, Tensor):
-            return t
+    def move(t: Tensor) -> Tensor:
         return t.to(param.device, param.dtype) if t.is_floating_point() else t.to(param.device)
 
-    args, kwargs = call.with_hidden(move(hidden))
-    args = tuple(move(a) for a in args)
-    kwargs = {k: move(v) for k, v in kwargs.items()}
+    args, kwargs = map_tensors(call.with_hidden(hidden), move)
     with torch.no_grad():
         out = block(*args, **kwargs)
     return (out[0] if isinstance(out, (tuple, list)) else out).detach().to(hidden)

@@ -1,9 +1,18 @@
 """Spectral metrics while training with the Hugging Face ``Trainer``.
 
+    >>> import tempfile, torch
+    >>> from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
     >>> from spectral_hooks.integrations import SpectralCallback
-    >>> trainer = Trainer(model, args, train_dataset=data)   # report_to=["tensorboard", ...]  # doctest: +SKIP
-    >>> SpectralCallback(every=50).attach(trainer)                                # doctest: +SKIP
-    >>> trainer.train()    # spectral/layer_03/gap_ratio ... in every report_to logger  # doctest: +SKIP
+    >>> model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=100))
+    >>> data = [{"input_ids": ids, "labels": ids} for ids in torch.randint(0, 100, (8, 8))]
+    >>> args = TrainingArguments(tempfile.mkdtemp(), max_steps=2, per_device_train_batch_size=4,
+    ...                          report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True)
+    >>> trainer = Trainer(model, args, train_dataset=data)  # report_to=["tensorboard", ...]
+    >>> callback = SpectralCallback(every=2).attach(trainer)
+    >>> _ = trainer.train()      # spectral/layer_01/gap_ratio ... in every report_to logger
+    {...}
+    >>> [step for step, _ in callback.history], "spectral/layer_01/gap_ratio" in callback.history[0][1]
+    ([2], True)
 
 Why ``attach`` and not ``callbacks=[callback]``: the Trainer builds its callback list as its own
 flow callback, then the ``report_to`` integrations (TensorBoard, W&B, MLflow, CSV ...), then the
@@ -28,10 +37,14 @@ under the new ``state.global_step``. The analysis runs under ``torch.no_grad()``
 RNG state: training (dropout masks included) is bit-identical with and without the callback.
 
 ``window="step"`` (default) keeps only the forwards of the current optimizer step (all its
-gradient-accumulation micro-batches): the recording is cleared when each step begins and after
-each evaluation batch, so memory stays flat. ``window="interval"`` keeps everything recorded
-since the last logged step (evaluation forwards inside the interval included): memory grows
-with ``every``, use it with ``store="cpu"`` on large models.
+gradient-accumulation micro-batches): the hooks are attached when a step that logs begins
+(``on_step_begin``) and removed once its metrics are computed, so every other step (and every
+evaluation) runs with none of our hooks and costs nothing; the recording is cleared when each
+step begins and after each evaluation batch, so memory stays flat. ``window="interval"`` keeps
+everything recorded since the last logged step (evaluation forwards inside the interval
+included), so its hooks stay on for every forward of the run: each costs what recording costs
+(``benchmarks/recording_cost.py``; a few percent of a host-bound forward), memory grows with
+``every``: use it with ``store="cpu"`` on large models.
 
 Under DDP (torch.distributed) the callback runs on every rank and each event is a collective
 (:class:`~.tracker.Event`): every rank sends rank 0 its recorded tokens, rank 0 computes (the
@@ -163,11 +176,18 @@ class SpectralCallback(TrainerCallback):
             raise ValueError("SpectralCallback: the Trainer passed no model to on_train_begin")
         self.probe = instrument(unwrap_model(model), layers=self.layers, capture=self.capture,
                                 store=self.store)
+        if self.window == "step":
+            self.probe.remove()  # attached again by on_step_begin, for the steps that log
 
     def on_step_begin(self, args, state, control, **kwargs: Any):
-        """Clear the recording at each step when ``window="step"``."""
+        """``window="step"``: clear the recording; attach the hooks if this step logs, else
+        leave the model without them."""
         if self.probe is not None and self.window == "step":
             self.probe.clear()
+            if self._due(state.global_step + 1):
+                self.probe.attach()
+            else:
+                self.probe.remove()
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs: Any):
         """Compute a due event before the weights change (a collective under DDP)."""
@@ -177,6 +197,8 @@ class SpectralCallback(TrainerCallback):
         if self.probe is not None and self._due(step):
             self._pending = self.event(self.probe, step)  # collective under torch.distributed
             self._event_step = step
+            if self.window == "step":
+                self.probe.remove()  # the step's forwards are done: no hooks until the next
 
     def on_step_end(self, args, state, control, **kwargs: Any):
         """At a due step: ask the Trainer to log, or log through our own loggers."""
@@ -190,6 +212,8 @@ class SpectralCallback(TrainerCallback):
             metrics = self.event(self.probe, int(state.global_step))
         self._event_step = None
         self.probe.clear()
+        if self.window == "step":
+            self.probe.remove()
         if not metrics:
             return
         step = int(state.global_step)

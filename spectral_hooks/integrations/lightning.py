@@ -1,9 +1,24 @@
 """Spectral metrics while training with Lightning (``pip install 'spectral_hooks[lightning]'``).
 
+    >>> import lightning.pytorch as pl, torch
+    >>> from transformers import GPT2Config, GPT2LMHeadModel
     >>> from spectral_hooks.integrations.lightning import SpectralLightningCallback
-    >>> trainer = lightning.Trainer(callbacks=[SpectralLightningCallback(every=50)],
-    ...                             logger=TensorBoardLogger("logs"))             # doctest: +SKIP
-    >>> trainer.fit(module, loader)   # spectral/layer_03/gap_ratio ... in the trainer's logger  # doctest: +SKIP
+    >>> class LM(pl.LightningModule):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=4,
+    ...                                                 vocab_size=100))
+    ...     def training_step(self, batch, batch_idx):
+    ...         return self.model(input_ids=batch, labels=batch).loss
+    ...     def configure_optimizers(self):
+    ...         return torch.optim.AdamW(self.parameters(), lr=1e-3)
+    >>> callback = SpectralLightningCallback(every=2)
+    >>> trainer = pl.Trainer(max_steps=2, accelerator="cpu", logger=False, callbacks=[callback],
+    ...                      enable_progress_bar=False, enable_checkpointing=False,
+    ...                      enable_model_summary=False)
+    >>> trainer.fit(LM(), torch.utils.data.DataLoader(torch.randint(0, 100, (8, 8)), batch_size=4))
+    >>> [step for step, _ in callback.history]   # and in every logger of the trainer
+    [2]
 
 The transformer is found inside the LightningModule: ``model=`` (an attribute name or a
 function of the module) says where; by default the module itself, else its first child that
@@ -12,7 +27,10 @@ are computed before the optimizer step (the weights that ran) on rank 0, from ev
 recorded tokens under torch.distributed (see :class:`~.tracker.Event`), and written with
 ``log_metrics`` to every logger of the trainer at its ``global_step`` -- directly, so that
 ``log_every_n_steps`` cannot drop them. Training is unchanged (``torch.no_grad()``, forked RNG).
-The recording is cleared when each optimizer step begins and after validation batches.
+The hooks are on the model only during the optimizer steps that log: attached when such a step
+begins (its first micro-batch), removed once its metrics are computed, so every other step and
+every validation runs with none of our hooks. The recording is cleared when each optimizer step
+begins and after validation batches.
 """
 
 from __future__ import annotations
@@ -75,18 +93,21 @@ class SpectralLightningCallback(_pl.Callback):
         """Find the transformer in the LightningModule and start tracking it."""
         self.teardown(trainer, pl_module, "fit")
         self.tracker = SpectralTracker(find_transformer(pl_module, self.model), every=self.every,
-                                       **self.tracker_options)
+                                       first_step=None, **self.tracker_options)
+        self.tracker.probe.remove()  # pyright: ignore[reportOptionalMemberAccess]  # attached per step
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        """Clear the previous step's recording."""
+        """At an optimizer step's first micro-batch: clear the previous step's recording and
+        attach the hooks only if this step logs."""
         if self.tracker is not None and batch_idx % trainer.accumulate_grad_batches == 0:
-            self.tracker.probe.clear()  # pyright: ignore[reportOptionalMemberAccess]  # attached
+            self.tracker.start_step(trainer.global_step + 1)
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
-        """Compute a due event before the weights change."""
+        """Compute a due event before the weights change, then remove the hooks."""
         step = trainer.global_step + 1  # every rank: tokens and FSDP2 shards go to rank 0
         if self.tracker is not None and self.tracker.due(step):
             self._pending = self.tracker.event(self.tracker.probe, step)
+            self.tracker.probe.remove()  # pyright: ignore[reportOptionalMemberAccess]  # attached
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         """Log a due event through the trainer's loggers."""

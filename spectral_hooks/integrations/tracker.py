@@ -1,18 +1,29 @@
 """Spectral metrics from a plain training loop: one call per optimizer step.
 
+    >>> import tempfile, torch
+    >>> from transformers import GPT2Config, GPT2LMHeadModel
     >>> from spectral_hooks.integrations import JSONLLogger, SpectralTracker
-    >>> tracker = SpectralTracker(model, every=50, loggers=[JSONLLogger("spectral.jsonl")])  # doctest: +SKIP
-    >>> for step, batch in enumerate(loader, start=1):                 # doctest: +SKIP
-    ...     loss = model(**batch).loss
-    ...     loss.backward()
-    ...     tracker.step(step)          # before optimizer.step(): the weights that ran
+    >>> model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=100))
+    >>> optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    >>> log = JSONLLogger(tempfile.mkdtemp() + "/spectral.jsonl")
+    >>> tracker = SpectralTracker(model, every=2, loggers=[log])
+    >>> for step in range(1, 5):
+    ...     batch = torch.randint(0, 100, (2, 8))
+    ...     model(batch, labels=batch).loss.backward()
+    ...     metrics = tracker.step(step)          # before optimizer.step(): the weights that ran
     ...     optimizer.step(); optimizer.zero_grad()
-    >>> tracker.close()                                                # doctest: +SKIP
+    >>> metrics["spectral/layer_01/gap_ratio"] > 0, tracker.probe.n_handles  # no hooks at step 5
+    (True, 0)
+    >>> tracker.close()
 
 ``step(step)`` computes the power metrics of what the model ran since the previous call (every
 ``every`` steps; other calls only clear the recording, so memory stays flat), sends them to the
 ``loggers`` under ``spectral/layer_03/gap_ratio``-style names and returns them (None when not
-due). Call it after ``backward()`` and before ``optimizer.step()``, so the weights analysed are
+due). The hooks are on the model only during the steps that are logged: ``step(s)`` attaches
+them when step ``s + 1`` is due and removes them otherwise (:meth:`SpectralTracker.start_step`
+says it explicitly, e.g. to resume at another step), so the forwards of every other step run
+with none of our hooks and cost nothing; the first step is ``first_step`` (1).
+Call it after ``backward()`` and before ``optimizer.step()``, so the weights analysed are
 the ones that produced the recorded activations. The analysis runs under ``torch.no_grad()``
 and a forked RNG state: training is unchanged. Under torch.distributed call ``step`` on every
 rank at the same steps (it is a collective at due steps): only rank 0 computes and logs (other
@@ -160,6 +171,8 @@ class SpectralTracker:
         jacobian_every: also log block-Jacobian spectra every this many steps (None: never).
         jacobian_options: ``probe.analyze(jacobian=...)``'s options (default ``{"k": 8}``);
         jacobian_columns: columns of its ``jacobian`` table ("frac_complex_top*" allowed).
+        first_step: the step of the first forwards (hooks attached only if it is due); None:
+            unknown, the hooks stay on until the first ``step()`` call.
     """
 
     def __init__(self, model: torch.nn.Module, *, every: int = 50,
@@ -168,7 +181,8 @@ class SpectralTracker:
                  prefix: str = "spectral", loggers: Sequence[MetricsLogger] = (),
                  analyze_options: Optional[dict[str, Any]] = None, jacobian_every: Optional[int] = None,
                  jacobian_options: Optional[dict[str, Any]] = None,
-                 jacobian_columns: Sequence[str] = JACOBIAN_COLUMNS) -> None:
+                 jacobian_columns: Sequence[str] = JACOBIAN_COLUMNS,
+                 first_step: Optional[int] = 1) -> None:
         from .. import instrument
 
         self.event: Event = Event(every=every, columns=columns, prefix=prefix,
@@ -179,9 +193,28 @@ class SpectralTracker:
         self.prefix: str = prefix
         self.loggers: list[MetricsLogger] = list(loggers)
         self.probe: Any = instrument(unwrap_model(model), layers=layers, capture=capture, store=store)
+        if first_step is not None:
+            self.start_step(first_step)
 
     def due(self, step: int) -> bool:
+        """Whether ``step`` logs (power metrics every ``every``, Jacobians every
+        ``jacobian_every`` steps)."""
         return self.event.due(step)
+
+    def start_step(self, step: int) -> bool:
+        """The forwards that follow belong to optimizer step ``step``: clear the recording and
+        attach the hooks if ``step`` is due, remove them if not. Returns whether it records.
+        ``step()`` calls it for the next step; call it yourself where steps are not counted
+        from ``first_step`` one by one."""
+        if self.probe is None:
+            return False
+        self.probe.clear()
+        recording = self.due(step)
+        if recording:
+            self.probe.attach()
+        else:
+            self.probe.remove()
+        return recording
 
     def metrics(self, step: Optional[int] = None) -> Optional[dict[str, Any]]:
         """The metrics of what is recorded now (None when nothing is), with their cost:
@@ -191,15 +224,15 @@ class SpectralTracker:
         return self.event(self.probe, self.every if step is None else int(step))
 
     def step(self, step: int) -> Optional[dict[str, Any]]:
-        """Compute and log when ``step`` is due (rank 0); always clear the recording."""
+        """Compute and log when ``step`` is due (rank 0); always clear the recording, then
+        attach the hooks for step ``step + 1`` only if it is due (:meth:`start_step`)."""
         metrics = None
         if self.due(step):
             metrics = self.event(self.probe, int(step))  # collective under torch.distributed
         if metrics:
             for logger in self.loggers:
                 logger.log(metrics, int(step))
-        if self.probe is not None:
-            self.probe.clear()
+        self.start_step(int(step) + 1)
         return metrics
 
     def close(self) -> None:

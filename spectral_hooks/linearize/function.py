@@ -13,8 +13,8 @@ from torch import Tensor
 from ..anatomy.calls import BlockCallConvention
 from ..checks import check_float_dtype, check_int
 from ..errors import NonFiniteError, OptionError, RecordingError
-from ..recording import BlockCall, map_tensors
-from ..suspend import suspended
+from ..recording import BlockCall, map_tensors, suspended
+from ..recording.points import BLOCK_INPUT, describe
 
 if TYPE_CHECKING:
     from ..anatomy import Anatomy
@@ -257,8 +257,9 @@ def _check_finite_input(hidden: Tensor, positions: Tensor, *, layer: int, sample
     bad = ~torch.isfinite(hidden[positions]).all(dim=-1)
     if bool(bad.any()):
         row = int(positions[bad.nonzero()[0, 0]])
-        raise NonFiniteError.at(layer=layer, capture="block input", sample=sample,
-                                position=row, consequence=": the Jacobian cannot be taken there")
+        raise NonFiniteError.at(layer=layer, capture=BLOCK_INPUT,
+                                description=describe(BLOCK_INPUT), sample=sample, position=row,
+                                consequence=": the Jacobian cannot be taken there")
 
 
 def block_function(anatomy: Anatomy, recording: Recording, layer: int, *, sample: int = 0, position: int = -1,

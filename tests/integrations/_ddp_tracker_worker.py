@@ -76,6 +76,7 @@ def train(rank: int, out: Path, track: bool) -> dict:
         optimizer.step()
         optimizer.zero_grad()
     if tracker is not None:
+        tracker.start_step(EVERY)  # a logging step: its forwards are recorded
         with torch.no_grad():
             model(data[:2])
         if rank == 1:

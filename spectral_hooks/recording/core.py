@@ -15,16 +15,14 @@ different lengths are right-padded with zeros and ``mask == 0``; padding never c
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Optional, Union
+from typing import Any, Iterator, Optional, Union
 
 import torch
 from torch import Tensor
 
-from .cache_view import ActivationCacheView, move
-from .checks import checked_layer
-from .errors import (
+from ..checks import checked_layer
+from ..errors import (
     OptionError,
     OptionIndexError,
     OptionTypeError,
@@ -32,65 +30,13 @@ from .errors import (
     RecordingKeyError,
     UnknownNameError,
 )
-from .recorded_patterns import stacked
-from .running_stats import RunningStats, _Accumulator
-from .tl_names import layer_of, point_of
+from .block_call import BlockCall, map_tensors
+from .cache_view import ActivationCacheView
+from .patterns import stacked
+from .points import CAPTURES, layer_of, point_of
+from .running_stats import Accumulator, RunningStats
 
-#: every capture point; the default (``DEFAULT_CAPTURES``) leaves out the attention
-#: probabilities ``attn_pattern`` ([batch, head, pos, pos]: quadratic in the length)
-CAPTURES = ("resid_pre", "resid_post", "attn_out", "attn_pattern")
-DEFAULT_CAPTURES = ("resid_pre", "resid_post", "attn_out")
 STORES = ("device", "cpu", "stats")
-
-
-def map_tensors(obj: Any, fn: Callable[[Tensor], Any]) -> Any:
-    """Apply ``fn`` to every tensor inside nested tuples, lists and dicts."""
-    if isinstance(obj, Tensor):
-        return fn(obj)
-    if isinstance(obj, tuple):
-        return tuple(map_tensors(o, fn) for o in obj)
-    if isinstance(obj, list):
-        return [map_tensors(o, fn) for o in obj]
-    if isinstance(obj, dict):
-        return {k: map_tensors(v, fn) for k, v in obj.items()}
-    return obj
-
-
-@dataclass(frozen=True)
-class BlockCall:
-    """A block's call arguments, with the residual input stored in them, caches removed.
-
-    The residual input is ``args[0]`` when ``hidden_in_args``, else ``kwargs[hidden_kwarg]``
-    (the keyword is an anatomy fact, ``anatomy.call_convention.hidden_kwarg``, passed by the
-    probe: HF blocks take ``hidden_states``, TransformerLens 3 blocks ``resid_pre``).
-    """
-
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any]
-    hidden_in_args: bool
-    hidden_kwarg: str = "hidden_states"
-
-    @property
-    def hidden(self) -> Tensor:
-        return self.args[0] if self.hidden_in_args else self.kwargs[self.hidden_kwarg]
-
-    def with_hidden(self, hidden: Tensor) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """The call's (args, kwargs) with the residual input replaced by ``hidden``."""
-        if self.hidden_in_args:
-            return (hidden,) + tuple(self.args[1:]), dict(self.kwargs)
-        return tuple(self.args), {**self.kwargs, self.hidden_kwarg: hidden}
-
-    def select(self, row: int) -> "BlockCall":
-        """The same call for one batch row (tensors with a batch dimension are sliced)."""
-        batch = self.hidden.shape[0]
-
-        def pick(t: Tensor) -> Tensor:
-            if batch > 1 and t.ndim >= 2 and t.shape[0] == batch:
-                return t[row:row + 1]
-            return t
-
-        return dataclasses.replace(self, args=map_tensors(self.args, pick),
-                                   kwargs=map_tensors(self.kwargs, pick))
 
 
 @dataclass(frozen=True)
@@ -108,15 +54,36 @@ class StepInfo:
 class _Run:
     batch: int
     chunks: dict = field(default_factory=dict)  # (capture, layer) -> list[Tensor]
-    masks: list = field(default_factory=list)
+    widths: list = field(default_factory=list)  # per step: its new positions
     steps: list = field(default_factory=list)
     block_calls: dict[int, BlockCall] = field(default_factory=dict)  # layer -> BlockCall (prefill only)
-    token_ids: list = field(default_factory=list)  # per step: Tensor[batch, n_new] or None
+    # per step, as the model got them (on its device, read only when asked: no host sync per
+    # forward): the padding mask [batch, n_new] (None: every position is real) and the token
+    # ids [batch, n_new] (None: embeddings)
+    raw_masks: list = field(default_factory=list)
+    raw_token_ids: list = field(default_factory=list)
     inputs: Optional[tuple] = None  # the model call's (args, kwargs), caches removed
+    read_masks: list = field(default_factory=list)  # raw_masks read to the CPU (long), so far
 
     @property
     def n_positions(self) -> int:
-        return sum(m.shape[1] for m in self.masks)
+        return sum(self.widths)
+
+    @property
+    def masks(self) -> list[Tensor]:
+        """Per step, the padding mask on the CPU (long, 1 for real tokens)."""
+        for mask, width in zip(self.raw_masks[len(self.read_masks):],
+                               self.widths[len(self.read_masks):]):
+            self.read_masks.append(torch.ones(self.batch, width, dtype=torch.long)
+                                   if mask is None else mask.to("cpu", torch.long))
+        return self.read_masks
+
+    @property
+    def token_ids(self) -> list[Tensor]:
+        """Per step, the token ids on the CPU (long; -1 where the model got embeddings)."""
+        return [torch.full((self.batch, width), -1, dtype=torch.long) if ids is None
+                else ids.to("cpu", torch.long) for ids, width in zip(self.raw_token_ids,
+                                                                      self.widths)]
 
 
 class _LayerView:
@@ -140,7 +107,7 @@ class _LayerView:
 
 class Recording(ActivationCacheView):
     """Residual-stream states and attention outputs recorded per layer; also a mapping of
-    TransformerLens hook names (see :mod:`spectral_hooks.cache_view`)."""
+    TransformerLens hook names (see :mod:`spectral_hooks.recording.cache_view`)."""
 
     n_layers: int
     layers: tuple[int, ...]
@@ -175,18 +142,34 @@ class Recording(ActivationCacheView):
         dtype = self.dtype if self.dtype is not None and t.is_floating_point() else t.dtype
         return t.detach().to(device=device, dtype=dtype, copy=copy)
 
-    def commit(self, captured: dict[Any, Any], mask: Tensor, *, continues: bool,
-               block_calls: dict[int, BlockCall], inputs: Optional[tuple[Any, ...]] = None,
+    def keep(self, t: Tensor) -> Tensor:
+        """``t`` as the store keeps it, copied only where the store asks (``store="cpu"`` from
+        another device, another ``dtype``): else ``t`` itself (detached where it needs grad)."""
+        if self.store == "cpu" or self.dtype is not None:
+            return self.to_store(t, copy=False)
+        return t.detach() if t.requires_grad else t
+
+    def commit(self, captured: dict[Any, Any], mask: Optional[Tensor],
+               shape: tuple[int, int], *, continues: bool, block_calls: dict[int, BlockCall],
+               inputs: Optional[tuple[Any, ...]] = None,
                token_ids: Optional[Tensor] = None) -> None:
-        """Add one forward call: ``captured[(capture, layer)] = Tensor[batch, pos, d]``."""
+        """Add one forward call: ``captured[(capture, layer)] = Tensor[batch, pos, d]``;
+        ``mask`` [batch, pos] and ``token_ids`` [batch, pos] as the model got them (None: every
+        position real / embeddings), ``shape`` = (batch, pos). Nothing is read to the host
+        here: the mask and ids are kept on their device (copied there, so a caller reusing
+        its buffers changes nothing) and read when asked for."""
         self._cache.clear()
         self.generation += 1
-        mask = mask.detach().to("cpu", torch.long)
+        batch, width = shape
+        if mask is not None:
+            mask = mask.detach().clone()
+        if token_ids is not None:
+            token_ids = token_ids.detach().clone()
         if self.store == "stats":
             for key, tensor in captured.items():
-                self._stats.setdefault(key, _Accumulator()).update(tensor, mask.to(tensor.device))
+                self._stats.setdefault(key, Accumulator()).update(tensor, mask)
             captured = {}
-        if continues and self._runs and self._runs[-1].batch == mask.shape[0]:
+        if continues and self._runs and self._runs[-1].batch == batch:
             run, step = self._runs[-1], len(self._runs[-1].steps)
         else:
             if self.store == "stats" and self._runs:
@@ -194,18 +177,18 @@ class Recording(ActivationCacheView):
                 self._runs, self._calls = [], []
             # a continuation with nothing to continue (decode steps of a cache filled before
             # the probe was attached) is marked step 1: it cannot be replayed
-            run, step = _Run(batch=mask.shape[0]), int(continues)
+            run, step = _Run(batch=batch), int(continues)
             run.block_calls = dict(block_calls)
             run.inputs = inputs
             self._runs.append(run)
         for key, tensor in captured.items():
             run.chunks.setdefault(key, []).append(tensor)
-        run.masks.append(mask)
+        run.raw_masks.append(mask)
+        run.raw_token_ids.append(token_ids)
+        run.widths.append(width)
         run.steps.append(step)
-        run.token_ids.append(token_ids if token_ids is not None
-                             else torch.full_like(mask, -1))
-        self._calls.append(StepInfo(self._n_calls, len(self._runs) - 1, step,
-                                    mask.shape[1], not continues))
+        self._calls.append(StepInfo(self._n_calls, len(self._runs) - 1, step, width,
+                                    not continues))
         self._n_calls += 1
 
     # ---------------------------------------------------------------- reading
@@ -252,9 +235,8 @@ class Recording(ActivationCacheView):
         masks stay on the CPU; later forwards are stored as ``store`` says."""
         for run in self._runs:
             run.chunks = {key: [t.to(device) for t in ts] for key, ts in run.chunks.items()}
-            run.block_calls = {layer: move(call, device)
-                               for layer, call in run.block_calls.items()}
-            run.inputs = move(run.inputs, device)
+            run.block_calls = map_tensors(run.block_calls, lambda t: t.to(device))
+            run.inputs = map_tensors(run.inputs, lambda t: t.to(device))
         for acc in self._stats.values():
             acc.total, acc.outer = acc.total.to(device), acc.outer.to(device)
         self._cache.clear()
@@ -335,7 +317,8 @@ class Recording(ActivationCacheView):
         if not self._runs:
             raise RecordingError("nothing recorded yet: run the model inside the probe first")
         width = max(run.n_positions for run in self._runs)
-        pieces = [torch.cat([torch.full_like(m, s) for m, s in zip(run.masks, run.steps)], dim=1)
+        pieces = [torch.cat([torch.full((run.batch, w), s, dtype=torch.long)
+                             for w, s in zip(run.widths, run.steps)], dim=1)
                   for run in self._runs]
         steps = self._padded(pieces, width, fill=-1)
         return steps.masked_fill(self.mask == 0, -1)
@@ -364,8 +347,8 @@ class Recording(ActivationCacheView):
             if (capture, layer) not in self._stats:
                 raise RecordingError(f"no statistics for {capture} at layer {layer} yet")
             return self._stats[(capture, layer)].result()
-        acc = _Accumulator()
-        acc.update(self.tensor(capture, layer), self.mask.to(self.tensor(capture, layer).device))
+        acc = Accumulator()
+        acc.update(self.tensor(capture, layer), self.mask)
         return acc.result()
 
     def block_input(self, layer: int, sample: int = 0) -> BlockCall:

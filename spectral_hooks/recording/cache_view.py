@@ -1,11 +1,19 @@
 """A recording read like TransformerLens' ``ActivationCache``: a mapping of hook names.
 
-    >>> "blocks.3.hook_resid_post" in probe.recording                     # doctest: +SKIP
+    >>> import torch
+    >>> from transformers import GPT2Config, GPT2Model
+    >>> from spectral_hooks.probe import instrument
+    >>> model = GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)).eval()
+    >>> with instrument(model) as probe:
+    ...     _ = model(torch.tensor([[1, 2, 3]]))
+    >>> "blocks.1.hook_resid_post" in probe.recording
     True
-    >>> probe.recording["resid_post", -1] is probe.recording.resid_post[-1]  # doctest: +SKIP
+    >>> probe.recording["resid_post", -1] is probe.recording.resid_post[-1]
     True
-    >>> {name: x.shape for name, x in probe.recording.items()}            # doctest: +SKIP
-    >>> probe.recording.to("cpu")                 # moves everything, returns the recording
+    >>> list(probe.recording)[:3]
+    ['blocks.0.hook_resid_pre', 'blocks.0.hook_attn_out', 'blocks.0.hook_resid_post']
+    >>> probe.recording.to("cpu") is probe.recording  # moves everything, returns the recording
+    True
 
 As in ``ActivationCache``: ``keys()`` are full hook names (``blocks.<l>.hook_<point>``) in the
 order the model runs them, iteration and ``in`` go over those keys (exact names: a tuple is not
@@ -23,14 +31,12 @@ from typing import TYPE_CHECKING, Any, Iterator, Union
 import torch
 from torch import Tensor
 
-from .errors import RecordingKeyError, UnknownNameError
-from .tl_names import POINTS, hook_name, parse
-
-_RUN_ORDER = ("resid_pre", "attn_pattern", "attn_out", "resid_post")  # the order a block runs its hooks
+from ..errors import RecordingKeyError, UnknownNameError
+from .points import CAPTURES, RUN_ORDER, hook_name, hook_names, parse
 
 
 class ActivationCacheView:
-    """Mixin for :class:`~spectral_hooks.recording.Recording` (needs ``layers``, ``capture``,
+    """Mixin for :class:`~spectral_hooks.recording.core.Recording` (needs ``layers``, ``capture``,
     ``n_layers``, ``store``, ``tensor(point, layer)``, ``mask`` and ``_has_data()``)."""
 
     if TYPE_CHECKING:  # provided by Recording
@@ -47,7 +53,7 @@ class ActivationCacheView:
     def keys(self) -> list[str]:
         if not self._has_data():
             return []
-        points = [p for p in _RUN_ORDER if p in self.capture]
+        points = [p for p in RUN_ORDER if p in self.capture]
         return [hook_name(p, layer) for layer in self.layers for p in points]
 
     def values(self) -> list[Tensor]:
@@ -84,29 +90,13 @@ def _resolve(key: Any) -> tuple[str, int]:
         try:
             point, layer = parse(key)
         except ValueError:
-            raise UnknownNameError("name", key, "a hook name: 'blocks.<l>.hook_resid_pre', "
-                                   "'blocks.<l>.hook_resid_post', 'blocks.<l>.hook_attn_out', "
-                                   "'blocks.<l>', 'hook_<point>' or 'mask'") from None
+            raise UnknownNameError("name", key, f"a hook name: {hook_names()}, 'blocks.<l>', "
+                                   "'hook_<point>' or 'mask'") from None
     else:
         raise RecordingKeyError(f"unknown key {key!r}: use a hook name such as "
                                 "'blocks.3.hook_resid_post' or a tuple ('resid_post', 3)")
-    if point not in POINTS or not isinstance(layer, int) or isinstance(layer, bool):
+    if point not in CAPTURES or not isinstance(layer, int) or isinstance(layer, bool):
         raise RecordingKeyError(f"{key!r} names no recorded point of a layer: use e.g. "
                                 "'blocks.3.hook_resid_post' or ('resid_post', 3)")
     return point, layer
 
-
-def move(obj: Any, device: Union[str, torch.device]) -> Any:
-    """``obj`` with every tensor inside (dataclasses, tuples, lists, dicts) moved to ``device``."""
-    import dataclasses
-
-    if isinstance(obj, Tensor):
-        return obj.to(device)
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return dataclasses.replace(obj, **{f.name: move(getattr(obj, f.name), device)
-                                           for f in dataclasses.fields(obj) if f.init})
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(move(o, device) for o in obj)
-    if isinstance(obj, dict):
-        return {k: move(v, device) for k, v in obj.items()}
-    return obj

@@ -1,7 +1,10 @@
 """A switch that turns every probe off while a block is replayed (Jacobians, dense oracles).
 
     >>> with suspended():
-    ...     pass            # block calls made here are never recorded
+    ...     is_suspended()          # block calls made here are never recorded
+    True
+    >>> is_suspended()
+    False
 """
 
 from __future__ import annotations
@@ -24,4 +27,5 @@ def suspended() -> Iterator[None]:
 
 
 def is_suspended() -> bool:
+    """True inside :func:`suspended` on this thread."""
     return getattr(_state, "depth", 0) > 0

