@@ -19,7 +19,7 @@ from torch import Tensor
 
 from ..errors import RecordingError
 from ..metrics.idealised_table import idealised_table
-from ..weights import head_weights
+from ..anatomy.weights import head_weights
 from .options import AnalyzeOptions
 from .power import layer_matrices_of
 from .subject import Subject

@@ -21,7 +21,7 @@ from ..errors import OptionError
 from ..metrics.power import power_table
 from ..metrics.spectrum import BATCHED_EIG_DEVICES, FACTORED_EXACT_MAX
 from ..metrics.stats import with_adjusted
-from ..weights import LayerOperators, layer_matrices, layer_operators
+from ..anatomy.weights import LayerOperators, layer_matrices, layer_operators
 from .finite import check_layer_matrices_finite
 from .options import AnalyzeOptions
 from .subject import Subject
@@ -49,7 +49,7 @@ def layer_matrices_of(subject: Subject, *, fold_norm: bool, on_device: bool = Fa
 
 def power_matrices_of(subject: Subject, options: AnalyzeOptions) -> Tensor | LayerOperators:
     """What the power view's spectra are computed from: the dense F_t stack, or the layer
-    operators x -> W_O (W_V x) on the model's device (``weights.LayerOperators``: no d x d
+    operators x -> W_O (W_V x) on the model's device (``anatomy.weights.LayerOperators``: no d x d
     matrix is formed) where ``options.power`` says matrix-free (by default d_model >=
     POWER_MATRIX_FREE_D: the top-k eigenpairs, or every one from the factors, below) or, by
     default at any width, where every layer's factors are thin enough for all of F_t's

@@ -18,7 +18,7 @@ instead of raising. For d <= dense_limit nothing changes (full dense float64 eig
 ``truncated=False``, ``converged=True``).
 
 A factored F = A B (a :class:`~spectral_hooks.linalg.LowRankOperator` with inner width r < d, as
-``weights.layer_operators`` builds for grouped-query models) with r <= min(FACTORED_EXACT_MAX,
+``anatomy.weights.layer_operators`` builds for grouped-query models) with r <= min(FACTORED_EXACT_MAX,
 dense_limit) gets every eigenvalue exactly instead: the r of the r x r matrix B A, then d - r
 zeros (:func:`spectral_hooks.linalg.lowrank_eig`; ``truncated=False``).
 

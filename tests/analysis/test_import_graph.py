@@ -17,7 +17,6 @@ RANKS = {
     "errors": 0, "checks": 0, "_version": 0, "suspend": 0, "linalg": 0, "_optional": 0,
     "tl_names": 0, "cache_view": 0, "wrappers": 0, "running_stats": 0, "recorded_patterns": 0,
     "metrics": 1, "recording": 1, "anatomy": 1, "report": 1,
-    "weights": 2,
     "linearize": 3, "steering": 3,
     "analysis": 4,
     "forward_call": 5, "block_jacobians": 5, "probe": 5, "record_on": 5, "encoder_decoder": 5,
@@ -97,7 +96,7 @@ def test_forbidden_pairs():
 
 
 @pytest.mark.parametrize("lower", ["analysis", "linearize", "metrics", "linalg", "report",
-                                   "anatomy", "recording", "weights", "steering"])
+                                   "anatomy", "recording", "steering"])
 def test_lower_layers_never_import_the_probe_or_the_package_face(lower):
     bad = [(a, b) for a, b in GRAPH.edges
            if _group(a) == lower and b in ("spectral_hooks", "spectral_hooks.probe")]

@@ -1,4 +1,4 @@
-"""Power view at any width: F = W_O W_V applied as two thin products (weights.LayerOperators),
+"""Power view at any width: F = W_O W_V applied as two thin products (anatomy.weights.LayerOperators),
 its top-k eigenpairs by linalg.eigs; checked against the dense float64 eig of F on small d by
 forcing the path (power={"full": False}, or the threshold lowered)."""
 
@@ -12,7 +12,7 @@ from spectral_hooks.analysis import options as options_module
 from spectral_hooks.analysis import power as power_module
 from spectral_hooks.errors import OptionError, UnknownOptionError
 from spectral_hooks.metrics import spectrum as spectrum_module
-from spectral_hooks.weights import layer_matrices, layer_operators
+from spectral_hooks.anatomy.weights import layer_matrices, layer_operators
 
 COLUMNS = ["lambda1_real", "abs_lambda1", "abs_lambda2", "abs_mu1", "abs_mu2", "gap_ratio",
            "subspace_dim", "gamma_in", "gamma", "gamma2_dim", "gamma2", "rho", "mean_cos"]
