@@ -79,6 +79,11 @@ class LayerFactors:
     def d_model(self) -> int:
         return int(self.W_O.shape[1])
 
+    def to(self, device: DeviceLike, dtype: Optional[torch.dtype]) -> "LayerFactors":
+        """The same factors on ``device`` in ``dtype``."""
+        return LayerFactors(self.layer, self.W_O.to(device, dtype), self.W_V.to(device, dtype),
+                            None if self.gain is None else self.gain.to(device, dtype))
+
     def matrix(self) -> Tensor:
         """F = sum_h W_O^h W_V^h diag(gain), [d, d], in the factors' dtype and device."""
         F = torch.einsum("hdk,hkm->dm", self.W_O, self.W_V)
@@ -231,21 +236,31 @@ class LayerOperators:
         d = anatomy.d_model
         self.shape: tuple[int, int, int] = (anatomy.n_layers, d, d)
         self.ndim: int = 3
-        # offloaded weights: the device they are brought in to
-        self.device: torch.device = layer_factors(anatomy.layers[0], attention=attention).W_O.device
-        self.dtype: torch.dtype = krylov_dtype(self.device)
 
     def __len__(self) -> int:
         return self.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        """Where layer 0's weights are used (offloaded: the device they are brought in to)."""
+        return layer_factors(self.anatomy.layers[0], attention=self.attention).W_O.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """float64 where :attr:`device` has it (:func:`krylov_dtype`)."""
+        return krylov_dtype(self.device)
 
     def inner_width(self, t: int) -> int:
         """r of layer t's factors (``ops[t].rank_bound``) from its weights, nothing copied."""
         return layer_factors(self.anatomy.layers[t], attention=self.attention).inner_width()
 
     def factors(self, t: int) -> LayerFactors:
-        """Layer t's :class:`LayerFactors` on the operators' device and dtype."""
-        return layer_factors(self.anatomy.layers[t], fold_norm=self.fold_norm,
-                             attention=self.attention, device=self.device, dtype=self.dtype)
+        """Layer t's :class:`LayerFactors` where its weights are used (offloaded: brought in),
+        in float64 where that device has it (:func:`krylov_dtype`)."""
+        factors = layer_factors(self.anatomy.layers[t], fold_norm=self.fold_norm,
+                                attention=self.attention)
+        device = factors.W_O.device
+        return factors.to(device, krylov_dtype(device))
 
     def __getitem__(self, t: int) -> LinearOperator:
         return self.factors(t).operator()
