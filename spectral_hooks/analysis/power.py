@@ -158,6 +158,7 @@ def spectrum_options(subject: Subject, options: AnalyzeOptions) -> dict[str, Any
 
 
 def has_cross_attention(subject: Subject) -> bool:
+    """Whether any layer of the stack has a cross-attention (a decoder of an encoder-decoder)."""
     return any(part.cross_value is not None for part in subject.anatomy.layers)
 
 
@@ -173,6 +174,9 @@ def cross_power_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFra
 
 
 def power_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame:
+    """The ``power`` table of ``subject``: per analysed layer, ``metrics.power.power_table``'s
+    row (every spectrum on its ``power_route``) plus the BH-adjusted p-values (``PVALUES``);
+    OptionError for a ``power.direction`` or ``power.reference_layer`` that does not fit."""
     def compute() -> pd.DataFrame:
         # the metrics take either form: [L, d, d] or a stack of layer operators (duck-typed)
         F = cast(Tensor, power_matrices_of(subject, options))

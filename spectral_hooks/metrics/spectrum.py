@@ -312,7 +312,7 @@ def layer_spectrum(
     ``eigenvectors`` may be partial (a factored F's zero eigenvalues' vectors are skipped).
     ``factored_max``: the widest factored F done through its r x r matrix (FACTORED_EXACT_MAX).
 
-        >>> layer_spectrum(torch.diag(torch.tensor([3.0, 1.0])), "F", 1e-9).gap_ratio
+        >>> layer_spectrum(torch.diag(torch.tensor([3.0, 1.0], dtype=torch.float64)), "F", 1e-9).gap_ratio
         0.3333333333333333
     """
     d = F.shape[-1]

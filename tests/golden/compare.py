@@ -10,6 +10,9 @@ from spectral_hooks import Report
 from .cases import HERE
 
 RTOL, ATOL = 1e-10, 1e-12
+#: columns that exist only when asked for since issue 36 (``gamma_u``: with power.direction);
+#: the saved reports hold them all NaN, and a fresh default report has no such column
+ASKED_FOR_ONLY = frozenset({"gamma_u"})
 
 
 def assert_same_as_saved(name: str, report: Report) -> None:
@@ -18,6 +21,9 @@ def assert_same_as_saved(name: str, report: Report) -> None:
     for section in saved.sections:
         old, new = saved[section], report[section]
         where = f"{name}/{section}"
+        dropped = [c for c in old.columns if c in ASKED_FOR_ONLY and c not in new.columns]
+        assert all(old[c].isna().all() for c in dropped), where
+        old = old.drop(columns=dropped)
         assert sorted(new.columns) == sorted(old.columns), where
         assert len(new) == len(old), where
         for column in old.columns:
