@@ -73,7 +73,7 @@ def build(shape: str):
 
 
 def timed(probe, power) -> tuple[float, object]:
-    from spectral_hooks.metrics.power import clear_spectrum_cache
+    from spectral_hooks.metrics.spectrum import clear_spectrum_cache
     clear_spectrum_cache()
     result = probe.analyze(power=power, progress=False)  # lazy: only the sections read run
     t0 = time.perf_counter()

@@ -29,7 +29,8 @@ from torch import nn  # noqa: E402
 
 import spectral_hooks as sh  # noqa: E402
 from spectral_hooks.metrics.idealised import idealised_step, token_rate  # noqa: E402
-from spectral_hooks.metrics.power import alignment, spectrum  # noqa: E402
+from spectral_hooks.metrics.power import alignment  # noqa: E402
+from spectral_hooks.metrics.spectrum import spectrum  # noqa: E402
 from spectral_hooks.metrics.steering_math import rank1_output_edit  # noqa: E402
 
 GAPS = (0.1, 0.01, 0.001)

@@ -26,13 +26,13 @@ if TYPE_CHECKING:  # the same names, eagerly, for type checkers and editors
                            TopologyOptions,
     )
     from .anatomy import Anatomy, EncoderDecoderAnatomy, LayerParts, anatomy_of, register_anatomy
+    from .anatomy.weights import layer_biases, layer_matrices
     from .encoder_decoder import EncoderDecoderProbe
     from .linalg import eigs, svds
     from .probe import Probe, instrument
     from .recording import Recording
     from .report import Report
     from .steering import Steering, steer
-    from .weights import layer_biases, layer_matrices
 
 __all__ = ["AnalyzeOptions", "IdealisedOptions", "JacobianOptions", "PowerOptions",
            "TopologyOptions", "Anatomy",
@@ -52,7 +52,7 @@ _LAZY = {
     "Probe": ".probe", "instrument": ".probe",
     "Recording": ".recording", "Report": ".report",
     "Steering": ".steering", "steer": ".steering",
-    "layer_biases": ".weights", "layer_matrices": ".weights",
+    "layer_biases": ".anatomy.weights", "layer_matrices": ".anatomy.weights",
 }
 
 

@@ -1,8 +1,13 @@
 """Steering: a reversible rank-1 edit of one layer's attention output projection.
 
-    >>> with steer(model, u, gap=0.01) as edit:     # doctest: +SKIP
-    ...     out = model(**batch)                     # tokens pulled toward u
-    >>> edit.gap_before, edit.gap_after              # doctest: +SKIP
+    >>> import torch
+    >>> from transformers import GPT2Config, GPT2Model
+    >>> model = GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)).eval()
+    >>> u = torch.ones(32) / 32 ** 0.5
+    >>> with steer(model, u, gap=0.5) as edit:
+    ...     out = model(torch.arange(6)[None])       # tokens pulled toward u
+    >>> edit.gap_after <= 0.5 < edit.gap_before
+    True
 
 The edit W_O' = W_O + alpha u w^T (METRICS.md section 1) makes F' = F + alpha u u_r^T, where
 u_r is the part of u the value projection can reach (all of u unless GQA limits it).

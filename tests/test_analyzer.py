@@ -17,8 +17,8 @@ def test_minilm_power_report_is_finite_and_in_range(minilm):
         model(**batch)
     power = probe.analyze().power
     assert list(power.layer) == list(range(6))
-    assert power.gamma_u.isna().all()  # steered-token alignment: NaN unless power.direction
-    numeric = power.select_dtypes("number").drop(columns=["gamma_u"])
+    assert "gamma_u" not in power.columns  # steered-token alignment: only with power.direction
+    numeric = power.select_dtypes("number")
     assert np.isfinite(numeric.to_numpy(dtype=float)).all()
     for col in ("gamma_in", "gamma", "gamma2", "rho", "rho_pvalue", "gap_ratio", "mean_cos"):
         assert power[col].between(0, 1).all(), col

@@ -1,9 +1,9 @@
 """The columns of every report section the library produces: name, dtype, meaning, doc anchor.
 
-    >>> from spectral_hooks.analysis.columns import SCHEMAS        # doctest: +SKIP
-    >>> SCHEMAS["power"].column("gap_ratio").meaning               # doctest: +SKIP
-    'r_t = |lambda_2| / |lambda_1| ...'
-    >>> Report(sections, metadata, schemas=SCHEMAS)                 # doctest: +SKIP
+    >>> SCHEMAS["power"].column("gap_ratio").meaning
+    'r_t = |mu_2| / |mu_1|; smaller = a stronger pull'
+    >>> "gamma_u" in SCHEMAS["power"].required   # only with power.direction
+    False
 
 Data only. Each column's ``anchor`` is the heading in ``docs/metrics.md`` that defines it
 (``tests/test_columns_documented.py`` checks that every column is documented there and that
@@ -72,7 +72,7 @@ POWER = SectionSchema("power", (
     _power("gamma_ref_null", "float", "expected alignment of a random direction with B_r"),
     _power("subspace_cos_ref", "float", "cosine of the smallest principal angle between B_t and B_r"),
     _power("gamma_u", "float", "mean |cos(x, u)| of the output tokens with power.direction u "
-           "(e.g. a steering direction); NaN without one"),
+           "(e.g. a steering direction); only with power.direction", optional=True),
     _power("truncated", "bool", "only the top eigenvalues of F_t were computed (d above the dense limit)"),
     _power("n_computed", "int", "number of eigenvalues of F_t computed (d when not truncated)"),
     _power("converged", "bool", "False only when the Krylov eigensolver did not converge"),

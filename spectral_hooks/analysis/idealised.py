@@ -17,9 +17,9 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from ..anatomy.weights import head_weights
 from ..errors import RecordingError
 from ..metrics.idealised_table import idealised_table
-from ..weights import head_weights
 from .options import AnalyzeOptions
 from .power import layer_matrices_of
 from .subject import Subject

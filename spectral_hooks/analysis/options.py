@@ -137,10 +137,6 @@ class JacobianOptions:
 
 _DEFAULT_JACOBIAN = JacobianOptions()
 
-#: d_model from which the power view is matrix-free by default (``PowerOptions.full=None``)
-POWER_MATRIX_FREE_D = 2048
-
-
 @dataclass(frozen=True, kw_only=True)
 class PowerOptions:
     """Options of the power-method view: ``analyze(power={"full": True})``; ``power=True`` is
@@ -150,17 +146,18 @@ class PowerOptions:
         4
 
     Attributes:
-        full: None (automatic: every eigenvalue exactly from the r x r W_V W_O where F =
-            W_O W_V has r (key/value heads x d_head) < d, r <= ``metrics.spectrum.
-            FACTORED_EXACT_MAX``; else the dense eig of F where d_model < POWER_MATRIX_FREE_D,
-            else the top ``k`` by ``linalg.eigs`` on x -> W_O (W_V x)), True (all, dense) or
-            False (top-k by ``linalg.eigs``); rows say which (``truncated``).
+        full: None (automatic, per layer: every eigenvalue exactly from the r x r W_V W_O
+            where F = W_O W_V has r (key/value heads x d_head) < d, r <= ``metrics.spectrum.
+            FACTORED_EXACT_MAX``; else the dense eig of F where d_model < ``metrics.spectrum.
+            MATRIX_FREE_D``, else the top ``k`` by ``linalg.eigs`` on x -> W_O (W_V x): the
+            rule ``metrics.spectrum.power_route``, which the training events follow too), True
+            (all, dense) or False (top-k by ``linalg.eigs``); rows say which (``truncated``).
         k: eigenpairs of F computed matrix-free (at least 3 are always used).
         reference_layer: the one fixed layer r whose B_r every row's ``gamma_ref`` and
             ``subspace_cos_ref`` compare with (None: the model's last layer; negative ok).
         direction: a d_model vector u (e.g. a steering direction, ``edit.direction``): column
-            ``gamma_u`` = mean |cos(x_i, u)| of each layer's output tokens (None: NaN).
-            Stored as a tuple of floats.
+            ``gamma_u`` = mean |cos(x_i, u)| of each layer's output tokens (None: no such
+            column). Stored as a tuple of floats.
     """
 
     full: Optional[bool] = None
@@ -173,14 +170,6 @@ class PowerOptions:
         check_int("power.k", self.k, minimum=1)
         check_int("power.reference_layer", self.reference_layer, allow_none=True)
         object.__setattr__(self, "direction", checked_direction(self.direction))
-
-    def matrix_free(self, d: int) -> bool:
-        """Whether F's spectrum is computed matrix-free at width d.
-
-        >>> PowerOptions().matrix_free(768), PowerOptions().matrix_free(4096)
-        (False, True)
-        """
-        return d >= POWER_MATRIX_FREE_D if self.full is None else not self.full
 
     @classmethod
     def resolve(cls, value: Any) -> Union[bool, "PowerOptions"]:

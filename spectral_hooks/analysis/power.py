@@ -4,30 +4,50 @@ cross-attention F of a decoder stack (encoder-decoder models). ``rho_pvalue_adj`
 Benjamini-Hochberg adjustment of ``rho_pvalue`` over the layers of the table (one family per
 table).
 
-    >>> options = AnalyzeOptions()                       # doctest: +SKIP
-    >>> power_section(subject, options)                  # doctest: +SKIP
-       layer  abs_lambda1  gap_ratio  gamma ...
+    >>> import spectral_hooks as sh
+    >>> from transformers import GPT2Config, GPT2Model
+    >>> model = GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4))
+    >>> probe = sh.instrument(model)
+    >>> _ = model(torch.arange(6)[None])
+    >>> probe.analyze(power=True, progress=False).power[["layer", "truncated"]].values.tolist()
+    [[0, False], [1, False]]
+    >>> probe.remove()
+
+Every layer's spectrum takes the route of :func:`spectral_hooks.metrics.spectrum.power_route`
+(dense eig, exact from the factors, or top-k by Krylov), the one rule the training events
+(:mod:`spectral_hooks.integrations.power_log`) follow too: they build each row from
+:func:`layer_power_input`, ``metrics.spectrum.layer_spectrum`` and ``metrics.power.power_row``,
+as the table here does.
 """
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any, Optional, Union, cast
 
 import pandas as pd
 import torch
 from torch import Tensor
 
+from ..anatomy.weights import LayerFactors, LayerOperators, layer_matrices, layer_operators
 from ..errors import OptionError
+from ..linalg import LinearOperator
 from ..metrics.power import power_table
-from ..metrics.spectrum import BATCHED_EIG_DEVICES, FACTORED_EXACT_MAX
+from ..metrics.spectrum import (
+    BATCHED_EIG_DEVICES,
+    LayerSpectrum,
+    layer_spectrum,
+    power_route,
+    power_spectrum_options,
+)
 from ..metrics.stats import with_adjusted
-from ..weights import LayerOperators, layer_matrices, layer_operators
 from .finite import check_layer_matrices_finite
 from .options import AnalyzeOptions
 from .subject import Subject
 
 #: p-value columns, Benjamini-Hochberg adjusted over the layers of the table (``*_adj``)
 PVALUES = ("rho_pvalue",)
+#: |Im lambda| <= REAL_TOL |lambda| counts as a real eigenvalue (``metrics.spectrum.spectrum``)
+REAL_TOL = 1e-9
 
 
 def layer_matrices_of(subject: Subject, *, fold_norm: bool, on_device: bool = False) -> Tensor:
@@ -47,35 +67,98 @@ def layer_matrices_of(subject: Subject, *, fold_norm: bool, on_device: bool = Fa
     return subject.memo(("F", fold_norm, str(device)), compute)
 
 
-def power_matrices_of(subject: Subject, options: AnalyzeOptions) -> Tensor | LayerOperators:
-    """What the power view's spectra are computed from: the dense F_t stack, or the layer
-    operators x -> W_O (W_V x) on the model's device (``weights.LayerOperators``: no d x d
-    matrix is formed) where ``options.power`` says matrix-free (by default d_model >=
-    POWER_MATRIX_FREE_D: the top-k eigenpairs, or every one from the factors, below) or, by
-    default at any width, where every layer's factors are thin enough for all of F_t's
-    eigenvalues to come exactly from the r x r matrix W_V W_O (grouped-query models:
-    r < d and r <= FACTORED_EXACT_MAX), which costs less than the dense eig of F_t."""
+def layer_power_input(factors: LayerFactors, *, full: Optional[bool], k: int
+                      ) -> Union[Tensor, LinearOperator]:
+    """Layer F_t in the form its route (``metrics.spectrum.power_route``) computes from: the
+    formed d x d matrix (float64, CPU) for "dense", else its thin factors (a LowRankOperator:
+    exact from the r x r matrix for "factored", top-k by Krylov for "krylov").
+
+        >>> from spectral_hooks.anatomy.weights import LayerFactors
+        >>> W_O, W_V = torch.randn(4, 16, 2, dtype=torch.float64), torch.randn(1, 2, 16, dtype=torch.float64)
+        >>> factors = LayerFactors(0, W_O, W_V.expand(4, 2, 16), None)   # 4 heads share one W_V
+        >>> type(layer_power_input(factors, full=None, k=8)).__name__   # r = 2 < d = 16
+        'LowRankOperator'
+        >>> layer_power_input(factors, full=True, k=8).shape
+        torch.Size([16, 16])
+    """
+    route = power_route(factors.d_model, factors.inner_width() if full is None else factors.d_model,
+                        full=full, top_k=k)
+    if route == "dense":
+        return factors.matrix().to("cpu", torch.float64)
+    return factors.operator()
+
+
+def layer_power_spectrum(factors: LayerFactors, *, iterate: str = "F",
+                         full: Optional[bool] = None, k: int = 8) -> LayerSpectrum:
+    """One layer's spectrum as the power table computes it (same route, same arguments of
+    ``metrics.spectrum.layer_spectrum``; B and B2, not every eigenvector): what a training
+    event computes per layer.
+
+        >>> from spectral_hooks.anatomy.weights import LayerFactors
+        >>> W = torch.diag(torch.tensor([3.0, 1.0, 0.5], dtype=torch.float64))[None]
+        >>> layer_power_spectrum(LayerFactors(0, W, torch.eye(3, dtype=torch.float64)[None], None)).gap_ratio
+        0.3333333333333333
+    """
+    F = layer_power_input(factors, full=full, k=k)
+    return layer_spectrum(F, iterate, REAL_TOL, top_k=k, layer=factors.layer, vectors=False,
+                          **power_spectrum_options(factors.d_model, full=full))
+
+
+class PowerLayers:
+    """The stack the power view computes from when some layer is not dense: ``F[t]`` is
+    :func:`layer_power_input` of layer t (built when asked), ``shape`` (L, d, d).
+
+        >>> from transformers import GPT2Config, GPT2Model
+        >>> from spectral_hooks import anatomy_of
+        >>> anatomy = anatomy_of(GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)))
+        >>> F = PowerLayers(layer_operators(anatomy), full=False, k=8)
+        >>> F.shape, type(F[1]).__name__
+        ((2, 32, 32), 'LowRankOperator')
+    """
+
+    def __init__(self, operators: LayerOperators, *, full: Optional[bool], k: int) -> None:
+        self.operators: LayerOperators = operators
+        self.full: Optional[bool] = full
+        self.k: int = k
+        self.shape: tuple[int, int, int] = operators.shape
+        self.ndim: int = 3
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, t: int) -> Union[Tensor, LinearOperator]:
+        return layer_power_input(self.operators.factors(t), full=self.full, k=self.k)
+
+
+def power_matrices_of(subject: Subject, options: AnalyzeOptions) -> Union[Tensor, PowerLayers]:
+    """What the power view's spectra are computed from: the dense F_t stack (float64, on the
+    model's device where it has batched eig) where every layer's route
+    (``metrics.spectrum.power_route``) is "dense", else a :class:`PowerLayers` (no d x d
+    matrix formed for a "factored" or "krylov" layer)."""
     po = options.power_options
     d = subject.anatomy.d_model
     operators = subject.memo(("F_operators", options.fold_norm), lambda: layer_operators(
         subject.anatomy, fold_norm=options.fold_norm))
-    if po.matrix_free(d) or (po.full is None and subject.memo(("F_thin",), lambda: all(
-            r < d and r <= FACTORED_EXACT_MAX for r in map(operators.inner_width, subject.layers)))):
-        return operators
-    return layer_matrices_of(subject, fold_norm=options.fold_norm, on_device=True)
+    if po.full is None:
+        widths = subject.memo(("F_widths",), lambda: [
+            operators.inner_width(t) for t in range(subject.anatomy.n_layers)])
+    else:
+        widths = [d] * subject.anatomy.n_layers  # the route does not depend on them
+    if all(power_route(d, r, full=po.full, top_k=po.k) == "dense" for r in widths):
+        return layer_matrices_of(subject, fold_norm=options.fold_norm, on_device=True)
+    return subject.memo(("F_power_layers", options.fold_norm, po.full, po.k),
+                        lambda: PowerLayers(operators, full=po.full, k=po.k))
 
 
 def spectrum_options(subject: Subject, options: AnalyzeOptions) -> dict[str, Any]:
-    """``dense_limit`` / ``top_k`` of the metrics' spectrum for these options: ``full=True``
-    never truncates, whatever the width; ``full=False`` always does (top k by Krylov)."""
+    """``dense_limit`` / ``top_k`` under which ``metrics.spectrum.layer_spectrum`` takes each
+    layer's route, given :func:`power_matrices_of`'s stack."""
     po = options.power_options
-    if po.full is None:
-        return {"top_k": po.k}
-    # full=False asks for the top k: no dense eig, not even of a factored F's r x r matrix
-    return {"top_k": po.k, "dense_limit": subject.anatomy.d_model if po.full else 0}
+    return {"top_k": po.k, **power_spectrum_options(subject.anatomy.d_model, full=po.full)}
 
 
 def has_cross_attention(subject: Subject) -> bool:
+    """Whether any layer of the stack has a cross-attention (a decoder of an encoder-decoder)."""
     return any(part.cross_value is not None for part in subject.anatomy.layers)
 
 
@@ -91,6 +174,9 @@ def cross_power_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFra
 
 
 def power_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame:
+    """The ``power`` table of ``subject``: per analysed layer, ``metrics.power.power_table``'s
+    row (every spectrum on its ``power_route``) plus the BH-adjusted p-values (``PVALUES``);
+    OptionError for a ``power.direction`` or ``power.reference_layer`` that does not fit."""
     def compute() -> pd.DataFrame:
         # the metrics take either form: [L, d, d] or a stack of layer operators (duck-typed)
         F = cast(Tensor, power_matrices_of(subject, options))
@@ -108,7 +194,7 @@ def power_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame:
         table = power_table(F, subject.tokens("resid_pre"), subject.tokens("resid_post"),
                             iterate=options.iterate, layers=list(subject.layers),
                             reference_layer=po.reference_layer, direction=direction,
-                            **spectrum_options(subject, options))
+                            real_tol=REAL_TOL, **spectrum_options(subject, options))
         return with_adjusted(table, PVALUES)
     return subject.memo(("power", options.iterate, options.fold_norm,
                          options.power_options), compute)

@@ -1,7 +1,16 @@
 """Section ``shared_weights`` (ALBERT): one F applied at every depth, the FFN-free power iteration
 it predicts against the observed mean token direction.
 
-    >>> shared_weights_section(subject, AnalyzeOptions())   # doctest: +SKIP
+    >>> import torch
+    >>> import spectral_hooks as sh
+    >>> from transformers import AlbertConfig, AlbertModel
+    >>> model = AlbertModel(AlbertConfig(num_hidden_layers=3, hidden_size=32, embedding_size=16,
+    ...                                  num_attention_heads=4, intermediate_size=64)).eval()
+    >>> with sh.instrument(model) as probe, torch.no_grad():
+    ...     _ = model(torch.arange(8)[None])
+    ...     table = probe.analyze(progress=False).shared_weights
+    >>> table["layer"].tolist()
+    [0, 1, 2]
 """
 
 from __future__ import annotations
@@ -18,6 +27,8 @@ from .subject import Subject
 
 
 def shared_weights_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame:
+    """The ``shared_weights`` table of ``subject``: one block of rows per shared-weight group
+    (column ``group``), computed once per state of the weights and recording."""
     def compute() -> pd.DataFrame:
         F = layer_matrices_of(subject, fold_norm=options.fold_norm)
         post, pre = subject.tokens("resid_post"), subject.tokens("resid_pre")

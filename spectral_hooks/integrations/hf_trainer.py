@@ -95,8 +95,8 @@ class SpectralCallback(TrainerCallback):
         report_to_trainer: also append the metrics to ``state.log_history``.
         window: "step" or "interval" (what the metrics are computed from).
         prefix: metric-name prefix (``spectral/layer_03/gap_ratio``).
-        analyze_options: ``iterate``, ``fold_norm`` (as in ``probe.analyze``), ``dense_limit``,
-            ``top_k`` (:mod:`spectral_hooks.metrics.power_factors`), e.g. ``{"iterate": "I+F"}``.
+        analyze_options: ``iterate``, ``fold_norm``, ``full``, ``k``, ``reference_layer`` (as
+            in ``probe.analyze(iterate=, fold_norm=, power={...})``), e.g. ``{"iterate": "I+F"}``.
         jacobian_every: also log block-Jacobian spectra every this many steps (None: never);
             jacobian_options, jacobian_columns: see :class:`~.tracker.SpectralTracker`.
     """

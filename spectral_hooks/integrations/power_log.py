@@ -1,15 +1,23 @@
-"""What a training callback logs at one event: the power metrics, cheaply, one layer at a time.
+"""What a training callback logs at one event: the power metrics, one layer at a time.
 
-    >>> metrics = power_metrics(probe, columns=("gap_ratio", "gamma"))   # doctest: +SKIP
-    >>> metrics["spectral/layer_03/gap_ratio"]                           # doctest: +SKIP
+    >>> import spectral_hooks as sh
+    >>> from transformers import GPT2Config, GPT2Model
+    >>> model = GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4))
+    >>> probe = sh.instrument(model)
+    >>> _ = model(torch.arange(8)[None])
+    >>> metrics = power_metrics(probe, columns=("gap_ratio", "gamma"))
+    >>> sorted(metrics)[:2]
+    ['spectral/layer_00/gamma', 'spectral/layer_00/gap_ratio']
+    >>> probe.remove()
 
-The values are ``probe.analyze(power=True).power``'s (tested against it), computed the way a
-logging event can afford (:mod:`spectral_hooks.metrics.power_factors`): per layer, W_O and W_V
-are read, F's spectrum is dense up to d = 1024 and a top-k ``eigs`` on the thin products
-x -> W_O (W_V x) above it, then alignment and consensus of the recorded tokens. Nothing is
-cached between events (the weights changed). Weights that are FSDP2 ``DTensor`` shards are
-gathered one layer at a time (``full_tensor()``, a collective: every rank calls
-:func:`power_metrics`, only the rank with ``compute=True`` does the arithmetic). With
+The values are ``probe.analyze(power=...)``'s, computed by the same pipeline (tested equal,
+row for row): per layer, its factors are read by ``anatomy.weights.layer_factors``, its
+spectrum takes the route of ``metrics.spectrum.power_route`` (dense eig below
+``MATRIX_FREE_D``, exact from the factors where they are thin, else top-k by Krylov on x -> W_O
+(W_V x)) through :func:`spectral_hooks.analysis.power.layer_power_spectrum`, and the row is
+``metrics.power.power_row``'s. Nothing is cached between events (the weights changed). Weights
+that are FSDP2 ``DTensor`` shards are gathered one layer at a time (a collective: every rank
+calls :func:`power_metrics`, only the rank with ``compute=True`` does the arithmetic). With
 ``across_ranks=True`` (what a training event does under torch.distributed) every rank's
 recorded tokens of the layer are gathered to rank 0 as well, so the data-dependent columns
 (:data:`DATA_COLUMNS`) describe the global batch.
@@ -21,37 +29,41 @@ recorded tokens of the layer are gathered to rank 0 as well, so the data-depende
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable, Optional, cast
+from typing import Any, Callable, Iterable, Optional
 
+import pandas as pd
 import torch
 from torch import Tensor
 
-from ..anatomy.wrappers import weights_in
-from ..metrics.power_factors import TRAINING_DENSE_LIMIT, power_row_from_factors
-from ..metrics.spectrum import TOP_K
+from ..analysis.options import PowerOptions
+from ..analysis.power import PVALUES, layer_power_spectrum
+from ..anatomy.weights import layer_operators
+from ..errors import OptionError, UnknownOptionError
+from ..metrics.power import REFERENCE_COLUMNS, power_columns, power_row
+from ..metrics.stats import with_adjusted
 from .distributed import gather_rows, token_counts
 
 JACOBIAN_COLUMNS = ("top_eig_abs",)
 #: The power-table columns computed from the recorded tokens (the others are weight-only):
 #: under torch.distributed a training event computes them from every rank's tokens.
 DATA_COLUMNS = frozenset({"gamma_in", "gamma", "lift", "gamma2_in", "gamma2", "rho",
-                          "rho_pvalue", "n_tokens", "mean_cos", "collapse_residual", "erank"})
-_OPTIONS = ("iterate", "fold_norm", "dense_limit", "top_k")
-
-
-def full(tensor: Optional[Tensor]) -> Optional[Tensor]:
-    """``tensor`` itself, or the whole tensor of a DTensor shard (a collective)."""
-    gather = getattr(tensor, "full_tensor", None)
-    return cast(Tensor, gather()) if callable(gather) else tensor
+                          "rho_pvalue", "n_tokens", "mean_cos", "collapse_residual", "erank",
+                          "gamma_ref"})
+#: The options of a logging event: those of ``analyze(iterate=, fold_norm=, power={...})``.
+POWER_OPTIONS = ("iterate", "fold_norm", "full", "k", "reference_layer")
+_CAPTURES = ("resid_pre", "resid_post")
 
 
 def check_power_options(options: dict[str, Any]) -> dict[str, Any]:
-    """The power options a logging event accepts (see :func:`power_metrics`)."""
-    from ..errors import UnknownOptionError
+    """The power options a logging event accepts (:data:`POWER_OPTIONS`, as in
+    ``probe.analyze``), ``progress`` dropped; UnknownOptionError for any other.
 
-    unknown = sorted(set(options) - set(_OPTIONS) - {"progress"})
+        >>> check_power_options({"full": False, "progress": False})
+        {'full': False}
+    """
+    unknown = sorted(set(options) - set(POWER_OPTIONS) - {"progress"})
     if unknown:
-        raise UnknownOptionError("analyze_options", unknown, list(_OPTIONS))
+        raise UnknownOptionError("analyze_options", unknown, list(POWER_OPTIONS))
     return {k: v for k, v in options.items() if k != "progress"}
 
 
@@ -60,14 +72,98 @@ def _name(prefix: str, layer: int, column: str) -> str:
     return f"{prefix}/{name}" if prefix else name
 
 
-def power_metrics(probe: Any, *, columns: Iterable[str], prefix: str = "spectral",
-                  iterate: str = "F", fold_norm: bool = False,
-                  dense_limit: int = TRAINING_DENSE_LIMIT, top_k: int = TOP_K,
-                  compute: bool = True, across_ranks: bool = False) -> dict[str, float]:
-    """``{"spectral/layer_03/gap_ratio": ..., ...}`` for every recorded layer (NaN skipped).
+def _rank() -> int:
+    return torch.distributed.get_rank()
 
-    ``columns``: power-table columns. ``iterate``, ``fold_norm``: as in ``probe.analyze``.
-    ``dense_limit``, ``top_k``: see :mod:`spectral_hooks.metrics.power_factors`.
+
+def _layer_tokens(probe: Any, i: int, layer: int, counts: Optional[list],
+                  across_ranks: bool) -> list[Optional[Tensor]]:
+    """[resid_pre, resid_post] of ``layer`` (float64 CPU, or None): this rank's, or with
+    ``across_ranks`` every rank's, gathered to rank 0 (a collective)."""
+    rec = probe.recording
+    points = [c for c in _CAPTURES if c in rec.capture]
+    if not across_ranks:
+        keeps = rec.store != "stats" and bool(rec.steps)
+        return [rec.tokens(c, layer).to("cpu", torch.float64) if keeps and c in points else None
+                for c in _CAPTURES]
+    if counts is None:
+        return [None, None]
+    local = (torch.cat([rec.tokens(c, layer).to("cpu", torch.float64) for c in points], dim=1)
+             if counts[i][_rank()] else None)
+    rows = gather_rows(local, counts[i], probe.anatomy.d_model * len(points))  # collective
+    if rows is None:
+        return [None, None]
+    parts = dict(zip(points, rows.chunk(len(points), dim=1)))
+    return [parts[c].contiguous() if c in parts else None for c in _CAPTURES]
+
+
+def power_rows(probe: Any, *, columns: Optional[Iterable[str]] = None, iterate: str = "F",
+               fold_norm: bool = False, full: Optional[bool] = None, k: int = 8,
+               reference_layer: Optional[int] = None, compute: bool = True,
+               across_ranks: bool = False) -> pd.DataFrame:
+    """``probe.analyze(iterate=, fold_norm=, power={"full", "k", "reference_layer"}).power``,
+    the same rows and columns, computed one layer at a time (see the module docstring).
+
+        >>> import spectral_hooks as sh
+        >>> from transformers import GPT2Config, GPT2Model
+        >>> model = GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4))
+        >>> with sh.instrument(model) as probe:
+        ...     _ = model(torch.arange(8)[None])
+        ...     rows = power_rows(probe)
+        >>> rows["layer"].tolist(), rows["ref_layer"].tolist()
+        ([0, 1], [1, 1])
+
+    ``columns``: only what these columns need is computed (tokens, gathered across ranks or
+    not, for :data:`DATA_COLUMNS`; the reference layer's spectrum for the reference columns);
+    the other columns of a row may then be NaN. None: every column.
+    ``compute=False``: only take part in the collectives (gathers of sharded weights, and of
+    tokens with ``across_ranks``) and return an empty table.
+    """
+    wanted = None if columns is None else set((columns,) if isinstance(columns, str) else columns)
+    options = PowerOptions(full=full, k=k, reference_layer=reference_layer)  # checks them
+    rec, anatomy = probe.recording, probe.anatomy
+    L = anatomy.n_layers
+    if reference_layer is not None and not -L <= reference_layer < L:
+        raise OptionError("reference_layer", reference_layer, f"a layer index in [-{L}, {L})")
+    counts = None
+    if across_ranks:
+        if compute and torch.distributed.get_rank() != 0:
+            raise ValueError("power_metrics(across_ranks=True): the tokens are gathered to "
+                             "rank 0, so only rank 0 may compute (compute=False elsewhere)")
+        points = [c for c in _CAPTURES if c in rec.capture]
+        if rec.store != "stats" and points and (wanted is None or DATA_COLUMNS & wanted):
+            counts = token_counts(rec, points)  # collective
+    operators = layer_operators(anatomy, fold_norm=fold_norm)
+
+    def spectrum_of(layer: int):
+        factors = operators.factors(layer)  # a collective for FSDP2 shards
+        return layer_power_spectrum(factors, iterate=iterate, full=options.full,
+                                    k=options.k) if compute else None
+
+    r, s_r, reference = None, None, None  # every rank reads layer r once, as every other
+    if wanted is None or wanted & set(REFERENCE_COLUMNS):
+        r = (L - 1) if reference_layer is None else reference_layer % L
+        s_r = spectrum_of(r)
+        reference = (r, s_r.B) if s_r is not None else None
+    rows = []
+    for i, layer in enumerate(rec.layers):
+        s = s_r if layer == r else spectrum_of(layer)
+        tokens = _layer_tokens(probe, i, layer, counts, across_ranks)
+        if compute:
+            assert s is not None
+            rows.append(power_row(s, *tokens, layer=layer, reference=reference))
+    return with_adjusted(pd.DataFrame(rows, columns=list(power_columns())), PVALUES)
+
+
+def power_metrics(probe: Any, *, columns: Iterable[str], prefix: str = "spectral",
+                  iterate: str = "F", fold_norm: bool = False, full: Optional[bool] = None,
+                  k: int = 8, reference_layer: Optional[int] = None, compute: bool = True,
+                  across_ranks: bool = False) -> dict[str, float]:
+    """``{"spectral/layer_03/gap_ratio": ..., ...}`` for every recorded layer (NaN skipped):
+    :func:`power_rows`, flattened.
+
+    ``columns``: power-table columns. ``iterate``, ``fold_norm``, ``full``, ``k``,
+    ``reference_layer``: as in ``probe.analyze(iterate=, fold_norm=, power={...})``.
     ``compute=False``: only take part in the collectives (gathers of sharded weights, and of
     tokens with ``across_ranks``) and return ``{}``.
     ``across_ranks=True`` (a collective: every rank calls it, with the same layers, captures
@@ -76,54 +172,30 @@ def power_metrics(probe: Any, *, columns: Iterable[str], prefix: str = "spectral
     time; a rank that recorded nothing contributes no token): the values one process would
     compute from all of them. Only rank 0 may compute then. The weight-only columns need no
     communication (the weights are the same on every rank, or gathered whole when sharded).
+
+        >>> import spectral_hooks as sh
+        >>> from transformers import GPT2Config, GPT2Model
+        >>> model = GPT2Model(GPT2Config(n_layer=1, n_embd=32, n_head=4))
+        >>> with sh.instrument(model) as probe:
+        ...     _ = model(torch.arange(8)[None])
+        ...     list(power_metrics(probe, columns=["abs_lambda1"]))
+        ['spectral/layer_00/abs_lambda1']
     """
     columns = (columns,) if isinstance(columns, str) else tuple(columns)
-    rec, anatomy = probe.recording, probe.anatomy
-    keeps = rec.store != "stats" and bool(rec.steps)
-    points = [c for c in ("resid_pre", "resid_post") if c in rec.capture]
-    counts = None
-    if across_ranks:
-        if compute and torch.distributed.get_rank() != 0:
-            raise ValueError("power_metrics(across_ranks=True): the tokens are gathered to "
-                             "rank 0, so only rank 0 may compute (compute=False elsewhere)")
-        if rec.store != "stats" and points and DATA_COLUMNS.intersection(columns):
-            counts = token_counts(rec, points)  # collective
+    rows = power_rows(probe, columns=columns, iterate=iterate, fold_norm=fold_norm, full=full,
+                      k=k, reference_layer=reference_layer, compute=compute,
+                      across_ranks=across_ranks)
+    missing = [c for c in columns if c not in rows.columns]
+    if missing:
+        raise KeyError(f"power table has no column {missing[0]!r}; available: "
+                       f"{list(rows.columns)}")
     out: dict[str, float] = {}
-    for i, layer in enumerate(rec.layers):
-        part = anatomy.layers[layer]
-        with weights_in(part.block, where=f"layer {layer}"):  # accelerate offload / meta
-            W_O, W_V = full(part.output_weights()), full(part.value_weights())
-            gain = full(part.attn_norm_weight()) if fold_norm else None
-            W_O, W_V = cast(Tensor, W_O).to("cpu", torch.float64), cast(Tensor, W_V).to("cpu", torch.float64)
-        if across_ranks:
-            tokens = [None, None]
-            if counts is not None:
-                local = (torch.cat([rec.tokens(c, layer).to("cpu", torch.float64)
-                                    for c in points], dim=1) if counts[i][_rank()] else None)
-                rows = gather_rows(local, counts[i], W_O.shape[1] * len(points))  # collective
-                if rows is not None:
-                    parts = dict(zip(points, rows.chunk(len(points), dim=1)))
-                    tokens = [parts[c].contiguous() if c in parts else None
-                              for c in ("resid_pre", "resid_post")]
-        else:
-            tokens = [rec.tokens(c, layer) if keeps and c in rec.capture else None
-                      for c in ("resid_pre", "resid_post")]
-        if not compute:
-            continue
-        row = power_row_from_factors(W_O, W_V, *tokens, layer=layer, gain=gain,
-                                     iterate=iterate, dense_limit=dense_limit, top_k=top_k)
+    for row in rows.to_dict("records"):
         for column in columns:
-            if column not in row:
-                raise KeyError(f"power table has no column {column!r}; available: "
-                               f"{list(row)}")
             value = float(row[column])
             if not math.isnan(value):
-                out[_name(prefix, layer, column)] = value
+                out[_name(prefix, int(row["layer"]), column)] = value
     return out
-
-
-def _rank() -> int:
-    return torch.distributed.get_rank()
 
 
 def jacobian_metrics(probe: Any, *, options: Optional[dict[str, Any]] = None,

@@ -166,8 +166,8 @@ class SpectralTracker:
         layers, capture, store: passed to :func:`spectral_hooks.instrument`.
         columns: power-table columns to log; prefix: name prefix ("spectral").
         loggers: :class:`MetricsLogger` objects, written on rank 0 (closed by ``close()``).
-        analyze_options: ``iterate``, ``fold_norm`` (as in ``probe.analyze``), ``dense_limit``,
-            ``top_k`` (:mod:`spectral_hooks.metrics.power_factors`).
+        analyze_options: ``iterate``, ``fold_norm``, ``full``, ``k``, ``reference_layer`` (as
+            in ``probe.analyze(iterate=, fold_norm=, power={...})``).
         jacobian_every: also log block-Jacobian spectra every this many steps (None: never).
         jacobian_options: ``probe.analyze(jacobian=...)``'s options (default ``{"k": 8}``);
         jacobian_columns: columns of its ``jacobian`` table ("frac_complex_top*" allowed).

@@ -32,15 +32,9 @@ from spectral_hooks.metrics.idealised import (
     token_rate,
 )
 from spectral_hooks.metrics.nulls import gamma_null
-from spectral_hooks.metrics.power import (
-    DENSE_LIMIT,
-    TOP_K,
-    _check_square,
-    _layer_spectra,
-    alignment,
-    consensus,
-)
+from spectral_hooks.metrics.power import alignment, consensus
 from spectral_hooks.metrics.shared_weights import line_angle_deg, subspace_angle_deg
+from spectral_hooks.metrics.spectrum import DENSE_LIMIT, TOP_K, checked_matrices, layer_spectra
 
 __all__ = ["idealised_table", "IDEALISED_COLUMNS"]
 
@@ -130,7 +124,7 @@ def idealised_table(
     """
     if iterate not in ("F", "I+F"):
         raise ValueError(f"iterate must be 'F' or 'I+F', got {iterate!r}")
-    F_in, F = F, _check_square(F)
+    F_in, F = F, checked_matrices(F)
     if F.ndim != 3:
         raise ValueError(f"F must be [L, d, d], got shape {tuple(F.shape)}")
     L, d = F.shape[0], F.shape[-1]
@@ -147,7 +141,7 @@ def idealised_table(
     keep = sorted(set(range(first, L)) if layers is None else {int(t) % L for t in layers})
     # spectra through the cache power_table uses (the same F object: computed once); one
     # ordering for every spectral column (B_t, rates, rotation, poles)
-    spectra = dict(zip(keep, _layer_spectra(F_in, F, keep, iterate, real_tol, DENSE_LIMIT, TOP_K)))
+    spectra = dict(zip(keep, layer_spectra(F_in, F, keep, iterate, real_tol, DENSE_LIMIT, TOP_K)))
     rows = []
     for t in range(first, L):
         p_in = torch.cat(X)

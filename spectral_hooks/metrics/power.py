@@ -4,14 +4,11 @@ Pure functions of tensors: ``F`` is the stack of layer matrices [L, d, d] (colum
 x -> F x) and the residual states are token matrices [N, d] with padding already removed.
 All numerics run in float64 (complex128 for eigenpairs) whatever the input dtype.
 
-The spectrum machinery (:class:`LayerSpectrum`, :func:`spectrum`, the dense and top-k Krylov
-paths and the spectrum cache shared by the tables) lives in :mod:`spectral_hooks.metrics.spectrum`
-and is re-exported here, private helpers included.
+The spectrum machinery (:class:`~spectral_hooks.metrics.spectrum.LayerSpectrum`,
+:func:`~spectral_hooks.metrics.spectrum.spectrum`, the dense, factored and top-k Krylov paths and
+the spectrum cache shared by the tables) lives in :mod:`spectral_hooks.metrics.spectrum`.
 
 >>> F = torch.diag(torch.tensor([3.0, 1.0, 0.5]))
->>> s = spectrum(F)
->>> s.lambda1, s.gap_ratio
-((3+0j), 0.3333333333333333)
 >>> table = power_table(F[None], [torch.eye(3)], [torch.eye(3)])
 >>> list(table.columns[:4])
 ['layer', 'iterate', 'lambda1_real', 'lambda1_imag']
@@ -33,47 +30,27 @@ from torch import Tensor
 
 from spectral_hooks.linalg.ranks import effective_rank
 from spectral_hooks.metrics.nulls import gamma_null, rho_test
-from spectral_hooks.metrics.spectrum import (  # noqa: F401  (re-exported: power.py was their home)
-    _CACHE_SIZE,
-    _EIGS_KW,
+from spectral_hooks.metrics.spectrum import (
     DENSE_LIMIT,
-    ITERATES,
     TOP_K,
     LayerSpectrum,
-    _cache,
-    _cache_lock,
-    _check_iterate,
-    _check_options,
-    _check_square,
-    _eig_sorted,
-    _eig_topk,
-    _fingerprint,
-    _layer_spectra,
-    _plane,
-    _realify,
-    _spectrum_one,
-    _tidy,
-    clear_spectrum_cache,
-    logger,
-    spectrum,
+    check_iterate,
+    check_spectrum_options,
+    checked_matrices,
+    layer_spectra,
 )
 
 if TYPE_CHECKING:  # shape annotations only (jaxtyping is not a runtime dependency)
     from jaxtyping import Float
 
 __all__ = [
-    "LayerSpectrum",
     "Consensus",
-    "spectrum",
     "alignment",
     "consensus",
     "power_table",
     "spectra_table",
     "subspace_cos",
     "POWER_COLUMNS",
-    "DENSE_LIMIT",
-    "TOP_K",
-    "clear_spectrum_cache",
 ]
 
 POWER_COLUMNS = (
@@ -81,11 +58,26 @@ POWER_COLUMNS = (
     "gap_ratio", "gap_diff", "lambda1_is_complex", "subspace_dim", "gamma_in", "gamma", "gamma_null", "lift",
     "gamma2_dim", "gamma2_in", "gamma2", "gamma2_null", "rho", "rho_pvalue", "n_tokens",
     "mean_cos", "collapse_residual", "erank", "ref_layer", "gamma_ref", "gamma_ref_null",
-    "subspace_cos_ref", "gamma_u", "truncated", "n_computed", "converged",
+    "subspace_cos_ref", "truncated", "n_computed", "converged",
 )  # fmt: skip
 
-#: the columns that compare a layer with a fixed reference layer or a given direction
-REFERENCE_COLUMNS = ("ref_layer", "gamma_ref", "gamma_ref_null", "subspace_cos_ref", "gamma_u")
+#: the columns that compare a layer with a fixed reference layer
+REFERENCE_COLUMNS = ("ref_layer", "gamma_ref", "gamma_ref_null", "subspace_cos_ref")
+#: the columns that exist only when a direction u is given (``power_table(direction=u)``)
+DIRECTION_COLUMNS = ("gamma_u",)
+
+
+def power_columns(*, direction: bool = False) -> tuple[str, ...]:
+    """The power table's columns, in order: :data:`POWER_COLUMNS`, with :data:`DIRECTION_COLUMNS`
+    after the reference columns when a direction is given.
+
+        >>> power_columns(direction=True)[-5:]
+        ('subspace_cos_ref', 'gamma_u', 'truncated', 'n_computed', 'converged')
+    """
+    if not direction:
+        return POWER_COLUMNS
+    at = POWER_COLUMNS.index("subspace_cos_ref") + 1
+    return POWER_COLUMNS[:at] + DIRECTION_COLUMNS + POWER_COLUMNS[at:]
 
 
 # --------------------------------------------------------------------------- alignment
@@ -238,17 +230,49 @@ def _alignment_columns(s: LayerSpectrum, pre: Tensor | None, post: Tensor | None
     }  # fmt: skip
 
 
-def _reference_columns(B: Tensor, B_r: Tensor | None, r: int, post: Tensor | None,
-                       u: Tensor | None, d: int) -> dict:
-    """The columns of ``REFERENCE_COLUMNS`` (NaN where there is no reference / direction)."""
+def _reference_columns(B: Tensor, reference: tuple[int, Tensor] | None, post: Tensor | None,
+                       d: int) -> dict:
+    """The columns of ``REFERENCE_COLUMNS`` (NaN, ref_layer -1, without a reference)."""
     nan = float("nan")
+    if reference is None:
+        return {"ref_layer": -1, "gamma_ref": nan, "gamma_ref_null": nan, "subspace_cos_ref": nan}
+    r, B_r = reference
     return {
-        "ref_layer": r if B_r is not None else -1,
-        "gamma_ref": _mean(alignment(post, B_r)) if post is not None and B_r is not None else nan,
-        "gamma_ref_null": gamma_null(d, B_r.shape[1]) if B_r is not None else nan,
-        "subspace_cos_ref": subspace_cos(B, B_r) if B_r is not None else nan,
-        "gamma_u": _mean(alignment(post, u)) if post is not None and u is not None else nan,
+        "ref_layer": r,
+        "gamma_ref": _mean(alignment(post, B_r)) if post is not None else nan,
+        "gamma_ref_null": gamma_null(d, B_r.shape[1]),
+        "subspace_cos_ref": subspace_cos(B, B_r),
     }
+
+
+def power_row(s: LayerSpectrum, pre: Tensor | None, post: Tensor | None, *, layer: int,
+              reference: tuple[int, Tensor] | None = None, direction: Tensor | None = None
+              ) -> dict:
+    """One row of :func:`power_table` (its columns, in order) from layer ``layer``'s spectrum
+    and its tokens [N, d] entering / leaving it (float64 CPU; either may be None: NaN columns).
+
+        >>> from spectral_hooks.metrics.spectrum import spectrum
+        >>> row = power_row(spectrum(torch.diag(torch.tensor([2.0, 0.5]))), None, None, layer=0)
+        >>> row["abs_lambda1"], row["gap_ratio"], "gamma_u" in row
+        (2.0, 0.25, False)
+
+    ``reference``: (r, B_r), the reference layer and its principal basis (None: ``ref_layer``
+    -1, the other reference columns NaN); ``direction``: a unit vector u [d] (column
+    ``gamma_u``, only then). The power view of ``analyze()`` and the training events both
+    build their rows here.
+    """
+    d = s.B.shape[0]
+    row = {
+        "layer": layer, "iterate": s.iterate, "lambda1_real": s.lambda1.real,
+        "lambda1_imag": s.lambda1.imag, "abs_lambda1": abs(s.lambda1), "abs_lambda2": abs(s.lambda2),
+        "abs_mu1": abs(s.mu1), "abs_mu2": abs(s.mu2), "gap_ratio": s.gap_ratio,
+        "gap_diff": abs(s.mu1) - abs(s.mu2), "lambda1_is_complex": s.lambda1_is_complex,
+        **_alignment_columns(s, pre, post, d), **_reference_columns(s.B, reference, post, d),
+        "truncated": s.truncated, "n_computed": s.n_computed, "converged": s.converged,
+    }  # fmt: skip
+    if direction is not None:
+        row["gamma_u"] = _mean(alignment(post, direction)) if post is not None else float("nan")
+    return {c: row[c] for c in power_columns(direction=direction is not None)}
 
 
 def power_table(
@@ -285,38 +309,31 @@ def power_table(
       of the output tokens with B_r of that one fixed layer: a single global eigenvector would
       keep it high at every depth), gamma_ref_null (gamma_null for B_r's dimension),
       subspace_cos_ref (cosine of the smallest principal angle between B_t and B_r),
-      gamma_u (mean |cos| of the output tokens with ``direction``, e.g. a steering direction;
-      NaN without one), then truncated (top-k spectrum, d > dense_limit), n_computed (eigenvalues computed: d, or
+      then truncated (top-k spectrum, d > dense_limit), n_computed (eigenvalues computed: d, or
       about top_k) and converged (False only when the Krylov solver did not converge).
+    With a ``direction`` u [d] (e.g. a steering direction) a column ``gamma_u`` (mean |cos| of
+    the output tokens with u) follows subspace_cos_ref; without one there is no such column.
     dense_limit, top_k: see :func:`spectrum`. Spectra are shared with :func:`spectra_table`
     through the module cache (same F tensor object, unchanged, same options: computed once).
     """
-    _check_iterate(iterate)
-    _check_options(dense_limit, top_k)
+    check_iterate(iterate)
+    check_spectrum_options(dense_limit, top_k)
     F_in = F
-    F = _check_square(F)
+    F = checked_matrices(F)
     if F.ndim != 3:
         raise ValueError(f"F must be [L, d, d], got shape {tuple(F.shape)}")
     L, d = F.shape[0], F.shape[-1]
     idx = _layer_indices(L, layers)
     u = unit_direction(direction, d) if direction is not None else None
     r = _layer_indices(L, [reference_layer])[0] if reference_layer is not None else L - 1
-    spectra = _layer_spectra(F_in, F, idx, iterate, real_tol, dense_limit, top_k)
+    spectra = layer_spectra(F_in, F, idx, iterate, real_tol, dense_limit, top_k)
     B_r = (spectra[idx.index(r)] if r in idx else
-           _layer_spectra(F_in, F, [r], iterate, real_tol, dense_limit, top_k)[0]).B
-    rows = []
-    for t, s in zip(idx, spectra):
-        pre = _tokens(resid_pre, t, L, d, "resid_pre")
-        post = _tokens(resid_post, t, L, d, "resid_post")
-        rows.append({
-            "layer": t, "iterate": iterate, "lambda1_real": s.lambda1.real, "lambda1_imag": s.lambda1.imag,
-            "abs_lambda1": abs(s.lambda1), "abs_lambda2": abs(s.lambda2), "abs_mu1": abs(s.mu1),
-            "abs_mu2": abs(s.mu2), "gap_ratio": s.gap_ratio, "gap_diff": abs(s.mu1) - abs(s.mu2),
-            "lambda1_is_complex": s.lambda1_is_complex, **_alignment_columns(s, pre, post, d),
-            **_reference_columns(s.B, B_r, r, post, u, d), "truncated": s.truncated,
-            "n_computed": s.n_computed, "converged": s.converged,
-        })  # fmt: skip
-    return pd.DataFrame(rows, columns=list(POWER_COLUMNS))
+           layer_spectra(F_in, F, [r], iterate, real_tol, dense_limit, top_k)[0]).B
+    reference = (r, B_r)
+    rows = [power_row(s, _tokens(resid_pre, t, L, d, "resid_pre"),
+                      _tokens(resid_post, t, L, d, "resid_post"), layer=t, reference=reference,
+                      direction=u) for t, s in zip(idx, spectra)]
+    return pd.DataFrame(rows, columns=list(power_columns(direction=u is not None)))
 
 
 def spectra_table(
@@ -335,15 +352,15 @@ def spectra_table(
     Shares computed spectra with :func:`power_table` (same F tensor object and options).
     ``layers``: only these layers (default all; negative ok).
     """
-    _check_iterate(iterate)
-    _check_options(dense_limit, top_k)
+    check_iterate(iterate)
+    check_spectrum_options(dense_limit, top_k)
     F_in = F
-    F = _check_square(F)
+    F = checked_matrices(F)
     if F.ndim == 2:
         F = F[None]
     frames = []
     idx = _layer_indices(F.shape[0], layers)
-    spectra = _layer_spectra(F_in, F, idx, iterate, real_tol, dense_limit, top_k)
+    spectra = layer_spectra(F_in, F, idx, iterate, real_tol, dense_limit, top_k)
     for t, s in zip(idx, spectra):
         vals = s.eigenvalues
         frames.append(pd.DataFrame({

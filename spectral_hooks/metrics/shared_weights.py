@@ -22,7 +22,7 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from spectral_hooks.metrics.power import _check_square, _spectrum_one
+from spectral_hooks.metrics.spectrum import checked_matrices, layer_spectrum
 
 if TYPE_CHECKING:  # shape annotations only (jaxtyping is not a runtime dependency)
     from jaxtyping import Float
@@ -92,14 +92,14 @@ def shared_weight_table(
     angle_pred_principal_deg (angle to the principal subspace of I + F: v1, or the real plane of a
     complex pair), abs_mu1, abs_mu2, mu1_is_complex, n_tokens. A zero observed mean gives NaN.
     """
-    F = _check_square(F)
+    F = checked_matrices(F)
     if F.ndim != 2:
         raise ValueError(f"F must be one [d, d] matrix, got shape {tuple(F.shape)}")
     d = F.shape[0]
     m = _as_tokens(resid_pre0, d, "resid_pre0").mean(0)
     if float(m.norm()) == 0:
         raise ValueError("the mean input token is zero: the power iteration has no start direction")
-    s = _spectrum_one(F, "I+F", real_tol)
+    s = layer_spectrum(F, "I+F", real_tol)
     step = torch.eye(d, dtype=torch.float64) + F
     rows = []
     for t, X in enumerate(resid_post):

@@ -1,6 +1,7 @@
 """Spectrum of a layer matrix F for the power-method view (METRICS.md section 1).
 
-Split out of :mod:`spectral_hooks.metrics.power`, which re-exports every name defined here.
+The power view's table builders (:mod:`spectral_hooks.metrics.power`) and the training events
+compute every spectrum here, on the route :func:`power_route` picks.
 ``F`` is a layer matrix [d, d] or a stack [L, d, d] (column convention, x -> F x); all numerics
 run in float64 (complex128 for eigenpairs) whatever the input dtype.
 
@@ -18,7 +19,7 @@ instead of raising. For d <= dense_limit nothing changes (full dense float64 eig
 ``truncated=False``, ``converged=True``).
 
 A factored F = A B (a :class:`~spectral_hooks.linalg.LowRankOperator` with inner width r < d, as
-``weights.layer_operators`` builds for grouped-query models) with r <= min(FACTORED_EXACT_MAX,
+``anatomy.weights.layer_operators`` builds for grouped-query models) with r <= min(FACTORED_EXACT_MAX,
 dense_limit) gets every eigenvalue exactly instead: the r of the r x r matrix B A, then d - r
 zeros (:func:`spectral_hooks.linalg.lowrank_eig`; ``truncated=False``).
 
@@ -56,8 +57,18 @@ if TYPE_CHECKING:  # shape annotations only (jaxtyping is not a runtime dependen
 __all__ = [
     "LayerSpectrum",
     "spectrum",
+    "layer_spectrum",
+    "layer_spectra",
+    "power_route",
+    "power_spectrum_options",
+    "check_iterate",
+    "check_spectrum_options",
+    "checked_matrices",
     "DENSE_LIMIT",
     "TOP_K",
+    "FACTORED_EXACT_MAX",
+    "MATRIX_FREE_D",
+    "ROUTES",
     "clear_spectrum_cache",
 ]
 
@@ -74,10 +85,51 @@ TOP_K = 8
 #: Krylov, at about the cost of Krylov's top 8 or less (one core, random init): r = 1024, d = 4096:
 #: 2.1 s against 5.0 s; r = 2048, d = 3584: 7.7 s against 7.2 s (benchmarks/power_factored.py).
 FACTORED_EXACT_MAX = 2048
+#: d_model from which the power view computes F's top-k eigenpairs by Krylov on the thin
+#: products x -> W_O (W_V x) instead of F's dense eig (when F is not thin enough to be exact from
+#: its factors). Measured (benchmarks/results/dense_threshold.md, one thread, random init): the
+#: dense eig takes 0.54x the matrix-free time at d = 1024 and 0.75x at d = 1536, so the two
+#: cross near d = 2000; ``analyze()`` and the training events both switch here.
+MATRIX_FREE_D = 2048
+#: How one layer's spectrum is computed: "dense" (the eig of the formed d x d F), "factored" (every
+#: eigenvalue exactly from the r x r matrix of F's thin factors) or "krylov" (the top k by eigs).
+ROUTES = ("dense", "factored", "krylov")
 # Options of linalg.eigs in the top-k path (module-level so tests can shrink max_restarts).
 _EIGS_KW: dict = {"tol": 1e-10, "max_restarts": 1000, "seed": 0}
 
 ITERATES = ("F", "I+F")
+
+
+def power_route(d: int, r: int, *, full: bool | None = None, top_k: int = TOP_K) -> str:
+    """The power view's one routing rule: how layer F = W_O W_V (width d, factors of inner
+    width r) gets its spectrum, one of :data:`ROUTES`.
+
+        >>> power_route(768, 768), power_route(4096, 1024), power_route(4096, 4096)
+        ('dense', 'factored', 'krylov')
+        >>> power_route(4096, 1024, full=True), power_route(768, 768, full=False)
+        ('dense', 'krylov')
+
+    ``full=None`` (the default): "factored" where r < d and r <= :data:`FACTORED_EXACT_MAX`
+    (grouped-query layers), else "dense" below :data:`MATRIX_FREE_D`, else "krylov";
+    ``full=True``: always "dense"; ``full=False``: "krylov". A d too small for Krylov (the
+    top max(top_k, 3) need d >= max(top_k, 3) + 2) is "dense" whatever ``full`` says.
+    """
+    if full is None and r < d and r <= FACTORED_EXACT_MAX:
+        return "factored"
+    if full or (full is None and d < MATRIX_FREE_D) or max(int(top_k), 3) > d - 2:
+        return "dense"
+    return "krylov"
+
+
+def power_spectrum_options(d: int, *, full: bool | None = None) -> dict[str, int]:
+    """The ``dense_limit`` under which :func:`layer_spectrum` takes the route
+    :func:`power_route` chose for each layer, given F_t formed ([d, d] tensor) where the route is
+    "dense" and as its thin factors (a LowRankOperator) otherwise.
+
+        >>> power_spectrum_options(64), power_spectrum_options(64, full=False)
+        ({'dense_limit': 64}, {'dense_limit': 0})
+    """
+    return {"dense_limit": 0 if full is False else int(d)}
 
 
 @dataclass(frozen=True)
@@ -130,7 +182,9 @@ def _is_operators(F) -> bool:
     return not isinstance(F, Tensor) and hasattr(F, "shape") and hasattr(F, "__getitem__")
 
 
-def _check_square(F: Tensor) -> Tensor:
+def checked_matrices(F: Tensor) -> Tensor:
+    """F [d, d] or [L, d, d] as a finite real float64 CPU tensor (ValueError otherwise); a stack
+    of layer operators (``F[t]`` a LinearOperator) is returned as it is, its shape checked."""
     if _is_operators(F):
         if len(F.shape) != 3 or F.shape[1] != F.shape[2]:
             raise ValueError(f"operator stack must be [L, d, d], got shape {tuple(F.shape)}")
@@ -146,7 +200,8 @@ def _check_square(F: Tensor) -> Tensor:
     return F
 
 
-def _check_iterate(iterate: str) -> None:
+def check_iterate(iterate: str) -> None:
+    """OptionError unless ``iterate`` is one of :data:`ITERATES`."""
     check_choice("iterate", iterate, ITERATES)
 
 
@@ -160,7 +215,8 @@ def _realify(vecs: Tensor) -> Tensor:
     return (real / real.norm(dim=0, keepdim=True)).to(torch.complex128)
 
 
-def _check_options(dense_limit: int, top_k: int) -> None:
+def check_spectrum_options(dense_limit: int, top_k: int) -> None:
+    """OptionTypeError / OptionError unless ``dense_limit`` is an int >= 0 and ``top_k`` an int >= 1."""
     check_int("dense_limit", dense_limit, minimum=0)
     check_int("top_k", top_k, minimum=1)
 
@@ -241,15 +297,23 @@ def _eig_topk(F: Tensor | LinearOperator, iterate: str, real_tol: float, k: int)
     return (*_tidy(vals, vecs, iterate, real_tol), bool(res.converged))
 
 
-def _spectrum_one(
+def layer_spectrum(
     F: Tensor | LinearOperator, iterate: str, real_tol: float, dense_limit: int = DENSE_LIMIT,
     top_k: int = TOP_K,
     *, layer: int | None = None, dense_eig: tuple[Tensor, Tensor] | None = None,
     vectors: bool = True, factored_max: int | None = None,
 ) -> LayerSpectrum:
-    """One layer's spectrum. ``vectors=False``: the caller keeps only B and B2, so the result's
+    """One layer's :class:`LayerSpectrum`, on the path its arguments say: a factored F (a
+    ``LowRankOperator`` with r < d, r <= min(``factored_max``, dense_limit)) exactly from its
+    r x r matrix; else, where d > dense_limit (an operator: always) and d leaves room for Krylov,
+    the top max(top_k, 3) by ``linalg.eigs``; else the dense eig (``dense_eig``: computed
+    already). ``vectors=False``: the caller keeps only B and B2, so the result's
     ``eigenvectors`` may be partial (a factored F's zero eigenvalues' vectors are skipped).
-    ``factored_max``: the widest factored F done through its r x r matrix (FACTORED_EXACT_MAX)."""
+    ``factored_max``: the widest factored F done through its r x r matrix (FACTORED_EXACT_MAX).
+
+        >>> layer_spectrum(torch.diag(torch.tensor([3.0, 1.0], dtype=torch.float64)), "F", 1e-9).gap_ratio
+        0.3333333333333333
+    """
     d = F.shape[-1]
     k = max(int(top_k), 3)  # 3 values always hold lambda1 (maybe a pair) and lambda2
     truncated = d > dense_limit and k <= d - 2  # eigs needs k <= d - 2; tiny d stays dense
@@ -331,11 +395,15 @@ def _batched_eigs(F_in, layers: Sequence[int], dense_limit: int, top_k: int) -> 
     return {t: (vals[i], vecs[i]) for i, t in enumerate(layers)}
 
 
-def _layer_spectra(
+def layer_spectra(
     F_in: Tensor, F: Tensor, layers: Sequence[int], iterate: str, real_tol: float, dense_limit: int,
     top_k: int,
 ) -> list[LayerSpectrum]:
     """Spectra (without eigenvectors) of F[t] for t in layers, through the shared cache.
+
+        >>> F = torch.diag(torch.tensor([2.0, 1.0]))[None].double()
+        >>> layer_spectra(F, F, [0], "F", 1e-9, 2, 8)[0].lambda1
+        (2+0j)
 
     F_in is the tensor the caller passed (the cache key), F its float64 CPU [L, d, d] copy (or
     a stack of layer operators, ``F[t]`` a LinearOperator: F_in itself).
@@ -360,7 +428,7 @@ def _layer_spectra(
     for t in layers:
         s = table.get((t, *opts))
         if s is None:
-            s = replace(_spectrum_one(F[t], iterate, real_tol, dense_limit, top_k, layer=t,
+            s = replace(layer_spectrum(F[t], iterate, real_tol, dense_limit, top_k, layer=t,
                                       dense_eig=batched.get(t), vectors=False),
                         eigenvectors=None)
             table[(t, *opts)] = s
@@ -391,9 +459,9 @@ def spectrum(
     solver did not converge. A d too small for eigs (d < max(top_k, 3) + 2) stays dense.
     Eigenvectors of defective / repeated eigenvalues are whatever LAPACK returns.
     """
-    _check_iterate(iterate)
-    _check_options(dense_limit, top_k)
-    F = _check_square(F)
+    check_iterate(iterate)
+    check_spectrum_options(dense_limit, top_k)
+    F = checked_matrices(F)
     if F.ndim == 3:
-        return [_spectrum_one(f, iterate, real_tol, dense_limit, top_k, layer=t) for t, f in enumerate(F)]
-    return _spectrum_one(F, iterate, real_tol, dense_limit, top_k)
+        return [layer_spectrum(f, iterate, real_tol, dense_limit, top_k, layer=t) for t, f in enumerate(F)]
+    return layer_spectrum(F, iterate, real_tol, dense_limit, top_k)

@@ -20,7 +20,7 @@ from torch import Tensor
 from spectral_hooks.errors import OptionError
 from spectral_hooks.linalg import LowRankOperator, merge_shared_factors
 from spectral_hooks.linalg.lowrank import shared_value_groups
-from spectral_hooks.metrics.power import _spectrum_one
+from spectral_hooks.metrics.spectrum import layer_spectrum
 
 if TYPE_CHECKING:  # shape annotations only (jaxtyping is not a runtime dependency)
     from jaxtyping import Float
@@ -119,7 +119,7 @@ def _leading(m: _Map, u: Tensor, iterate: str = "F") -> tuple[complex, float, fl
     """lambda1, gap ratio and |cos(v1, u)| of F (unshifted ``m``; ``iterate`` ordering,
     conjugate-aware), every eigenvalue exact (factored: from B A)."""
     F = m.A if m.B is None else LowRankOperator(m.A, m.B)
-    s = _spectrum_one(F, iterate, 1e-9, vectors=False, factored_max=len(m.A))
+    s = layer_spectrum(F, iterate, 1e-9, vectors=False, factored_max=len(m.A))
     return s.lambda1, s.gap_ratio, float((s.B.T @ u).norm())
 
 

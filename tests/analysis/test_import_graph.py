@@ -16,7 +16,6 @@ ROOT = Path(__file__).resolve().parents[2] / "spectral_hooks"
 RANKS = {
     "errors": 0, "checks": 0, "_version": 0, "linalg": 0,
     "metrics": 1, "recording": 1, "anatomy": 1, "report": 1,
-    "weights": 2,
     "linearize": 3, "steering": 3,
     "analysis": 4,
     "forward_call": 5, "probe": 5, "encoder_decoder": 5,
@@ -96,7 +95,7 @@ def test_forbidden_pairs():
 
 
 @pytest.mark.parametrize("lower", ["analysis", "linearize", "metrics", "linalg", "report",
-                                   "anatomy", "recording", "weights", "steering"])
+                                   "anatomy", "recording", "steering"])
 def test_lower_layers_never_import_the_probe_or_the_package_face(lower):
     bad = [(a, b) for a, b in GRAPH.edges
            if _group(a) == lower and b in ("spectral_hooks", "spectral_hooks.probe")]

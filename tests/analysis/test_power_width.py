@@ -1,4 +1,4 @@
-"""Power view at any width: F = W_O W_V applied as two thin products (weights.LayerOperators),
+"""Power view at any width: F = W_O W_V applied as two thin products (anatomy.weights.LayerOperators),
 its top-k eigenpairs by linalg.eigs; checked against the dense float64 eig of F on small d by
 forcing the path (power={"full": False}, or the threshold lowered)."""
 
@@ -8,11 +8,10 @@ import torch
 
 import spectral_hooks as sh
 from spectral_hooks.analysis import PowerOptions
-from spectral_hooks.analysis import options as options_module
 from spectral_hooks.analysis import power as power_module
+from spectral_hooks.anatomy.weights import layer_matrices, layer_operators
 from spectral_hooks.errors import OptionError, UnknownOptionError
 from spectral_hooks.metrics import spectrum as spectrum_module
-from spectral_hooks.weights import layer_matrices, layer_operators
 
 COLUMNS = ["lambda1_real", "abs_lambda1", "abs_lambda2", "abs_mu1", "abs_mu2", "gap_ratio",
            "subspace_dim", "gamma_in", "gamma", "gamma2_dim", "gamma2", "rho", "mean_cos"]
@@ -80,8 +79,8 @@ def test_matrix_free_power_view_matches_the_dense_eig(probe, iterate):
 
 
 def test_threshold_chooses_the_path_and_full_forces_dense(probe, monkeypatch):
-    assert not PowerOptions().matrix_free(probe.anatomy.d_model)
-    monkeypatch.setattr(options_module, "POWER_MATRIX_FREE_D", 32)
+    assert probe.anatomy.d_model < spectrum_module.MATRIX_FREE_D
+    monkeypatch.setattr(spectrum_module, "MATRIX_FREE_D", 32)
     formed = []
     real = power_module.layer_matrices
     monkeypatch.setattr(power_module, "layer_matrices",
@@ -91,7 +90,7 @@ def test_threshold_chooses_the_path_and_full_forces_dense(probe, monkeypatch):
     # GQA 4/2 heads of 12: F = A B with r = 24 < d = 48, so every eigenvalue, exactly
     assert not auto.power["truncated"].any() and len(auto.spectra) == 2 * probe.anatomy.d_model
     monkeypatch.setattr(spectrum_module, "FACTORED_EXACT_MAX", 16)  # r = 24 above it: top-k
-    sh.metrics.power.clear_spectrum_cache()
+    spectrum_module.clear_spectrum_cache()
     topk = probe.analyze(power={"k": 7}, progress=False)  # new options: not the cached table
     assert topk.power["truncated"].all() and topk.spectra["truncated"].all() and formed == []
     full = probe.analyze(power={"full": True}, progress=False)
@@ -109,7 +108,7 @@ def test_factored_power_view_is_the_dense_eig_exactly(probe, monkeypatch, iterat
     the same tables as the forced dense path."""
     dense = probe.analyze(iterate=iterate, fold_norm=fold_norm, power={"full": True},
                           progress=False)
-    monkeypatch.setattr(options_module, "POWER_MATRIX_FREE_D", threshold)
+    monkeypatch.setattr(spectrum_module, "MATRIX_FREE_D", threshold)
     calls, formed = [], []
     real = spectrum_module.lowrank_eig
     monkeypatch.setattr(spectrum_module, "lowrank_eig",

@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from spectral_hooks.metrics.power_factors import power_row_from_factors
+from spectral_hooks.analysis.power import layer_power_spectrum
+from spectral_hooks.anatomy.weights import LayerFactors
+from spectral_hooks.metrics.power import power_row
 
 from . import spawn
 from ._ddp_tracker_worker import COLUMNS, DATA, STEPS, WEIGHTS
@@ -27,8 +29,8 @@ def reference(factors: dict, tokens: list[dict]) -> dict:
     for layer, (W_O, W_V) in factors.items():
         pre, post = (torch.cat([t[(c, layer)] for t in tokens])
                      for c in ("resid_pre", "resid_post"))
-        row = power_row_from_factors(W_O.to(torch.float64), W_V.to(torch.float64), pre, post,
-                                     layer=layer)
+        factors = LayerFactors(layer, W_O.to(torch.float64), W_V.to(torch.float64), None)
+        row = power_row(layer_power_spectrum(factors), pre, post, layer=layer)
         out.update({f"spectral/layer_{layer:02d}/{c}": float(row[c]) for c in COLUMNS
                     if not math.isnan(float(row[c]))})
     return out

@@ -1,23 +1,25 @@
-"""The cheap power metrics of a logging event equal the report's (a dense float64 oracle), on the
-dense path and on the top-k ``eigs`` path over the thin products W_O (W_V x); Jacobian spectra
-join the log every ``jacobian_every`` steps only."""
+"""The power metrics of a logging event are the report's, row for row: one pipeline (one reader
+of a layer's factors, one routing rule, one row builder) for ``probe.analyze(power=...)`` and
+the training logger, checked identical (same values, columns and converged / truncated /
+n_computed) on MHA and GQA models, inside the band 1024 < d < 2048 where the two once took
+different paths, and against a dense float64 oracle on the factored and top-k paths; Jacobian
+spectra join the log every ``jacobian_every`` steps only."""
 
 import math
 
+import pandas as pd
 import pytest
 import torch
-from transformers import GPT2Config, GPT2LMHeadModel
+from transformers import GPT2Config, GPT2LMHeadModel, GPT2Model, LlamaConfig, LlamaModel
 
 import spectral_hooks as sh
+from spectral_hooks.analysis.power import layer_power_spectrum
+from spectral_hooks.anatomy.weights import LayerFactors
 from spectral_hooks.errors import UnknownOptionError
 from spectral_hooks.integrations import SpectralTracker, flatten_power
-from spectral_hooks.integrations.power_log import power_metrics
-from spectral_hooks.metrics.power import POWER_COLUMNS, power_table, spectrum
-from spectral_hooks.metrics.power_factors import (
-    factor_operator,
-    factor_spectrum,
-    power_row_from_factors,
-)
+from spectral_hooks.integrations.power_log import power_metrics, power_rows
+from spectral_hooks.metrics.power import power_columns, power_row, power_table
+from spectral_hooks.metrics.spectrum import MATRIX_FREE_D, spectrum
 
 COLUMNS = ("abs_lambda1", "abs_lambda2", "gap_ratio", "gamma_in", "gamma", "lift", "gamma2",
            "rho", "mean_cos", "collapse_residual", "erank")
@@ -34,49 +36,101 @@ def _factors(seed=0, h=4, d=24, dk=6):
     return W_O, W_V, pre, post
 
 
-def test_factor_operator_is_F():
-    W_O, W_V, _, _ = _factors()
-    F = torch.einsum("hdk,hkm->dm", W_O, W_V)
-    gain = torch.linspace(0.5, 2, 24, dtype=torch.float64)
-    assert torch.allclose(factor_operator(W_O, W_V).to_dense(), F)
-    assert torch.allclose(factor_operator(W_O, W_V, gain=gain, shift=1.0).to_dense(),
-                          torch.eye(24, dtype=torch.float64) + F * gain[None, :])
-
-
 @pytest.mark.parametrize("iterate", ["F", "I+F"])
-@pytest.mark.parametrize("dense_limit", [1024, 0])  # dense eig; top-k eigs on thin products
-def test_row_equals_power_table(iterate, dense_limit):
+@pytest.mark.parametrize("full", [None, False])  # dense eig (d < MATRIX_FREE_D); top-k eigs
+def test_layer_row_equals_the_dense_oracle(iterate, full):
     W_O, W_V, pre, post = _factors(seed=1)
     F = torch.einsum("hdk,hkm->dm", W_O, W_V)
     oracle = power_table(F[None], [pre], [post], iterate=iterate).iloc[0]
-    row = power_row_from_factors(W_O, W_V, pre, post, layer=0, iterate=iterate,
-                                 dense_limit=dense_limit)
-    assert list(row) == list(POWER_COLUMNS)
-    assert row["truncated"] is (dense_limit == 0) and row["converged"]
+    s = layer_power_spectrum(LayerFactors(0, W_O, W_V, None), iterate=iterate, full=full, k=8)
+    row = power_row(s, pre, post, layer=0)
+    assert list(row) == list(power_columns())
+    assert row["truncated"] is (full is False) and row["converged"]
     for column in COLUMNS:
         assert math.isclose(row[column], oracle[column], rel_tol=1e-7, abs_tol=1e-9), column
 
 
 @pytest.mark.parametrize("iterate", ["F", "I+F"])
-@pytest.mark.parametrize("dense_limit", [16, 1024])  # d = 24 above / below it
-def test_grouped_query_factors_give_every_eigenvalue_exactly(iterate, dense_limit):
-    """8 heads sharing 2 W_V (GQA), d = 24: F is never formed, its full spectrum comes from
-    the 6 x 6 matrix W_V W_O (18 exact zeros): the dense oracle's row, untruncated."""
+@pytest.mark.parametrize("full", [None, True])
+def test_grouped_query_factors_give_every_eigenvalue_exactly(iterate, full):
+    """8 heads sharing 2 W_V (GQA), d = 24: by default F is never formed, its full spectrum
+    comes from the 6 x 6 matrix W_V W_O (18 exact zeros): the dense oracle's row, untruncated."""
     W_O, W_V, pre, post = _factors(seed=2, h=8, dk=3)
     W_V = W_V[::4].repeat_interleave(4, dim=0)
     gain = torch.linspace(0.5, 2, 24, dtype=torch.float64)
     F = torch.einsum("hdk,hkm->dm", W_O, W_V) * gain[None, :]
     oracle = power_table(F[None], [pre], [post], iterate=iterate).iloc[0]
-    row = power_row_from_factors(W_O, W_V, pre, post, layer=0, iterate=iterate, gain=gain,
-                                 dense_limit=dense_limit)
+    s = layer_power_spectrum(LayerFactors(0, W_O, W_V, gain), iterate=iterate, full=full)
+    row = power_row(s, pre, post, layer=0)
     assert row["truncated"] is False and row["n_computed"] == 24 and row["converged"]
     for column in COLUMNS:
         assert math.isclose(row[column], oracle[column], rel_tol=1e-9, abs_tol=1e-11), column
-    s = factor_spectrum(W_O, W_V, gain=gain, iterate=iterate, dense_limit=dense_limit)
-    assert s.eigenvectors.shape == (24, 24) and int((s.eigenvalues == 0).sum()) == 18
+    assert int((s.eigenvalues == 0).sum()) == (18 if full is None else 0)
     dense = spectrum(F, iterate=iterate)
     assert not isinstance(dense, list)
-    torch.testing.assert_close(s.eigenvalues, dense.eigenvalues, rtol=0, atol=1e-12)
+    torch.testing.assert_close(s.eigenvalues, dense.eigenvalues, rtol=0,
+                               atol=1e-12 if full is None else 0)
+
+
+def _gpt2(d=32, layers=2, heads=4):
+    torch.manual_seed(0)
+    return GPT2Model(GPT2Config(n_layer=layers, n_embd=d, n_head=heads, vocab_size=64,
+                                n_positions=32, bos_token_id=0, eos_token_id=0))
+
+
+def _llama(d=48, layers=2, heads=4, kv=2):
+    torch.manual_seed(0)
+    return LlamaModel(LlamaConfig(num_hidden_layers=layers, hidden_size=d, intermediate_size=32,
+                                  num_attention_heads=heads, num_key_value_heads=kv,
+                                  vocab_size=64, bos_token_id=0, eos_token_id=0))
+
+
+ROW_CASES = {  # name: (model, expected route of every layer: truncated, n_computed)
+    "mha": (lambda: _gpt2(), None),
+    "gqa": (lambda: _llama(), None),
+    # inside the band 1024 < d < MATRIX_FREE_D: the logger once took Krylov here, analyze()
+    # the dense eig; now both the dense eig (MHA) or the exact factored spectrum (GQA)
+    "mha_d1040": (lambda: _gpt2(d=1040, layers=1, heads=8), 1040),
+    "gqa_d1536": (lambda: _llama(d=1536, layers=1, heads=12, kv=2), 1536),
+}
+
+
+def _rows_and_table(model, **options):
+    probe = sh.instrument(model)
+    with torch.no_grad():
+        model(torch.randint(0, 64, (2, 9), generator=torch.Generator().manual_seed(2)))
+    analysis = {k: v for k, v in options.items() if k in ("iterate", "fold_norm")}
+    power = {k: v for k, v in options.items() if k in ("full", "k", "reference_layer")}
+    table = probe.analyze(power=power or True, progress=False, **analysis).power
+    rows = power_rows(probe, **options)
+    probe.remove()
+    return rows, table
+
+
+@pytest.mark.parametrize("case", list(ROW_CASES))
+def test_logger_rows_are_the_analysis_rows(case):
+    """Same columns, same values (exactly: the same computation), same converged / truncated /
+    n_computed, on an MHA and a GQA model and inside the old 1024-2048 band."""
+    build, d = ROW_CASES[case]
+    assert d is None or 1024 < d < MATRIX_FREE_D
+    rows, table = _rows_and_table(build())
+    assert list(rows.columns) == list(table.columns)
+    pd.testing.assert_frame_equal(rows, table, check_exact=True, check_dtype=False,
+                                  check_categorical=False)
+    assert not table["truncated"].any() and table["converged"].all()
+    if d is not None:
+        assert (table["n_computed"] == d).all()
+
+
+@pytest.mark.parametrize("options", [{"iterate": "I+F", "fold_norm": True},
+                                     {"full": False, "k": 4}, {"full": True},
+                                     {"reference_layer": 0}])
+@pytest.mark.parametrize("case", ["mha", "gqa"])
+def test_logger_rows_follow_the_analysis_options(case, options):
+    rows, table = _rows_and_table(ROW_CASES[case][0](), **options)
+    pd.testing.assert_frame_equal(rows, table, check_exact=True, check_dtype=False,
+                                  check_categorical=False)
+    assert list(table["truncated"]) == [options.get("full") is False] * len(table)
 
 
 def _tiny(seed=0):
@@ -86,19 +140,20 @@ def _tiny(seed=0):
 
 
 @pytest.mark.parametrize("options", [{}, {"iterate": "I+F", "fold_norm": True},
-                                     {"dense_limit": 0, "top_k": 4}])
+                                     {"full": False, "k": 4}])
 def test_power_metrics_equal_the_report(options):
     model = _tiny()
     probe = sh.instrument(model)
     with torch.no_grad():
         model(torch.randint(0, 100, (3, 9), generator=torch.Generator().manual_seed(2)))
-    report = probe.analyze(power=True, progress=False,
+    report = probe.analyze(power={k: v for k, v in options.items() if k in ("full", "k")}
+                           or True, progress=False,
                            **{k: v for k, v in options.items() if k in ("iterate", "fold_norm")})
     oracle = flatten_power(report, columns=COLUMNS)
     got = power_metrics(probe, columns=COLUMNS, **options)
     assert set(got) == set(oracle)
     for name, value in oracle.items():
-        assert math.isclose(got[name], value, rel_tol=1e-7, abs_tol=1e-9), name
+        assert got[name] == value, name  # the same computation
     probe.remove()
 
 

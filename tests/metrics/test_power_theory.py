@@ -34,8 +34,9 @@ import numpy as np
 import pytest
 import torch
 
-from spectral_hooks.metrics.power import consensus, spectrum
+from spectral_hooks.metrics.power import consensus
 from spectral_hooks.metrics.shared_weights import shared_weight_table
+from spectral_hooks.metrics.spectrum import spectrum
 from spectral_hooks.metrics.steering_math import rank1_output_edit
 
 

@@ -16,7 +16,8 @@ import torch
 
 import spectral_hooks.metrics.power as power
 import spectral_hooks.metrics.spectrum as spectrum_mod
-from spectral_hooks.metrics.power import clear_spectrum_cache, power_table, spectra_table, spectrum
+from spectral_hooks.metrics.power import power_table, spectra_table
+from spectral_hooks.metrics.spectrum import clear_spectrum_cache, spectrum
 from spectral_hooks.report import Report
 
 torch.set_num_threads(1)
@@ -212,13 +213,13 @@ def test_non_convergence_is_reported_not_raised(monkeypatch, caplog):
 
 def test_spectra_shared_between_tables(monkeypatch):
     calls = []
-    inner = spectrum_mod._spectrum_one
+    inner = spectrum_mod.layer_spectrum
 
     def counting(F, iterate, *a, **kw):
         calls.append(iterate)
         return inner(F, iterate, *a, **kw)
 
-    monkeypatch.setattr(spectrum_mod, "_spectrum_one", counting)
+    monkeypatch.setattr(spectrum_mod, "layer_spectrum", counting)
     Fs = t64(np.stack([build(CASES["real_then_pair"][0], 64, seed=s) for s in range(3)]))
     power_table(Fs, layers=[2, 0], dense_limit=LIMIT)
     assert len(calls) == 2
