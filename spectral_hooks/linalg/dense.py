@@ -27,8 +27,8 @@ from typing import Callable, List
 import torch
 from torch import Tensor
 
-from ._batch import OpBatch
-from ._schur_restart import fresh_residuals
+from .batch import OpBatch
+from .schur_restart import fresh_residuals
 
 DENSE_SHARE = 0.5  # a basis of more than this share of n is done densely
 DENSE_MAX = 2048   # largest n densified when the residual stalls above tol (n matvecs)

@@ -11,7 +11,7 @@ from typing import List, Optional
 import torch
 from torch import Tensor
 
-from ._batch import OpBatch
+from .batch import OpBatch
 
 logger = logging.getLogger("spectral_hooks.linalg.krylov")
 _KEEP = 0.5  # share of the unconverged part of the space kept at a restart (tuned: 0.3-0.85)
