@@ -129,6 +129,16 @@ def _holds_any(graphs: Tuple[fx.GraphModule, ...], tensors: List[Tensor]) -> boo
     return False
 
 
+def clear_traces() -> None:
+    """Forget every cached traced graph (the next block of each structure traces anew).
+
+    >>> clear_traces()
+    >>> len(_TRACES)
+    0
+    """
+    _TRACES.clear()
+
+
 def _cached_trace(key: tuple, fn, inputs: List[Tensor], X0: Tensor
                   ) -> Tuple[fx.GraphModule, fx.GraphModule]:
     if key in _TRACES:
