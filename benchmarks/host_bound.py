@@ -10,7 +10,7 @@ every model above d = 1024 takes by default), from a fresh probe (its own cache)
 Per layer (the section's totals divided by the layers) it reports:
 
 * ``applications``: sequential operator applications (calls of a block's JVP / VJP machinery,
-  ``linearize.engine._Engine.jvp`` / ``.vjp``, or of a stacked group's batched products: on an
+  ``linearize.engine.Engine.jvp`` / ``.vjp``, or of a stacked group's batched products: on an
   accelerator each costs about one pass of the JVP graph whatever its width);
 * ``solver_ops``: top-level aten ops outside the operator's graph (each application runs inside
   a ``record_function("operator")`` range, so its ops are not top-level): the solvers', the
@@ -89,8 +89,15 @@ class Applications:
         from spectral_hooks.linearize import engine, stacked
         self.calls = 0
         self._patched: list = []
-        for cls, names in ((engine._Engine, ("jvp", "vjp")),
-                           (stacked.StackedJacobians, ("matmat_all", "rmatmat_all"))):
+        classes = [(getattr(engine, "Engine", None) or getattr(engine, "_Engine"),
+                    ("jvp", "vjp")),
+                   (stacked.StackedJacobians, ("matmat_all", "rmatmat_all"))]
+        try:  # the layer groups of issue 37 (absent before)
+            from spectral_hooks.linearize import group
+            classes.append((group.BlockGroup, ("_apply", "apply_one")))
+        except ImportError:
+            pass
+        for cls, names in classes:
             for name in names:
                 if hasattr(cls, name):
                     self._patch(cls, name)
@@ -157,7 +164,15 @@ def profiled(probe, device: str) -> tuple:
 def clear_traces() -> None:
     """Forget the traced JVP graphs (``linearize.shared``'s per-process cache)."""
     from spectral_hooks.linearize import shared
-    shared.clear_traces()
+    if hasattr(shared, "clear_traces"):
+        shared.clear_traces()
+    else:  # the code before issue 37 (the "before" measurement)
+        shared._TRACES.clear()
+    try:
+        from spectral_hooks.linearize import group
+    except ImportError:
+        return
+    group.clear_group_graphs()
 
 
 def section(probe, dense: bool = False):
