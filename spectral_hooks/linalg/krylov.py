@@ -171,6 +171,12 @@ def _probe_settled(st: dict, cycles: int, kth: float) -> bool:
     return est <= PROBE_TOL * max(abs(lead), 1e-12 * st["scale"])
 
 
+def _within(out: list, members: List[int], tol: float) -> dict:
+    """Member -> every fresh residual <= tol, for all ``members`` in one host read."""
+    met = torch.stack([(out[b]["resid"] <= tol).all() for b in members]).tolist()
+    return dict(zip(members, met))
+
+
 def eigs(op: LinearOperator | Sequence[LinearOperator] | Tensor, k: int, *,
          which: str = "LM", tol: float = 1e-10, max_restarts: int = 1000,
          ncv: Optional[int] = None, v0: Optional[Tensor] = None, seed: int = 0,
@@ -275,9 +281,10 @@ def _solve(batch: OpBatch, k: int, which: str, tol: float, max_restarts: int, m:
 
     def finish(members: List[int]) -> None:  # dense eig of the materialised operators
         dense_members(batch, members, out, k, which, real, order)  # pyright: ignore[reportArgumentType]
+        met = _within(out, members, tol)
         for b in members:
             st, done[b] = out[b], True
-            st["verified"] = st["converged"] = bool((st["resid"] <= tol).all())  # pyright: ignore[reportOptionalSubscript]
+            st["verified"] = st["converged"] = met[b]  # pyright: ignore[reportOptionalSubscript]
             if not st["converged"]:  # pyright: ignore[reportOptionalSubscript]
                 unconverged.append(why(batch.names[b], st, tol, max_restarts))  # pyright: ignore[reportArgumentType]
 
@@ -350,9 +357,10 @@ def _solve(batch: OpBatch, k: int, which: str, tol: float, max_restarts: int, m:
                 restarts[b] += 1
         if checks:
             final_check(batch, V, checks, out, real)  # pyright: ignore[reportArgumentType]
+            met = _within(out, checks, tol)
             for b in checks:
                 st = out[b]
-                ok = bool((st["resid"] <= tol).all()) and st["nconv"] == st["kw"] and st["gap_ok"]
+                ok = met[b] and st["nconv"] == st["kw"] and st["gap_ok"]
                 st["verified"] = ok and restarts[b] < max_restarts
                 st["converged"] = st["verified"]
                 if st["verified"] and same_set(st, rivalled[b], tol):
@@ -384,8 +392,10 @@ def _solve(batch: OpBatch, k: int, which: str, tol: float, max_restarts: int, m:
                         unconverged.append(why(batch.names[b], st, tol, max_restarts))
                 else:  # estimates said converged, fresh matvecs disagree: tighten and go on
                     tol_int[b] /= 10.0
-                    logger.debug("eigs: %s explicit residual %.2e > tol; tightening to %.1e",
-                                 batch.names[b], float(st["resid"].max()), tol_int[b])
+                    if logger.isEnabledFor(logging.DEBUG):  # (the read is a sync)
+                        logger.debug("eigs: %s explicit residual %.2e > tol; tightening to "
+                                     "%.1e", batch.names[b], float(st["resid"].max()),
+                                     tol_int[b])
                     restart(b, st, V, Hb, p, st["m"], bs, real)
                     restarts[b] += 1
         if grow and not all(done):

@@ -210,14 +210,7 @@ def _lanczos(batch: OpBatch, k: int, ncv: Optional[int], block_size: Optional[in
     p = 0
     while True:
         Zperp = _expand(batch, V, U, AV, p, m, b, running)
-        P, S, Q, finite = _project(U, AV)
-        # residual estimates ||A^H u_i - s_i v_i|| = ||(I - V V^H) A^H U_last P[last, i]||
-        # (A v_i = s_i u_i holds in the decomposition); one host read for every member
-        est = torch.linalg.vector_norm(Zperp @ P[:, m - b:m, :k], dim=1)  # [B, k]
-        s1 = S[:, :1].clamp(min=1e-300)
-        ok = (est <= torch.tensor(tol_int, dtype=torch.float64, device=dev)[:, None] * s1)
-        finite = finite & torch.isfinite(est).all(1)
-        flags = torch.stack([ok.all(1), finite], 1).tolist()
+        P, S, Q, flags = _project(U, AV, Zperp, m, b, k, tol_int)
         for j, (_, fin) in enumerate(flags):
             if running[j] and not fin:
                 raise batch.nonfinite(j)
@@ -270,16 +263,29 @@ def _expand(batch: OpBatch, V: Tensor, U: Tensor, AV: Tensor, p: int, m: int, b:
     return Zperp
 
 
-def _project(U: Tensor, AV: Tensor) -> tuple:
-    """SVD of the projected matrix U^H A V (two-sided Rayleigh-Ritz) on the host: one copy
-    for the whole batch on an accelerator, where a small SVD is slow. Returns P, S, Q and
-    whether each member's matrix was finite (a NaN / Inf product reaches it; such a member's
-    matrix is zeroed for the SVD and the caller raises)."""
+def _project(U: Tensor, AV: Tensor, Zperp: Tensor, m: int, b: int, k: int,
+             tol_int: list) -> tuple:
+    """SVD of the projected matrix U^H A V (two-sided Rayleigh-Ritz) and the convergence tests,
+    on the host: one copy a cycle for the whole batch (of U^H A V and the last residual block;
+    on an accelerator a small SVD is slow and each read a sync). Returns P, S, Q (on the
+    device) and per member [every estimate <= tol_int s_1, finite] as host lists.
+
+    Residual estimates: ||A^H u_i - s_i v_i|| = ||(I - V V^H) A^H U_last P[last, i]|| (A v_i =
+    s_i u_i holds in the decomposition). NaN / Inf in a product reach U^H A V or the residual
+    block; such a member's matrix is zeroed for the SVD and reported not finite."""
     Bm = U.mH @ AV
-    host = Bm.cpu()  # (a no-op on the CPU)
-    finite = torch.isfinite(host).flatten(1).all(1)  # read with the cycle's other flags
+    B, n = Bm.shape[0], Zperp.shape[1]
+    both = torch.cat([Bm.reshape(B, -1), Zperp.reshape(B, -1)], 1).cpu()  # the one copy
+    host, Zh = both[:, :m * m].reshape(B, m, m), both[:, m * m:].reshape(B, n, b)
+    finite = torch.isfinite(both).all(1)
     P, S, Qh = torch.linalg.svd(torch.where(finite[:, None, None], host, 0))
-    return P.to(Bm.device), S.to(Bm.device), Qh.mH.to(Bm.device), finite.to(Bm.device)
+    est = torch.linalg.vector_norm(torch.where(finite[:, None, None], Zh, 0)
+                                   @ P[:, m - b:m, :k], dim=1)  # [B, k]
+    tol_s1 = torch.tensor(tol_int, dtype=S.dtype)[:, None] * S[:, :1].clamp(min=1e-300)
+    flags = torch.stack([(est <= tol_s1).all(1), finite], 1).tolist()  # host: no sync
+    dev = Bm.device  # host to device without a sync
+    return (P.to(dev, non_blocking=True), S.to(dev, non_blocking=True),
+            Qh.mH.to(dev, non_blocking=True), flags)
 
 
 def _restart(V: Tensor, U: Tensor, AV: Tensor, P: Tensor, Q: Tensor, m: int, r: int,
@@ -303,5 +309,5 @@ def _fresh_residuals(batch: OpBatch, Uk: Tensor, Sk: Tensor, Vk: Tensor, mask: l
                                      dim=1)
     r = torch.maximum(left, right).amax(1) / Sk[:, 0].clamp(min=1e-300)
     r = torch.where(torch.isfinite(r), r, torch.full_like(r, float("inf")))
-    keep = torch.tensor(mask, device=r.device)
+    keep = torch.tensor(mask).to(r.device, non_blocking=True)
     return torch.where(keep, r, torch.full_like(r, float("inf")))
