@@ -54,6 +54,7 @@ bench: $(STAMP)
 	$(BENCH) benchmarks/materialize_cost.py --quick
 	$(BENCH) benchmarks/power_factored.py --quick
 	$(BENCH) benchmarks/launch_budget.py --quick
+	$(BENCH) benchmarks/host_bound.py --quick --check
 	$(BENCH) benchmarks/training_overhead.py --model minilm --rounds 2
 	$(BENCH) benchmarks/distributed.py --quick
 	$(BENCH) benchmarks/gpu.py --device cpu --layers 2 --d-model 1024 --tokens 128
@@ -70,6 +71,7 @@ bench-full: $(STAMP)
 	$(BENCH) benchmarks/materialize_cost.py
 	$(BENCH) benchmarks/power_factored.py --dense-8b
 	$(BENCH) benchmarks/launch_budget.py
+	$(BENCH) benchmarks/host_bound.py --check
 	$(BENCH) benchmarks/training_overhead.py --model minilm --rounds 6
 	$(BENCH) benchmarks/training_overhead.py --model gpt2-small --rounds 4 --batch 4
 	$(BENCH) benchmarks/distributed.py

@@ -19,7 +19,7 @@ Contenders (each timed end to end, in one process, interleaved per layer where p
   automatic mode (dense at d_model <= 1024) computes for a user of ``sh.analyze``; and
   ``eigs(probe.jacobian(l), 16, materialize="auto")``, the fastest top-16 the guide documents
   (768 columns in six 128-column products, the iteration on that matrix, the returned pairs
-  checked with fresh products: ``linalg/_materialize.py``). Both timed per layer right after
+  checked with fresh products: ``linalg/materialize.py``). Both timed per layer right after
   ours, build included; on the first layer each path pays its own one-off JVP-graph traces
   (the shared cache is cleared before each). The goal is judged on the fastest of the three.
 * user ARPACK: ``scipy.sparse.linalg.eigs(op, k=16, tol=1e-6)`` over a ``LinearOperator`` whose

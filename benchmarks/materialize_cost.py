@@ -9,11 +9,11 @@ GPT-2-small-sized block (d=768) and a Llama-shaped one (d=1024, GQA 8/2, ffn 358
 random init, CPU, one torch/BLAS thread. Measured, per operator:
 
 * the cost of a column inside a block of W = 16 / 32 / 64 / 128 columns, relative to one column
-  alone (``_materialize.COLUMN_COST`` is the rule's assumption at W = 128);
+  alone (``materialize.COLUMN_COST`` is the rule's assumption at W = 128);
 * ``eigs(J, k, tol=1e-8)`` with ``materialize=True`` and ``materialize=False``, interleaved
   (``--rounds``, median), for k = 4, 8, 16: wall, operator applications, error against the dense
   eig of the materialised operator (computed after the timed sections), and which path
-  ``materialize="auto"`` takes (``_materialize.pays``), so the rule's choice can be read against
+  ``materialize="auto"`` takes (``materialize.pays``), so the rule's choice can be read against
   the faster path.
 Writes benchmarks/results/materialize_cost.md.
 """
@@ -74,9 +74,9 @@ def top_err(values: torch.Tensor, dense: torch.Tensor) -> float:
 
 
 def measure(kind: str, ks, rounds: int) -> list[str]:
-    from spectral_hooks.linalg import _materialize, eigs
-    from spectral_hooks.linalg._batch import OpBatch
-    from spectral_hooks.linalg._eigs_parts import _block_size, _validate
+    from spectral_hooks.linalg import eigs, materialize
+    from spectral_hooks.linalg.batch import OpBatch
+    from spectral_hooks.linalg.eigs_parts import block_size_for, validate
 
     J = build(kind)
     n = J.shape[0]
@@ -96,8 +96,8 @@ def measure(kind: str, ks, rounds: int) -> list[str]:
     dense = torch.linalg.eigvals(J.to_dense())
     for k in ks:
         batch = OpBatch(J, what="eigs")
-        m, _ = _validate(batch, k, "LM", 1e-8, None, 1000, _block_size(batch, None))
-        path = "materialise" if _materialize.pays(batch, m=m) else "iterate"
+        m, _ = validate(batch, k, "LM", 1e-8, None, 1000, block_size_for(batch, None))
+        path = "materialise" if materialize.pays(batch, m=m) else "iterate"
         wall: dict[bool, list] = {True: [], False: []}
         res = {}
         for _ in range(rounds):

@@ -210,7 +210,7 @@ def test_batch_group_hook_is_generic_and_exact():
     res2 = eigs([ops[0], ops[0]], 3, tol=1e-10, seed=1)
     assert torch.allclose(res2.values[0], res2.values[1], atol=1e-9)
     # masked members: one call, zero rows for the inactive ones, counts per active member
-    from spectral_hooks.linalg._batch import OpBatch
+    from spectral_hooks.linalg.batch import OpBatch
     b = OpBatch(sub, what="test")
     X = torch.randn(3, 60, 2, dtype=torch.float64)
     before = group.calls["mm"]

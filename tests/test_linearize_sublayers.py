@@ -11,7 +11,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import spectral_hooks as sh
 from spectral_hooks.errors import UnsupportedModelError
 from spectral_hooks.linearize import dense_block_jacobian
-from spectral_hooks.linearize.function import _math_sdpa
+from spectral_hooks.linearize.function import math_sdpa
 from spectral_hooks.linearize.sublayers import sublayer_function, sublayer_jacobian
 from tests.tiny_models import _config, make_model
 
@@ -90,7 +90,7 @@ def test_llama_ffn_matches_a_hand_written_jacfwd():
     probe = recorded(model)
     f = sublayer_function(probe.anatomy, probe.recording, 1, sublayer="ffn")
     block = model.layers[1]
-    with torch.no_grad(), _math_sdpa():  # RMSNorm in float64, as in every replay
+    with torch.no_grad(), math_sdpa():  # RMSNorm in float64, as in every replay
         ref = torch.func.jacfwd(lambda h: h + block.mlp(block.post_attention_layernorm(h)))(
             f.x0[0])
     J = dense(sublayer_jacobian(probe.anatomy, probe.recording, 1, sublayer="ffn"))

@@ -29,12 +29,15 @@ from ..errors import OptionError, RecordingError
 from ..linalg import IdentityOperator, LinearOperator
 from ..linearize import BlockJacobian, block_jacobian
 from ..linearize.end_to_end import end_to_end_jacobians, end_to_end_operators
+from ..linearize.group import BlockGroup, group_capacity
 from ..metrics.jacobian import (
     MATRIX_FREE_ABSENT,
     SCHUR_MAX_D,
     JacobianMetrics,
+    apply_all,
     eigen_rows,
     jacobian_metrics,
+    jacobian_metrics_batch,
     jacobian_row,
 )
 from ..metrics.jacobian_nulls import NULL_MC_MAX_D
@@ -145,6 +148,70 @@ class JacobianView:
                               for i in range(0, d, DENSE_CHUNK)], dim=1).to(torch.float64)
         return self._memo(("dense", layer, position), compute)
 
+    def _metrics_key(self, layer: int, position: int) -> tuple:
+        o = self.options
+        return ("metrics", layer, position, o.k, self.exact, o.n_samples, o.seed, self.tol)
+
+    def groups(self, position: int) -> list[list[BlockJacobian]]:
+        """Every layer's operator at ``position``, in layer groups that run together
+        (``linearize.group``: one pass of the traced graph serves a whole group; at most
+        ``group_capacity`` layers a group, by free memory); a layer that cannot join a group
+        (another block structure, no split single-query replay) is a group of one. The
+        operators are built here and held by their group only."""
+        s, o = self.subject, self.options
+        layers = list(self.layers)
+        groups: list[BlockGroup] = []
+        alone: list[list[BlockJacobian]] = []
+        cap = 0
+        for layer in layers:
+            op = block_jacobian(s.anatomy, s.recording, layer, position=position,
+                                sample=o.sample, method=self.method)
+            if not cap:
+                cap = group_capacity(op, len(layers))
+            if any(g.add(op) for g in groups if g.size < cap):
+                continue
+            try:
+                groups.append(BlockGroup([op], capacity=cap))
+            except TypeError:  # not a split single-query operator: it runs on its own
+                alone.append([op])
+        return [list(g.seal().members()) if g.size > 1 else list(g.ops) for g in groups] \
+            + alone
+
+    def _grouped(self, position: int) -> None:
+        """Every layer's metrics at ``position``, computed group by group (see
+        :meth:`groups`) and memoised as :meth:`metrics` would be."""
+        o = self.options
+        self._memo(("grouped", position, o.k, self.exact, o.n_samples, o.seed, self.tol),
+                   lambda: self._compute_grouped(position) or True)
+
+    def _compute_grouped(self, position: int) -> None:
+        o = self.options
+        for ops in self.groups(position):
+            if self.exact:
+                dense = self._dense_all(ops, position)
+                ms = [replace(jacobian_metrics(J, k=o.k, dense=True, seed=o.seed),
+                              n_matvecs=J.shape[0]) for J in dense]
+            elif len(ops) > 1:
+                ms = jacobian_metrics_batch(ops, k=o.k, n_samples=o.n_samples, seed=o.seed,
+                                            tol=self.tol)
+            else:
+                ms = [jacobian_metrics(ops[0], k=o.k, dense=False, n_samples=o.n_samples,
+                                       seed=o.seed, tol=self.tol)]
+            for op, m in zip(ops, ms):
+                self._memo(self._metrics_key(op.layer, position), lambda m=m: m)
+                self._memo(("row_position", op.layer, position), lambda op=op: int(op.positions[0]))
+
+    def _dense_all(self, ops: list[BlockJacobian], position: int) -> list[Tensor]:
+        """The full J of every operator, DENSE_CHUNK columns a pass for all of them together
+        (memoised per layer as :meth:`dense` is)."""
+        d = ops[0].shape[1]
+        eye = torch.eye(d, dtype=ops[0].dtype, device=ops[0].device)
+        cols = [apply_all(ops, eye[:, i:i + DENSE_CHUNK].expand(len(ops), d, -1))
+                for i in range(0, d, DENSE_CHUNK)]
+        full = torch.cat(cols, dim=2)
+        return [self._memo(("dense", op.layer, position), lambda J=J: J)
+                for op, J in zip(ops, full)]
+
     def metrics(self, layer: int, position: int) -> JacobianMetrics:
         o = self.options
 
@@ -155,8 +222,7 @@ class JacobianView:
             J = self.dense(layer, position)  # formed once, shared with other sections
             return replace(jacobian_metrics(J, k=o.k, dense=True, seed=o.seed),
                            n_matvecs=J.shape[0])
-        return self._memo(("metrics", layer, position, o.k, self.exact, o.n_samples, o.seed,
-                           self.tol), compute)
+        return self._memo(self._metrics_key(layer, position), compute)
 
     def row_position(self, layer: int, position: int) -> int:
         """The recording row a position spec resolves to (-1: the last real token)."""
@@ -166,6 +232,9 @@ class JacobianView:
     def table(self) -> pd.DataFrame:
         def compute() -> pd.DataFrame:
             rows = []
+            if self.options.group_layers:
+                for p in self.positions():
+                    self._grouped(p)
             items = [(l, p) for l in self.layers for p in self.positions()]
             for layer, position in self.bar(items, "Jacobian spectra"):
                 row = jacobian_row(self.metrics(layer, position), layer=layer,

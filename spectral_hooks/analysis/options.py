@@ -66,6 +66,9 @@ class JacobianOptions:
         bottleneck_steps: Lanczos steps per probe of those estimates (capped at d_model).
         ablations: bottleneck ablations, any of "symmetric", "schur".
         progress: kept for compatibility; ``analyze(progress=...)`` is the switch.
+        group_layers: compute the layers' Jacobians together (True, the default: layers of
+            one block structure as one batched operator, ``linearize.group``; the same values
+            as one by one, to solver tolerance) or one layer at a time (False).
     """
 
     k: int = 16
@@ -83,6 +86,7 @@ class JacobianOptions:
     bottleneck_steps: int = 48
     ablations: tuple[str, ...] = ABLATIONS
     progress: Optional[bool] = None
+    group_layers: bool = True
 
     def __post_init__(self) -> None:
         for name, minimum in (("k", 1), ("sample", 0), ("n_samples", 1), ("bottleneck_k", 1),

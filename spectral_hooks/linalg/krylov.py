@@ -85,9 +85,9 @@ min(6k, 96)): fewest applications, 278 on that operator against ARPACK ncv=64's 
 probe and final check included (benchmarks/eigs_vs_arpack.py --llama). On an accelerator one
 application of 32-64 columns costs about one column's kernel launches and one read of the
 weights, and every sequential step and host sync is a launch train and a pipeline stall, so
-the default is block Krylov with the operator's ``block_size`` hint (ACCEL_BLOCK = 32 without
+the default is block Krylov with the operator's ``block_size`` hint (``eigs_parts.ACCEL_BLOCK`` = 32 without
 one). ``block_size=`` and ``ncv=`` override either. eigs never forms the operator's matrix
-unless asked (DESIGN: matrix-free): ``materialize=True`` or ``"auto"`` (``_materialize.py``:
+unless asked (DESIGN: matrix-free): ``materialize=True`` or ``"auto"`` (``materialize.py``:
 on the CPU n columns in 128-column products can cost less than a Krylov run's single ones).
 
 Multiplicity, zeros, invariant subspaces (issue 12). A single Krylov space sees one copy of a
@@ -96,7 +96,7 @@ a set a probe challenged is only accepted again as the same *multiset*. A breakd
 below 1e-13 ||A|| off the basis) is an exact invariant subspace: the cycle stops there once
 k + 2 columns exist, its Ritz pairs are exact. Ritz values below 1e-12 ||A|| are exact zeros
 (returned as 0, residual ||A x|| / ||A||), so a rank-deficient operator ends as soon as its
-range is spanned. Bounded cost (``_dense.py``): a basis that would pass n / 2 is replaced by a
+range is spanned. Bounded cost (``dense.py``): a basis that would pass n / 2 is replaced by a
 dense eig of the materialised operator (n matvecs), checked with fresh matvecs; so is a run
 whose explicit residual stops improving over three tightenings of the internal tolerance
 (never below 10 eps), for n <= 2048; beyond, it ends with ``converged=False`` and the residual
@@ -117,24 +117,24 @@ from torch import Tensor
 
 from ..checks import check_int
 from ..errors import OptionTypeError
-from ._arnoldi import extend as _extend
-from ._batch import OpBatch
-from ._dense import DENSE_MAX, DENSE_SHARE, dense_members, one_at_a_time
-from ._eigs_parts import ACCEL_BLOCK, NCV_WIDE, _block_size, _validate  # noqa: F401  (re-exported: documented here)
-from ._eigs_parts import assemble as _assemble
-from ._eigs_parts import key as _key
-from ._eigs_parts import order as _order
-from ._eigs_parts import ritz as _ritz
-from ._eigs_parts import start_vectors as _start_vectors
-from ._eigs_parts import unreachable as _unreachable
-from ._eigs_parts import warn_unconverged as _warn_unconverged
-from ._eigs_parts import why as _why
-from ._materialize import materialised, pays, recheck
-from ._schur_restart import final_check as _final_check
-from ._schur_restart import inject as _inject
-from ._schur_restart import restart as _restart
-from ._schur_restart import same_set as _same_set
+from .arnoldi import extend
+from .batch import OpBatch
+from .dense import DENSE_MAX, DENSE_SHARE, dense_members, one_at_a_time
+from .eigs_parts import (
+    assemble,
+    block_size_for,
+    key,
+    order,
+    ritz,
+    start_vectors,
+    unreachable,
+    validate,
+    warn_unconverged,
+    why,
+)
+from .materialize import materialised, pays, recheck
 from .results import EigResult
+from .schur_restart import final_check, inject, restart, same_set
 
 if TYPE_CHECKING:
     from .operators import LinearOperator
@@ -165,17 +165,24 @@ def _probe_settled(st: dict, cycles: int, kth: float) -> bool:
     checked k-th value. Reads only numbers ritz() has on the host (no sync)."""
     if cycles >= PROBE_MAX_CYCLES or st["lead"] is None:
         return True
-    key, est = st["lead"]
-    if key + PROBE_REACH * est < kth:
+    lead, est = st["lead"]
+    if lead + PROBE_REACH * est < kth:
         return True
-    return est <= PROBE_TOL * max(abs(key), 1e-12 * st["scale"])
+    return est <= PROBE_TOL * max(abs(lead), 1e-12 * st["scale"])
+
+
+def _within(out: list, members: List[int], tol: float) -> dict:
+    """Member -> every fresh residual <= tol, for all ``members`` in one host read."""
+    met = torch.stack([(out[b]["resid"] <= tol).all() for b in members]).tolist()
+    return dict(zip(members, met))
 
 
 def eigs(op: LinearOperator | Sequence[LinearOperator] | Tensor, k: int, *,
          which: str = "LM", tol: float = 1e-10, max_restarts: int = 1000,
          ncv: Optional[int] = None, v0: Optional[Tensor] = None, seed: int = 0,
          return_vectors: bool = True, block_size: Optional[int] = None,
-         materialize: Union[bool, Literal["auto"]] = False) -> EigResult:
+         materialize: Union[bool, Literal["auto"]] = False,
+         device_path: bool = False) -> EigResult:
     """Top-k eigenpairs of a square operator (or a batch of them, in lockstep).
 
     Example::
@@ -195,11 +202,13 @@ def eigs(op: LinearOperator | Sequence[LinearOperator] | Tensor, k: int, *,
     application (block Krylov, see the module doc); default by device (module doc,
     "Device-aware defaults"): on the CPU 1, the classic method (fewest matvecs); on an
     accelerator the operators' ``block_size`` hint (batched-JVP operators carry 32), else
-    ACCEL_BLOCK. ``materialize``: False (default: matrix-free, the operator is only applied
-    to Krylov vectors), True (iterate on its matrix, n columns in blocks, every returned pair
+    ``eigs_parts.ACCEL_BLOCK``. ``device_path``: True takes the accelerator's default on any
+    device, so a CPU run measures the code a GPU runs (a CPU proxy of a host-bound GPU).
+    ``materialize``: False (default: matrix-free, the operator is only applied to Krylov
+    vectors), True (iterate on its matrix, n columns in blocks, every returned pair
     then checked with fresh products of the operator) or "auto" (True on the CPU for batched
     operators at the default block size where the n columns cost less than a Krylov run
-    would: ``_materialize.py``; a GPT-2-small block Jacobian, k=16: 0.45 s instead of 1.5 s,
+    would: ``materialize.py``; a GPT-2-small block Jacobian, k=16: 0.45 s instead of 1.5 s,
     for n instead of ~400 columns). Returns an :class:`EigResult` (module doc: guarantees).
     """
     batch = OpBatch(op, what="eigs")
@@ -207,19 +216,21 @@ def eigs(op: LinearOperator | Sequence[LinearOperator] | Tensor, k: int, *,
     if not (isinstance(materialize, bool) or (isinstance(materialize, str)
                                                and materialize == "auto")):
         raise OptionTypeError("materialize", materialize, 'True, False or "auto" (by cost)')
-    m, bs = _validate(batch, k, which, tol, ncv, max_restarts, _block_size(batch, block_size))
+    m, bs = validate(batch, k, which, tol, ncv, max_restarts,
+                     block_size_for(batch, block_size, device_path))
     gen = torch.Generator().manual_seed(int(seed))
-    start = _start_vectors(batch, v0, gen)
+    start = start_vectors(batch, v0, gen)
     if batch.ops is not None and (materialize is True or (
             materialize == "auto" and block_size is None and pays(batch, m=m))):
         dense = materialised(batch)
-        m, bs = _validate(dense, k, which, tol, ncv, max_restarts, _block_size(dense, block_size))
+        m, bs = validate(dense, k, which, tol, ncv, max_restarts,
+                         block_size_for(dense, block_size, device_path))
         out, unconverged = _run(dense, k, which, tol, max_restarts, m, bs, start, gen)
         unconverged += recheck(batch, out, tol)  # pyright: ignore[reportArgumentType]
     else:
         out, unconverged = _run(batch, k, which, tol, max_restarts, m, bs, start, gen)
-    _warn_unconverged(unconverged, max_restarts)
-    return _assemble(batch, out, return_vectors)  # pyright: ignore[reportArgumentType]
+    warn_unconverged(unconverged, max_restarts)
+    return assemble(batch, out, return_vectors)  # pyright: ignore[reportArgumentType]
 
 
 def _run(batch: OpBatch, k: int, which: str, tol: float, max_restarts: int, m: int, bs: int,
@@ -230,9 +241,9 @@ def _run(batch: OpBatch, k: int, which: str, tol: float, max_restarts: int, m: i
     out, unconverged = [], []
     for b in range(batch.B):
         member = batch.member(b)
-        got, why = _solve(member, k, which, tol, max_restarts, m, bs, start[b:b + 1], gen)
+        got, reasons = _solve(member, k, which, tol, max_restarts, m, bs, start[b:b + 1], gen)
         out += got
-        unconverged += why
+        unconverged += reasons
         batch.counts[b] = member.counts[0]
     return out, unconverged
 
@@ -269,12 +280,13 @@ def _solve(batch: OpBatch, k: int, which: str, tol: float, max_restarts: int, m:
     unconverged: List[str] = []  # why each member that ended unconverged did
 
     def finish(members: List[int]) -> None:  # dense eig of the materialised operators
-        dense_members(batch, members, out, k, which, real, _order)  # pyright: ignore[reportArgumentType]
+        dense_members(batch, members, out, k, which, real, order)  # pyright: ignore[reportArgumentType]
+        met = _within(out, members, tol)
         for b in members:
             st, done[b] = out[b], True
-            st["verified"] = st["converged"] = bool((st["resid"] <= tol).all())  # pyright: ignore[reportOptionalSubscript]
+            st["verified"] = st["converged"] = met[b]  # pyright: ignore[reportOptionalSubscript]
             if not st["converged"]:  # pyright: ignore[reportOptionalSubscript]
-                unconverged.append(_why(batch.names[b], st, tol, max_restarts))  # pyright: ignore[reportArgumentType]
+                unconverged.append(why(batch.names[b], st, tol, max_restarts))  # pyright: ignore[reportArgumentType]
 
     if m > DENSE_SHARE * n:
         finish(list(range(B)))
@@ -284,9 +296,10 @@ def _solve(batch: OpBatch, k: int, which: str, tol: float, max_restarts: int, m:
         # small eig of H, no matvec) and ends as soon as it settles
         t = min(m, min(p[b] for b in range(B) if not done[b]) + every) if every else m
         before = list(p)
-        size = _extend(batch, V, Hb, p, done, t, bs, randn, stop_at=k + 2 if bs == 1 else 0)
+        size = extend(batch, V, Hb, p, done, t, bs, randn, stop_at=k + 2 if bs == 1 else 0)
         checks = []
         grow = False
+        host = None
         for b in range(B):
             if done[b] or (bs == 1 and before[b] >= t):  # (a member ahead waits)
                 continue
@@ -295,7 +308,9 @@ def _solve(batch: OpBatch, k: int, which: str, tol: float, max_restarts: int, m:
                 p[b] = size[b]
             if not end and (not probing[b] or size[b] < k + 2):
                 continue  # mid-cycle tests are for probes only (see TEST_EVERY)
-            st = _ritz(Hb[b], size[b], bs, k, which, real, tol_int[b])
+            if host is None:  # every member's projected matrix in one copy a cycle
+                host = Hb.cpu()
+            st = ritz(host[b], size[b], bs, k, which, real, tol_int[b], device=dev)
             theta, Y, kw = st["theta"], st["Y"], st["kw"]
             passed = st["nconv"] == kw and st["gap_ok"]
             if probing[b]:
@@ -306,10 +321,10 @@ def _solve(batch: OpBatch, k: int, which: str, tol: float, max_restarts: int, m:
                 # a wanted Ritz vector has a component in the probe block (for a normal
                 # operator this proves a missed eigenvalue, as Ritz values lie in the convex
                 # hull of the deflated operator's spectrum).
-                key = _key(theta[:kw], which)
+                wanted = key(theta[:kw], which)
                 part = Y[kw_prev[b]:, :kw].abs().amax(dim=0)
                 margin = 1e-8 * abs(kth_prev[b]) if kth_prev[b] else tol * st["scale"]
-                rival = bool(((part > 1e-8) & (key > kth_prev[b] + margin)).any())
+                rival = bool(((part > 1e-8) & (wanted > kth_prev[b] + margin)).any())
                 if not end and (rival or kw != kw_prev[b]
                                 or not _probe_settled(st, probe_cycles[b], kth_prev[b])):
                     probing[b] = True  # mid-cycle only a settled probe ends; a rival is
@@ -324,7 +339,7 @@ def _solve(batch: OpBatch, k: int, which: str, tol: float, max_restarts: int, m:
                     # and the probe's best vectors, and look again
                     probe_cycles[b] += 1
                     probing[b] = True
-                    _restart(b, st, V, Hb, p, st["m"], bs, real)
+                    restart(b, st, V, Hb, p, st["m"], bs, real)
                     restarts[b] += 1
                     continue
                 # the probe saw a rival of the k-th value: iterate on with the probe's vectors
@@ -338,16 +353,17 @@ def _solve(batch: OpBatch, k: int, which: str, tol: float, max_restarts: int, m:
                 checks.append(b)
                 out[b] = st
             else:
-                _restart(b, st, V, Hb, p, st["m"], bs, real)
+                restart(b, st, V, Hb, p, st["m"], bs, real)
                 restarts[b] += 1
         if checks:
-            _final_check(batch, V, checks, out, real)  # pyright: ignore[reportArgumentType]
+            final_check(batch, V, checks, out, real)  # pyright: ignore[reportArgumentType]
+            met = _within(out, checks, tol)
             for b in checks:
                 st = out[b]
-                ok = bool((st["resid"] <= tol).all()) and st["nconv"] == st["kw"] and st["gap_ok"]
+                ok = met[b] and st["nconv"] == st["kw"] and st["gap_ok"]
                 st["verified"] = ok and restarts[b] < max_restarts
                 st["converged"] = st["verified"]
-                if st["verified"] and _same_set(st, rivalled[b], tol):
+                if st["verified"] and same_set(st, rivalled[b], tol):
                     # a probe challenged this very set (as a multiset), the iteration went on
                     # with the rival's vectors in its basis, and the rival did not converge
                     # into the top k: it was a Ritz value of the non-normal deflated operator
@@ -355,16 +371,16 @@ def _solve(batch: OpBatch, k: int, which: str, tol: float, max_restarts: int, m:
                 elif ok and restarts[b] < max_restarts:
                     # probe: keep only the checked wanted set (Q), restart from a fresh random
                     # vector orthogonal to it; the result stands unless the probe beats it
-                    _restart(b, st, V, Hb, p, st["m"], bs, real, keep=st["kw"])
-                    _inject(b, V, Hb, st["kw"], bs, randn)
+                    restart(b, st, V, Hb, p, st["m"], bs, real, keep=st["kw"])
+                    inject(b, V, Hb, st["kw"], bs, randn)
                     probing[b], kw_prev[b], probe_cycles[b] = True, st["kw"], 0
-                    kth_prev[b] = float(_key(st["theta"], which)[st["kw"] - 1])
+                    kth_prev[b] = float(key(st["theta"], which)[st["kw"] - 1])
                     rivalled[b] = st["theta"][:st["kw"]].clone()
                     restarts[b] += 1
                 elif restarts[b] >= max_restarts:
                     done[b] = True
-                    unconverged.append(_why(batch.names[b], st, tol, max_restarts))
-                elif _unreachable(b, st, best, stale, tol_int):
+                    unconverged.append(why(batch.names[b], st, tol, max_restarts))
+                elif unreachable(b, st, best, stale, tol_int):
                     # the explicit residual no longer improves as the internal tolerance is
                     # tightened (rounding in the operator, or eigenvalues so ill-conditioned
                     # that Ritz vectors wander): the dense eig where n allows, else end
@@ -373,12 +389,14 @@ def _solve(batch: OpBatch, k: int, which: str, tol: float, max_restarts: int, m:
                         finish([b])
                     else:
                         done[b], st["stalled"] = True, True
-                        unconverged.append(_why(batch.names[b], st, tol, max_restarts))
+                        unconverged.append(why(batch.names[b], st, tol, max_restarts))
                 else:  # estimates said converged, fresh matvecs disagree: tighten and go on
                     tol_int[b] /= 10.0
-                    logger.debug("eigs: %s explicit residual %.2e > tol; tightening to %.1e",
-                                 batch.names[b], float(st["resid"].max()), tol_int[b])
-                    _restart(b, st, V, Hb, p, st["m"], bs, real)
+                    if logger.isEnabledFor(logging.DEBUG):  # (the read is a sync)
+                        logger.debug("eigs: %s explicit residual %.2e > tol; tightening to "
+                                     "%.1e", batch.names[b], float(st["resid"].max()),
+                                     tol_int[b])
+                    restart(b, st, V, Hb, p, st["m"], bs, real)
                     restarts[b] += 1
         if grow and not all(done):
             # A failed probe means the Krylov space was too small to see the whole top of a

@@ -11,7 +11,7 @@ Example::
 and the estimators call (every :class:`~spectral_hooks.linalg.LinearOperator` satisfies it).
 :class:`BatchGroup` is the optional lockstep protocol: operators that are slots of one shared
 engine (``linearize.stacked``) carry a :class:`BatchMember` view, and the solvers apply every
-active slot of a group with one ``matmat_all`` call per step (``linalg/_batch.py``).
+active slot of a group with one ``matmat_all`` call per step (``linalg/batch.py``).
 """
 
 from __future__ import annotations

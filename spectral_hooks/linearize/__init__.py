@@ -67,10 +67,10 @@ import torch
 from torch import Tensor
 
 from ..errors import OptionError, RecordingError, fallback
-from .engine import METHODS, _Engine, _make_operator
-from .function import KINDS, REPLAY_ERRORS, BlockFunction, _math_sdpa, block_function
+from .engine import METHODS, Engine, make_operator
+from .function import KINDS, REPLAY_ERRORS, BlockFunction, block_function, math_sdpa
 from .operator import BlockJacobian, JacobianProduct, StackedBlockJacobian
-from .single_query import SingleQueryFunction, _single_query
+from .single_query import SingleQueryFunction, single_query_function
 from .stacked import StackedJacobians, stacked_block_jacobians
 
 if TYPE_CHECKING:
@@ -108,9 +108,9 @@ def block_jacobian(anatomy: Anatomy, recording: Recording, layer: int, *, sample
     fn = block_function(anatomy, recording, layer, sample=sample, position=position, kind=kind,
                         dtype=dtype)
     where = f"p={int(fn.positions[0])}" if kind == "token" else f"n={fn.positions.numel()}"
-    sq = _single_query(fn) if single_query and kind == "token" and anatomy.causal else None
+    sq = single_query_function(fn) if single_query and kind == "token" and anatomy.causal else None
     mode = None if sq is None else ("split" if sq.split else "concat")
-    return _make_operator(_Engine(fn if sq is None else sq, method),
+    return make_operator(Engine(fn if sq is None else sq, method),
                           f"J[layer {fn.layer}, {kind} {where}]", kind=kind,
                           single_query_mode=mode)
 
@@ -155,14 +155,14 @@ def dense_block_jacobian(anatomy: Anatomy, recording: Recording, layer: int, *, 
                           hint=f"the dense Jacobian would be {m * d} x {m * d} (> {DENSE_LIMIT}); "
                           "pass force=True, or use block_jacobian (matrix-free)")
     try:
-        with _math_sdpa():
+        with math_sdpa():
             J = torch.func.jacfwd(fn)(fn.x0)
     except REPLAY_ERRORS as err:  # no forward AD through some kernel: reverse mode
         log.info("jacfwd failed for layer %d (%s): using reverse mode", fn.layer, err)
         fallback("linearize.dense_reverse_mode",
                  f"torch.func.jacfwd failed for layer {fn.layer} ({err}): the dense Jacobian is "
                  f"built by {m * d} VJPs instead")
-        engine = _Engine(fn, "auto")
+        engine = Engine(fn, "auto")
         J = engine.vjp(torch.eye(m * d, dtype=fn.x0.dtype, device=fn.x0.device)
                        .reshape(m * d, m, d))
         return J.reshape(m * d, m * d)  # row i = e_i^T J

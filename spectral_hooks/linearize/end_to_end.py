@@ -24,7 +24,7 @@ from torch import Tensor
 
 from ..errors import RecordingError, fallback
 from ..linalg import LinearOperator
-from .function import REPLAY_ERRORS, _math_sdpa, block_function
+from .function import REPLAY_ERRORS, block_function, math_sdpa
 
 if TYPE_CHECKING:
     from ..anatomy import Anatomy
@@ -61,7 +61,7 @@ def end_to_end_jacobians(anatomy: Anatomy, recording: Recording, *, layers: Sequ
     layers = list(recording.layers if layers is None else layers)
     fns, outputs = _stack(anatomy, recording, layers, sample, position)
     x0 = fns[0].x0[0]
-    with _math_sdpa(), torch.no_grad():
+    with math_sdpa(), torch.no_grad():
         jac = torch.func.jacfwd(lambda x: torch.stack(outputs(x, len(fns))))(x0)
     return jac.detach()
 
@@ -79,11 +79,11 @@ def end_to_end_operators(anatomy: Anatomy, recording: Recording, *, layers: Sequ
             return outputs(x, depth)[-1]
 
         def matmat(V: Tensor) -> Tensor:  # [d, k]: one forward, the k tangents batched
-            with _math_sdpa():
+            with math_sdpa():
                 return _vmapped(lambda v: torch.func.jvp(g, (x0,), (v,))[1], V.to(x0.dtype))
 
         def rmatmat(U: Tensor) -> Tensor:  # [d, k]: one forward and one batched backward
-            with _math_sdpa():
+            with math_sdpa():
                 pullback = torch.func.vjp(g, x0)[1]
                 return _vmapped(lambda u: pullback(u)[0], U.to(x0.dtype))
         return LinearOperator((d, d), matvec=lambda v: matmat(v[:, None])[:, 0],

@@ -11,7 +11,7 @@ from torch import Tensor
 from ..errors import OptionError, fallback
 from .cuda_graphs import graphed, wanted
 from .finite import checked
-from .function import REPLAY_ERRORS, BlockFunction, _math_sdpa, agreement_tol, linearize, plain_jvp
+from .function import REPLAY_ERRORS, BlockFunction, agreement_tol, linearize, math_sdpa, plain_jvp
 from .operator import BlockJacobian
 from .shared import SharedJvp, disagreement, shared_block_jvp
 from .single_query import SingleQueryFunction
@@ -36,7 +36,7 @@ BLOCK_WIDTH = 32
 DENSE_WIDTH = 128
 
 
-class _Engine:
+class Engine:
     """Lazily built JVP/VJP machinery for one BlockFunction."""
 
     def __init__(self, fn: Union[BlockFunction, SingleQueryFunction], method: str) -> None:
@@ -280,7 +280,7 @@ class _Engine:
 
     def _build_vjp(self) -> None:
         try:
-            with _math_sdpa():
+            with math_sdpa():
                 vjp_fn = torch.func.vjp(self.fn, self.x0)[1]
             self._vjp = lambda u: vjp_fn(u)[0]
             return
@@ -291,7 +291,7 @@ class _Engine:
                      f"torch.func.vjp failed for layer {self.fn.layer} ({err}): VJPs by "
                      "torch.autograd, one column at a time")
         x = self.x0.clone().requires_grad_(True)
-        with torch.enable_grad(), _math_sdpa():
+        with torch.enable_grad(), math_sdpa():
             y = self.fn(x)
         self._vmap_ok["vjp"] = False
         self._vjp = lambda u: torch.autograd.grad(y, x, u, retain_graph=True)[0]
@@ -301,7 +301,7 @@ class _Engine:
             return f(V[0])[None]
         if self._vmap_ok[which]:
             try:
-                with _math_sdpa():
+                with math_sdpa():
                     return torch.vmap(f)(V)
             except REPLAY_ERRORS as err:  # vmap cannot batch some op of this block
                 log.info("vmap over the %s failed (%s): applying column by column", which, err)
@@ -312,7 +312,7 @@ class _Engine:
         return torch.stack([f(v) for v in V])
 
 
-def _make_operator(engine: _Engine, name: str, *, kind: str,
+def make_operator(engine: Engine, name: str, *, kind: str,
                    single_query_mode: Optional[str]) -> BlockJacobian:
     fn = engine.fn
     m, d = fn.x0.shape

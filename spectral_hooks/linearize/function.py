@@ -68,7 +68,7 @@ class _KeepFloat64(torch.overrides.TorchFunctionMode):
 
 
 @contextlib.contextmanager
-def _math_sdpa():
+def math_sdpa():
     """Every block replay runs here: under the math SDPA kernel (fused kernels have no forward
     AD), with float64 kept float64 (:class:`_KeepFloat64`: norms in the analysis dtype) and
     with probes suspended, so replays are never recorded as model calls."""
@@ -99,7 +99,7 @@ def agreement_tol(dtype: torch.dtype) -> float:
 
 
 def _traced_jvp(f: Callable[[Tensor], Tensor], x0: Tensor) -> Callable[[Tensor], Tensor]:
-    with _math_sdpa(), warnings.catch_warnings(), one_snapshot_mode():
+    with math_sdpa(), warnings.catch_warnings(), one_snapshot_mode():
         warnings.filterwarnings("ignore", message=_CONST_FOLD_NOISE, category=UserWarning)
         _, jvp = torch.func.linearize(f, x0)
     return jvp
@@ -135,7 +135,7 @@ def _irreproducible(jvp: Callable[[Tensor], Tensor], x0: Tensor) -> Optional[str
     gen = torch.Generator(device="cpu").manual_seed(0)
     v = torch.randn(x0.shape, generator=gen, dtype=torch.float64).to(x0)
     try:
-        with _math_sdpa():
+        with math_sdpa():
             first, second = jvp(v), jvp(v)
     except IndexError as err:  # a drifted folded constant indexed out of range
         return str(err)
@@ -149,12 +149,12 @@ def _irreproducible(jvp: Callable[[Tensor], Tensor], x0: Tensor) -> Optional[str
 def plain_jvp(f: Callable[[Tensor], Tensor], x0: Tensor) -> Callable[[Tensor], Tensor]:
     """v -> J_f(x0) v by ``torch.func.jvp`` (primal recomputed per call), under the math SDPA."""
     def jvp(v: Tensor) -> Tensor:
-        with _math_sdpa():
+        with math_sdpa():
             return torch.func.jvp(f, (x0,), (v,))[1]
     return jvp
 
 
-def _first(out):
+def first_output(out):
     return out[0] if isinstance(out, (tuple, list)) else out
 
 
@@ -192,9 +192,9 @@ class BlockFunction:
     def full(self, H: Tensor) -> Tensor:
         """The block on a full [L, d] input (no batch dimension); returns [L, d]."""
         args, kwargs = self.call.with_hidden(H[None])
-        with _math_sdpa(), self.convention.replaying(self.block):
+        with math_sdpa(), self.convention.replaying(self.block):
             out = torch.func.functional_call(self.block, self.params, args, kwargs)
-        return _first(out)[0]
+        return first_output(out)[0]
 
     def __call__(self, X: Tensor) -> Tensor:
         H = self._base + self._scatter @ X

@@ -34,7 +34,7 @@ _Fn = Callable[[Tensor], Tensor]
 
 
 class JacobianEngine(Protocol):
-    """What an operator's engine provides (``engine._Engine``): batched JVPs and VJPs."""
+    """What an operator's engine provides (``engine.Engine``): batched JVPs and VJPs."""
 
     def jvp(self, V: Tensor) -> Tensor: ...
 

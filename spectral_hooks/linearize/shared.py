@@ -38,7 +38,7 @@ from torch import Tensor, fx
 from torch.autograd import forward_ad as fwAD
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from .function import _math_sdpa, agreement_tol, one_snapshot_mode, plain_jvp
+from .function import agreement_tol, math_sdpa, one_snapshot_mode, plain_jvp
 from .zero_terms import drop_zero_terms
 
 if TYPE_CHECKING:
@@ -64,7 +64,7 @@ def _trace(fn, inputs: List[Tensor], X0: Tensor) -> Tuple[fx.GraphModule, fx.Gra
             t = fwAD.unpack_dual(out).tangent
         return torch.zeros_like(out) if t is None else t
 
-    with _math_sdpa(), one_snapshot_mode():
+    with math_sdpa(), one_snapshot_mode():
         gm = make_fx(jvp_graph)(*inputs, X0, torch.zeros_like(X0))
     drop_zero_terms(gm.graph)  # the weights' zero tangents: mm(x, 0) terms (zero_terms.py)
     return _split(gm)
@@ -129,6 +129,16 @@ def _holds_any(graphs: Tuple[fx.GraphModule, ...], tensors: List[Tensor]) -> boo
     return False
 
 
+def clear_traces() -> None:
+    """Forget every cached traced graph (the next block of each structure traces anew).
+
+    >>> clear_traces()
+    >>> len(_TRACES)
+    0
+    """
+    _TRACES.clear()
+
+
 def _cached_trace(key: tuple, fn, inputs: List[Tensor], X0: Tensor
                   ) -> Tuple[fx.GraphModule, fx.GraphModule]:
     if key in _TRACES:
@@ -140,6 +150,32 @@ def _cached_trace(key: tuple, fn, inputs: List[Tensor], X0: Tensor
         while len(_TRACES) > _MAX_TRACES:
             _TRACES.popitem(last=False)
     return graphs
+
+
+def structure_graphs(fn: SingleQueryFunction, width: int
+                     ) -> Tuple[fx.GraphModule, fx.GraphModule]:
+    """(primal, tangent): the cached traced graphs of ``fn``'s block structure at ``width``
+    columns (traced on first use), as :func:`shared_block_jvp` runs them. ``primal(*inputs,
+    X0)`` -> residuals; ``tangent(*residuals, T)`` -> J T."""
+    inputs = fn.inputs()
+    X0 = fn.x0.expand(width, *fn.x0.shape).contiguous()
+    return _cached_trace(_signature(fn, inputs, width), fn, inputs, X0)
+
+
+def structure_key(fn: SingleQueryFunction, width: int) -> tuple:
+    """What a traced graph of ``fn`` depends on: blocks with equal keys share their graphs."""
+    return _signature(fn, fn.inputs(), width)
+
+
+def transposed_graph(tangent: fx.GraphModule, residuals: Tuple[Tensor, ...], width: int,
+                     x0: Tensor) -> fx.GraphModule:
+    """``transpose(*residuals, U)`` -> J^T U for a tangent graph (traced once per tangent
+    graph, kept on it; not checked here: see :meth:`SharedJvp.transpose`)."""
+    graph = getattr(tangent, "_spectral_hooks_transpose", None)
+    if graph is None:
+        graph = _transpose(tangent, residuals, width, x0)
+        tangent._spectral_hooks_transpose = graph
+    return graph
 
 
 class SharedJvp:
@@ -159,11 +195,8 @@ class SharedJvp:
         traced once per tangent graph (``make_fx`` of its ``torch.func.vjp``: plain aten ops
         at run time, no autograd engine), checked against ``torch.func.vjp`` of the block on
         two columns; ValueError where it disagrees."""
-        graph = getattr(self.tangent, "_spectral_hooks_transpose", None)
         width = self.width
-        if graph is None:
-            graph = _transpose(self.tangent, self.residuals, width, self.fn.x0)
-            self.tangent._spectral_hooks_transpose = graph
+        graph = transposed_graph(self.tangent, self.residuals, width, self.fn.x0)
 
         def vjp(U: Tensor, graph=graph, residuals=self.residuals) -> Tensor:
             return graph(*residuals, U)
@@ -211,7 +244,7 @@ def _transpose(tangent: fx.GraphModule, residuals: Tuple[Tensor, ...], width: in
         return pullback(U)[0]
 
     U0 = x0.expand(width, *x0.shape).contiguous()
-    with _math_sdpa(), one_snapshot_mode():
+    with math_sdpa(), one_snapshot_mode():
         gm = make_fx(vjp_graph)(*residuals, U0)
     _drop_unused(gm.graph)
     gm.recompile()
@@ -222,7 +255,7 @@ def _check_transpose(fn, vjp: Callable[[Tensor], Tensor], width: int) -> float:
     g = torch.Generator(device="cpu").manual_seed(2)
     U = torch.randn((width, *fn.x0.shape), generator=g, dtype=torch.float64).to(fn.x0)
     got = vjp(U)[:2]
-    with _math_sdpa():
+    with math_sdpa():
         pullback = torch.func.vjp(fn, fn.x0)[1]
         want = torch.stack([pullback(u)[0] for u in U[:2]])
     return float((got - want).norm() / want.norm().clamp_min(1e-30))
@@ -241,6 +274,20 @@ def shared_block_jvp(fn: SingleQueryFunction, width: int, *, own: bool = False) 
     with torch.no_grad():
         residuals = primal(*inputs, X0)
     return SharedJvp(fn, tangent, residuals, width, own=own)
+
+
+def vjp_disagreement(fn: SingleQueryFunction, U: Tensor, JtU: Tensor) -> Optional[float]:
+    """Relative disagreement of products ``JtU`` [k, 1, d] = J^T U with one direct
+    ``torch.func.vjp`` of the block on a random combination U c (as :func:`disagreement`)."""
+    g = torch.Generator(device="cpu").manual_seed(3)
+    c = torch.randn(U.shape[0], generator=g, dtype=torch.float64).to(U).view(-1, 1, 1)
+    u = (U * c).sum(0)
+    if not bool(u.any()):
+        return None
+    with math_sdpa():
+        want = torch.func.vjp(fn, fn.x0)[1](u)[0]
+    got = (JtU * c).sum(0)
+    return float((got - want).norm() / want.norm().clamp_min(1e-30))
 
 
 def disagreement(fn: SingleQueryFunction, V: Tensor, JV: Tensor) -> Optional[float]:

@@ -35,7 +35,7 @@ from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 from ..anatomy.hf import attention_implementation, register_attention
 from ..errors import fallback
 from ..recording import map_tensors
-from .function import REPLAY_ERRORS, BlockFunction, _first, _math_sdpa, agreement_tol
+from .function import REPLAY_ERRORS, BlockFunction, agreement_tol, first_output, math_sdpa
 
 if TYPE_CHECKING:
     from ..anatomy.calls import BlockCallConvention
@@ -55,7 +55,7 @@ def _split_attention(module, query: Tensor, key: Tensor, value: Tensor, attentio
     """softmax([q K_fixed^T, q k_new^T] * scaling + mask) [V_fixed; v_new], per head.
 
     query [c, h, 1, dh]; key/value [c, h_kv, 1, dh] (the new row only); the fixed ones
-    [1, h_kv, p, dh] come from the cache (set by :class:`_FixedKV`). The products with the
+    [1, h_kv, p, dh] come from the cache (set by :class:`FixedKV`). The products with the
     fixed keys/values fold the c rows and the h / h_kv query heads of a KV group into one
     matrix per KV head, so nothing of size c x p x dh is ever materialised.
     """
@@ -106,7 +106,7 @@ class _CacheFilled(Exception):
     of the p earlier rows) is not needed, as baukit's ``StopForward`` ends a forward early."""
 
 
-class _FixedKV:
+class FixedKV:
     """A duck-typed KV cache holding the recorded keys/values of the earlier positions.
 
     The first ``update`` (the fill, on positions < p) stores them and ends that forward
@@ -136,7 +136,7 @@ class _FixedKV:
         return 0 if self.keys is None else int(self.keys.shape[-2])
 
 
-def _slice_call(call, L: int, rows: slice, cols: slice, hidden: Tensor, cache,
+def slice_call(call, L: int, rows: slice, cols: slice, hidden: Tensor, cache,
                 cache_slot: tuple) -> tuple:
     def cut(t: Tensor) -> Tensor:
         if t.ndim == 4 and t.shape[-1] == L and t.shape[-2] == L:  # [b, h, q, k] mask
@@ -175,7 +175,7 @@ class SingleQueryFunction:
     x0: Tensor
     split: bool
     convention: BlockCallConvention
-    cache: _FixedKV
+    cache: FixedKV
 
     def __init__(self, full: BlockFunction, *, split: bool = False) -> None:
         self.full_fn = full
@@ -186,7 +186,7 @@ class SingleQueryFunction:
         L = full.hidden.shape[1]
         self.split = split
         self.convention = full.convention
-        self.cache = _FixedKV(refused=self.convention.score_modifier_kwargs)
+        self.cache = FixedKV(refused=self.convention.score_modifier_kwargs)
         self._L, self._p = L, p
         slot = self.convention.cache_slot(self.block)
         if slot is None:
@@ -197,10 +197,10 @@ class SingleQueryFunction:
         self._leaves: list = []
         self._hidden_slot = self._cache_leaf = -1
         self._tensor_slots: List[int] = []
-        args, kwargs = _slice_call(full.call, L, slice(0, p), slice(0, p),
+        args, kwargs = slice_call(full.call, L, slice(0, p), slice(0, p),
                                    full.hidden[:, :p], self.cache, self._slot)
         with contextlib.suppress(_CacheFilled):  # the fill's forward ends at cache.update
-            with torch.no_grad(), _math_sdpa(), self.convention.replaying(self.block):
+            with torch.no_grad(), math_sdpa(), self.convention.replaying(self.block):
                 torch.func.functional_call(self.block, self.params, args, kwargs)
         if self.cache.keys is None:
             raise RuntimeError("the block did not call cache.update")
@@ -222,13 +222,25 @@ class SingleQueryFunction:
         return [*self.params.values(), cast(Tensor, self.cache.keys), cast(Tensor, self.cache.values),
                 *(self._leaves[i] for i in self._tensor_slots)]
 
+    def use_inputs(self, inputs: List[Tensor]) -> None:
+        """Read its tensors from ``inputs`` from now on (same order, shapes and values as
+        :meth:`inputs`): views into a layer group's stacked copy, so the weights are held
+        once (``linearize.group``)."""
+        self._template()
+        n = len(self.params)
+        for name, t in zip(list(self.params), inputs[:n]):
+            self.params[name] = t
+        self.cache.keys, self.cache.values = inputs[n], inputs[n + 1]
+        for i, t in zip(self._tensor_slots, inputs[n + 2:]):
+            self._leaves[i] = t
+
     def batched_with(self, inputs: List[Tensor], X: Tensor) -> Tensor:
         """:meth:`batched` as a pure function of ``inputs`` (same order as :meth:`inputs`):
         one traced graph then serves every block of the same structure (see shared.py)."""
         self._template()
         n = len(self.params)
         params = dict(zip(self.params, inputs[:n]))
-        cache = _FixedKV(split=self.split, refused=self.convention.score_modifier_kwargs)
+        cache = FixedKV(split=self.split, refused=self.convention.score_modifier_kwargs)
         cache.keys, cache.values = inputs[n], inputs[n + 1]
         leaves = list(self._leaves)
         leaves[self._hidden_slot] = X
@@ -237,9 +249,9 @@ class SingleQueryFunction:
             leaves[i] = t
         args, kwargs = tree_unflatten(leaves, cast(TreeSpec, self._spec))  # set by _template
         _PENDING.set(None)
-        with _math_sdpa(), self._core(), self.convention.replaying(self.block):
+        with math_sdpa(), self._core(), self.convention.replaying(self.block):
             out = torch.func.functional_call(self.block, params, args, kwargs)
-        return _first(out)
+        return first_output(out)
 
     def _template(self) -> None:
         """The sliced call (row p, keys 0..p) as pytree leaves, with slots for X, the cache
@@ -247,7 +259,7 @@ class SingleQueryFunction:
         if self._spec is not None:
             return
         p, marker = self._p, torch.empty(0)
-        args, kwargs = _slice_call(self.full_fn.call, self._L, slice(p, p + 1),
+        args, kwargs = slice_call(self.full_fn.call, self._L, slice(p, p + 1),
                                    slice(0, p + 1), marker, self.cache, self._slot)
         leaves, self._spec = tree_flatten((args, kwargs))
         self._leaves = leaves
@@ -278,7 +290,7 @@ def _check(sq: SingleQueryFunction, fn: BlockFunction) -> float:
     return err
 
 
-def _single_query(fn: BlockFunction, *, allow_split: bool = True
+def single_query_function(fn: BlockFunction, *, allow_split: bool = True
                   ) -> Optional[SingleQueryFunction]:
     """The verified single-query function (split mode where it works, else concat), or None
     where it does not apply or disagrees with the full sequence.

@@ -37,9 +37,16 @@ from torch import Tensor
 
 from ..errors import OptionError, fallback
 from .finite import replay_error
-from .function import REPLAY_ERRORS, _first, _math_sdpa, agreement_tol, block_function, linearize
+from .function import (
+    REPLAY_ERRORS,
+    agreement_tol,
+    block_function,
+    first_output,
+    linearize,
+    math_sdpa,
+)
 from .operator import StackedBlockJacobian
-from .single_query import _FixedKV, _single_query, _slice_call
+from .single_query import FixedKV, single_query_function, slice_call
 
 if TYPE_CHECKING:
     from ..anatomy import Anatomy
@@ -110,7 +117,7 @@ class StackedJacobians:
 
     def _build_vjp(self) -> None:
         try:
-            with _math_sdpa():
+            with math_sdpa():
                 vjp_fn = torch.func.vjp(self.g, self.x0)[1]
             self._vjp = lambda u: vjp_fn(u)[0]
             return
@@ -221,7 +228,7 @@ def stacked_block_jacobians(anatomy: Anatomy, recording: Recording, layers: Sequ
     for l in layers:
         fn = block_function(anatomy, recording, l, sample=sample, position=position,
                             kind="token", dtype=dtype)
-        sq = _single_query(fn, allow_split=False)  # the stacked form runs concat mode
+        sq = single_query_function(fn, allow_split=False)  # the stacked form runs concat mode
         if sq is None:
             log.info("stacked Jacobians: no single-query function for layer %d", l)
             return None
@@ -254,13 +261,13 @@ def stacked_block_jacobians(anatomy: Anatomy, recording: Recording, layers: Sequ
     template, call = ref.block, ref.full_fn.call
 
     def one(prm: dict, k: Tensor, v: Tensor, x: Tensor) -> Tensor:
-        cache = _FixedKV()
+        cache = FixedKV()
         cache.keys, cache.values = k, v
-        a, kw = _slice_call(call, Lseq, slice(p, p + 1), slice(0, p + 1), x[None], cache, slot)
-        return _first(torch.func.functional_call(template, prm, a, kw))[0]
+        a, kw = slice_call(call, Lseq, slice(p, p + 1), slice(0, p + 1), x[None], cache, slot)
+        return first_output(torch.func.functional_call(template, prm, a, kw))[0]
 
     def g(X: Tensor) -> Tensor:
-        with _math_sdpa(), ref.convention.replaying(template):
+        with math_sdpa(), ref.convention.replaying(template):
             return torch.vmap(one)(params, keys, values, X)
 
     x0 = torch.stack([sq.x0 for sq in sqs])  # [L, 1, d]

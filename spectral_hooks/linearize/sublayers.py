@@ -27,8 +27,8 @@ from torch import Tensor
 
 from ..anatomy.sublayers import sublayer_split
 from ..errors import OptionError, UnsupportedModelError
-from .engine import _Engine, _make_operator
-from .function import BlockFunction, _first, agreement_tol, block_function
+from .engine import Engine, make_operator
+from .function import BlockFunction, agreement_tol, block_function, first_output
 from .operator import BlockJacobian
 
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ class SublayerFunction(BlockFunction):
         seen = {}
 
         def hook(module, args, output):
-            first = _first(output)
+            first = first_output(output)
             if self.kind == "residual_add":
                 seen["mid"] = H + first[0] if mid is None else mid
                 new = None if mid is None else (mid - H)[None]
@@ -127,6 +127,6 @@ def sublayer_jacobian(anatomy: Anatomy, recording: Recording, layer: int, *, sub
     """d x d operator J_attn or J_ffn at one token row (matvec = JVP, rmatvec = VJP)."""
     fn = sublayer_function(anatomy, recording, layer, sublayer=sublayer, sample=sample,
                            position=position, dtype=dtype)
-    return _make_operator(_Engine(fn, method),
+    return make_operator(Engine(fn, method),
                           f"J_{sublayer}[layer {fn.layer}, token p={int(fn.positions[0])}]",
                           kind="token", single_query_mode=None)

@@ -95,15 +95,22 @@ def departure_bounds_from_probes(Z: Tensor, Y: Tensor, W: Tensor, CZ: Tensor,
     Z [d, n] (Rademacher), Y = Delta J Z, W = Delta J^T Z and CZ = C Z (C the commutator of
     Delta J). Keys: upper, upper_se, lower, lower_se. An estimated ||K||_F^2 below
     sum_T (Im lambda)^2 gives upper 0 with a NaN standard error."""
-    d = Z.shape[0]
     k2 = (((Y - W) / 2) ** 2).sum(0)
     f2 = ((Y ** 2).sum(0) + (W ** 2).sum(0)) / 2
     t = (Z * Y).sum(0)
+    return departure_bounds_from_sums(k2, f2, t, (CZ ** 2).sum(0), Z.shape[0], top)
+
+
+def departure_bounds_from_sums(k2: Tensor, f2: Tensor, t: Tensor, c2: Tensor, d: int,
+                               top: Tensor) -> dict[str, float]:
+    """:func:`departure_bounds_from_probes` from its per-probe sums [n]: ``k2`` = ||K z||^2,
+    ``f2`` = (||Delta J z||^2 + ||Delta J^T z||^2) / 2, ``t`` = z^T Delta J z and ``c2`` =
+    ||C z||^2 (the form a batched caller reduces its probes to on the device)."""
     im2 = _imag_sq(top)
     with torch.enable_grad():
         up, up_se = _delta(torch.stack([k2, f2]).to(torch.float64),
                            lambda m: _upper(m[0], m[1], im2))
-        low, low_se = _delta(torch.stack([(CZ ** 2).sum(0), f2, t]).to(torch.float64),
+        low, low_se = _delta(torch.stack([c2, f2, t]).to(torch.float64),
                              lambda m: _lower(m[0], m[1], m[2], d))
     if up == 0.0:
         up_se = float("nan")

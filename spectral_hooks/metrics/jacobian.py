@@ -37,15 +37,28 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
+from torch.profiler import record_function
 
 from spectral_hooks.checks import check_int
 from spectral_hooks.errors import OptionError
-from spectral_hooks.linalg import DenseOperator, IdentityOperator, LinearOperator, eigs, svds
-from spectral_hooks.metrics.departure import departure_bounds, departure_bounds_from_probes
+from spectral_hooks.linalg import (
+    BatchGroup,
+    BatchMember,
+    DenseOperator,
+    IdentityOperator,
+    LinearOperator,
+    eigs,
+    svds,
+)
+from spectral_hooks.metrics.departure import (
+    departure_bounds,
+    departure_bounds_from_probes,
+    departure_bounds_from_sums,
+)
 from spectral_hooks.metrics.jacobian_nulls import (
     expected_real_eigenvalues,
     frac_complex_null,
@@ -59,7 +72,7 @@ from spectral_hooks.metrics.rotation import (
 )
 from spectral_hooks.metrics.schur import SCHUR_MAX_D, schur_diagonal, symmetric_part
 
-__all__ = ["JacobianMetrics", "jacobian_metrics", "jacobian_row", "eigen_rows",
+__all__ = ["JacobianMetrics", "jacobian_metrics", "jacobian_metrics_batch", "jacobian_row", "eigen_rows",
            "frac_complex_null", "frac_complex_top_null", "expected_real_eigenvalues",
            "symmetric_part", "schur_diagonal", "SCHUR_MAX_D", "COMPLEX_RTOL",
            "MATRIX_FREE_ABSENT"]
@@ -237,6 +250,131 @@ def _matrix_free(op: LinearOperator, k: int, n_samples: int, seed: int, tol: flo
         frac_complex_null=None, departure=None, departure_rel=None,
         self_alignment=_self_alignment(sd.U, sd.Vh, k), top_eig_abs=float(lam[0].abs()),
         n_matvecs=op.n_matvecs - start, **hutch)
+
+
+def _probe_sums(ops: Sequence[LinearOperator], n_samples: int, seed: int) -> Tensor:
+    """[B, 6, n_samples] per-probe sums of :func:`_hutchinson` for every operator, the B
+    operators applied together (one call per product where they share a ``linalg`` batch
+    group): rows ||Y + W||^2 / 4, (||Y||^2 + ||W||^2) / 2, ||C z||^2, ||K z||^2, z^T Y,
+    ||J z||^2 (Y = Delta J z, W = Delta J^T z, K = (Delta J - Delta J^T) / 2)."""
+    op0 = ops[0]
+    g = torch.Generator().manual_seed(int(seed))
+    Z = (torch.randint(0, 2, (op0.shape[1], n_samples), generator=g) * 2 - 1).to(
+        device=op0.device, dtype=torch.float64)
+    Zb = Z.expand(len(ops), *Z.shape)
+    JZ, JtZ = apply_all(ops, Zb), apply_all(ops, Zb, adjoint=True)
+    Y, W = JZ - Z, JtZ - Z
+    CZ = (apply_all(ops, Y, adjoint=True) - Y) - (apply_all(ops, W) - W)
+    return torch.stack([((Y + W) ** 2).sum(1) / 4, ((Y ** 2).sum(1) + (W ** 2).sum(1)) / 2,
+                        (CZ ** 2).sum(1), (((Y - W) / 2) ** 2).sum(1), (Z * Y).sum(1),
+                        (JZ ** 2).sum(1)], dim=1)
+
+
+def apply_all(ops: Sequence[LinearOperator], X: Tensor, *, adjoint: bool = False) -> Tensor:
+    """[B, n, c] -> [B, m, c] in float64: operator b applied to X[b]; operators that are the
+    slots of one ``linalg`` batch group (``BatchMember``) in ONE call of the group.
+
+    >>> A = DenseOperator(torch.eye(3, dtype=torch.float64) * 2)
+    >>> apply_all([A, A], torch.ones(2, 3, 1, dtype=torch.float64))[:, :, 0].tolist()
+    [[2.0, 2.0, 2.0], [2.0, 2.0, 2.0]]
+    """
+    groups = {id(o.batch_group) for o in ops if isinstance(o, BatchMember)}
+    if len(groups) == 1 and all(isinstance(o, BatchMember) for o in ops):
+        group = ops[0].batch_group  # pyright: ignore[reportAttributeAccessIssue]
+        slots = [o.batch_index for o in ops]  # pyright: ignore[reportAttributeAccessIssue]
+        if isinstance(group, BatchGroup) and len(set(slots)) == len(slots):
+            Xg = X.new_zeros((group.size, *X.shape[1:]), dtype=group.dtype)
+            Xg[slots] = X.to(group.dtype)
+            Yg = group.rmatmat_all(Xg) if adjoint else group.matmat_all(Xg)
+            out = Yg[slots].to(torch.float64)
+            _check_finite(out)
+            return out
+    out = torch.stack([(o.rmatmat if adjoint else o.matmat)(x.to(o.dtype)).to(torch.float64)
+                       for o, x in zip(ops, X)])
+    _check_finite(out)
+    return out
+
+
+def _check_finite(out: Tensor) -> None:
+    if not bool(torch.isfinite(out).all()):
+        raise FloatingPointError("jacobian_metrics: operator returned NaN or Inf")
+
+
+def _to_host(tensors: Sequence[Tensor]) -> list[Tensor]:
+    """Small result tensors copied to the host in ONE transfer (complex as real pairs)."""
+    parts = [torch.view_as_real(t.to(torch.complex128)) if t.is_complex()
+             else t.to(torch.float64) for t in tensors]
+    with record_function("spectral_hooks.to_host"):
+        flat = torch.cat([p.reshape(-1) for p in parts]).cpu()
+    out, i = [], 0
+    for t, p in zip(tensors, parts):
+        h = flat[i:i + p.numel()].reshape(p.shape)
+        i += p.numel()
+        out.append(torch.view_as_complex(h) if t.is_complex() else h.to(
+            t.dtype if t.dtype == torch.bool else torch.float64))
+    return out
+
+
+def jacobian_metrics_batch(ops: Sequence[LinearOperator], *, k: int = 16, n_samples: int = 64,
+                           seed: int = 0, tol: float = 1e-8) -> list[JacobianMetrics]:
+    """The matrix-free :func:`jacobian_metrics` of every operator in ``ops`` (d x d, real, with
+    adjoints), computed together: one ``eigs`` and two ``svds`` over the list and one batched
+    application per Hutchinson product, so operators that share a ``linalg`` batch group
+    (``linearize.group``: every layer of a model in one pass) advance in one call per step.
+    The small results cross to the host once; the statistics are computed there.
+
+    >>> g = torch.Generator().manual_seed(0)
+    >>> Js = [DenseOperator(torch.eye(32, dtype=torch.float64) + torch.randn(
+    ...     32, 32, generator=g, dtype=torch.float64) / 8) for _ in range(2)]
+    >>> [m.k for m in jacobian_metrics_batch(Js, k=4)]
+    [4, 4]
+    """
+    ops = [_as_operator(J) for J in ops]
+    if not ops:
+        raise OptionError("ops", ops, "a non-empty list of operators",
+                          hint="jacobian_metrics_batch")
+    d = ops[0].shape[0]
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= d - 2:
+        raise OptionError("k", k, f"an int in 1..d - 2 = {d - 2} (matrix-free)",
+                          hint="jacobian_metrics_batch")
+    if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 2:
+        raise OptionError("n_samples", n_samples, "an int >= 2", hint="jacobian_metrics_batch")
+    starts = [op.n_matvecs for op in ops]
+    for op in ops:
+        op._need_adjoint()
+    deltas = [op - IdentityOperator(d, dtype=op.dtype, device=op.device) for op in ops]
+    ej = eigs(ops, k, tol=tol, seed=seed, return_vectors=False)
+    sj = svds(ops, k, tol=tol, seed=seed + 2, return_vectors=False)
+    sd = svds(deltas, k, tol=tol, seed=seed + 3)
+    sums = _probe_sums(ops, n_samples, seed + 4)
+    assert sd.U is not None and sd.Vh is not None  # svds returns vectors by default
+    align = torch.linalg.matrix_norm(sd.U[..., :k].mT @ sd.Vh[..., :k, :].mT) ** 2 / k
+    conv = ej.converged & sj.converged & sd.converged
+    values, resid, S, Sd, align, conv, sums = _to_host(
+        [ej.values, ej.residuals, sj.S, sd.S, align, conv, sums])
+    null, null_se = frac_complex_top_null(d, k, seed=seed)
+    out = []
+    with record_function("spectral_hooks.host"):
+        for b, op in enumerate(ops):
+            keep = ~torch.isnan(values[b].real)
+            lam_all = values[b][keep]
+            lam = top_k_by_modulus(lam_all, k)
+            sym_n, den, c2, k2, t, frob = sums[b]
+            sym, sym_se = _ratio_se(sym_n, den)
+            comm, comm_se = _sqrt_ratio_se(c2, den)
+            bounds = departure_bounds_from_sums(k2, den, t, c2, d, lam)
+            out.append(JacobianMetrics(
+                d=d, k=k, dense=False, eigenvalues=lam_all, eig_residuals=resid[b][keep],
+                converged=bool(conv[b]), singular_values=S[b], delta_singular_values=Sd[b],
+                top=rotation_stats(lam), top_null=null, top_null_se=null_se, full=None,
+                frac_complex_null=None, departure=None, departure_rel=None,
+                self_alignment=float(align[b]), top_eig_abs=float(lam[0].abs()),
+                n_matvecs=op.n_matvecs - starts[b], sym_energy=sym, sym_energy_se=sym_se,
+                commutator=comm, commutator_se=comm_se, departure_rel_upper=bounds["upper"],
+                departure_rel_upper_se=bounds["upper_se"],
+                departure_rel_lower=bounds["lower"], departure_rel_lower_se=bounds["lower_se"],
+                frob_sq=float(frob.mean())))
+    return out
 
 
 def _as_operator(J: Union[LinearOperator, Tensor]) -> LinearOperator:

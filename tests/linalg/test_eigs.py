@@ -230,8 +230,8 @@ def test_block_size_default_is_device_aware():
     # counts) whatever the operator's hint (materialize="auto" is tested in
     # tests/linalg/test_materialize.py); block Krylov when asked for, and by default on an
     # accelerator (the hint's width, or ACCEL_BLOCK for an operator without one)
-    from spectral_hooks.linalg import krylov
-    from spectral_hooks.linalg._batch import OpBatch
+    from spectral_hooks.linalg import eigs_parts
+    from spectral_hooks.linalg.batch import OpBatch
 
     A, vals = make_matrix(300, [2.0, 1.8 + 0.5j, 1.6], bulk_radius=1.2, seed=8)
     op = _CountingMatmat(A, hint=12)
@@ -248,10 +248,10 @@ def test_block_size_default_is_device_aware():
     def on(device, hint):
         return OpBatch(LinearOperator((300, 300), matvec=lambda x: x, dtype=torch.float64,
                                       device=device, block_size=hint), what="eigs")
-    assert krylov._block_size(on("cpu", 12), None) == 1
-    assert krylov._block_size(on("cuda", 12), None) == 12
-    assert krylov._block_size(on("cuda", None), None) == krylov.ACCEL_BLOCK
-    assert krylov._block_size(on("cuda", 12), 1) == 1  # as given
+    assert eigs_parts.block_size_for(on("cpu", 12), None) == 1
+    assert eigs_parts.block_size_for(on("cuda", 12), None) == 12
+    assert eigs_parts.block_size_for(on("cuda", None), None) == eigs_parts.ACCEL_BLOCK
+    assert eigs_parts.block_size_for(on("cuda", 12), 1) == 1  # as given
     with pytest.raises(ValueError, match="block_size"):
         eigs(A, 3, block_size=0)
     with pytest.raises(ValueError, match="block_size"):

@@ -5,8 +5,8 @@ time. Checked against a dense float64 oracle (torch.linalg.eigvals)."""
 import pytest
 import torch
 
-from spectral_hooks.linalg import LinearOperator, _dense, eigs
-from spectral_hooks.linalg._batch import OpBatch
+from spectral_hooks.linalg import LinearOperator, dense, eigs
+from spectral_hooks.linalg.batch import OpBatch
 
 from ._spectra import set_distance, top_by_modulus
 
@@ -26,10 +26,10 @@ def _oracle_error(values, A, k):
 
 @pytest.mark.parametrize("lockstep", [False, True], ids=["one-at-a-time", "lockstep"])
 def test_dense_batch_paths_match_the_oracle(monkeypatch, lockstep):
-    n, k = _dense.ONE_AT_A_TIME_N, 5
-    monkeypatch.setattr(_dense, "ONE_AT_A_TIME_N", 10 ** 9 if lockstep else n)
+    n, k = dense.ONE_AT_A_TIME_N, 5
+    monkeypatch.setattr(dense, "ONE_AT_A_TIME_N", 10 ** 9 if lockstep else n)
     A = torch.stack([_decaying(n, s) for s in range(3)])
-    assert _dense.one_at_a_time(OpBatch(A, what="eigs")) is not lockstep
+    assert dense.one_at_a_time(OpBatch(A, what="eigs")) is not lockstep
     res = eigs(A, k, v0=torch.ones(n))
     assert res.values.shape[0] == 3 and bool(res.converged.all())
     assert float(res.residuals.max()) <= 1e-10

@@ -8,8 +8,7 @@ import torch
 
 import spectral_hooks as sh
 from spectral_hooks.errors import ConvergenceWarning, OptionTypeError
-from spectral_hooks.linalg import LinearOperator, eigs
-from spectral_hooks.linalg import _materialize as materialize
+from spectral_hooks.linalg import LinearOperator, eigs, materialize
 
 from ..oracles import assert_same_spectrum, eigvals_by_modulus, token_jacobian, top_k_by_modulus
 from ..tiny_models import make_model

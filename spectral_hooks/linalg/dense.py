@@ -27,8 +27,8 @@ from typing import Callable, List
 import torch
 from torch import Tensor
 
-from ._batch import OpBatch
-from ._schur_restart import fresh_residuals
+from .batch import OpBatch
+from .schur_restart import fresh_residuals
 
 DENSE_SHARE = 0.5  # a basis of more than this share of n is done densely
 DENSE_MAX = 2048   # largest n densified when the residual stalls above tol (n matvecs)
@@ -66,13 +66,20 @@ def dense_members(batch: OpBatch, members: List[int], out: List[dict], k: int, w
                   real: bool, order: Callable) -> None:
     """Fill out[b] for each member b from a dense eig of its materialised operator."""
     A = matrices(batch, [b in members for b in range(batch.B)])
-    for b in members:
-        theta, Y = torch.linalg.eig(A[b])
-        idx = order(theta, which)
-        theta, Y = theta[idx], Y[:, idx]
-        kw = k + 1 if (real and theta[k - 1].imag > 0) else k
-        x = Y[:, :kw] / torch.linalg.vector_norm(Y[:, :kw], dim=0, keepdim=True)
-        scale = float(torch.linalg.vector_norm(A[b], dim=0).max())
-        out[b] = dict(theta=theta, x=x, kw=kw, nconv=kw, gap_ok=True, dense=True,
-                      scale=scale)
+    rows = torch.tensor(members, device=A.device)
+    theta, Y = torch.linalg.eig(A[rows])  # one batched eig of every member's matrix
+    scales = torch.linalg.vector_norm(A[rows], dim=1).amax(dim=1)
+    got = []
+    for i in range(len(members)):
+        idx = order(theta[i], which)
+        got.append((theta[i][idx], Y[i][:, idx]))
+    # every number read on the host in one read: the k-th value's sign of imag, ||A||
+    host = torch.stack([torch.stack([t[k - 1].imag for t, _ in got]).to(scales.dtype),
+                        scales]).tolist()
+    for i, b in enumerate(members):
+        th, Yb = got[i]
+        kw = k + 1 if (real and host[0][i] > 0) else k
+        x = Yb[:, :kw] / torch.linalg.vector_norm(Yb[:, :kw], dim=0, keepdim=True)
+        out[b] = dict(theta=th, x=x, kw=kw, nconv=kw, gap_ok=True, dense=True,
+                      scale=host[1][i])
     fresh_residuals(batch, members, out, real)

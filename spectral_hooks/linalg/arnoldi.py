@@ -14,7 +14,7 @@ from typing import List
 import torch
 from torch import Tensor
 
-from ._batch import OpBatch
+from .batch import OpBatch
 
 __all__ = ["extend"]
 

@@ -18,9 +18,9 @@ from torch import Tensor
 
 from ..checks import check_has_data, check_int
 from ..errors import ConvergenceWarning, OptionError
-from ._batch import OpBatch
-from ._schur_restart import ZETA
+from .batch import OpBatch
 from .results import EigResult
+from .schur_restart import ZETA
 
 logger = logging.getLogger("spectral_hooks.linalg.krylov")
 _EPS = torch.finfo(torch.float64).eps
@@ -58,7 +58,8 @@ def key(theta: Tensor, which: str) -> Tensor:
     return {"LM": theta.abs(), "LR": theta.real, "SM": -theta.abs()}[which]
 
 
-def ritz(Hb: Tensor, s: int, bs: int, k: int, which: str, real: bool, tol: float) -> dict:
+def ritz(Hb: Tensor, s: int, bs: int, k: int, which: str, real: bool, tol: float,
+         device: Optional[torch.device] = None) -> dict:
     """Ritz pairs of one member's space of s columns, sorted, with their convergence tests.
 
     A pair converges when its residual estimate ||R^T y|| <= tol |theta| (|theta| clamped to
@@ -66,11 +67,11 @@ def ritz(Hb: Tensor, s: int, bs: int, k: int, which: str, real: bool, tol: float
     a rank-deficient operator) when ||R^T y|| <= tol ||A||. The k-th value is separated when
     the next one is converged, cannot reach it within its residual, or both are exact zeros.
     """
-    dev = Hb.device
-    if dev.type != "cpu":
-        # the small projected problem is solved on the host: one copy (one sync) instead of
-        # the device eig's own host round trips (it runs on the CPU anyway, MAGMA geev)
-        Hb = Hb[:s + bs, :s].cpu()
+    dev = Hb.device if device is None else device
+    # the small projected problem is solved on the host: one copy (one sync, none where the
+    # caller passes a host copy of every member's matrix) instead of the device eig's own host
+    # round trips (it runs on the CPU anyway, MAGMA geev)
+    Hb = Hb[:s + bs, :s].cpu()
     H, R = Hb[:s, :s], Hb[s:s + bs, :s]
     theta, Y = torch.linalg.eig(H)
     est = torch.linalg.vector_norm(R.to(Y.dtype) @ Y, dim=0)
@@ -96,7 +97,9 @@ def ritz(Hb: Tensor, s: int, bs: int, k: int, which: str, real: bool, tol: float
     gap_ok = bool(conv[kw] or kv[i] + e3[i] < kv[i - 1]
                   or (which == "LM" and z3[i - 1] and z3[i]))
     lead = (kv[i], e3[i]) if i < len(kv) else None  # the first value beyond the wanted set
-    return dict(theta=theta.to(dev), Y=Y.to(dev), est=est.to(dev), kw=kw, gap_ok=gap_ok,
+    # host to device without a sync (a blocking copy would drain the device's queue)
+    return dict(theta=theta.to(dev, non_blocking=True), Y=Y.to(dev, non_blocking=True),
+                est=est.to(dev, non_blocking=True), kw=kw, gap_ok=gap_ok,
                 nconv=sum(conv[:kw]), m=s, scale=scale, imag=imag, lead=lead)
 
 
@@ -178,20 +181,21 @@ NCV_WIDE = 96
 ACCEL_BLOCK = 32
 
 
-def _block_size(batch: OpBatch, block_size: Optional[int]) -> int:
+def block_size_for(batch: OpBatch, block_size: Optional[int], device_path: bool = False) -> int:
     """Columns per operator application: the device-aware default of :func:`eigs` (see its
-    docstring), or ``block_size`` as given."""
+    docstring), or ``block_size`` as given. ``device_path``: the accelerator's default on any
+    device (so a CPU run measures the code a GPU runs)."""
     if block_size is not None:
         if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
             raise OptionError("block_size", block_size, "a positive int or None")
         return block_size
-    if batch.device.type == "cpu":
+    if batch.device.type == "cpu" and not device_path:
         return 1
     hints = [o.block_size for o in (batch.ops or [])]
     return min(hints) if hints and all(h is not None for h in hints) else ACCEL_BLOCK  # pyright: ignore[reportArgumentType]
 
 
-def _validate(batch: OpBatch, k: int, which: str, tol: float, ncv: Optional[int],
+def validate(batch: OpBatch, k: int, which: str, tol: float, ncv: Optional[int],
               max_restarts: int, bs: int) -> tuple:
     m, n = batch.shape
     if m != n:

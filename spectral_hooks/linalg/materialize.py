@@ -43,9 +43,9 @@ from __future__ import annotations
 import logging
 from typing import List
 
-from ._batch import OpBatch
-from ._dense import DENSE_MAX, matrices
-from ._schur_restart import fresh_residuals
+from .batch import OpBatch
+from .dense import DENSE_MAX, matrices
+from .schur_restart import fresh_residuals
 
 logger = logging.getLogger("spectral_hooks.linalg.krylov")
 

@@ -11,7 +11,7 @@ from typing import List, Optional
 import torch
 from torch import Tensor
 
-from ._batch import OpBatch
+from .batch import OpBatch
 
 logger = logging.getLogger("spectral_hooks.linalg.krylov")
 _KEEP = 0.5  # share of the unconverged part of the space kept at a restart (tuned: 0.3-0.85)
@@ -107,11 +107,18 @@ def fresh_residuals(batch: OpBatch, members: List[int], out: List[dict], real: b
     """st["resid"] = ||A x - theta x|| / |theta| with fresh matvecs, for unit vectors st["x"];
     an exact zero (|theta| <= ZETA ||A||) becomes 0 and its residual is ||A x|| / ||A||."""
     B, n = batch.B, batch.shape[0]
+    # every member's checked values on the host in one read (their imaginary parts decide
+    # which columns a conjugate pair shares)
+    flat = torch.cat([out[b]["theta"][:out[b]["kw"]] for b in members]).tolist()
+    values, at = {}, 0
+    for b in members:
+        values[b], at = flat[at:at + out[b]["kw"]], at + out[b]["kw"]
     cols = {}
     for b in members:
         st = out[b]
         theta, x = st["theta"][:st["kw"]], st["x"]
-        cols[b] = _real_basis(x, theta) if real else x  # a conjugate pair shares A Re x, A Im x
+        # a conjugate pair shares A Re x, A Im x
+        cols[b] = _real_basis(x, theta, [t.imag for t in values[b]]) if real else x
     c = max(X.shape[1] for X in cols.values())
     X = torch.zeros(B, n, c, dtype=batch.wdtype, device=batch.device)
     for b, Xb in cols.items():
@@ -122,7 +129,7 @@ def fresh_residuals(batch: OpBatch, members: List[int], out: List[dict], real: b
         theta, x = st["theta"][:st["kw"]], st["x"]
         if real:
             Ax, j = [], 0
-            for t in theta.tolist():
+            for t in values[b]:
                 if t.imag == 0:
                     Ax.append(AX[b, :, j].to(x.dtype))
                     j += 1
@@ -133,7 +140,8 @@ def fresh_residuals(batch: OpBatch, members: List[int], out: List[dict], real: b
             Ax = torch.stack(Ax, dim=1)
         else:
             Ax = AX[b, :, :x.shape[1]]
-        scale = max(st["scale"], float(torch.linalg.vector_norm(Ax, dim=0).max()))
+        # ||A|| bounded below by the products' norms, on the device (no read)
+        scale = torch.linalg.vector_norm(Ax, dim=0).max().clamp(min=st["scale"])
         zero = theta.abs() <= ZETA * scale
         theta = torch.where(zero, torch.zeros_like(theta), theta)
         st["theta"] = torch.cat([theta, st["theta"][st["kw"]:]])

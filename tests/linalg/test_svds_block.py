@@ -1,0 +1,96 @@
+"""Block Golub-Kahan-Lanczos ``svds``: every triplet against a dense float64 SVD oracle."""
+
+import pytest
+import torch
+
+from spectral_hooks.linalg import DenseOperator, svds
+from spectral_hooks.linalg.svd import orthonormal_block
+
+
+def _matrix(m, n, decay, seed, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    U = torch.linalg.qr(torch.randn(m, min(m, n), generator=g, dtype=torch.float64)).Q
+    V = torch.linalg.qr(torch.randn(n, min(m, n), generator=g, dtype=torch.float64)).Q
+    s = decay ** torch.arange(min(m, n), dtype=torch.float64)
+    return ((U * s) @ V.T).to(dtype)
+
+
+def _check(A, res, k, tol):
+    s = torch.linalg.svdvals(A.to(torch.complex128 if A.is_complex() else torch.float64))
+    assert res.S == pytest.approx(s[..., :k], rel=1e-8, abs=1e-12 * float(s.max()))
+    U, Vh = res.U, res.Vh
+    AV = A.to(U.dtype) @ Vh.mH
+    # fresh residuals of every triplet, computed here from the dense matrix
+    r1 = torch.linalg.vector_norm(AV - U * res.S.unsqueeze(-2).to(U.dtype), dim=-2)
+    r2 = torch.linalg.vector_norm(A.to(U.dtype).mH @ U - Vh.mH * res.S.unsqueeze(-2).to(U.dtype),
+                                  dim=-2)
+    assert float(torch.maximum(r1, r2).max()) <= 10 * tol * float(s.max())
+
+
+@pytest.mark.parametrize("block_size", [1, 3, 4, 8])
+@pytest.mark.parametrize("shape", [(150, 100), (90, 160)])
+def test_block_svds_vs_dense_svd(block_size, shape):
+    A = _matrix(*shape, 0.93, seed=block_size)
+    res = svds(DenseOperator(A), 6, block_size=block_size, tol=1e-10)
+    assert bool(res.converged)
+    _check(A, res, 6, 1e-10)
+
+
+def test_block_svds_batch_masks_members_that_converge_first():
+    # an easy member (fast decay) and a hard one (slow decay) in one call
+    A = torch.stack([_matrix(120, 100, 0.5, 0), _matrix(120, 100, 0.99, 1)])
+    res = svds(A, 5, block_size=4)
+    assert res.converged.tolist() == [True, True]
+    _check(A, res, 5, 1e-10)
+    one = svds(A[1], 5, block_size=4)
+    assert res.S[1] == pytest.approx(one.S, rel=1e-9)
+
+
+def test_block_svds_rank_deficient_and_complex():
+    A = _matrix(80, 60, 0.9, 3)
+    A[:, 30:] = 0  # rank <= 30: columns of V beyond it are made-up directions, coupling zero
+    res = svds(A, 8, block_size=8)
+    assert bool(res.converged)
+    _check(A, res, 8, 1e-10)
+    g = torch.Generator().manual_seed(4)
+    C = torch.complex(_matrix(70, 50, 0.9, 5), torch.randn(70, 50, generator=g, dtype=torch.float64) * 0.1)
+    res = svds(C, 4, block_size=2)
+    assert bool(res.converged)
+    _check(C, res, 4, 1e-10)
+
+
+def test_block_svds_full_space_and_single_column_fallback():
+    A = _matrix(12, 10, 0.8, 6)
+    res = svds(A, 9, block_size=4)  # no room for a block: the single-vector method, full space
+    assert bool(res.converged)
+    _check(A, res, 9, 1e-10)
+
+
+def test_block_svds_nonfinite_operator_is_named():
+    A = _matrix(40, 30, 0.9, 7)
+    A[3, 4] = float("nan")
+    with pytest.raises(FloatingPointError, match="svds"):
+        svds(DenseOperator(A), 3, block_size=2)
+
+
+def test_unconverged_block_svds_is_never_reported_converged():
+    A = _matrix(200, 200, 0.999, 8)
+    with pytest.warns(Warning, match="did not converge"):
+        res = svds(A, 6, block_size=2, max_restarts=1)
+    s = torch.linalg.svdvals(A)[:6]
+    wrong = float(((res.S - s).abs() / s).max()) > 1e-8
+    assert not bool(res.converged) or not wrong
+
+
+def test_orthonormal_block_turns_a_column_in_the_span_into_a_new_direction():
+    g = torch.Generator().manual_seed(9)
+    Q = torch.linalg.qr(torch.randn(2, 40, 6, generator=g, dtype=torch.float64)).Q
+    W = torch.cat([Q[:, :, :3] @ torch.randn(2, 3, 2, generator=g, dtype=torch.float64),
+                   torch.zeros(2, 40, 1, dtype=torch.float64),
+                   torch.randn(2, 40, 2, generator=g, dtype=torch.float64)], 2)
+    X = orthonormal_block(Q, W)
+    assert float((Q.mH @ X).abs().max()) < 1e-13
+    assert float((X.mH @ X - torch.eye(5, dtype=torch.float64)).abs().max()) < 1e-13
+    # the part of W off Q lies in span(X)
+    off = W - Q @ (Q.mH @ W)
+    assert float(torch.linalg.matrix_norm(off - X @ (X.mH @ off)).max()) < 1e-12

@@ -1,0 +1,140 @@
+"""Layer groups (linearize.group): several blocks' Jacobians as ONE batched operator, and the
+jacobian section computed group by group; every value against torch.func.jacfwd of the block
+module itself (tests/oracles.py) and against the per-layer path."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from tiny_models import make_model  # noqa: E402
+
+import spectral_hooks as sh  # noqa: E402
+from spectral_hooks.linalg import eigs, svds  # noqa: E402
+from spectral_hooks.linearize import block_jacobian  # noqa: E402
+from spectral_hooks.linearize import group as group_module  # noqa: E402
+from spectral_hooks.linearize.group import (  # noqa: E402
+    BlockGroup,
+    block_jacobian_group,
+    group_capacity,
+    layer_bytes,
+)
+from tests.oracles import eigvals_by_modulus, token_jacobian  # noqa: E402
+
+IDS = torch.tensor([[5, 17, 3, 42, 8, 61, 2]])
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+_CACHE: dict = {}
+
+
+def recorded(family: str, layers: int = 3):
+    key = (family, layers)
+    if key not in _CACHE:
+        import transformers as tf
+        torch.manual_seed(0)
+        if family == "gpt2":
+            model = tf.GPT2Model(tf.GPT2Config(vocab_size=100, n_embd=32, n_layer=layers,
+                                               n_head=4, n_positions=64))
+        elif family == "llama":  # GQA 4 / 2
+            model = tf.LlamaModel(tf.LlamaConfig(
+                vocab_size=100, hidden_size=32, intermediate_size=64, num_hidden_layers=layers,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64))
+        else:
+            model = make_model(family)
+        model = model.to(torch.float64).eval()
+        with sh.instrument(model) as probe:
+            with torch.no_grad():
+                model(IDS)
+        _CACHE[key] = probe
+    return _CACHE[key]
+
+
+def rel(a, b) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_group_products_equal_jacfwd_of_each_block(family):
+    probe = recorded(family)
+    ops = block_jacobian_group(probe.anatomy, probe.recording, [0, 1, 2])
+    assert ops is not None and [J.layer for J in ops] == [0, 1, 2]
+    group = ops[0].batch_group
+    assert isinstance(group, BlockGroup) and group.size == 3
+    d = ops[0].shape[0]
+    oracle = torch.stack([token_jacobian(probe, layer) for layer in range(3)])
+    eye = torch.eye(d, dtype=torch.float64).expand(3, d, d)
+    assert rel(group.matmat_all(eye), oracle) < 1e-10            # 32 columns: width 32
+    assert rel(group.rmatmat_all(eye), oracle.mT) < 1e-10
+    e0 = eye[:, :, :1]
+    assert rel(group.matmat_all(e0), oracle[:, :, :1]) < 1e-10    # one column: width 1
+    for i, J in enumerate(ops):                                    # a member alone
+        assert rel(J.matmat(eye[0, :, :5]), oracle[i, :, :5]) < 1e-10
+        assert rel(J.rmatvec(eye[0, :, 3]), oracle[i, 3]) < 1e-10
+        delta = J - sh.linalg.IdentityOperator(d)
+        assert delta.batch_group is group.shifted(1.0)             # J - I batches too
+        assert rel(delta.matmat(eye[0]), oracle[i] - eye[0]) < 1e-10
+    assert not group.solo
+
+
+def test_group_solves_equal_the_dense_oracle():
+    probe = recorded("llama")
+    ops = block_jacobian_group(probe.anatomy, probe.recording, [0, 1, 2])
+    assert ops is not None
+    res = eigs(ops, 6, tol=1e-10)
+    sv = svds(ops, 6, tol=1e-10)
+    for i in range(3):
+        J = token_jacobian(probe, i)
+        want = eigvals_by_modulus(J)
+        got = res.values[i][~torch.isnan(res.values[i].real)]
+        assert torch.allclose(got.abs()[:6], want.abs()[:6], rtol=1e-8)
+        assert torch.allclose(sv.S[i], torch.linalg.svdvals(J)[:6], rtol=1e-8)
+    assert bool(res.converged.all()) and bool(sv.converged.all())
+
+
+def test_bidirectional_and_mixed_models_do_not_group():
+    bert = recorded("bert")
+    assert block_jacobian_group(bert.anatomy, bert.recording, [0, 1]) is None
+    llama = recorded("llama")
+    assert block_jacobian_group(llama.anatomy, llama.recording, [1]) is None  # one layer
+
+
+def test_capacity_follows_the_memory_formula(monkeypatch):
+    probe = recorded("llama", layers=5)
+    J = block_jacobian(probe.anatomy, probe.recording, 0)
+    per = layer_bytes(J)
+    params = sum(p.numel() for p in probe.anatomy.layers[0].block.parameters())
+    assert per > params * 8                      # the float64 weights and the activations
+    assert group_capacity(J, 5) == 5             # a tiny model: every layer in one group
+    monkeypatch.setattr(group_module, "GROUP_MEMORY_CAP", 2.5 * (per + 6 * 16 * 32 * 48))
+    assert group_capacity(J, 5) == 2
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "bert"])
+@pytest.mark.parametrize("dense", [False, True])
+def test_section_grouped_equals_per_layer_and_jacfwd(family, dense, monkeypatch):
+    probe = recorded(family, layers=3) if family != "bert" else recorded("bert")
+    if family == "llama":  # two groups of at most two layers
+        monkeypatch.setattr(group_module, "GROUP_MEMORY_CAP", 2.5 * (layer_bytes(
+            block_jacobian(probe.anatomy, probe.recording, 0)) + 6 * 4 * 32 * 48))
+    k = 4
+    opts = {"k": k, "dense": dense, "tol": 1e-10}
+    grouped = probe.analyze(power=False, progress=False, jacobian=opts).jacobian
+    alone = probe.analyze(power=False, progress=False,
+                          jacobian={**opts, "group_layers": False}).jacobian
+    assert len(grouped) == len(probe.recording.layers)
+    exact = ["top_eig_abs", f"frac_complex_top{k}", f"mean_abs_angle_top{k}",
+             f"self_alignment_top{k}"]
+    for col in exact + ["sym_energy", "commutator"]:
+        assert grouped[col].to_list() == pytest.approx(alone[col].to_list(), rel=1e-7, abs=1e-9)
+    for layer in probe.recording.layers:
+        J = token_jacobian(probe, layer)
+        row = grouped[grouped.layer == layer].iloc[0]
+        assert row.top_eig_abs == pytest.approx(float(eigvals_by_modulus(J)[0].abs()), rel=1e-8)
+        if dense:  # exact: sym_energy of Delta J from the oracle
+            D = J - torch.eye(J.shape[0], dtype=J.dtype)
+            sym = float(((D + D.T) / 2).norm() ** 2 / D.norm() ** 2)
+            assert row.sym_energy == pytest.approx(sym, rel=1e-8)
+    assert bool(grouped.converged.all())
