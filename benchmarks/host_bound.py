@@ -16,10 +16,12 @@ Per layer (the section's totals divided by the layers) it reports:
   a ``record_function("operator")`` range, so its ops are not top-level): the solvers', the
   estimators' and the section's own; ``total_ops``: those plus the operator's top-level ops;
 * ``syncs``: host syncs, counted as this project counts them (``benchmarks/launch_budget.py``):
-  ``aten::_local_scalar_dense`` (every ``.item()`` / ``float(t)`` / ``bool(t)``),
-  ``aten::nonzero`` and device-to-host copies (``aten::_to_copy`` / ``aten::copy_`` from an
-  accelerator to the CPU: none on the CPU proxy); reads inside ``aten::linalg_eig`` (LAPACK
-  workspace queries of a host eig: never a device sync) are reported apart (``host_eig_reads``);
+  ``aten::_local_scalar_dense`` (every ``.item()`` / ``float(t)`` / ``bool(t)``) and
+  ``aten::nonzero`` outside host-side work (``HOST_RANGES``: LAPACK's workspace reads inside a
+  CPU eig/svd of a projected problem, and the library's ``record_function("spectral_hooks.host")``
+  blocks, which read host copies), plus every ``.tolist()`` / ``.numpy()`` / ``.cpu()`` call
+  (on an accelerator a device-to-host copy; on the CPU no profiler event, so counted by name:
+  an upper bound); the host-side reads are reported apart (``host_eig_reads``);
 * ``cold_*``: the same counts for the first section run of a process (the JVP graphs traced
   inside it; the traced-graph cache is cleared before);
 * ``seconds``: wall time, measured without the profiler (``--rounds`` runs, median);
@@ -127,25 +129,50 @@ def _inside(e, names) -> bool:
     return False
 
 
-def _is_device_to_host(e) -> bool:
-    """A copy from an accelerator to the host: the profiler names it by its input shapes only,
-    so read the CUDA memcpy events' kind instead (``Memcpy DtoH``)."""
-    return "Memcpy DtoH" in e.name
+#: Host-side work on host copies (its reads touch no device): LAPACK's workspace queries
+#: inside a CPU eig/svd of a projected problem, and the library's marked host blocks.
+HOST_RANGES = ("aten::linalg_eig", "aten::linalg_eigvals", "aten::_linalg_svd",
+               "aten::linalg_svd", "spectral_hooks.host")
+#: Tensor methods that read values into Python without an ``aten::_local_scalar_dense`` on
+#: the CPU (on an accelerator each is a device-to-host copy: a sync).
+READS = ("tolist", "numpy", "cpu")
 
 
-def counts(events) -> dict:
+class Reads:
+    """Counts calls of :data:`READS` while active (an upper bound: a read of a tensor that is
+    already on the host counts too)."""
+
+    def __init__(self) -> None:
+        self.n, self.saved = 0, {}
+
+    def __enter__(self) -> "Reads":
+        for name in READS:
+            f = getattr(torch.Tensor, name)
+            self.saved[name] = f
+
+            def g(t, *a, _f=f, **kw):
+                self.n += 1
+                return _f(t, *a, **kw)
+            setattr(torch.Tensor, name, g)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for name, f in self.saved.items():
+            setattr(torch.Tensor, name, f)
+
+
+def counts(events, reads: int = 0) -> dict:
     """Ops and host syncs of a profiled section run (see the module doc)."""
     top = [e for e in events if e.cpu_parent is None and e.name.startswith("aten::")]
     operator_top = [e for e in events if e.name.startswith("aten::") and e.cpu_parent is not None
                     and e.cpu_parent.name == "operator"]
     scalar = [e for e in events if e.name in ("aten::_local_scalar_dense", "aten::nonzero")]
-    eig_reads = [e for e in scalar if _inside(e, ("aten::linalg_eig", "aten::linalg_eigvals"))]
-    dtoh = [e for e in events if _is_device_to_host(e)]
-    operator_syncs = [e for e in scalar if _inside(e, ("operator",))]
+    host = [e for e in scalar if _inside(e, HOST_RANGES)]
+    device = [e for e in scalar if not _inside(e, HOST_RANGES)]
     return dict(solver_ops=len(top), total_ops=len(top) + len(operator_top),
-                syncs=len(scalar) - len(eig_reads) + len(dtoh),
-                operator_syncs=len(operator_syncs) - sum(e in eig_reads for e in operator_syncs),
-                host_eig_reads=len(eig_reads))
+                syncs=len(device) + reads, scalar_reads=len(device), value_reads=reads,
+                operator_syncs=sum(_inside(e, ("operator",)) for e in device),
+                host_eig_reads=len(host))
 
 
 def profiled(probe, device: str) -> tuple:
@@ -154,9 +181,9 @@ def profiled(probe, device: str) -> tuple:
     try:
         activities = [ProfilerActivity.CPU] + (
             [ProfilerActivity.CUDA] if device.startswith("cuda") else [])
-        with profile(activities=activities) as prof:
+        with profile(activities=activities) as prof, Reads() as reads:
             table = section(probe)
-        return counts(prof.events()), table, app.calls
+        return counts(prof.events(), reads.n), table, app.calls
     finally:
         app.restore()
 

@@ -26,9 +26,10 @@ from ..checks import check_bool, check_float_dtype
 from ..errors import NonFiniteComputationError, OptionError
 from ..linalg import LinearOperator, LowRankOperator, merge_shared_factors
 from ..linalg.lowrank import shared_value_groups
-from .wrappers import weights_in
-from .base import Anatomy, LayerParts, anatomy_of
+from .base import Anatomy, LayerParts
+from .registry import anatomy_of
 from .stacks import stack_of
+from .wrappers import weights_in
 
 __all__ = ["ATTENTIONS", "LayerFactors", "LayerOperators", "head_weights", "krylov_dtype",
            "layer_biases", "layer_factors", "layer_matrices", "layer_operators"]

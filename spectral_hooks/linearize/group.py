@@ -53,13 +53,7 @@ from .engine import DENSE_WIDTH, Engine
 from .finite import checked
 from .function import REPLAY_ERRORS, agreement_tol, math_sdpa, one_snapshot_mode
 from .operator import BlockJacobian, StackedBlockJacobian
-from .shared import (
-    disagreement,
-    structure_graphs,
-    structure_key,
-    transposed_graph,
-    vjp_disagreement,
-)
+from .shared import disagreement_terms, structure_graphs, structure_key, transposed_graph
 from .single_query import SingleQueryFunction
 
 if TYPE_CHECKING:
@@ -318,28 +312,32 @@ class BlockGroup:
 
     def _check(self, width: _Width, what: str, T: Tensor, Y: Tensor, members) -> None:
         """Members' first products at this width against their own block's direct
-        ``torch.func`` product; a member that disagrees is applied on its own from now."""
+        ``torch.func`` product (every member's disagreement read from the device at once);
+        a member that disagrees is applied on its own from now."""
         root = self.root
-        tol = agreement_tol(self.dtype)
-        measure = vjp_disagreement if what == "vjp" else disagreement
-        for i in members:
-            fn = self.fns[i]
-            if i in root.solo or i in width.checked[what]:
-                continue
+        todo = [i for i in members if i not in root.solo and i not in width.checked[what]]
+        terms, failed = [], {}
+        for i in todo:
             try:
-                err = measure(fn, T[i], Y[i])
+                terms.append(disagreement_terms(self.fns[i], T[i], Y[i],
+                                                adjoint=what == "vjp"))
             except REPLAY_ERRORS as why:  # no direct product to check against
-                err, reason = float("inf"), f"{type(why).__name__}: {why}"
-            else:
-                reason = f"{err:.1e}" if err is not None else ""
-            if err is None:
+                failed[i] = f"{type(why).__name__}: {why}"
+                terms.append((T.new_full((), float("inf")), T.new_ones(())))
+        if not todo:
+            return
+        errs, sizes = torch.stack([torch.stack(t) for t in terms]).T.tolist()
+        tol = agreement_tol(self.dtype)
+        for i, err, size in zip(todo, errs, sizes):
+            if size == 0:
                 continue  # a zero block: nothing checked yet
             width.checked[what].add(i)
             if not err <= tol:
                 root.solo.add(i)
                 fallback("linearize.group_member_alone",
                          f"the grouped {what.upper()} of layer {self.layers[i]} disagrees with "
-                         f"its own block ({reason}): it is applied on its own (slower)")
+                         f"its own block ({failed.get(i, f'{err:.1e}')}): it is applied on "
+                         "its own (slower)")
 
 
 def _real_parts(f: Callable[[Tensor], Tensor], X: Tensor) -> Tensor:

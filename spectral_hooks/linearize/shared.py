@@ -276,18 +276,22 @@ def shared_block_jvp(fn: SingleQueryFunction, width: int, *, own: bool = False) 
     return SharedJvp(fn, tangent, residuals, width, own=own)
 
 
-def vjp_disagreement(fn: SingleQueryFunction, U: Tensor, JtU: Tensor) -> Optional[float]:
-    """Relative disagreement of products ``JtU`` [k, 1, d] = J^T U with one direct
-    ``torch.func.vjp`` of the block on a random combination U c (as :func:`disagreement`)."""
-    g = torch.Generator(device="cpu").manual_seed(3)
-    c = torch.randn(U.shape[0], generator=g, dtype=torch.float64).to(U).view(-1, 1, 1)
-    u = (U * c).sum(0)
-    if not bool(u.any()):
-        return None
-    with math_sdpa():
-        want = torch.func.vjp(fn, fn.x0)[1](u)[0]
-    got = (JtU * c).sum(0)
-    return float((got - want).norm() / want.norm().clamp_min(1e-30))
+def disagreement_terms(fn: SingleQueryFunction, V: Tensor, JV: Tensor, *,
+                       adjoint: bool = False) -> Tuple[Tensor, Tensor]:
+    """(relative disagreement, ||V c||) as 0-dim tensors, no host read: products ``JV``
+    [k, 1, d] of ``V`` [k, 1, d] (J^T V with ``adjoint``) against one direct ``torch.func``
+    JVP (VJP) of the block on a random combination V c (J is linear: (J V) c = J (V c)).
+    A zero ||V c|| means nothing was checked."""
+    g = torch.Generator(device="cpu").manual_seed(3 if adjoint else 1)
+    c = torch.randn(V.shape[0], generator=g, dtype=torch.float64).to(V).view(-1, 1, 1)
+    v = (V * c).sum(0, keepdim=True)
+    if adjoint:
+        with math_sdpa():
+            want = torch.func.vjp(fn, fn.x0)[1](v[0])[0][None]
+    else:
+        want = plain_jvp(fn.batched, fn.x0[None])(v)
+    got = (JV * c).sum(0, keepdim=True)
+    return (got - want).norm() / want.norm().clamp_min(1e-30), v.norm()
 
 
 def disagreement(fn: SingleQueryFunction, V: Tensor, JV: Tensor) -> Optional[float]:

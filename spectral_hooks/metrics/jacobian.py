@@ -252,27 +252,33 @@ def _matrix_free(op: LinearOperator, k: int, n_samples: int, seed: int, tol: flo
         n_matvecs=op.n_matvecs - start, **hutch)
 
 
-def _probe_sums(ops: Sequence[LinearOperator], n_samples: int, seed: int) -> Tensor:
+def _probe_sums(ops: Sequence[LinearOperator], n_samples: int, seed: int
+                ) -> tuple[Tensor, Tensor]:
     """[B, 6, n_samples] per-probe sums of :func:`_hutchinson` for every operator, the B
     operators applied together (one call per product where they share a ``linalg`` batch
     group): rows ||Y + W||^2 / 4, (||Y||^2 + ||W||^2) / 2, ||C z||^2, ||K z||^2, z^T Y,
-    ||J z||^2 (Y = Delta J z, W = Delta J^T z, K = (Delta J - Delta J^T) / 2)."""
+    ||J z||^2 (Y = Delta J z, W = Delta J^T z, K = (Delta J - Delta J^T) / 2); and whether
+    every product was finite (a 0-dim bool tensor: read with the sums, no sync of its own)."""
     op0 = ops[0]
     g = torch.Generator().manual_seed(int(seed))
     Z = (torch.randint(0, 2, (op0.shape[1], n_samples), generator=g) * 2 - 1).to(
         device=op0.device, dtype=torch.float64)
     Zb = Z.expand(len(ops), *Z.shape)
-    JZ, JtZ = apply_all(ops, Zb), apply_all(ops, Zb, adjoint=True)
+    JZ, JtZ = apply_all(ops, Zb, check=False), apply_all(ops, Zb, adjoint=True, check=False)
     Y, W = JZ - Z, JtZ - Z
-    CZ = (apply_all(ops, Y, adjoint=True) - Y) - (apply_all(ops, W) - W)
-    return torch.stack([((Y + W) ** 2).sum(1) / 4, ((Y ** 2).sum(1) + (W ** 2).sum(1)) / 2,
+    JtY, JW = apply_all(ops, Y, adjoint=True, check=False), apply_all(ops, W, check=False)
+    CZ = (JtY - Y) - (JW - W)
+    finite = torch.stack([torch.isfinite(P).all() for P in (JZ, JtZ, JtY, JW)]).all()
+    return finite, torch.stack([((Y + W) ** 2).sum(1) / 4, ((Y ** 2).sum(1) + (W ** 2).sum(1)) / 2,
                         (CZ ** 2).sum(1), (((Y - W) / 2) ** 2).sum(1), (Z * Y).sum(1),
                         (JZ ** 2).sum(1)], dim=1)
 
 
-def apply_all(ops: Sequence[LinearOperator], X: Tensor, *, adjoint: bool = False) -> Tensor:
+def apply_all(ops: Sequence[LinearOperator], X: Tensor, *, adjoint: bool = False,
+              check: bool = True) -> Tensor:
     """[B, n, c] -> [B, m, c] in float64: operator b applied to X[b]; operators that are the
     slots of one ``linalg`` batch group (``BatchMember``) in ONE call of the group.
+    ``check``: raise FloatingPointError on a NaN / Inf product (one host read).
 
     >>> A = DenseOperator(torch.eye(3, dtype=torch.float64) * 2)
     >>> apply_all([A, A], torch.ones(2, 3, 1, dtype=torch.float64))[:, :, 0].tolist()
@@ -287,11 +293,13 @@ def apply_all(ops: Sequence[LinearOperator], X: Tensor, *, adjoint: bool = False
             Xg[slots] = X.to(group.dtype)
             Yg = group.rmatmat_all(Xg) if adjoint else group.matmat_all(Xg)
             out = Yg[slots].to(torch.float64)
-            _check_finite(out)
+            if check:
+                _check_finite(out)
             return out
     out = torch.stack([(o.rmatmat if adjoint else o.matmat)(x.to(o.dtype)).to(torch.float64)
                        for o, x in zip(ops, X)])
-    _check_finite(out)
+    if check:
+        _check_finite(out)
     return out
 
 
@@ -346,15 +354,17 @@ def jacobian_metrics_batch(ops: Sequence[LinearOperator], *, k: int = 16, n_samp
     ej = eigs(ops, k, tol=tol, seed=seed, return_vectors=False)
     sj = svds(ops, k, tol=tol, seed=seed + 2, return_vectors=False)
     sd = svds(deltas, k, tol=tol, seed=seed + 3)
-    sums = _probe_sums(ops, n_samples, seed + 4)
+    finite, sums = _probe_sums(ops, n_samples, seed + 4)
     assert sd.U is not None and sd.Vh is not None  # svds returns vectors by default
     align = torch.linalg.matrix_norm(sd.U[..., :k].mT @ sd.Vh[..., :k, :].mT) ** 2 / k
     conv = ej.converged & sj.converged & sd.converged
-    values, resid, S, Sd, align, conv, sums = _to_host(
-        [ej.values, ej.residuals, sj.S, sd.S, align, conv, sums])
-    null, null_se = frac_complex_top_null(d, k, seed=seed)
+    values, resid, S, Sd, align, conv, sums, finite = _to_host(
+        [ej.values, ej.residuals, sj.S, sd.S, align, conv, sums, finite])
     out = []
-    with record_function("spectral_hooks.host"):
+    with record_function("spectral_hooks.host"):  # host copies: no read here touches a device
+        if not bool(finite):
+            raise FloatingPointError("jacobian_metrics: operator returned NaN or Inf")
+        null, null_se = frac_complex_top_null(d, k, seed=seed)
         for b, op in enumerate(ops):
             keep = ~torch.isnan(values[b].real)
             lam_all = values[b][keep]
