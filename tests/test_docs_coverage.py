@@ -20,6 +20,7 @@ from __future__ import annotations
 import ast
 import doctest
 import importlib
+import importlib.util
 import inspect
 import re
 import types
@@ -278,7 +279,8 @@ def own_docstring(module: types.ModuleType, name: str) -> str | None:
             targets = (node.targets if isinstance(node, ast.Assign)
                        else [node.target] if isinstance(node, ast.AnnAssign) else [])
             if any(isinstance(t, ast.Name) and t.id == name for t in targets):
-                if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant):
+                if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) \
+                        and isinstance(after.value.value, str):
                     return after.value.value
     return None
 
@@ -305,7 +307,7 @@ NOT_ON_A_PAGE = frozenset({"block_jacobians", "cache_view", "checks", "forward_c
 def test_every_public_subpackage_has_a_page():
     """Each public subpackage and top-level module is rendered (itself or a member)."""
     shown = rendered()
-    modules = {inspect.getmodule(o).__name__ for o in shown if inspect.getmodule(o)}
+    modules = {m.__name__ for m in map(inspect.getmodule, shown) if m is not None}
     tops = {_module_name(p).split(".")[1] for p in SOURCES if _module_name(p) != "spectral_hooks"}
     unshown = sorted(t for t in tops
                      if not any(m == f"spectral_hooks.{t}" or m.startswith(f"spectral_hooks.{t}.")
