@@ -2,7 +2,8 @@
 
     >>> import os, tempfile
     >>> import torch.distributed as dist
-    >>> rendezvous = "file://" + os.path.join(tempfile.mkdtemp(), "rendezvous")
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> rendezvous = "file://" + os.path.join(tmp.name, "rendezvous")
     >>> dist.init_process_group("gloo", init_method=rendezvous, rank=0, world_size=1)  # torchrun's job
     >>> import torch
     >>> from transformers import GPT2Config, GPT2Model
@@ -13,7 +14,7 @@
     >>> report = probe.analyze(jacobian={"k": 4}, distributed=True)   # on every rank
     >>> report.jacobian["layer"].tolist()                             # every layer, every rank
     [0, 1]
-    >>> dist.destroy_process_group()
+    >>> dist.destroy_process_group(); tmp.cleanup()
 
 The contract (decided here, documented in docs and RESULTS.md):
 

@@ -3,11 +3,13 @@
     >>> import os, tempfile
     >>> import pandas as pd
     >>> power = pd.DataFrame({"layer": [0, 1], "gap_ratio": [0.5, 0.25]})  # report.power
-    >>> path = os.path.join(tempfile.mkdtemp(), "spectral.jsonl")
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> path = os.path.join(tmp.name, "spectral.jsonl")
     >>> with JSONLLogger(path) as logger:
     ...     logger.log(flatten_power(power, columns=["gap_ratio"]), step=100)
     >>> print(open(path).read(), end="")
     {"step": 100, "spectral/layer_00/gap_ratio": 0.5, "spectral/layer_01/gap_ratio": 0.25}
+    >>> tmp.cleanup()
 
 Every logger has ``log(metrics, step)`` and ``close()`` (the :class:`MetricsLogger` protocol)
 and is a context manager. Optional dependencies (tensorboard, wandb) are imported when a
@@ -129,11 +131,13 @@ class TensorBoardLogger(_Base):
     """Scalars into TensorBoard event files (``torch.utils.tensorboard.SummaryWriter``).
 
         >>> import os, tempfile
-        >>> log_dir = tempfile.mkdtemp()
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> log_dir = tmp.name
         >>> with TensorBoardLogger(log_dir) as logger:
         ...     logger.log({"spectral/layer_00/gap_ratio": 0.5}, step=100)
         >>> [f.split(".")[0] for f in os.listdir(log_dir)]
         ['events']
+        >>> tmp.cleanup()
 
     ``writer_kwargs`` go to the ``SummaryWriter`` (``flush_secs``, ``max_queue`` ...).
     """
@@ -304,12 +308,14 @@ class CSVLogger(_LineFile):
     in one write, then flushed and fsync-ed (``fsync=False`` skips the fsync).
 
         >>> import os, tempfile
-        >>> path = os.path.join(tempfile.mkdtemp(), "spectral.csv")
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> path = os.path.join(tmp.name, "spectral.csv")
         >>> with CSVLogger(path) as logger:
         ...     logger.log({"spectral/layer_00/gap_ratio": 0.5}, step=100)
         >>> print(open(path).read(), end="")
         step,name,value
         100,spectral/layer_00/gap_ratio,0.5
+        >>> tmp.cleanup()
     """
 
     HEADER = ("step", "name", "value")
