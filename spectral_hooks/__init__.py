@@ -1,8 +1,16 @@
 """spectral_hooks: spectral metrics of transformer layers, recorded with forward hooks.
 
+    >>> import torch
+    >>> from transformers import GPT2Config, GPT2Model
     >>> import spectral_hooks as sh
-    >>> probe = sh.instrument(model)            # doctest: +SKIP
-    >>> model(**batch); report = probe.analyze()  # doctest: +SKIP
+    >>> model = GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)).eval()  # or any HF model
+    >>> probe = sh.instrument(model)                   # forward hooks on every block
+    >>> with torch.no_grad():
+    ...     _ = model(input_ids=torch.arange(16).reshape(2, 8))
+    >>> report = probe.analyze()                       # per-layer tables (pandas)
+    >>> report.power["layer"].tolist()
+    [0, 1]
+    >>> probe.remove()                                 # the model is as it was
 
 The public names load on first use (PEP 562), so ``import spectral_hooks`` and the
 ``spectral-hooks`` command's ``--help`` do not pay for torch, transformers and the analysis

@@ -35,6 +35,7 @@ DEFAULT_SENTENCES = (
     "Researchers log spectral metrics while fine-tuning their models.",
     "Paris is the capital of France, and Berlin is the capital of Germany.",
 )
+"""What ``analyze`` records when neither ``--text`` nor ``--text-file`` is given."""
 
 
 class UsageError(Exception):
@@ -223,6 +224,9 @@ def _summary(report) -> str:
 
 
 def analyze(args: argparse.Namespace) -> int:
+    """``spectral-hooks analyze``: load ``--model`` (+ ``--adapter``), record it on the texts,
+    analyse, save the report and its HTML page under ``--out``, print the power summary; 0 (bad
+    input raises :class:`UsageError` or a package error, exit code 2 in :func:`main`)."""
     import torch
 
     import spectral_hooks as sh
@@ -288,6 +292,8 @@ def _warn_not_converged(report) -> None:
 
 
 def compare(args: argparse.Namespace) -> int:
+    """``spectral-hooks compare A B``: print ``A`` minus ``B`` section by section (two saved
+    reports), and save the difference report under ``--out`` when given; returns 0."""
     from .report import Report
 
     for d in (args.a, args.b):
@@ -305,6 +311,7 @@ def compare(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The parser of the command (subcommands ``analyze``, ``compare``; ``args.run(args)``)."""
     parser = _Parser(prog="spectral-hooks", description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)

@@ -1,8 +1,14 @@
 """From a recording to a report: one module per section, each ``(subject, options) -> DataFrame``.
 
-    >>> from spectral_hooks.analysis import AnalyzeOptions, analyze      # doctest: +SKIP
-    >>> report = analyze(subject, AnalyzeOptions(jacobian={"k": 8}))     # doctest: +SKIP
-    >>> report.jacobian                                                  # computed now
+    >>> import torch
+    >>> from transformers import GPT2Config, GPT2Model
+    >>> import spectral_hooks as sh
+    >>> model = GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)).eval()
+    >>> with sh.instrument(model) as probe, torch.no_grad():
+    ...     _ = model(input_ids=torch.arange(16).reshape(2, 8))
+    >>> report = probe.analyze(jacobian={"k": 4})   # Subject + AnalyzeOptions -> analyze()
+    >>> report.jacobian["layer"].tolist()            # computed now
+    [0, 1]
 
 ``probe.analyze(...)`` is the front door: it builds the :class:`Subject` (anatomy, recording,
 the probe's cache) and resolves the keywords into :class:`AnalyzeOptions`. This package calls

@@ -1,7 +1,18 @@
 """One cache per probe, keyed by a cheap fingerprint of the weights and the recording.
 
-    >>> cache = AnalysisCache(model, recording)          # doctest: +SKIP
-    >>> cache.get(("power", options), compute)            # doctest: +SKIP
+    >>> import torch
+    >>> from transformers import GPT2Config, GPT2Model
+    >>> import spectral_hooks as sh
+    >>> model = GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)).eval()
+    >>> with sh.instrument(model) as probe, torch.no_grad():
+    ...     _ = model(input_ids=torch.arange(16).reshape(2, 8))
+    >>> cache = AnalysisCache(model, probe.recording)
+    >>> cache.get("answer", lambda: 42), cache.get("answer", lambda: 0)   # computed once
+    (42, 42)
+    >>> with torch.no_grad():
+    ...     model.h[0].mlp.c_fc.weight[0, 0] += 1.0    # an edit of the weights ...
+    >>> cache.get("answer", lambda: 0)                # ... drops every entry
+    0
 
 Every lookup first checks the state: the model's tensors (identity, storage, dtype, device,
 autograd ``_version``) plus the bit pattern of a fixed strided sample of each tensor's elements,

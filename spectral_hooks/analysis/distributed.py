@@ -1,8 +1,20 @@
 """Layers across processes: ``probe.analyze(..., distributed=True)`` under torch.distributed.
 
-    >>> # on every rank, after init_process_group and the same forward on the same inputs
-    >>> report = probe.analyze(jacobian={"k": 16}, distributed=True)   # doctest: +SKIP
-    >>> report.jacobian            # every layer, on every rank             # doctest: +SKIP
+    >>> import os, tempfile
+    >>> import torch.distributed as dist
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> rendezvous = "file://" + os.path.join(tmp.name, "rendezvous")
+    >>> dist.init_process_group("gloo", init_method=rendezvous, rank=0, world_size=1)  # torchrun's job
+    >>> import torch
+    >>> from transformers import GPT2Config, GPT2Model
+    >>> import spectral_hooks as sh
+    >>> model = GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)).eval()
+    >>> with sh.instrument(model) as probe, torch.no_grad():
+    ...     _ = model(input_ids=torch.arange(16).reshape(2, 8))
+    >>> report = probe.analyze(jacobian={"k": 4}, distributed=True)   # on every rank
+    >>> report.jacobian["layer"].tolist()                             # every layer, every rank
+    [0, 1]
+    >>> dist.destroy_process_group(); tmp.cleanup()
 
 The contract (decided here, documented in docs and RESULTS.md):
 

@@ -6,7 +6,15 @@ entered the first recorded layer; per layer, predicted against observed (alignme
 consensus direction and rate, bipolar consensus, rotation), every spectral column in one ordering
 (``idealised={"iterate": ...}``, default "I+F": the matrix the dynamics iterates).
 
-    >>> idealised_section(subject, AnalyzeOptions(idealised=True))   # doctest: +SKIP
+    >>> import torch
+    >>> from transformers import GPT2Config, GPT2Model
+    >>> import spectral_hooks as sh
+    >>> model = GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)).eval()
+    >>> with sh.instrument(model) as probe, torch.no_grad():
+    ...     _ = model(input_ids=torch.arange(16).reshape(2, 8))
+    >>> table = probe.analyze(idealised=True).idealised      # idealised_section
+    >>> table[["layer", "attention", "iterate"]].values.tolist()
+    [[0, 'uniform', 'I+F'], [1, 'uniform', 'I+F']]
 """
 
 from __future__ import annotations
@@ -78,6 +86,12 @@ def recorded_patterns(subject: Subject, first: int) -> list[Any]:
 
 
 def idealised_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame:
+    """The ``idealised`` table: one row per recorded layer, predicted against observed.
+
+    Raises RecordingError (one line) when the recording cannot drive the dynamics (see
+    :func:`idealised_unavailable`) or ``attention="recorded"`` lacks the patterns. Memoised on
+    ``subject`` by (iterate, fold_norm, attention).
+    """
     attention = options.idealised_options.attention
     iterate = options.idealised_options.iterate  # one ordering for the table (not options.iterate)
 

@@ -1,7 +1,17 @@
 """Checks of a recording against what an analysis asks of it, before anything is computed.
 
-    >>> preflight(recording, AnalyzeOptions(jacobian={"k": 4}))     # doctest: +SKIP
-    RecordingError: sample(s) [1] are all padding ...
+    >>> import torch
+    >>> from transformers import GPT2Config, GPT2Model
+    >>> import spectral_hooks as sh
+    >>> model = GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)).eval()
+    >>> mask = torch.tensor([[1] * 8, [0] * 8])    # the second sample: all padding
+    >>> with sh.instrument(model) as probe, torch.no_grad():
+    ...     _ = model(input_ids=torch.arange(16).reshape(2, 8), attention_mask=mask)
+    >>> preflight(probe.recording, AnalyzeOptions()) is None    # the power view: fine
+    True
+    >>> preflight(probe.recording, AnalyzeOptions(jacobian={"k": 4}))
+    Traceback (most recent call last):
+    spectral_hooks.errors.RecordingError: sample(s) [1] are all padding ...
 """
 
 from __future__ import annotations

@@ -84,6 +84,8 @@ class Progress:
                 self.advance(1, f"{label} layer {layer_of(item)}".strip())
 
     def advance(self, n: int, what: str = "") -> None:
+        """Count ``n`` finished units of the current section (capped at what it has left);
+        ``what`` names them on the display ("layer 3")."""
         n = max(0, min(n, self.units.get(self._section, 0) - self._spent))
         if not n:
             return

@@ -1,7 +1,14 @@
 """Section ``reinit_test``: the trained model against ``reinit_seeds`` re-initialisations.
 
-    >>> probe.analyze(reinit_seeds=20).reinit_test            # doctest: +SKIP
-         metric  layer  trained  init_mean  init_std  n_init ... greater_pvalue ...
+    >>> import torch
+    >>> from transformers import GPT2Config, GPT2Model
+    >>> import spectral_hooks as sh
+    >>> model = GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)).eval()
+    >>> with sh.instrument(model) as probe, torch.no_grad():
+    ...     _ = model(input_ids=torch.arange(16).reshape(2, 8))
+    >>> table = probe.analyze(reinit_seeds=2).reinit_test   # use >= 20 seeds for p < 0.05
+    >>> table.groupby("metric", sort=False)["n_init"].first().to_dict()
+    {'sym_energy': 2, 'commutator': 2, 'departure_rel': 2, 'erank_end_to_end': 2}
 
 Per layer, at the default position (the row of the bottleneck and the topology), the block
 Jacobian's ``sym_energy``, its non-normality (``commutator`` and ``departure_rel``) and the
@@ -51,11 +58,15 @@ def metric_values(view: JacobianView, label: str) -> pd.DataFrame:
 
 
 def init_seeds(options: AnalyzeOptions) -> list[int]:
+    """The re-initialisation seeds: ``jacobian.init_seed + i`` for i < ``reinit_seeds``."""
     o = options.jacobian_options
     return [o.init_seed + i for i in range(options.reinit_seeds)]
 
 
 def reinit_test_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame:
+    """The ``reinit_test`` table: per metric and layer, the trained value against the
+    re-initialised models' (:func:`~spectral_hooks.metrics.seed_test.seed_test_table`), with a
+    ``dense`` column saying which values are exact. Memoised on ``subject``."""
     o = options.jacobian_options
 
     def compute() -> pd.DataFrame:

@@ -4,7 +4,15 @@ amplification, and each unit's and community's signed gain log ||J e_i||, with t
 when ``reinit=True``; with ``topology={"sublayers": True}`` also the gains through the
 attention and the feed-forward sublayer (``linearize/sublayers.py``), per community by type.
 
-    >>> topology_section(subject, AnalyzeOptions(topology=True))   # doctest: +SKIP
+    >>> import torch
+    >>> from transformers import GPT2Config, GPT2Model
+    >>> import spectral_hooks as sh
+    >>> model = GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)).eval()
+    >>> with sh.instrument(model) as probe, torch.no_grad():
+    ...     _ = model(input_ids=torch.arange(16).reshape(2, 8))
+    >>> report = probe.analyze(topology=True)
+    >>> report.topology["layer"].tolist(), len(report.units)    # units: layers x d_model
+    ([0, 1], 64)
 """
 
 from __future__ import annotations
@@ -77,13 +85,19 @@ def _tables(subject: Subject, options: AnalyzeOptions) -> tuple[pd.DataFrame, pd
 
 
 def topology_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame:
+    """The ``topology`` table: per layer, communities, bridges and their coupling to the
+    Jacobian's amplification (memoised with ``units``)."""
     return _tables(subject, options)[0]
 
 
 def units_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame:
+    """The ``units`` table: per layer and residual unit, its community, bridge score and signed
+    gain log ||J e_i|| (with the init control and the sublayer gains when asked for)."""
     return _tables(subject, options)[1]
 
 
 def communities_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame:
+    """The ``communities`` table: per layer, community and layer type, the mean gain against
+    a shuffled-membership null (:func:`~spectral_hooks.metrics.community_gain.community_table`)."""
     return community_table(units_section(subject, options), n_shuffles=GAIN_SHUFFLES,
                            seed=options.jacobian_options.seed)

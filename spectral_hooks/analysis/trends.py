@@ -1,7 +1,15 @@
 """Section ``trends``: Spearman depth trends of per-layer Jacobian and power metrics (the power
 metrics under the report's own ``iterate`` and ``fold_norm``).
 
-    >>> trends_section(subject, AnalyzeOptions(jacobian={"k": 8}))   # doctest: +SKIP
+    >>> import torch
+    >>> from transformers import GPT2Config, GPT2Model
+    >>> import spectral_hooks as sh
+    >>> model = GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)).eval()
+    >>> with sh.instrument(model) as probe, torch.no_grad():
+    ...     _ = model(input_ids=torch.arange(16).reshape(2, 8))
+    >>> trends = probe.analyze(jacobian={"k": 4}).trends      # trends_section
+    >>> list(trends.columns)
+    ['metric', 'spearman_rho', 'pvalue', 'pvalue_adj', 'n_layers']
 """
 
 from __future__ import annotations
@@ -32,5 +40,6 @@ def trends_of(jacobian: pd.DataFrame, power: pd.DataFrame, k: int) -> pd.DataFra
 
 
 def trends_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame:
+    """The ``trends`` table of ``subject``: :func:`trends_of` its Jacobian and power tables."""
     o = options.jacobian_options
     return trends_of(JacobianView(subject, o).table(), power_section(subject, options), o.k)

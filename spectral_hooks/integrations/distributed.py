@@ -1,9 +1,19 @@
 """torch.distributed helpers: combine per-rank recordings into global statistics.
 
-    >>> probe = sh.instrument(model, store="stats")        # on every rank   # doctest: +SKIP
-    >>> for batch in my_shard: model(**batch)                                # doctest: +SKIP
-    >>> stats = all_reduce_stats(probe.recording)          # same on every rank  # doctest: +SKIP
-    >>> stats[("resid_post", 3)].mean, stats[("resid_post", 3)].cov         # doctest: +SKIP
+    >>> import os, tempfile
+    >>> import torch.distributed as dist
+    >>> from transformers import GPT2Config, GPT2Model
+    >>> import spectral_hooks as sh
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> rendezvous = "file://" + os.path.join(tmp.name, "rendezvous")
+    >>> dist.init_process_group("gloo", init_method=rendezvous, rank=0, world_size=1)  # torchrun's job
+    >>> model = GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)).eval()
+    >>> with sh.instrument(model, store="stats") as probe, torch.no_grad():   # on every rank
+    ...     _ = model(input_ids=torch.arange(16).reshape(2, 8))               # its own shard
+    >>> stats = all_reduce_stats(probe.recording)             # the same result on every rank
+    >>> stats[("resid_post", 1)].count, tuple(stats[("resid_post", 1)].cov.shape)
+    (16, (32, 32))
+    >>> dist.destroy_process_group(); tmp.cleanup()
 
 Only the public ``recording.stats(capture, layer)`` (count, mean, unbiased covariance) is read.
 Ranks are combined exactly with the pairwise (Chan et al.) update, as two sum-reductions:

@@ -1,8 +1,15 @@
 """Metric sinks for training loops: TensorBoard, Weights & Biases, JSON Lines, CSV.
 
-    >>> logger = JSONLLogger("metrics.jsonl")                      # doctest: +SKIP
-    >>> logger.log(flatten_power(probe.analyze(power=True)), step=100)  # doctest: +SKIP
-    >>> logger.close()                                             # doctest: +SKIP
+    >>> import os, tempfile
+    >>> import pandas as pd
+    >>> power = pd.DataFrame({"layer": [0, 1], "gap_ratio": [0.5, 0.25]})  # report.power
+    >>> tmp = tempfile.TemporaryDirectory()
+    >>> path = os.path.join(tmp.name, "spectral.jsonl")
+    >>> with JSONLLogger(path) as logger:
+    ...     logger.log(flatten_power(power, columns=["gap_ratio"]), step=100)
+    >>> print(open(path).read(), end="")
+    {"step": 100, "spectral/layer_00/gap_ratio": 0.5, "spectral/layer_01/gap_ratio": 0.25}
+    >>> tmp.cleanup()
 
 Every logger has ``log(metrics, step)`` and ``close()`` (the :class:`MetricsLogger` protocol)
 and is a context manager. Optional dependencies (tensorboard, wandb) are imported when a
@@ -25,25 +32,43 @@ import warnings
 from typing import Any, Iterable, Mapping, Optional, Protocol, Union, runtime_checkable
 
 POWER_COLUMNS = ("gap_ratio", "gamma", "lift", "abs_lambda1", "erank")
+"""The power-table columns the training integrations log by default (``columns=``)."""
 
 
 @runtime_checkable
 class MetricsLogger(Protocol):
     """Anything with ``log(metrics, step)`` and ``close()``."""
 
-    def log(self, metrics: Mapping[str, float], step: int) -> None: ...
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        """Record ``metrics`` (name -> real number, NaN allowed) at training step ``step``."""
+        ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Flush and release what the logger holds (a file, a writer, a run)."""
+        ...
 
 
 def flatten_power(report: Any, *, columns: Iterable[str] = POWER_COLUMNS,
                   prefix: str = "spectral") -> dict[str, float]:
     """``{"spectral/layer_03/gap_ratio": 0.91, ...}`` from a Report's power table.
 
-    ``report``: a :class:`~spectral_hooks.Report` (its ``.power`` is read) or the power
-    DataFrame itself. Missing columns raise KeyError; NaN values are skipped. When the table has
-    several rows for one layer, the rows are told apart by their ``iterate`` value
+    Missing columns raise KeyError; NaN values are skipped. When the table has several rows
+    for one layer, the rows are told apart by their ``iterate`` value
     (``layer_03/I+F/gap_ratio``).
+
+        >>> import pandas as pd
+        >>> power = pd.DataFrame({"layer": [0, 3], "gap_ratio": [0.5, float("nan")]})
+        >>> flatten_power(power, columns=["gap_ratio"])
+        {'spectral/layer_00/gap_ratio': 0.5}
+
+    Args:
+        report: a :class:`~spectral_hooks.Report` (its ``.power`` is read) or the power
+            DataFrame itself.
+        columns: the power-table columns to take (default :data:`POWER_COLUMNS`).
+        prefix: the first part of every name ("" for none).
+
+    Returns:
+        ``{f"{prefix}/layer_{layer:02d}/{column}": value}`` for every finite value.
     """
     table = report.power if hasattr(report, "power") else report
     columns = (columns,) if isinstance(columns, str) else tuple(columns)
@@ -103,7 +128,19 @@ def _is_number(value: Any) -> bool:
 
 
 class TensorBoardLogger(_Base):
-    """Scalars into TensorBoard event files (``torch.utils.tensorboard.SummaryWriter``)."""
+    """Scalars into TensorBoard event files (``torch.utils.tensorboard.SummaryWriter``).
+
+        >>> import os, tempfile
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> log_dir = tmp.name
+        >>> with TensorBoardLogger(log_dir) as logger:
+        ...     logger.log({"spectral/layer_00/gap_ratio": 0.5}, step=100)
+        >>> [f.split(".")[0] for f in os.listdir(log_dir)]
+        ['events']
+        >>> tmp.cleanup()
+
+    ``writer_kwargs`` go to the ``SummaryWriter`` (``flush_secs``, ``max_queue`` ...).
+    """
 
     def __init__(self, log_dir: Union[str, os.PathLike[str]], **writer_kwargs: Any) -> None:
         from ..errors import require  # here: the SIGKILL test loads this file alone
@@ -114,14 +151,17 @@ class TensorBoardLogger(_Base):
         self.writer: Any = SummaryWriter(log_dir=self.log_dir, **writer_kwargs)
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
+        """One scalar per metric name at ``global_step=step``."""
         _check(metrics, step)
         for name, value in metrics.items():
             self.writer.add_scalar(name, float(value), global_step=step)
 
     def flush(self) -> None:
+        """Write the pending events to disk now."""
         self.writer.flush()
 
     def close(self) -> None:
+        """Flush and close the event file."""
         self.writer.close()
 
 
@@ -129,7 +169,10 @@ class WandbLogger(_Base):
     """Scalars into a Weights & Biases run: a ``run`` you pass, or one made by
     ``wandb.init(**init_kwargs)`` (finished by ``close()`` only when this logger made it).
 
-        >>> logger = WandbLogger(project="spectral", mode="offline")   # doctest: +SKIP
+    Usage (needs the ``wandb`` extra)::
+
+        logger = WandbLogger(project="spectral", mode="offline")   # a run of its own
+        logger = WandbLogger(run=wandb.run)                         # or into a run you own
 
     It never takes over a run someone else started: with no ``run`` while a W&B run is active
     (e.g. the Trainer's ``report_to="wandb"``) it raises instead of calling ``wandb.init``. Into
@@ -152,6 +195,7 @@ class WandbLogger(_Base):
         self.run = wandb.init(**init_kwargs) if run is None else run
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
+        """Log ``metrics`` at ``step`` (into a passed run: as ``spectral/step``, see above)."""
         _check(metrics, step)
         values = {k: float(v) for k, v in metrics.items()}
         if self._owns:
@@ -160,6 +204,7 @@ class WandbLogger(_Base):
             self.run.log({**values, "spectral/step": step})  # pyright: ignore[reportOptionalMemberAccess]
 
     def close(self) -> None:
+        """Finish the run if this logger started it; a passed run is left running."""
         if self._owns and self.run is not None:
             self.run.finish()
         self.run = None
@@ -249,6 +294,7 @@ class JSONLLogger(_LineFile):
         super().__init__(path, append=append, fsync=fsync)
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
+        """Append one line ``{"step": step, name: value, ...}`` (non-finite values: null)."""
         _check(metrics, step)
         record = {"step": step, **{k: _json_number(v) for k, v in metrics.items()}}
         self._write_lines(json.dumps(record, allow_nan=False) + "\n")
@@ -259,7 +305,18 @@ class CSVLogger(_LineFile):
     between calls. ``pandas.read_csv(path).pivot(index="step", columns="name", values="value")``
     gives the wide table. ``append=True`` keeps an existing file (no second header; a torn last
     row is truncated with a :class:`TornLineWarning`). The rows of one ``log`` call are written
-    in one write, then flushed and fsync-ed (``fsync=False`` skips the fsync)."""
+    in one write, then flushed and fsync-ed (``fsync=False`` skips the fsync).
+
+        >>> import os, tempfile
+        >>> tmp = tempfile.TemporaryDirectory()
+        >>> path = os.path.join(tmp.name, "spectral.csv")
+        >>> with CSVLogger(path) as logger:
+        ...     logger.log({"spectral/layer_00/gap_ratio": 0.5}, step=100)
+        >>> print(open(path).read(), end="")
+        step,name,value
+        100,spectral/layer_00/gap_ratio,0.5
+        >>> tmp.cleanup()
+    """
 
     HEADER = ("step", "name", "value")
 
@@ -276,6 +333,7 @@ class CSVLogger(_LineFile):
         return buf.getvalue()
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
+        """Append one ``step,name,value`` row per metric, in one write."""
         _check(metrics, step)
         self._write_lines(self._rows((step, name, repr(float(value)))
                                      for name, value in metrics.items()))

@@ -1,5 +1,6 @@
 """Operators and dense tools of the Jacobian view: the symmetric part, the Schur ablation.
 
+    >>> from spectral_hooks.linalg import DenseOperator
     >>> A = torch.tensor([[1.0, 2.0], [0.0, 3.0]], dtype=torch.float64)
     >>> symmetric_part(DenseOperator(A)).to_dense()
     tensor([[1., 1.],
@@ -27,6 +28,7 @@ SCHUR_MAX_D = 2048  # dense-mode size limit of the Schur ablation
 def symmetric_part(J: LinearOperator) -> LinearOperator:
     """(J + J^T) / 2 as a matrix-free operator (the Hermitian part J + J^H for complex J).
 
+    >>> from spectral_hooks.linalg import DenseOperator
     >>> A = torch.tensor([[1.0, 2.0], [0.0, 3.0]], dtype=torch.float64)
     >>> symmetric_part(DenseOperator(A)).to_dense()
     tensor([[1., 1.],

@@ -1,8 +1,10 @@
 """What every figure of a report shares: the Agg canvas, section lookup, NaN-safe columns, styles.
 
-    >>> fig = _new_figure(4, 3)            # a Figure on its own Agg canvas; pyplot is never used
-    >>> _num(pd.DataFrame({"x": [1, None]}), "x").tolist()
+    >>> fig = new_figure(4, 3)            # a Figure on its own Agg canvas; pyplot is never used
+    >>> numeric(pd.DataFrame({"x": [1, None]}), "x").tolist()
     [1.0, nan]
+    >>> format_p(0.000032)
+    '3.2e-05'
 
 Imports matplotlib: only `spectral_hooks.report.plots` and its figure modules import this one.
 """
@@ -31,13 +33,16 @@ class MissingSectionError(LookupError):
     """The report lacks the section (or the columns) a figure needs."""
 
 
-def _new_figure(width: float, height: float) -> Figure:
+def new_figure(width: float, height: float) -> Figure:
+    """A ``width`` x ``height`` inch Figure (100 dpi, constrained layout) on an Agg canvas."""
     fig = Figure(figsize=(width, height), dpi=100, layout="constrained")
     FigureCanvasAgg(fig)
     return fig
 
 
-def _section(report: Any, name: str, columns: tuple[str, ...] = ()) -> pd.DataFrame:
+def section_table(report: Any, name: str, columns: tuple[str, ...] = ()) -> pd.DataFrame:
+    """The report's section ``name``; MissingSectionError when it is absent, empty, or lacks
+    one of ``columns``."""
     df = report.get(name)
     if df is None or len(df) == 0:
         raise MissingSectionError(f"the report has no {name!r} section")
@@ -47,27 +52,30 @@ def _section(report: Any, name: str, columns: tuple[str, ...] = ()) -> pd.DataFr
     return df
 
 
-def _num(df: pd.DataFrame, col: str) -> np.ndarray:
+def numeric(df: pd.DataFrame, col: str) -> np.ndarray:
+    """Column ``col`` as float64 (non-numbers and missing values NaN; all NaN if absent)."""
     if col not in df.columns:
         return np.full(len(df), np.nan)
     return cast(pd.Series, pd.to_numeric(df[col], errors="coerce")).to_numpy(dtype=float,
                                                                             na_value=np.nan)
 
 
-def _finite(*arrays: np.ndarray) -> bool:
+def any_finite(*arrays: np.ndarray) -> bool:
+    """True when some element of some array is finite (something to draw)."""
     return any(np.isfinite(a).any() for a in arrays)
 
 
-def _no_data(ax, what: str = "no finite values") -> None:
+def mark_no_data(ax, what: str = "no finite values") -> None:
+    """Write ``what`` in grey at the centre of the axes ``ax`` (an empty panel says why)."""
     ax.text(0.5, 0.5, what, ha="center", va="center", transform=ax.transAxes, color="#888888")
 
 
-def _per_layer(df: pd.DataFrame, x: str, cols: list[str]) -> pd.DataFrame:
+def per_layer_range(df: pd.DataFrame, x: str, cols: list[str]) -> pd.DataFrame:
     """Mean, min and max of ``cols`` per value of ``x`` (several positions per layer)."""
     present = [c for c in cols if c in df.columns]
-    work = pd.DataFrame({x: _num(df, x)})
+    work = pd.DataFrame({x: numeric(df, x)})
     for c in present:
-        work[c] = _num(df, c)
+        work[c] = numeric(df, c)
     work = cast(pd.DataFrame, work[np.isfinite(work[x])])
     g = work.groupby(x, sort=True)
     out = cast(pd.DataFrame, g.mean())
@@ -77,7 +85,9 @@ def _per_layer(df: pd.DataFrame, x: str, cols: list[str]) -> pd.DataFrame:
     return out
 
 
-def _trend_label(report: Any, metric: str) -> str:
+def trend_label(report: Any, metric: str) -> str:
+    """`` (trained, depth trend: Spearman ρ = +0.52, p = 3.1e-02)`` from the report's
+    ``trends`` row of ``metric``; "" when there is none or ρ is not finite."""
     trends = report.get("trends")
     if trends is None or "metric" not in trends.columns:
         return ""
@@ -90,16 +100,18 @@ def _trend_label(report: Any, metric: str) -> str:
         if "pvalue" in row else math.nan
     if not math.isfinite(rho):
         return ""
-    return f" ({base_state(report)}, depth trend: Spearman ρ = {rho:+.2f}, p = {_fmt_p(p)})"
+    return f" ({base_state(report)}, depth trend: Spearman ρ = {rho:+.2f}, p = {format_p(p)})"
 
 
-def _fmt_p(p: float) -> str:
+def format_p(p: float) -> str:
+    """A p-value in scientific notation with two digits ("n/a" when not finite)."""
     if not math.isfinite(p):
         return "n/a"
     return f"{p:.1e}"  # scientific always: 3.2e-07, 4.5e-02
 
 
-def _integer_xaxis(ax) -> None:
+def integer_xaxis(ax) -> None:
+    """Integer ticks only on the x axis of ``ax`` (layers)."""
     from matplotlib.ticker import MaxNLocator
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))

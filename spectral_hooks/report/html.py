@@ -54,6 +54,8 @@ _ENV.filters["wbr"] = _wbr
 # ---------------------------------------------------------------------- glossary
 @dataclass
 class GlossaryEntry:
+    """One column of the page's glossary: its name, meaning and dtype (from its schema)."""
+
     name: str
     meaning: str
     dtype: str
@@ -61,6 +63,8 @@ class GlossaryEntry:
 
 @dataclass
 class GlossarySection:
+    """The glossary of one report section: its name, title and the entries of its columns."""
+
     section: str
     title: str
     entries: list[GlossaryEntry] = field(default_factory=list)
@@ -94,6 +98,9 @@ def glossary(report: Any, shown: Mapping[str, list[str]]) -> list[GlossarySectio
 # ---------------------------------------------------------------------- figures
 @dataclass
 class FigureView:
+    """A figure as the template shows it: the PNG (base64) and its size, caption, alt text,
+    and what it draws (model states, series, categories, legend) as JSON for the page."""
+
     name: str
     caption: str
     alt: str

@@ -45,6 +45,9 @@ __all__ = [
 # ---------------------------------------------------------------------- registry
 @dataclass(frozen=True)
 class FigureSpec:
+    """A figure of the registry: the function drawing it from a report, the section whose
+    HTML part shows it, and its caption."""
+
     func: Callable[..., Figure]
     section: str  # the report section whose HTML part shows it
     caption: str

@@ -1,6 +1,15 @@
 """Figures of the Jacobian view: rotation and symmetry, the bottleneck, topology and units.
 
-    >>> fig = bottleneck_erank(report)     # a Report with a bottleneck section  # doctest: +SKIP
+    >>> import torch
+    >>> from transformers import GPT2Config, GPT2Model
+    >>> import spectral_hooks as sh
+    >>> model = GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)).eval()
+    >>> with sh.instrument(model) as probe, torch.no_grad():
+    ...     _ = model(input_ids=torch.arange(16).reshape(2, 8))
+    >>> report = probe.analyze(bottleneck=True)  # a bottleneck section
+    >>> fig = bottleneck_erank(report)           # a matplotlib Figure
+    >>> [ax.get_ylabel().split()[:2] for ax in fig.axes]   # two panels
+    [['effective', 'rank'], ['surviving', 'directions']]
 """
 
 from __future__ import annotations
@@ -18,17 +27,17 @@ from .figure_tools import (
     ALPHA,
     NULL_STATE,
     VARIANT_STYLE,
-    _finite,
-    _integer_xaxis,
-    _new_figure,
-    _no_data,
-    _num,
-    _per_layer,
-    _section,
-    _trend_label,
+    any_finite,
     column_state,
+    integer_xaxis,
+    mark_no_data,
+    new_figure,
+    numeric,
+    per_layer_range,
     rows_state,
+    section_table,
     tag,
+    trend_label,
 )
 
 
@@ -45,26 +54,26 @@ def rotation_symmetry_vs_depth(report: Any) -> Figure:
     """frac_complex of J (full spectrum, else its top-k) and sym_energy of ΔJ vs depth, each with
     its null; one line per variant (trained, init): positions of a layer are averaged, variants
     never are."""
-    df = _section(report, "jacobian", ("layer",))
+    df = section_table(report, "jacobian", ("layer",))
     top = sorted(c for c in df.columns if re.fullmatch(r"frac_complex_top\d+", c))
     fc = "frac_complex" if "frac_complex" in df.columns or not top else top[0]
-    fig = _new_figure(8.5, 6.6)
+    fig = new_figure(8.5, 6.6)
     ax, ax2 = fig.subplots(2, 1, sharex=True)
     fig.suptitle("Rotation vs symmetry of the block Jacobians through depth, trained vs init")
     series: list[tuple[str, str]] = []
     variants = _variants(df)
     for a, col, null_col, ylabel, title in (
-        (ax, fc, fc + "_null", "share of complex eigenvalues of J", fc + _trend_label(report, fc)),
+        (ax, fc, fc + "_null", "share of complex eigenvalues of J", fc + trend_label(report, fc)),
         (ax2, "sym_energy", None, "symmetric energy ‖S‖²_F / ‖ΔJ‖²_F",
-         "sym_energy" + _trend_label(report, "sym_energy")),
+         "sym_energy" + trend_label(report, "sym_energy")),
     ):
         drawn = False
         for v in variants:
             rows = df if v is None else cast(pd.DataFrame, df[df["variant"].astype(str) == v])
-            agg = _per_layer(rows, "layer", [col])
+            agg = per_layer_range(rows, "layer", [col])
             x = agg.index.to_numpy(dtype=float)
             y = agg[col].to_numpy() if col in agg else np.full(len(agg), np.nan)
-            if not _finite(y):
+            if not any_finite(y):
                 continue
             multi = len(rows) > len(agg)
             state = rows_state(report, rows)
@@ -77,10 +86,10 @@ def rotation_symmetry_vs_depth(report: Any) -> Figure:
                                alpha=0.13, lw=0, label=f"{v or state}: range over positions")
             drawn = True
         if not drawn:
-            _no_data(a)
+            mark_no_data(a)
         if null_col is not None and null_col in df.columns:
-            agg = _per_layer(df, "layer", [null_col])
-            if _finite(agg[null_col].to_numpy()):
+            agg = per_layer_range(df, "layer", [null_col])
+            if any_finite(agg[null_col].to_numpy()):
                 label = "null: random real Gaussian matrix" + (
                     " (Edelman–Kostlan–Shub)" if null_col == "frac_complex_null" else ", same top-k")
                 a.plot(agg.index.to_numpy(dtype=float), agg[null_col], color="#d62728", ls="--",
@@ -96,18 +105,18 @@ def rotation_symmetry_vs_depth(report: Any) -> Figure:
         a.grid(alpha=0.3)
         a.legend(fontsize=7, loc="best")
     ax2.set_xlabel("layer")
-    _integer_xaxis(ax2)
+    integer_xaxis(ax2)
     return tag(fig, series, [v for v in variants if v is not None])
 
 
 def bottleneck_erank(report: Any) -> Figure:
     """Effective rank (and surviving directions) of the cumulative Jacobian product per variant."""
-    df = _section(report, "bottleneck", ("variant", "depth"))
+    df = section_table(report, "bottleneck", ("variant", "depth"))
     if "ablated_layer" in df.columns:  # whole-model variants; single-layer ablations: the table
-        ablated = _num(df, "ablated_layer")
+        ablated = numeric(df, "ablated_layer")
         df = df[~(ablated >= 0)]
     series: list[tuple[str, str]] = []
-    fig = _new_figure(8.5, 6.4)
+    fig = new_figure(8.5, 6.4)
     ax, ax2 = fig.subplots(2, 1, sharex=True)
     fig.suptitle("End-to-end bottleneck: ranks of P_l = J_l ⋯ J_1 by depth")
     variants = list(dict.fromkeys(df["variant"].astype(str)))
@@ -117,9 +126,9 @@ def bottleneck_erank(report: Any) -> Figure:
         drawn = False
         for v in order:
             sub = cast(pd.DataFrame, df[df["variant"].astype(str) == v]).sort_values("depth")
-            x, y = _num(sub, "depth"), _num(sub, col)
+            x, y = numeric(sub, "depth"), numeric(sub, col)
             y = np.where(y > 0, y, np.nan)  # log axis
-            if _finite(y):
+            if any_finite(y):
                 a.plot(x, y, ms=4, label=v, **VARIANT_STYLE.get(v, {}))
                 series.append((v, rows_state(report, sub)))
                 drawn = True
@@ -127,30 +136,30 @@ def bottleneck_erank(report: Any) -> Figure:
             a.set_yscale("log")
             a.legend(fontsize=8, title="variant", title_fontsize=8)
         else:
-            _no_data(a)
+            mark_no_data(a)
         a.set_ylabel(ylabel + " (log)" if drawn else ylabel, fontsize=8)
         a.grid(alpha=0.3, which="both")
     ax.set_title("trained vs initialisation vs ablations (symmetric part, Schur diagonal)", fontsize=9)
     ax2.set_xlabel("depth l (number of blocks in the product)")
-    _integer_xaxis(ax2)
+    integer_xaxis(ax2)
     return tag(fig, series, order)
 
 
 # ---------------------------------------------------------------------- topology
 def topology_coupling(report: Any) -> Figure:
     """Spearman coupling between bridge score and amplification per layer, with its controls."""
-    df = _section(report, "topology", ("layer",)).sort_values("layer")
-    x = _num(df, "layer")
-    fig = _new_figure(8.5, 6.0)
+    df = section_table(report, "topology", ("layer",)).sort_values("layer")
+    x = numeric(df, "layer")
+    fig = new_figure(8.5, 6.0)
     ax, ax2 = fig.subplots(2, 1, sharex=True, height_ratios=[3, 2])
     fig.suptitle("Topology of residual units: bridges vs amplification, per layer")
-    rho = _num(df, "coupling_rho")
+    rho = numeric(df, "coupling_rho")
     adjusted = "coupling_pvalue_adj" in df.columns
-    p = _num(df, "coupling_pvalue_adj" if adjusted else "coupling_pvalue")
+    p = numeric(df, "coupling_pvalue_adj" if adjusted else "coupling_pvalue")
     ptext = "BH-adjusted p" if adjusted else "p"
     series: list[tuple[str, str]] = []
     ax.axhline(0, color="#7f7f7f", lw=0.8)
-    if _finite(rho):
+    if any_finite(rho):
         sig = np.isfinite(p) & (p < ALPHA)
         state = column_state(report, "coupling_rho")
         ax.plot(x, rho, color="#1f77b4", lw=1.2, label=state)
@@ -162,24 +171,24 @@ def topology_coupling(report: Any) -> Figure:
         ("coupling_rho_init", dict(color="#7f7f7f", ls="--", marker="s"), "control: initialisation"),
         ("coupling_rho_shuffled", dict(color="#d62728", ls=":", marker="x"), "control: shuffled communities"),
     ):
-        y = _num(df, col)
-        if _finite(y):
+        y = numeric(df, col)
+        if any_finite(y):
             ax.plot(x, y, ms=4, label=label, **style)
             series.append((label, column_state(report, col)))
-    if not _finite(rho):
-        _no_data(ax)
+    if not any_finite(rho):
+        mark_no_data(ax)
     ax.set_ylim(-1.05, 1.05)
     ax.set_ylabel("Spearman ρ(bridge score, amplification)", fontsize=8)
     ax.set_title("coupling per layer", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
 
-    mod = _num(df, "modularity")
-    if _finite(mod):
+    mod = numeric(df, "modularity")
+    if any_finite(mod):
         ax2.plot(x, mod, color="#2ca02c", marker="o", ms=4, label="modularity")
         series.append(("modularity", column_state(report, "modularity")))
         ax2.set_ylabel("modularity Q", fontsize=8)
-        ncom = _num(df, "n_communities")
+        ncom = numeric(df, "n_communities")
         if len(x) <= 32:
             for xi, mi, ni in zip(x, mod, ncom):
                 if np.isfinite(mi) and np.isfinite(ni):
@@ -188,11 +197,11 @@ def topology_coupling(report: Any) -> Figure:
         ax2.legend(fontsize=7, loc="best", title="labels: number of communities", title_fontsize=7)
     else:
         ax2.set_ylabel("modularity Q", fontsize=8)
-        _no_data(ax2)
+        mark_no_data(ax2)
     ax2.set_title("community structure of the unit-correlation graph", fontsize=9)
     ax2.set_xlabel("layer")
     ax2.grid(alpha=0.3)
-    _integer_xaxis(ax2)
+    integer_xaxis(ax2)
     return tag(fig, series)
 
 
@@ -206,26 +215,26 @@ def units_scatter(report: Any, *, max_panels: int = 12, ncols: int = 4) -> Figur
     Colour: the unit's community, by size rank within its layer (community labels are arbitrary
     and per layer, so the legend names ranks: largest, 2nd largest, ...; the rest grey).
     """
-    df = _section(report, "units", ("layer", "bridge_score", "amplification"))
-    layers = sorted({int(v) for v in _num(df, "layer") if np.isfinite(v)})
+    df = section_table(report, "units", ("layer", "bridge_score", "amplification"))
+    layers = sorted({int(v) for v in numeric(df, "layer") if np.isfinite(v)})
     if len(layers) > max_panels:  # evenly spaced subset
         pick = np.unique(np.linspace(0, len(layers) - 1, max_panels).round().astype(int))
         layers = [layers[i] for i in pick]
     n = max(len(layers), 1)
     ncols = min(ncols, n)
     nrows = math.ceil(n / ncols)
-    fig = _new_figure(2.9 * ncols + 0.4, 2.6 * nrows + 1.1)
+    fig = new_figure(2.9 * ncols + 0.4, 2.6 * nrows + 1.1)
     axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False)).ravel()
     fig.suptitle("Residual units: bridge score vs amplification ‖ΔJ e_i‖, per layer")
-    lay = _num(df, "layer")
+    lay = numeric(df, "layer")
     used_ranks: set[int] = set()
     state = rows_state(report, df)
     for ax, layer in zip(axes, layers):
         sub = cast(pd.DataFrame, df[lay == layer])
-        bx, ay = _num(sub, "bridge_score"), _num(sub, "amplification")
+        bx, ay = numeric(sub, "bridge_score"), numeric(sub, "amplification")
         ok = np.isfinite(bx) & np.isfinite(ay)
         if ok.any():
-            comm = _num(sub, "community")[ok] if "community" in sub else np.zeros(int(ok.sum()))
+            comm = numeric(sub, "community")[ok] if "community" in sub else np.zeros(int(ok.sum()))
             labels, counts = np.unique(np.nan_to_num(comm, nan=-1), return_counts=True)
             rank_of = {lab: r for r, lab in enumerate(labels[np.argsort(-counts, kind="stable")])}
             ranks = np.array([rank_of[c] for c in np.nan_to_num(comm, nan=-1)])
@@ -233,7 +242,7 @@ def units_scatter(report: Any, *, max_panels: int = 12, ncols: int = 4) -> Figur
             ax.scatter(bx[ok], ay[ok], s=6, c=colours, linewidths=0)
             used_ranks |= {min(int(r), len(_RANK_COLOURS)) for r in ranks}
         else:
-            _no_data(ax)
+            mark_no_data(ax)
         ax.set_title(f"layer {layer}", fontsize=9)
         ax.set_xlabel("bridge score P_i", fontsize=8)
         ax.set_ylabel("amplification g_i", fontsize=8)

@@ -1,6 +1,15 @@
 """Figures of the power-method view: eigenvalues in the complex plane, alignment, gap ratio.
 
-    >>> fig = alignment_vs_depth(report)   # a Report with a power section  # doctest: +SKIP
+    >>> import torch
+    >>> from transformers import GPT2Config, GPT2Model
+    >>> import spectral_hooks as sh
+    >>> model = GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)).eval()
+    >>> with sh.instrument(model) as probe, torch.no_grad():
+    ...     _ = model(input_ids=torch.arange(16).reshape(2, 8))
+    >>> report = probe.analyze()                 # a power section
+    >>> fig = alignment_vs_depth(report)         # a matplotlib Figure
+    >>> fig.axes[0].get_ylabel()
+    'alignment a = ‖Bᵀx‖/‖x‖ (mean over tokens)'
 """
 
 from __future__ import annotations
@@ -18,15 +27,15 @@ from .figure_tools import (
     ALPHA,
     COMPLEX_TOL,
     MissingSectionError,
-    _finite,
-    _fmt_p,
-    _integer_xaxis,
-    _new_figure,
-    _no_data,
-    _num,
-    _section,
+    any_finite,
     column_state,
+    format_p,
+    integer_xaxis,
+    mark_no_data,
+    new_figure,
+    numeric,
     rows_state,
+    section_table,
     tag,
 )
 
@@ -49,22 +58,22 @@ def eigenvalues_plane(report: Any, source: str = "F", *, max_panels: int = 48, n
     complex conjugate pairs are drawn in different colours. A table with a ``variant`` column
     gets one panel per variant and layer (never one panel for two model states).
     """
-    df = _section(report, "spectra", ("source", "layer", "real", "imag"))
+    df = section_table(report, "spectra", ("source", "layer", "real", "imag"))
     df = cast(pd.DataFrame, df[df["source"].astype(str) == source])
     if len(df) == 0:
         raise MissingSectionError(f"section 'spectra' has no rows with source == {source!r}")
-    layer_col = _num(df, "layer")
+    layer_col = numeric(df, "layer")
     variants = (list(dict.fromkeys(df["variant"].astype(str))) if "variant" in df.columns else [None])
     layers = sorted({int(v) for v in layer_col if np.isfinite(v)})
     panels = [(v, layer) for v in variants for layer in layers][:max_panels]
     n = max(len(panels), 1)
     ncols = min(ncols, n)
     nrows = math.ceil(n / ncols)
-    fig = _new_figure(2.6 * ncols + 0.4, 2.5 * nrows + 0.9)
+    fig = new_figure(2.6 * ncols + 0.4, 2.5 * nrows + 0.9)
     axes = np.atleast_1d(fig.subplots(nrows, ncols, squeeze=False)).ravel()
     what = "F_t = Σ_h W_O^h W_V^h" if source == "F" else "token Jacobians J_l"
     fig.suptitle(f"Eigenvalues of {what} in the complex plane, per layer (each panel to its own scale)")
-    re_all, im_all = _num(df, "real"), _num(df, "imag")
+    re_all, im_all = numeric(df, "real"), numeric(df, "imag")
     series = []
     for ax, (variant, layer) in zip(axes, panels):
         sel = layer_col == layer
@@ -92,7 +101,7 @@ def eigenvalues_plane(report: Any, source: str = "F", *, max_panels: int = 48, n
                     transform=ax.transAxes, ha="right", va="top", fontsize=6, color="#333333")
         else:
             xlim, half = (-1.2, 1.2), 1.2
-            _no_data(ax)
+            mark_no_data(ax)
         ax.set_xlim(*xlim)
         ax.set_ylim(-half, half)
         ax.set_aspect("equal", adjustable="box")
@@ -124,9 +133,9 @@ def _null_sd_factor(is_complex: np.ndarray) -> np.ndarray:
 
 def alignment_vs_depth(report: Any) -> Figure:
     """gamma_in, gamma (and gamma2) vs depth against the null band; rho with p-values below."""
-    df = _section(report, "power", ("layer",)).sort_values("layer")
-    x = _num(df, "layer")
-    fig = _new_figure(8.5, 6.4)
+    df = section_table(report, "power", ("layer",)).sort_values("layer")
+    x = numeric(df, "layer")
+    fig = new_figure(8.5, 6.4)
     ax, ax2 = fig.subplots(2, 1, sharex=True, height_ratios=[3, 2])
     fig.suptitle("Alignment with the principal subspace of F_t through depth")
     drawn = False
@@ -137,28 +146,28 @@ def alignment_vs_depth(report: Any) -> Figure:
         ("gamma", dict(color="#1f77b4", marker="o", ls="-"), "γ: layer output (resid_post)"),
         ("gamma2", dict(color="#9467bd", marker="^", ls=":"), "γ₂: top-two eigen-planes"),
     ):
-        y = _num(df, col)
-        if _finite(y):
+        y = numeric(df, col)
+        if any_finite(y):
             ax.plot(x, y, label=label, ms=4, **style)
             series.append((label, state))
             drawn = True
-    null = _num(df, "gamma_null")
-    if _finite(null):
+    null = numeric(df, "gamma_null")
+    if any_finite(null):
         ax.plot(x, null, color="#d62728", lw=1, label="null: E a(u; B), u uniform")
         series.append(("null: E a(u; B), u uniform", column_state(report, "gamma_null")))
-        n = _num(df, "n_tokens")
+        n = numeric(df, "n_tokens")
         cplx = (df["lambda1_is_complex"].astype(bool).to_numpy() if "lambda1_is_complex" in df
                 else np.zeros(len(df), bool))
-        if _finite(n):
+        if any_finite(n):
             half = 2 * null * _null_sd_factor(cplx) / np.sqrt(np.where(n > 0, n, np.nan))
             ax.fill_between(x, null - half, null + half, color="#d62728", alpha=0.18, lw=0,
                             label="null ± 2 s.e. (n tokens)")
         drawn = True
-    null2 = _num(df, "gamma2_null")
-    if _finite(null2) and _finite(_num(df, "gamma2")):
+    null2 = numeric(df, "gamma2_null")
+    if any_finite(null2) and any_finite(numeric(df, "gamma2")):
         ax.plot(x, null2, color="#d62728", lw=1, ls=":", label="null of γ₂")
     if not drawn:
-        _no_data(ax)
+        mark_no_data(ax)
     ax.set_ylabel("alignment a = ‖Bᵀx‖/‖x‖ (mean over tokens)")
     ax.set_title("γ vs depth (higher = tokens tilted toward the principal eigen-direction)", fontsize=9)
     ax.set_ylim(bottom=0)
@@ -166,12 +175,12 @@ def alignment_vs_depth(report: Any) -> Figure:
     if drawn:
         ax.legend(fontsize=7, loc="best")
 
-    rho = _num(df, "rho")
+    rho = numeric(df, "rho")
     adjusted = "rho_pvalue_adj" in df.columns
-    p = _num(df, "rho_pvalue_adj" if adjusted else "rho_pvalue")
+    p = numeric(df, "rho_pvalue_adj" if adjusted else "rho_pvalue")
     ptext = "BH-adjusted p" if adjusted else "p"
     ax2.axhline(0.5, color="#d62728", lw=1, label="null: ρ = 1/2")
-    if _finite(rho):
+    if any_finite(rho):
         sig = np.isfinite(p) & (p < ALPHA)
         ax2.plot(x, rho, color="#1f77b4", lw=1, zorder=2)
         ax2.scatter(x[sig], rho[sig], color="#1f77b4", s=30, zorder=3,
@@ -182,29 +191,29 @@ def alignment_vs_depth(report: Any) -> Figure:
         if len(x) <= 16:  # printed p-values; more layers: the summary table has them
             for i, (xi, ri, pi) in enumerate(zip(x, rho, p)):
                 if np.isfinite(ri):
-                    ax2.annotate(_fmt_p(pi), (xi, ri), textcoords="offset points",
+                    ax2.annotate(format_p(pi), (xi, ri), textcoords="offset points",
                                  xytext=(0, 7 if i % 2 == 0 else -12), ha="center", fontsize=7,
                                  color="#333333")
     else:
-        _no_data(ax2)
+        mark_no_data(ax2)
     ax2.set_ylim(-0.05, 1.12)
     ax2.set_xlabel("layer")
     ax2.set_ylabel("ρ: share of tokens whose\nalignment increased")
     ax2.set_title(f"ρ vs depth, labels: {ptext}-value of the exact binomial test against 1/2", fontsize=9)
     ax2.grid(alpha=0.3)
     ax2.legend(fontsize=7, loc="lower right")
-    _integer_xaxis(ax2)
+    integer_xaxis(ax2)
     return tag(fig, series)
 
 
 def gap_ratio_vs_depth(report: Any) -> Figure:
     """Gap ratio |λ2|/|λ1| of F_t vs depth; complex λ1 layers marked."""
-    df = _section(report, "power", ("layer", "gap_ratio")).sort_values("layer")
-    x, y = _num(df, "layer"), _num(df, "gap_ratio")
-    fig = _new_figure(8.5, 4.0)
+    df = section_table(report, "power", ("layer", "gap_ratio")).sort_values("layer")
+    x, y = numeric(df, "layer"), numeric(df, "gap_ratio")
+    fig = new_figure(8.5, 4.0)
     ax = fig.subplots()
     ax.set_title("Spectral gap of F_t through depth (smaller = stronger pull toward v₁)")
-    if _finite(y):
+    if any_finite(y):
         cplx = (df["lambda1_is_complex"].astype(bool).to_numpy() if "lambda1_is_complex" in df
                 else np.zeros(len(df), bool))
         ax.plot(x, y, color="#1f77b4", lw=1, zorder=2)
@@ -218,9 +227,9 @@ def gap_ratio_vs_depth(report: Any) -> Figure:
         top = np.nanmax(y[np.isfinite(y)])
         ax.set_ylim(0, max(1.05, 1.05 * top))
     else:
-        _no_data(ax)
+        mark_no_data(ax)
     ax.set_xlabel("layer")
     ax.set_ylabel("gap ratio r = |λ₂| / |λ₁|")
     ax.grid(alpha=0.3)
-    _integer_xaxis(ax)
+    integer_xaxis(ax)
     return fig

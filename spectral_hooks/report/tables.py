@@ -35,6 +35,8 @@ _CHAR_PX, _PAD_PX = 7.6, 18  # 13px tabular figures; cell padding and border
 
 @dataclass
 class Cell:
+    """One formatted table cell: its text, its kind (for styling) and an optional tooltip."""
+
     text: str
     kind: str = "num"  # num, p (a p-value), na (missing), txt, bool
     title: str | None = None
