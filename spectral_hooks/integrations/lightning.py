@@ -39,9 +39,9 @@ from typing import Any, Callable, Optional, Union
 
 from torch import nn
 
+from ..anatomy.wrappers import unwrap_model
 from ..checks import check_int
 from ..errors import UnsupportedModelError, require
-from ..anatomy.wrappers import unwrap_model
 from .tracker import SpectralTracker
 
 _pl = require("lightning.pytorch", feature="SpectralLightningCallback")
