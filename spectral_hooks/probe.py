@@ -136,8 +136,10 @@ class Probe:
         """How a hook keeps a recorded state: a reference (its in-place version noted and
         checked when the call ends), or a copy where the store asks for one, while the probe
         has not yet seen a call end without an in-place write to a recorded state, and for
-        inference-mode tensors (whose writes cannot be seen)."""
-        if t.is_inference():
+        inference-mode tensors (whose writes cannot be seen). Under ``torch.compile`` it copies:
+        Dynamo cannot trace ``is_inference`` or ``_version``, and a copy keeps the hook inside
+        the compiled graph."""
+        if torch.compiler.is_compiling() or t.is_inference():
             return self.recording.to_store(t)
         call = self._call
         if call is not None:
@@ -178,7 +180,10 @@ class Probe:
                               token_ids=call.new_token_ids())
         self._copies = written  # references from the first call that sees no in-place write
         if self._merge == "check":
-            self._settle_merge(call)
+            if torch.compiler.is_compiling():  # Dynamo cannot remove handles: keep both hooks
+                self._merge, self._merge_handles = "off", []
+            else:
+                self._settle_merge(call)
 
     def _end_implicit_call(self, module: nn.Module, args: tuple, kwargs: dict,
                            output: Any) -> None:

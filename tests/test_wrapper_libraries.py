@@ -151,19 +151,26 @@ def test_nnsight_language_model_trace_with_invokes(tiny_lm, caplog):
     model, tokenizer = tiny_lm
     lm = nnsight.LanguageModel(model, tokenizer=tokenizer)
 
-    def run():
+    given = {}
+
+    def run():  # what nnsight hands the model is seen by a hook of this test's, only meanwhile
+        seen = model.register_forward_pre_hook(lambda m, a, k: given.update(k), with_kwargs=True)
         with lm.trace() as tracer:
             with tracer.invoke(TEXTS[0]):
                 lm.transformer.h[0].output.save()
             with tracer.invoke(TEXTS[1:]):
                 lm.transformer.h[5].output.save()
+        seen.remove()
 
     through = check_wrapper(lm, model, run, caplog,
                             "LanguageModel: recording the GPT2LMHeadModel it wraps")
-    # the invokes ran as one left-padded batch: the model's own forward on that batch
+    # the invokes ran as one left-padded batch (nnsight adds position_ids): the model's own
+    # forward on exactly those inputs
     batch = tokenizer(TEXTS, padding=True, return_tensors="pt")
-    direct, _ = record(model, lambda: model(**batch), modules=[model])
     assert tokenizer.padding_side == "left"
+    assert torch.equal(given["input_ids"], batch["input_ids"])
+    assert torch.equal(given["attention_mask"], batch["attention_mask"])
+    direct, _ = record(model, lambda: model(**given), modules=[model])
     assert_same_recording(through, direct)
 
 
@@ -191,7 +198,7 @@ def test_unknown_wrappers_get_one_line_naming_their_type(tiny_lm):
     with pytest.raises(OptionTypeError) as err:
         sh.instrument(Holder(model))
     text = str(err.value)
-    assert "\n" not in text and text.startswith("model=<Holder> is not valid")
+    assert "\n" not in text and text.startswith("model=a Holder is not valid")
     assert "sentence-transformers" in text and "nnsight" in text and "pipeline" in text
     assert "GPT2" not in text  # never a repr of the model
 
@@ -204,4 +211,4 @@ def test_unknown_wrappers_get_one_line_naming_their_type(tiny_lm):
 def test_no_error_embeds_a_model_repr(tiny_lm):
     model, _ = tiny_lm
     err = OptionTypeError("model", model, "something else")
-    assert str(err) == "model=<GPT2LMHeadModel> is not valid: expected something else"
+    assert str(err) == "model=a GPT2LMHeadModel module is not valid: expected something else"

@@ -3,6 +3,7 @@
 import copy
 
 import pytest
+import pandas as pd
 import torch
 
 import spectral_hooks as sh
@@ -153,16 +154,28 @@ def test_block_operators_are_working_memory_bounded_and_results_unchanged(monkey
     monkeypatch.setattr(view, "block_jacobian", tracked)
     model = make_model("llama")  # 2 layers x 2 positions: 4 operators, split single-query
     tables = {}
-    for kept in (1, 100):
+    for kept in (1, 100):  # the per-layer path (layer groups hold their own operator, below)
         monkeypatch.setattr(view, "OPERATORS_KEPT", kept)
         made.clear()
         with sh.instrument(model) as probe, torch.no_grad():
             model(IDS)
             report = probe.analyze(power=False, jacobian={"dense": False, "k": 4,
-                                                          "positions": [-1, -2]},
+                                                          "positions": [-1, -2],
+                                                          "group_layers": False},
                                    progress=False)
             tables[kept] = report.jacobian
             gc.collect()
             alive = sum(ref() is not None for ref in made)
             assert len(made) >= 4 and alive == min(kept, len(made))
     assert tables[1].equals(tables[100])
+    made.clear()
+    with sh.instrument(model) as probe, torch.no_grad():  # layer groups: nothing left behind
+        model(IDS)
+        grouped = probe.analyze(power=False, jacobian={"dense": False, "k": 4,
+                                                       "positions": [-1, -2]},
+                                progress=False).jacobian
+        gc.collect()
+        assert sum(ref() is not None for ref in made) == 0
+    cols = [c for c in tables[1].columns if c not in ("n_matvecs",) and c in grouped.columns]
+    pd.testing.assert_frame_equal(grouped[cols].reset_index(drop=True),
+                                  tables[1][cols].reset_index(drop=True), rtol=1e-6)

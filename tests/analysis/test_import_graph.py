@@ -122,7 +122,3 @@ def test_the_anatomy_registry_imports_no_family():
     assert not nx.descendants(GRAPH, registry) & (families | {"spectral_hooks.anatomy.families"})
     assert set(GRAPH.predecessors("spectral_hooks.anatomy.families")) == {"spectral_hooks.anatomy"}
 
-
-def test_file_sizes():
-    sizes = {m: len(p.read_text().splitlines()) for m, p in MODULES.items()}
-    assert not {m: n for m, n in sizes.items() if n > 400}

@@ -13,7 +13,20 @@ RTOL, ATOL = 1e-10, 1e-12
 #: columns read off an iterative solver's vectors: the same to the solver's tolerance, not to
 #: rounding. ``propagation`` takes U_k, V_k from ``svds(tol=1e-8)``, whose subspaces are good to
 #: ~tol / (relative gap); another BLAS kernel moved alignment_top by 2.4e-9 (tests/README.md).
+#: ``jacobian``'s self_alignment_top{k} likewise reads U_k, V_k of ``svds`` (block Golub-Kahan since
+#: issue 37: the same subspaces to 1e-9, not the same bits).
 SOLVER_RTOL = {("propagation", "alignment_top"): 1e-6, ("propagation", "alignment_in"): 1e-6}
+SOLVER_PREFIXES = {("jacobian", "self_alignment_top"): 1e-6}
+#: what a solver paid, not what it found: it changes whenever a solver does (benchmarks/ hold it)
+COST_COLUMNS = frozenset({"n_matvecs"})
+
+
+def rtol_of(section: str, column: str) -> float:
+    """The tolerance a saved column is held to (RTOL unless a solver's vectors made it)."""
+    for (sec, prefix), rtol in SOLVER_PREFIXES.items():
+        if section == sec and column.startswith(prefix):
+            return rtol
+    return SOLVER_RTOL.get((section, column), RTOL)
 #: columns that exist only when asked for since issue 36 (``gamma_u``: with power.direction);
 #: the saved reports hold them all NaN, and a fresh default report has no such column
 ASKED_FOR_ONLY = frozenset({"gamma_u"})
@@ -31,11 +44,13 @@ def assert_same_as_saved(name: str, report: Report) -> None:
         assert sorted(new.columns) == sorted(old.columns), where
         assert len(new) == len(old), where
         for column in old.columns:
+            if column in COST_COLUMNS:
+                continue
             a, b = old[column].to_numpy(), new[column].to_numpy()
             if pd.api.types.is_numeric_dtype(old[column]) and not pd.api.types.is_bool_dtype(
                     old[column]):
                 np.testing.assert_allclose(b.astype(complex if np.iscomplexobj(a) else float),
-                                           a, rtol=SOLVER_RTOL.get((section, column), RTOL),
+                                           a, rtol=rtol_of(section, column),
                                            atol=ATOL, equal_nan=True,
                                            err_msg=f"{where}.{column}")
             else:
