@@ -34,3 +34,16 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(old)
+
+
+@pytest.fixture
+def registry_restored():
+    """Examples that register anatomy families (register_anatomy's) leave the registry as they
+    found it for the other tests."""
+    from spectral_hooks.anatomy import registry  # the package registers the built-ins first
+
+    families, infos = list(registry._REGISTRY), dict(registry._INFOS)
+    yield
+    registry._REGISTRY[:] = families
+    registry._INFOS.clear()
+    registry._INFOS.update(infos)

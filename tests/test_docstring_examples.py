@@ -16,15 +16,8 @@ FACE = [n for n in sh.__all__ if n not in ("__version__", "linalg")]
 
 
 @pytest.fixture(autouse=True)
-def registry_restored():
-    """Examples such as register_anatomy's register families: undo that for the other tests."""
-    from spectral_hooks.anatomy import registry  # the package registers the built-ins first
-
-    families, infos = list(registry._REGISTRY), dict(registry._INFOS)
-    yield
-    registry._REGISTRY[:] = families
-    registry._INFOS.clear()
-    registry._INFOS.update(infos)
+def _registry(registry_restored):
+    """Examples such as register_anatomy's register families (conftest undoes that)."""
 
 
 @pytest.mark.parametrize("name", FACE)

@@ -127,8 +127,9 @@ class JacobianOptions:
         """These options as JSON-able values (lists for tuples), as a report's metadata stores
         them.
 
-        >>> JacobianOptions(positions=[3]).to_dict()["positions"]
-        [3]
+        >>> stored = JacobianOptions(positions=[3]).to_dict()
+        >>> stored["positions"] == [3]     # a list: JSON has no tuples
+        True
         """
         out = dataclasses.asdict(self)
         out["positions"] = list(self.positions) if isinstance(self.positions, tuple) \
@@ -368,7 +369,8 @@ class AnalyzeOptions:
         """The options that shape results (not the progress display) as JSON-able values: a
         report's ``metadata["options"]``.
 
-        >>> AnalyzeOptions(jacobian={"k": 4}).to_dict()["jacobian"]["k"]
+        >>> stored = AnalyzeOptions(jacobian={"k": 4}).to_dict()
+        >>> stored["jacobian"].get("k")
         4
         """
         out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)

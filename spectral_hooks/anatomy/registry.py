@@ -56,8 +56,8 @@ def register_anatomy(name: str, builder: Builder, *, first: bool = True,
 def registered_families() -> list[str]:
     """The names of the registered families, in lookup order (user families first).
 
-        >>> registered_families()[:2]
-        ['transformer_lens.TransformerBridge', 'transformer_lens.HookedTransformer']
+        >>> "transformer_lens.TransformerBridge" in registered_families()
+        True
     """
     return [name for name, _ in _REGISTRY]
 

@@ -334,8 +334,8 @@ def jacobian_metrics_batch(ops: Sequence[LinearOperator], *, k: int = 16, n_samp
     >>> g = torch.Generator().manual_seed(0)
     >>> Js = [DenseOperator(torch.eye(32, dtype=torch.float64) + torch.randn(
     ...     32, 32, generator=g, dtype=torch.float64) / 8) for _ in range(2)]
-    >>> [m.k for m in jacobian_metrics_batch(Js, k=4)]
-    [4, 4]
+    >>> tuple(m.k for m in jacobian_metrics_batch(Js, k=4))
+    (4, 4)
     """
     ops = [_as_operator(J) for J in ops]
     if not ops:

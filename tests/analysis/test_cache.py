@@ -2,8 +2,8 @@
 
 import copy
 
-import pytest
 import pandas as pd
+import pytest
 import torch
 
 import spectral_hooks as sh
