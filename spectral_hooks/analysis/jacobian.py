@@ -174,8 +174,11 @@ class JacobianView:
                 groups.append(BlockGroup([op], capacity=cap))
             except TypeError:  # not a split single-query operator: it runs on its own
                 alone.append([op])
-        return [list(g.seal().members()) if g.size > 1 else list(g.ops) for g in groups] \
-            + alone
+        out: list[list[BlockJacobian]] = []
+        for g in groups:
+            members: list[BlockJacobian] = list(g.seal().members()) if g.size > 1 else list(g.ops)
+            out.append(members)
+        return out + alone
 
     def _grouped(self, position: int) -> None:
         """Every layer's metrics at ``position``, computed group by group (see

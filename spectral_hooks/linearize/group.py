@@ -431,8 +431,8 @@ def layer_bytes(op: BlockJacobian) -> int:
     params = sum(t.numel() for t in fn.params.values())
     widths = sum(m.out_features for m in fn.block.modules() if isinstance(m, torch.nn.Linear))
     widths = widths or 8 * op.shape[0]  # no nn.Linear (Conv1D, fused kernels): ~8 d
-    kv = int(fn.cache.keys.numel() + fn.cache.values.numel()) if fn.cache.keys is not None \
-        else 0
+    keys, values = fn.cache.keys, fn.cache.values
+    kv = int(keys.numel() + values.numel()) if keys is not None and values is not None else 0
     return (params + _ROWS * 2 * widths + kv) * b
 
 

@@ -39,7 +39,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -121,7 +121,7 @@ def power_route(d: int, r: int, *, full: bool | None = None, top_k: int = TOP_K)
     return "krylov"
 
 
-def power_spectrum_options(d: int, *, full: bool | None = None) -> dict[str, int]:
+def power_spectrum_options(d: int, *, full: bool | None = None) -> dict[str, Any]:
     """The ``dense_limit`` under which :func:`layer_spectrum` takes the route
     :func:`power_route` chose for each layer, given F_t formed ([d, d] tensor) where the route is
     "dense" and as its thin factors (a LowRankOperator) otherwise.
