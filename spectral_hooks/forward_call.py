@@ -15,7 +15,7 @@ import inspect
 from typing import Any, Callable, Iterable, Optional, cast
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from .anatomy import Anatomy
 from .anatomy.calls import CACHE_KWARGS, MASK_KWARG, MODEL_INPUT_KWARGS
@@ -120,8 +120,49 @@ def in_backward() -> bool:
 
 
 def padding_mask(kwargs: dict[str, Any]) -> Optional[Tensor]:
+    """The [batch, pos] padding mask a model was called with (``attention_mask``), or None."""
     mask = kwargs.get(MASK_KWARG)
     return mask if isinstance(mask, Tensor) and mask.ndim == 2 else None
+
+
+def block_arguments(block: nn.Module, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A block call's arguments by name (BERT's layers take the mask positionally); the
+    keyword arguments alone where the signature does not bind them."""
+    try:
+        return dict(inspect.signature(block.forward).bind_partial(*args, **kwargs).arguments)
+    except TypeError:
+        return kwargs
+
+
+def block_padding_mask(kwargs: dict[str, Any], *, causal: bool) -> Optional[Tensor]:
+    """The [batch, pos] padding mask behind the mask a *block* was called with, for a call that
+    bypassed the model's forward (sentence-transformers calls ``model.forward`` directly, TL3's
+    generate calls the blocks): a 2-D mask as is; a 4-D one ([batch, 1 or heads, query, key],
+    boolean "may attend" or additive 0 / -inf) read at its diagonal, since every real token
+    attends to itself and a padding key is masked for every query. A causal row that attends
+    to a later key is a padding row the model unmasked whole (transformers does so for rows
+    with nothing to attend to). None where no mask was given or the call continues a cache.
+
+        >>> allowed = torch.tensor([[[[0, 0, 0], [0, 1, 0], [0, 1, 1]]]], dtype=torch.bool)
+        >>> block_padding_mask({"attention_mask": allowed}, causal=True).tolist()
+        [[0, 1, 1]]
+    """
+    mask = kwargs.get(MASK_KWARG)
+    if not isinstance(mask, Tensor) or mask.ndim not in (2, 4):
+        return None
+    if mask.ndim == 2:
+        return mask
+    allowed = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+    allowed = allowed[:, 0]
+    q, k = allowed.shape[-2:]
+    if q == 1 and k > 1 and not causal:  # one row broadcast over the queries (BERT's eager mask)
+        return allowed[:, 0].long()
+    if q != k:
+        return None  # a cached continuation: its padding is the cache's, not this call's
+    real = allowed.diagonal(dim1=-2, dim2=-1)
+    if causal:
+        real = real & ~allowed.triu(diagonal=1).any(-1)
+    return real.long()
 
 
 def replayable_call(args: tuple[Any, ...], kwargs: dict[str, Any], hidden: Tensor,

@@ -211,7 +211,9 @@ class Probe:
                 return
             if self._call is None and module is self._first_block and not fc.in_backward():
                 # the model's forward was bypassed (TL3 generate() calls the blocks directly)
-                self._call = fc.ForwardCall(fc.padding_mask(kwargs), implicit=True,
+                mask = fc.block_padding_mask(fc.block_arguments(module, args, kwargs),
+                                             causal=self.anatomy.causal)
+                self._call = fc.ForwardCall(mask, implicit=True,
                                             continues=fc.cache_length(kwargs) > 0)
             call = self._call
             if call is None:

@@ -92,9 +92,6 @@ def test_sentence_transformer_encode(st, caplog):
     assert through["mask"].sum(1).tolist() != [through["mask"].shape[1]] * len(TEXTS)
 
 
-@pytest.mark.xfail(strict=True, reason="found: the probe records an all-ones mask for "
-                   "st.encode's padded batch (the states themselves match bit for bit); "
-                   "mask capture is the recording's (REC), left open")
 def test_sentence_transformer_records_the_real_forward(st):
     """One batch: the recording equals the inner model's own hidden states on encode's input."""
     ordered = sorted(TEXTS, key=len, reverse=True)  # encode's order (longest first)
