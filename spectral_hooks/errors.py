@@ -67,6 +67,10 @@ class UnknownNameError(OptionError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+def _a(name: str) -> str:
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+
+
 def describe_value(value: Any, limit: int = 80) -> str:
     """``value`` for a one-line message: a module, tensor or array by its type and shape (their
     reprs are pages long), anything else by its repr on one line of at most ``limit`` characters.
@@ -79,7 +83,7 @@ def describe_value(value: Any, limit: int = 80) -> str:
     """
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(value, torch.nn.Module):
-        return f"a {type(value).__name__} module"
+        return f"{_a(type(value).__name__)} module"
     shape = getattr(value, "shape", None)
     if isinstance(shape, tuple) and len(shape) > 0 and hasattr(value, "dtype"):
         kind = "tensor" if torch is not None and isinstance(value, torch.Tensor) \
@@ -87,7 +91,7 @@ def describe_value(value: Any, limit: int = 80) -> str:
         return f"a {value.dtype} {kind} of shape {tuple(int(n) for n in shape)}"
     text = repr(value)
     if " object at 0x" in text or ("\n" in text and shape is None):  # a pipeline, an envelope
-        return f"a {type(value).__name__}"
+        return _a(type(value).__name__)
     text = " ".join(text.split())
     return text if len(text) <= limit else text[:limit - 3] + "..."
 

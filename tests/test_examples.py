@@ -292,3 +292,19 @@ def test_case_study_minilm_quick(monkeypatch, capsys, minilm):
     gains = ns["gains"]  # per layer and layer type, from the units table of the same report
     assert set(gains.layer_type) == {"block", "attention", "ffn"} and (gains.n_units == 384).all()
     assert "unit gains by sublayer" in page
+
+
+def test_wrapped_models(monkeypatch, capsys):
+    """examples/wrapped_models.py: sentence-transformers, a CrossEncoder and a pipeline record
+    through their own call paths; padding never counts; the same recording as the inner model."""
+    pytest.importorskip("sentence_transformers")
+    ns, out = run_example("wrapped_models", monkeypatch, capsys)
+    assert "same recording as the inner model: True" in out
+    probe, mask = ns["probe"], ns["probe"].recording.mask
+    assert mask.shape[0] == 3 and 0 < int(mask.sum()) < mask.numel()  # padded, padding masked
+    tok = ns["st"].tokenizer(ns["TEXTS"])
+    assert int(mask.sum()) == sum(len(ids) for ids in tok["input_ids"])  # exactly the real tokens
+    assert ns["report"].power["gap_ratio"].between(0, 1).all()
+    assert "cross-encoder rows: 2 pipeline rows: 3" in out
+    assert "refused: model=an object is not valid" in out
+    assert probe.anatomy.family == "bert"
