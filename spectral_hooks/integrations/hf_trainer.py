@@ -62,7 +62,7 @@ from ..anatomy.wrappers import unwrap_model
 from ..checks import check_int
 from ..errors import OptionError, OptionTypeError
 from .loggers import POWER_COLUMNS, MetricsLogger
-from .power_log import JACOBIAN_COLUMNS
+from .power_log import JACOBIAN_COLUMNS, POWER_CAPTURES
 from .tracker import Event
 
 try:
@@ -105,7 +105,7 @@ class SpectralCallback(TrainerCallback):
                  columns: Sequence[str] = POWER_COLUMNS,
                  loggers: Optional[Sequence[MetricsLogger]] = None,
                  report_to_trainer: bool = True,
-                 capture: Sequence[str] = ("resid_pre", "resid_post"), store: str = "device",
+                 capture: Sequence[str] = POWER_CAPTURES, store: str = "device",
                  window: str = "step", prefix: str = "spectral",
                  analyze_options: Optional[dict[str, Any]] = None, close_loggers: bool = False,
                  jacobian_every: Optional[int] = None,

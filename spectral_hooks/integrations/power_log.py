@@ -51,7 +51,8 @@ DATA_COLUMNS = frozenset({"gamma_in", "gamma", "lift", "gamma2_in", "gamma2", "r
                           "gamma_ref"})
 #: The options of a logging event: those of ``analyze(iterate=, fold_norm=, power={...})``.
 POWER_OPTIONS = ("iterate", "fold_norm", "full", "k", "reference_layer")
-_CAPTURES = ("resid_pre", "resid_post")
+#: the capture points a power event reads (the callbacks record these by default)
+POWER_CAPTURES = ("resid_pre", "resid_post")
 
 
 def check_power_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -81,11 +82,11 @@ def _layer_tokens(probe: Any, i: int, layer: int, counts: Optional[list],
     """[resid_pre, resid_post] of ``layer`` (float64 CPU, or None): this rank's, or with
     ``across_ranks`` every rank's, gathered to rank 0 (a collective)."""
     rec = probe.recording
-    points = [c for c in _CAPTURES if c in rec.capture]
+    points = [c for c in POWER_CAPTURES if c in rec.capture]
     if not across_ranks:
         keeps = rec.store != "stats" and bool(rec.steps)
         return [rec.tokens(c, layer).to("cpu", torch.float64) if keeps and c in points else None
-                for c in _CAPTURES]
+                for c in POWER_CAPTURES]
     if counts is None:
         return [None, None]
     local = (torch.cat([rec.tokens(c, layer).to("cpu", torch.float64) for c in points], dim=1)
@@ -94,7 +95,7 @@ def _layer_tokens(probe: Any, i: int, layer: int, counts: Optional[list],
     if rows is None:
         return [None, None]
     parts = dict(zip(points, rows.chunk(len(points), dim=1)))
-    return [parts[c].contiguous() if c in parts else None for c in _CAPTURES]
+    return [parts[c].contiguous() if c in parts else None for c in POWER_CAPTURES]
 
 
 def power_rows(probe: Any, *, columns: Optional[Iterable[str]] = None, iterate: str = "F",
@@ -130,7 +131,7 @@ def power_rows(probe: Any, *, columns: Optional[Iterable[str]] = None, iterate: 
         if compute and torch.distributed.get_rank() != 0:
             raise ValueError("power_metrics(across_ranks=True): the tokens are gathered to "
                              "rank 0, so only rank 0 may compute (compute=False elsewhere)")
-        points = [c for c in _CAPTURES if c in rec.capture]
+        points = [c for c in POWER_CAPTURES if c in rec.capture]
         if rec.store != "stats" and points and (wanted is None or DATA_COLUMNS & wanted):
             counts = token_counts(rec, points)  # collective
     operators = layer_operators(anatomy, fold_norm=fold_norm)

@@ -54,6 +54,7 @@ from .distributed import any_rank, world_size
 from .loggers import POWER_COLUMNS, MetricsLogger
 from .power_log import (
     JACOBIAN_COLUMNS,
+    POWER_CAPTURES,
     check_power_options,
     jacobian_metrics,
     power_metrics,
@@ -177,7 +178,7 @@ class SpectralTracker:
 
     def __init__(self, model: torch.nn.Module, *, every: int = 50,
                  layers: Optional[Iterable[int]] = None, columns: Sequence[str] = POWER_COLUMNS,
-                 capture: Sequence[str] = ("resid_pre", "resid_post"), store: str = "device",
+                 capture: Sequence[str] = POWER_CAPTURES, store: str = "device",
                  prefix: str = "spectral", loggers: Sequence[MetricsLogger] = (),
                  analyze_options: Optional[dict[str, Any]] = None, jacobian_every: Optional[int] = None,
                  jacobian_options: Optional[dict[str, Any]] = None,
