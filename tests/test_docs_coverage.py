@@ -50,12 +50,7 @@ PENDING_DOCSTRINGS = frozenset({
     "recording/cache_view.py", "recording/core.py", "steering.py",
 })
 #: files with skipped docstring examples
-PENDING_SKIPS = frozenset({
-    "analysis/bottleneck.py", "analysis/finite.py", "analysis/jacobian.py", "analysis/spectra.py",
-    "analysis/subject.py", "anatomy/base.py", "anatomy/generic.py", "anatomy/stacks.py",
-    "linearize/__init__.py", "linearize/end_to_end.py", "linearize/operator.py",
-    "linearize/sublayers.py",
-})
+PENDING_SKIPS: frozenset = frozenset()
 #: modules whose docstring examples fail when run
 PENDING_EXAMPLES: frozenset = frozenset()
 

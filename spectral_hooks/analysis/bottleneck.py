@@ -1,6 +1,19 @@
 """Sections ``bottleneck`` (end-to-end Jacobians, ablations, init control) and ``propagation``.
 
-    >>> bottleneck_section(subject, AnalyzeOptions(bottleneck=True))   # doctest: +SKIP
+    >>> import torch
+    >>> from transformers import GPT2Config, GPT2Model
+    >>> import spectral_hooks as sh
+    >>> model = GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)).eval()
+    >>> with sh.instrument(model) as probe, torch.no_grad():
+    ...     _ = model(input_ids=torch.arange(16).reshape(2, 8))
+    >>> from spectral_hooks.analysis.cache import AnalysisCache
+    >>> subject = Subject(anatomy=probe.anatomy, recording=probe.recording,
+    ...                   cache=AnalysisCache(model, probe.recording))
+    >>> table = bottleneck_section(subject, AnalyzeOptions(bottleneck=True))
+    >>> sorted(set(table["variant"])), int(table["depth"].max())  # trained, and two ablations
+    (['schur', 'symmetric', 'trained'], 2)
+    >>> propagation_section(subject, AnalyzeOptions())["layer"].tolist()
+    [0, 1]
 """
 
 from __future__ import annotations

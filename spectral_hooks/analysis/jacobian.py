@@ -1,8 +1,19 @@
 """The Jacobian view of one subject: block operators, dense Jacobians and their metrics.
 
-    >>> view = JacobianView(subject, options.jacobian_options)     # doctest: +SKIP
-    >>> view.table()                                                # doctest: +SKIP
-       variant  layer  position  frac_complex ...
+    >>> import torch
+    >>> from transformers import GPT2Config, GPT2Model
+    >>> import spectral_hooks as sh
+    >>> model = GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)).eval()
+    >>> with sh.instrument(model) as probe, torch.no_grad():
+    ...     _ = model(input_ids=torch.arange(16).reshape(2, 8))
+    >>> from spectral_hooks.analysis.cache import AnalysisCache
+    >>> subject = Subject(anatomy=probe.anatomy, recording=probe.recording,
+    ...                   cache=AnalysisCache(model, probe.recording))
+    >>> view = JacobianView(subject, AnalyzeOptions(jacobian=True).jacobian_options)
+    >>> view.table()[["variant", "layer", "position", "dense"]]   # the last real token, exact
+       variant  layer  position  dense
+    0  trained      0         7   True
+    1  trained      1         7   True
 
 Every operator, dense matrix and metric is computed once per state of the weights and the
 recording (``subject.memo``) and shared by the sections that need it (jacobian, spectra,

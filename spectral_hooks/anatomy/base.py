@@ -106,8 +106,15 @@ class LayerParts:
     def cross_value_weights(self) -> Tensor:
         """Cross-attention W_V per head, [H, d_head, d_model] (applied to the encoder output).
 
+            >>> from transformers import T5Config, T5Model
+            >>> from spectral_hooks import anatomy_of
+            >>> anat = anatomy_of(T5Model(T5Config(d_model=32, d_kv=8, d_ff=64, num_layers=2,
+            ...                                    num_heads=4, vocab_size=100)))
+            >>> part = anat.decoder.layers[0]
             >>> F_cross = torch.einsum("hdk,hkm->dm", part.cross_output_weights(),
-            ...                        part.cross_value_weights())       # doctest: +SKIP
+            ...                        part.cross_value_weights())
+            >>> F_cross.shape                    # d_model x d_model
+            torch.Size([32, 32])
         """
         return self._require_cross(self.cross_value).read()
 
