@@ -127,9 +127,13 @@ class JacobianView:
 
     @property
     def layers(self) -> tuple[int, ...]:
+        """The layers analysed: the recorded ones (this rank's share when distributed)."""
         return self.subject.layers
 
     def positions(self) -> list[int]:
+        """The recording rows the options' ``positions`` resolve to for the analysed sample
+        (-1: the last real token).
+        """
         return self.subject.positions(self.options.positions, self.options.sample)
 
     def bar(self, items: Iterable[Any], desc: str) -> Iterable[Any]:
@@ -227,6 +231,9 @@ class JacobianView:
                 for op, J in zip(ops, full)]
 
     def metrics(self, layer: int, position: int) -> JacobianMetrics:
+        """The :class:`~spectral_hooks.metrics.jacobian.JacobianMetrics` of block ``layer`` at
+        ``position``: from the dense J when exact, else matrix-free; computed once per state.
+        """
         o = self.options
 
         def compute() -> JacobianMetrics:
@@ -244,6 +251,9 @@ class JacobianView:
                           lambda: int(self.operator(layer, position).positions[0]))
 
     def table(self) -> pd.DataFrame:
+        """The ``jacobian`` table of this view: one row per (layer, position) with the metrics
+        of METRICS.md ("Jacobian view"), its ``variant`` (the subject's label) and ``sample``.
+        """
         def compute() -> pd.DataFrame:
             rows = []
             if self.options.group_layers:
@@ -260,6 +270,9 @@ class JacobianView:
                            self.tol), compute)
 
     def eigen_table(self) -> pd.DataFrame:
+        """The eigenvalues behind :meth:`table`: one row per (layer, position, eigenvalue)
+        with ``real``, ``imag`` and ``abs``.
+        """
         rows = []
         for layer in self.layers:
             for position in self.positions():
@@ -299,9 +312,13 @@ class JacobianView:
                                     sample=o.sample, position=self.anchor)
 
     def dense_chain(self) -> list[Tensor]:
+        """The dense J_l of every analysed layer at the default position, in layer order."""
         return [self.dense(layer, self.anchor) for layer in self.bar(self.layers, "dense Jacobians")]
 
     def amplification(self, layer: int) -> Tensor:
+        """Per-unit amplification of J - I of block ``layer`` at the default position (exact
+        from the dense J where the products are dense, else a matrix-free estimate).
+        """
         o = self.options
         if self.exact or self.dense_products:
             J = self.dense(layer, self.anchor)

@@ -54,10 +54,12 @@ class Subject:
 
     @property
     def model(self) -> nn.Module:
+        """The model the anatomy describes."""
         return self.anatomy.model
 
     @property
     def layers(self) -> tuple[int, ...]:
+        """The recorded layers (this rank's share of them in a distributed analysis)."""
         return self.share_of(self.recording.layers)
 
     def share_of(self, layers: Iterable[int]) -> tuple[int, ...]:
@@ -67,6 +69,9 @@ class Subject:
 
     @property
     def keeps_tokens(self) -> bool:
+        """True when per-token activations are kept (not ``store="stats"``) and at least one
+        forward was recorded.
+        """
         rec = self.recording
         return rec.store != "stats" and bool(rec.steps)
 

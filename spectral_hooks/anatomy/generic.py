@@ -72,6 +72,9 @@ GENERIC_INFO = FamilyInfo(
 
 
 def refuse(model: nn.Module, why: str) -> UnsupportedModelError:
+    """The :class:`UnsupportedModelError` for ``model``, saying ``why`` the generic
+    fallback cannot describe it and naming ``register_anatomy``.
+    """
     return UnsupportedModelError(f"{type(model).__name__} cannot be described by the generic "
                                  f"fallback ({why}): {_REGISTER}")
 

@@ -43,9 +43,13 @@ _Fn = Callable[[Tensor], Tensor]
 class JacobianEngine(Protocol):
     """What an operator's engine provides (``engine.Engine``): batched JVPs and VJPs."""
 
-    def jvp(self, V: Tensor) -> Tensor: ...
+    def jvp(self, V: Tensor) -> Tensor:
+        """V [m, d] or [k, m, d] -> J V."""
+        ...
 
-    def vjp(self, U: Tensor) -> Tensor: ...
+    def vjp(self, U: Tensor) -> Tensor:
+        """U [m, d] or [k, m, d] -> U J."""
+        ...
 
 
 def _positions(positions: Union[Tensor, Sequence[int]]) -> Tuple[int, ...]:
