@@ -46,13 +46,16 @@ class StackRecordings:
 
     @property
     def encoder(self) -> Recording:
+        """The encoder stack's recording."""
         return self._recordings["encoder"]
 
     @property
     def decoder(self) -> Recording:
+        """The decoder stack's recording."""
         return self._recordings["decoder"]
 
     def keys(self) -> tuple[str, ...]:
+        """The stack names, in the order the model runs them."""
         return tuple(self._recordings)
 
     def __getitem__(self, name: str) -> Any:
@@ -65,6 +68,7 @@ class StackRecordings:
         return recording[rest] if rest else recording
 
     def clear(self) -> None:
+        """Drop what both stacks recorded."""
         for recording in self._recordings.values():
             recording.clear()
 
@@ -131,14 +135,17 @@ class EncoderDecoderProbe:
 
     @property
     def recording(self) -> StackRecordings:
+        """Both stacks' recordings, by stack name."""
         return StackRecordings({name: p.recording for name, p in self.probes.items()})
 
     @property
     def attached(self) -> bool:
+        """True while a stack's probe still has hooks on the model."""
         return any(p.attached for p in self.probes.values())
 
     @property
     def n_handles(self) -> int:
+        """Hook handles held by both stacks' probes (0 once removed)."""
         return sum(p.n_handles for p in self.probes.values())
 
     def attach(self) -> "EncoderDecoderProbe":
@@ -158,6 +165,7 @@ class EncoderDecoderProbe:
             probe.clear()
 
     def invalidate(self) -> None:
+        """Forget every cached analysis result of both stacks (see :meth:`Probe.invalidate`)."""
         for probe in self.probes.values():
             probe.invalidate()
 

@@ -111,6 +111,7 @@ def cache_length(kwargs: dict[str, Any]) -> int:
 
 
 def without_caches(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` without the KV cache ones (by name, or any cache object)."""
     return {k: v for k, v in kwargs.items() if k not in CACHE_KWARGS and not is_cache(v)}
 
 

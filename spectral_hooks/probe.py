@@ -273,10 +273,12 @@ class Probe:
     # ---------------------------------------------------------------- lifecycle
     @property
     def attached(self) -> bool:
+        """True while the probe's hooks are on the model (False after :meth:`remove`)."""
         return bool(self._handles)
 
     @property
     def n_handles(self) -> int:
+        """Hook handles the probe holds (0 after :meth:`remove`: nothing leaked)."""
         return len(self._handles)
 
     def remove(self) -> None:

@@ -75,6 +75,7 @@ class Steering:
 
     @property
     def active(self) -> bool:
+        """True until the edit is removed."""
         return self._param is not None
 
     def remove(self, *, force: bool = False) -> None:

@@ -1,6 +1,19 @@
 """Sections ``bottleneck`` (end-to-end Jacobians, ablations, init control) and ``propagation``.
 
-    >>> bottleneck_section(subject, AnalyzeOptions(bottleneck=True))   # doctest: +SKIP
+    >>> import torch
+    >>> from transformers import GPT2Config, GPT2Model
+    >>> import spectral_hooks as sh
+    >>> model = GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)).eval()
+    >>> with sh.instrument(model) as probe, torch.no_grad():
+    ...     _ = model(input_ids=torch.arange(16).reshape(2, 8))
+    >>> from spectral_hooks.analysis.cache import AnalysisCache
+    >>> subject = Subject(anatomy=probe.anatomy, recording=probe.recording,
+    ...                   cache=AnalysisCache(model, probe.recording))
+    >>> table = bottleneck_section(subject, AnalyzeOptions(bottleneck=True))
+    >>> sorted(set(table["variant"])), int(table["depth"].max())  # trained, and two ablations
+    (['schur', 'symmetric', 'trained'], 2)
+    >>> propagation_section(subject, AnalyzeOptions())["layer"].tolist()
+    [0, 1]
 """
 
 from __future__ import annotations
@@ -56,6 +69,19 @@ def variant_table(view: JacobianView, variant: str) -> pd.DataFrame:
 
 
 def bottleneck_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame:
+    """The ``bottleneck`` table: per variant (the trained stack, each ablation of
+    ``jacobian.ablations``, and the re-initialised control when ``reinit`` is on), the rank
+    profile of the end-to-end Jacobians at the default position.
+
+    Args:
+        subject: what was recorded (consecutive layers, tokens kept).
+        options: the analysis options; ``options.jacobian_options`` sets k, the ablations,
+            the probes and ``init_seed``.
+
+    Returns:
+        One row per (variant, ablated layer, depth): ``erank``, ``participation_ratio``,
+        ``stable_rank``, ``surviving``, ``sigma_max``, ... (METRICS.md, "Bottleneck").
+    """
     o = options.jacobian_options
     view = JacobianView(subject, o)
     variants = ["trained"] + list(o.ablations)
@@ -73,5 +99,10 @@ def bottleneck_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFram
 
 
 def propagation_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame:
+    """The ``propagation`` table: a random perturbation (``jacobian.seed``) pushed through
+    the chain of token Jacobians at the default position, one row per layer (``norm``,
+    ``growth``, ``alignment_top``, ``alignment_in``, ``alignment_null``; see
+    :func:`~spectral_hooks.metrics.bottleneck.propagation_table`).
+    """
     o = options.jacobian_options
     return propagation_table(JacobianView(subject, o).chain(), seed=o.seed)

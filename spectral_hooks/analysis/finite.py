@@ -1,8 +1,17 @@
 """NaN and Inf: found once, before anything is computed, and named where they are.
 
-    >>> check_recording_finite(recording, sample=0)        # doctest: +SKIP
-    NonFiniteError: NaN in the recording at layer 1, sample 1, token 3 (capture point:
-    resid_post, the residual stream leaving the block) ...
+    >>> import torch
+    >>> from transformers import GPT2Config, GPT2Model
+    >>> import spectral_hooks as sh
+    >>> model = GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)).eval()
+    >>> with sh.instrument(model) as probe, torch.no_grad():
+    ...     _ = model(input_ids=torch.arange(16).reshape(2, 8))
+    >>> probe.recording.resid_post[1][0, 3] = float("nan")   # as an overflow would leave it
+    >>> check_recording_finite(probe.recording)
+    Traceback (most recent call last):
+    ...
+    spectral_hooks.errors.NonFiniteError: NaN in the recording at layer 1, sample 0, token 3
+    (capture point: resid_post, ...
 
 The recording is scanned in forward order (layer by layer; within a layer the block input,
 resid_pre, attn_out, resid_post), real tokens only (padding never counts downstream), so the

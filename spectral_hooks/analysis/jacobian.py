@@ -1,8 +1,19 @@
 """The Jacobian view of one subject: block operators, dense Jacobians and their metrics.
 
-    >>> view = JacobianView(subject, options.jacobian_options)     # doctest: +SKIP
-    >>> view.table()                                                # doctest: +SKIP
-       variant  layer  position  frac_complex ...
+    >>> import torch
+    >>> from transformers import GPT2Config, GPT2Model
+    >>> import spectral_hooks as sh
+    >>> model = GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)).eval()
+    >>> with sh.instrument(model) as probe, torch.no_grad():
+    ...     _ = model(input_ids=torch.arange(16).reshape(2, 8))
+    >>> from spectral_hooks.analysis.cache import AnalysisCache
+    >>> subject = Subject(anatomy=probe.anatomy, recording=probe.recording,
+    ...                   cache=AnalysisCache(model, probe.recording))
+    >>> view = JacobianView(subject, AnalyzeOptions(jacobian=True).jacobian_options)
+    >>> view.table()[["variant", "layer", "position", "dense"]]   # the last real token, exact
+       variant  layer  position  dense
+    0  trained      0         7   True
+    1  trained      1         7   True
 
 Every operator, dense matrix and metric is computed once per state of the weights and the
 recording (``subject.memo``) and shared by the sections that need it (jacobian, spectra,
@@ -116,9 +127,13 @@ class JacobianView:
 
     @property
     def layers(self) -> tuple[int, ...]:
+        """The layers analysed: the recorded ones (this rank's share when distributed)."""
         return self.subject.layers
 
     def positions(self) -> list[int]:
+        """The recording rows the options' ``positions`` resolve to for the analysed sample
+        (-1: the last real token).
+        """
         return self.subject.positions(self.options.positions, self.options.sample)
 
     def bar(self, items: Iterable[Any], desc: str) -> Iterable[Any]:
@@ -216,6 +231,9 @@ class JacobianView:
                 for op, J in zip(ops, full)]
 
     def metrics(self, layer: int, position: int) -> JacobianMetrics:
+        """The :class:`~spectral_hooks.metrics.jacobian.JacobianMetrics` of block ``layer`` at
+        ``position``: from the dense J when exact, else matrix-free; computed once per state.
+        """
         o = self.options
 
         def compute() -> JacobianMetrics:
@@ -233,6 +251,9 @@ class JacobianView:
                           lambda: int(self.operator(layer, position).positions[0]))
 
     def table(self) -> pd.DataFrame:
+        """The ``jacobian`` table of this view: one row per (layer, position) with the metrics
+        of METRICS.md ("Jacobian view"), its ``variant`` (the subject's label) and ``sample``.
+        """
         def compute() -> pd.DataFrame:
             rows = []
             if self.options.group_layers:
@@ -249,6 +270,9 @@ class JacobianView:
                            self.tol), compute)
 
     def eigen_table(self) -> pd.DataFrame:
+        """The eigenvalues behind :meth:`table`: one row per (layer, position, eigenvalue)
+        with ``real``, ``imag`` and ``abs``.
+        """
         rows = []
         for layer in self.layers:
             for position in self.positions():
@@ -288,9 +312,13 @@ class JacobianView:
                                     sample=o.sample, position=self.anchor)
 
     def dense_chain(self) -> list[Tensor]:
+        """The dense J_l of every analysed layer at the default position, in layer order."""
         return [self.dense(layer, self.anchor) for layer in self.bar(self.layers, "dense Jacobians")]
 
     def amplification(self, layer: int) -> Tensor:
+        """Per-unit amplification of J - I of block ``layer`` at the default position (exact
+        from the dense J where the products are dense, else a matrix-free estimate).
+        """
         o = self.options
         if self.exact or self.dense_products:
             J = self.dense(layer, self.anchor)

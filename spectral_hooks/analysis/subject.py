@@ -1,9 +1,15 @@
 """The subject of an analysis: what was recorded, and the model to replay blocks on.
 
-    >>> subject = Subject(anatomy=probe.anatomy, recording=probe.recording,   # doctest: +SKIP
+    >>> import torch
+    >>> from transformers import GPT2Config, GPT2Model
+    >>> import spectral_hooks as sh
+    >>> model = GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)).eval()
+    >>> with sh.instrument(model) as probe, torch.no_grad():
+    ...     _ = model(input_ids=torch.arange(16).reshape(2, 8))
+    >>> subject = Subject(anatomy=probe.anatomy, recording=probe.recording,
     ...                   cache=AnalysisCache(model, probe.recording))
-    >>> subject.tokens("resid_post")[3].shape                                  # doctest: +SKIP
-    torch.Size([27, 384])
+    >>> subject.layers, subject.tokens("resid_post")[1].shape   # 2 x 8 real tokens of layer 1
+    ((0, 1), torch.Size([16, 32]))
 
 A frozen, typed view handed down to every section of ``analysis/``: sections read it and never
 reach back up to the probe. ``record_on(model, seed)`` is how a section gets the same inputs
@@ -48,10 +54,12 @@ class Subject:
 
     @property
     def model(self) -> nn.Module:
+        """The model the anatomy describes."""
         return self.anatomy.model
 
     @property
     def layers(self) -> tuple[int, ...]:
+        """The recorded layers (this rank's share of them in a distributed analysis)."""
         return self.share_of(self.recording.layers)
 
     def share_of(self, layers: Iterable[int]) -> tuple[int, ...]:
@@ -61,6 +69,9 @@ class Subject:
 
     @property
     def keeps_tokens(self) -> bool:
+        """True when per-token activations are kept (not ``store="stats"``) and at least one
+        forward was recorded.
+        """
         rec = self.recording
         return rec.store != "stats" and bool(rec.steps)
 

@@ -106,8 +106,15 @@ class LayerParts:
     def cross_value_weights(self) -> Tensor:
         """Cross-attention W_V per head, [H, d_head, d_model] (applied to the encoder output).
 
+            >>> from transformers import T5Config, T5Model
+            >>> from spectral_hooks import anatomy_of
+            >>> anat = anatomy_of(T5Model(T5Config(d_model=32, d_kv=8, d_ff=64, num_layers=2,
+            ...                                    num_heads=4, vocab_size=100)))
+            >>> part = anat.decoder.layers[0]
             >>> F_cross = torch.einsum("hdk,hkm->dm", part.cross_output_weights(),
-            ...                        part.cross_value_weights())       # doctest: +SKIP
+            ...                        part.cross_value_weights())
+            >>> F_cross.shape                    # d_model x d_model
+            torch.Size([32, 32])
         """
         return self._require_cross(self.cross_value).read()
 
@@ -176,6 +183,7 @@ class Anatomy:
 
     @property
     def n_layers(self) -> int:
+        """The number of blocks of the stack."""
         return len(self.layers)
 
     @property
@@ -189,6 +197,7 @@ class Anatomy:
         return checked_layer(layer, self.n_layers, argument=argument, model=self.family)
 
     def replace(self, **changes: Any) -> "Anatomy":
+        """A copy with ``changes`` applied to its fields (the anatomy itself is frozen)."""
         return dataclasses.replace(self, **changes)
 
 
@@ -205,6 +214,16 @@ def get_path(root: nn.Module, path: Optional[str]) -> Optional[nn.Module]:
 
 
 def config_int(config: Any, *names: str) -> Optional[int]:
+    """The first of the config attributes ``names`` that holds an int (bools do not count).
+
+        >>> from types import SimpleNamespace
+        >>> config_int(SimpleNamespace(n_head=None, num_attention_heads=12), "n_head",
+        ...            "num_attention_heads")
+        12
+
+    Returns:
+        That int, or None when no attribute of ``names`` holds one.
+    """
     for name in names:
         value = getattr(config, name, None)
         if isinstance(value, int) and not isinstance(value, bool):
@@ -269,6 +288,7 @@ class FamilyInfo:
     tested_by: str = ""
 
     def row(self) -> tuple[str, ...]:
+        """This family's row of the supported-models table (``anatomy/table.py``)."""
         return (self.name, ", ".join(self.model_types) or "-", self.causal, self.norm_placement,
                 self.attention_type, self.power_view, self.jacobian_view,
                 self.tested_by or "untested")

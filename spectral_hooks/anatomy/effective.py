@@ -51,6 +51,7 @@ def _peft_classes() -> tuple[Optional[type], Optional[type]]:
 
 
 def is_tuner_layer(module: nn.Module) -> bool:
+    """True for a PEFT tuner layer (LoRA and the like); False when peft is not installed."""
     tuner, _ = _peft_classes()
     return tuner is not None and isinstance(module, tuner)
 

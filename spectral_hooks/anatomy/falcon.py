@@ -17,6 +17,12 @@ from .hf import HFFamily, register
 
 
 def falcon_variant(config: Any) -> dict[str, Any]:
+    """The Falcon layout a config describes (the family fields it changes).
+
+    Returns:
+        ``qkv`` ("grouped" for the new decoder architecture, "q_k_v" for multi-query, else
+        "neox"), ``n_kv_heads``, and for the new architecture the ``attn_norm`` module name.
+    """
     if getattr(config, "new_decoder_architecture", False):
         two_norms = getattr(config, "num_ln_in_parallel_attn", None) in (None, 2)
         return dict(qkv="grouped", n_kv_heads=config.num_kv_heads,

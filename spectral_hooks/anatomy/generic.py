@@ -1,9 +1,21 @@
 """Fallback for models no family knows: found by structure, then checked by behaviour.
 
-    >>> anatomy = anatomy_of(unknown_model)   # doctest: +SKIP
-    GenericAnatomyWarning: no family knows MyModel: a generic anatomy is in use ...
-    >>> with instrument(unknown_model) as probe:   # doctest: +SKIP
-    ...     unknown_model(**batch)   # the first batch checks the anatomy (or refuses the model)
+    >>> import warnings
+    >>> import torch
+    >>> from transformers import LlamaConfig, LlamaModel
+    >>> from spectral_hooks import anatomy_of, instrument
+    >>> model = LlamaModel(LlamaConfig(hidden_size=32, intermediate_size=64, vocab_size=100,
+    ...                                num_hidden_layers=2, num_attention_heads=4)).eval()
+    >>> model.config.model_type = "mystery"          # a model type no family registered
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     anatomy = anatomy_of(model)
+    ...     with instrument(model) as probe, torch.no_grad():
+    ...         _ = model(input_ids=torch.arange(6)[None])   # the first batch checks the anatomy
+    >>> caught[0].category.__name__, anatomy.family, anatomy.causal   # causal: provisional
+    ('GenericAnatomyWarning', 'generic/LlamaModel', False)
+    >>> probe.anatomy.causal, probe.anatomy.verify is None           # decided by behaviour
+    (True, True)
 
 Structure (at ``anatomy_of``, cheap: no forward pass): the longest ``nn.ModuleList`` of blocks
 of one class is the stack, in list order; each block's attention is a child named like one
@@ -60,6 +72,9 @@ GENERIC_INFO = FamilyInfo(
 
 
 def refuse(model: nn.Module, why: str) -> UnsupportedModelError:
+    """The :class:`UnsupportedModelError` for ``model``, saying ``why`` the generic
+    fallback cannot describe it and naming ``register_anatomy``.
+    """
     return UnsupportedModelError(f"{type(model).__name__} cannot be described by the generic "
                                  f"fallback ({why}): {_REGISTER}")
 

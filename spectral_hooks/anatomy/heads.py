@@ -58,6 +58,7 @@ class HeadWeights:
 
 
 def is_conv1d(module: nn.Module) -> bool:
+    """True for GPT-2's ``Conv1D`` (a linear layer whose weight is stored transposed)."""
     return type(module).__name__ == "Conv1D" and hasattr(module, "nf")
 
 
@@ -69,6 +70,20 @@ def column_weight(module: nn.Module) -> Tensor:
 
 
 def expand_kv(w: Tensor, n_heads: int) -> Tensor:
+    """Repeat per-group key/value weights so that each of ``n_heads`` heads has its own
+    (grouped-query attention: head h uses group h // (n_heads / groups)).
+
+        >>> import torch
+        >>> expand_kv(torch.arange(2.).reshape(2, 1, 1), 4).flatten().tolist()
+        [0.0, 0.0, 1.0, 1.0]
+
+    Args:
+        w: ``[groups, ...]`` weights, one slice per key/value group.
+        n_heads: the number of query heads, a multiple of ``groups``.
+
+    Returns:
+        ``[n_heads, ...]`` (``w`` itself when there is one group per head).
+    """
     groups = w.shape[0]
     if groups == n_heads:
         return w

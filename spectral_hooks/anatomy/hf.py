@@ -95,6 +95,7 @@ class HFFamily:
 
     @property
     def info(self) -> FamilyInfo:
+        """This family's entry of the supported-models table."""
         return FamilyInfo(
             self.name, self.model_types, causal="yes" if self.causal else "no",
             norm_placement=self.norm_placement, attention_type=self.attention_type,
@@ -112,11 +113,13 @@ class HFFamily:
 
 
 def base_model_of(model: nn.Module) -> nn.Module:
+    """The model under its task head (``model.base_model``), or ``model`` itself."""
     base = getattr(model, "base_model", None)
     return base if isinstance(base, nn.Module) else model
 
 
 def model_type_of(model: nn.Module) -> Optional[str]:
+    """``model.config.model_type``, or None for a model without one."""
     config = getattr(model, "config", None)
     return getattr(config, "model_type", None)
 
@@ -164,6 +167,9 @@ def _projections(family: HFFamily, block: nn.Module, n_heads: int, n_kv: int, d_
 
 
 def build(model: nn.Module, family: HFFamily) -> Anatomy:
+    """The :class:`Anatomy` of ``model`` as ``family`` describes it (its variant applied
+    to the config first); an :class:`UnsupportedModelError` naming what does not fit.
+    """
     base = base_model_of(model)
     config = model.config
     if family.variant is not None:

@@ -47,6 +47,9 @@ def _stack(model: nn.Module, family: HFFamily, stack: str) -> Anatomy:
 
 def build_encoder_decoder(model: nn.Module, family: EncoderDecoderFamily
                           ) -> Union[Anatomy, EncoderDecoderAnatomy]:
+    """The :class:`EncoderDecoderAnatomy` of ``model`` (one anatomy per stack), or the
+    encoder's :class:`Anatomy` alone for an encoder-only model of the family.
+    """
     encoder = _stack(model, family.encoder, "encoder")
     if get_path(base_model_of(model), family.decoder.blocks) is None:
         return encoder  # an encoder-only model of the family (T5EncoderModel)

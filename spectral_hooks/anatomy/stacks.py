@@ -65,7 +65,11 @@ def stack_of(anatomy: Union[Anatomy, EncoderDecoderAnatomy], stack: Optional[str
     """The Anatomy of ``stack`` ("encoder"/"decoder") of an encoder-decoder anatomy, or
     ``anatomy`` itself when ``stack`` is None and it has one stack; a clear error otherwise.
 
-        >>> stack_of(anat, "decoder").stack                       # doctest: +SKIP
+        >>> from transformers import T5Config, T5Model
+        >>> from spectral_hooks import anatomy_of
+        >>> anat = anatomy_of(T5Model(T5Config(d_model=32, d_kv=8, d_ff=64, num_layers=2,
+        ...                                    num_heads=4, vocab_size=100)))
+        >>> stack_of(anat, "decoder").stack
         'decoder'
     """
     if isinstance(anatomy, EncoderDecoderAnatomy):

@@ -57,6 +57,12 @@ def table_in(text: str) -> str:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    """``python -m spectral_hooks.anatomy.table [--write README]``: print the supported
+    models table, or replace it in the given file.
+
+    Returns:
+        The exit status (0 on success).
+    """
     parser = argparse.ArgumentParser(prog="python -m spectral_hooks.anatomy.table",
                                      description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--write", metavar="README", help="replace the table in this file")

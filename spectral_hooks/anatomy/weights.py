@@ -78,6 +78,7 @@ class LayerFactors:
 
     @property
     def d_model(self) -> int:
+        """The residual width (columns of W_O)."""
         return int(self.W_O.shape[1])
 
     def to(self, device: DeviceLike, dtype: Optional[torch.dtype]) -> "LayerFactors":

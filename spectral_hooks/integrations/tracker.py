@@ -98,6 +98,7 @@ class Event:
         self.jacobian_options = dict(jacobian_options or {"k": 8})
 
     def due(self, step: int) -> bool:
+        """True when step ``step`` (> 0) logs: a multiple of ``every`` or of ``jacobian_every``."""
         return step > 0 and (step % self.every == 0 or self._jacobian_due(step))
 
     def _jacobian_due(self, step: int) -> bool:

@@ -197,6 +197,7 @@ class OpBatch:
         return Y if Y.dtype == wdtype else Y.to(wdtype)
 
     def need_adjoint(self) -> None:
+        """Raise ``NotImplementedError`` unless every operator of the batch has an adjoint."""
         if self.ops is not None:
             for o in self.ops:
                 o._need_adjoint()

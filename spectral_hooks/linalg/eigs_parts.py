@@ -55,6 +55,9 @@ def order(theta: Tensor, which: str) -> Tensor:
 
 
 def key(theta: Tensor, which: str) -> Tensor:
+    """The sort key of ``which`` for Ritz values ``theta``: larger is wanted first
+    ("LM": modulus, "LR": real part, "SM": minus the modulus).
+    """
     return {"LM": theta.abs(), "LR": theta.real, "SM": -theta.abs()}[which]
 
 
@@ -116,6 +119,9 @@ def unreachable(b: int, st: dict, best: List[float], stale: List[int],
 
 
 def why(name: str, st: dict, tol: float, max_restarts: int) -> str:
+    """Why operator ``name`` did not converge: its unmet criteria, in one line for the
+    convergence warning.
+    """
     why = []
     if st["nconv"] < st["kw"]:
         why.append(f"only {st['nconv']} of {st['kw']} Ritz pairs reached tol={tol:g}")
@@ -143,6 +149,9 @@ def warn_unconverged(reasons: List[str], max_restarts: int) -> None:
 
 
 def assemble(batch: OpBatch, out: List[dict], return_vectors: bool) -> EigResult:
+    """The :class:`EigResult` of a batch from each operator's final state (values,
+    residuals and vectors padded with NaN beyond each operator's wanted count).
+    """
     B, n, dev = batch.B, batch.shape[0], batch.device
     K = max(st["kw"] for st in out)
     nan = float("nan")
@@ -197,6 +206,12 @@ def block_size_for(batch: OpBatch, block_size: Optional[int], device_path: bool 
 
 def validate(batch: OpBatch, k: int, which: str, tol: float, ncv: Optional[int],
               max_restarts: int, bs: int) -> tuple:
+    """Check eigs' options against the batch; raise :class:`OptionError` for a bad one.
+
+    Returns:
+        ``(ncv, block_size)``: the subspace size (default chosen here when ``ncv`` is None)
+        and the block width that fits it.
+    """
     m, n = batch.shape
     if m != n:
         raise OptionError("op", f"an operator of shape {batch.shape}", "a square operator "

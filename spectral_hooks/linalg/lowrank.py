@@ -73,6 +73,7 @@ class LowRankOperator(LinearOperator):
         return int(self.left.shape[1])
 
     def to_dense(self) -> Tensor:
+        """The matrix ``left @ right`` (counted as one application per column)."""
         self.n_matvecs += self.shape[1]
         return self.left @ self.right
 

@@ -120,12 +120,14 @@ class LinearOperator:
 
     # -- application --------------------------------------------------------------------
     def matvec(self, x: Tensor) -> Tensor:
+        """A x for x of shape [n]; returns [m]."""
         m, n = self.shape
         self._check_in(x, n, "matvec", 1)
         self.n_matvecs += 1
         return self._check_out(self._matvec(x), (m,), "matvec")
 
     def rmatvec(self, y: Tensor) -> Tensor:
+        """A^H y for y of shape [m]; returns [n] (``NotImplementedError`` without an adjoint)."""
         m, n = self.shape
         self._check_in(y, m, "rmatvec", 1)
         self._need_adjoint()
@@ -140,6 +142,7 @@ class LinearOperator:
         return torch.stack([fn(X[:, j]) for j in range(X.shape[1])], dim=1)
 
     def matmat(self, X: Tensor) -> Tensor:
+        """A X for X of shape [n, k]; returns [m, k] (k applications)."""
         m, n = self.shape
         self._check_in(X, n, "matmat", 2)
         k = X.shape[1]
@@ -149,6 +152,9 @@ class LinearOperator:
         return self._check_out(self._columns(self._matvec, X), (m, k), "matmat")
 
     def rmatmat(self, Y: Tensor) -> Tensor:
+        """A^H Y for Y of shape [m, k]; returns [n, k] (``NotImplementedError`` without an
+        adjoint).
+        """
         m, n = self.shape
         self._check_in(Y, m, "rmatmat", 2)
         self._need_adjoint()
@@ -171,6 +177,7 @@ class LinearOperator:
 
     @property
     def H(self) -> "LinearOperator":
+        """The adjoint A^H as an operator (the same as ``T`` for a real operator)."""
         return self.T
 
     @overload
@@ -322,6 +329,7 @@ class DenseOperator(LinearOperator):
         )
 
     def to_dense(self) -> Tensor:
+        """A copy of the matrix (counted as one application per column)."""
         self.n_matvecs += self.shape[1]
         return self.matrix.clone()
 

@@ -40,13 +40,21 @@ class Operator(Protocol):
     block_size: Optional[int]
     n_matvecs: int
 
-    def matvec(self, x: Tensor) -> Tensor: ...
+    def matvec(self, x: Tensor) -> Tensor:
+        """A x for x of shape [n]; returns [m]."""
+        ...
 
-    def matmat(self, X: Tensor) -> Tensor: ...
+    def matmat(self, X: Tensor) -> Tensor:
+        """A X for X of shape [n, k]; returns [m, k]."""
+        ...
 
-    def rmatvec(self, y: Tensor) -> Tensor: ...
+    def rmatvec(self, y: Tensor) -> Tensor:
+        """A^H y for y of shape [m]; returns [n]."""
+        ...
 
-    def rmatmat(self, Y: Tensor) -> Tensor: ...
+    def rmatmat(self, Y: Tensor) -> Tensor:
+        """A^H Y for Y of shape [m, k]; returns [n, k]."""
+        ...
 
 
 @runtime_checkable
@@ -58,9 +66,13 @@ class BatchGroup(Protocol):
     size: int
     dtype: torch.dtype
 
-    def matmat_all(self, X: Tensor) -> Tensor: ...
+    def matmat_all(self, X: Tensor) -> Tensor:
+        """X [size, n, c] -> [size, m, c]: slot i is A_i X[i]."""
+        ...
 
-    def rmatmat_all(self, X: Tensor) -> Tensor: ...
+    def rmatmat_all(self, X: Tensor) -> Tensor:
+        """X [size, m, c] -> [size, n, c]: slot i is A_i^H X[i]."""
+        ...
 
 
 @runtime_checkable

@@ -1,7 +1,15 @@
 """Block replay -> LinearOperator: the Jacobian of one transformer block at its recorded input.
 
-    >>> J = block_jacobian(probe.anatomy, probe.recording, 3)      # doctest: +SKIP
-    >>> eigs(J, 16).values                                          # doctest: +SKIP
+    >>> import torch
+    >>> from transformers import GPT2Config, GPT2Model
+    >>> import spectral_hooks as sh
+    >>> model = GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)).eval()
+    >>> with sh.instrument(model) as probe, torch.no_grad():
+    ...     _ = model(input_ids=torch.arange(16).reshape(2, 8))
+    >>> from spectral_hooks.linalg import eigs
+    >>> J = block_jacobian(probe.anatomy, probe.recording, 1)   # d x d, at the last real token
+    >>> J.shape, J.positions, bool(eigs(J, 4).converged)
+    ((32, 32), (7,), True)
 
 f_l is the whole block (norms, attention, MLP, residual adds) as a function of its residual
 input, with every other recorded input (attention mask, position ids, rotary cos/sin) held

@@ -1,9 +1,19 @@
 """The end-to-end Jacobian P_l = d h_l[p] / d h_0[p] through the whole stack (METRICS.md,
 "Bottleneck"): exact for every model, bidirectional ones included.
 
-    >>> P = end_to_end_jacobians(anatomy, recording, sample=0, position=-1)  # doctest: +SKIP
-    >>> P.shape                                                               # doctest: +SKIP
-    torch.Size([6, 384, 384])
+    >>> import torch
+    >>> from transformers import GPT2Config, GPT2Model
+    >>> import spectral_hooks as sh
+    >>> model = GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)).eval()
+    >>> with sh.instrument(model) as probe, torch.no_grad():
+    ...     _ = model(input_ids=torch.arange(16).reshape(2, 8))
+    >>> from spectral_hooks.linearize import dense_block_jacobian
+    >>> P = end_to_end_jacobians(probe.anatomy, probe.recording, sample=0, position=-1)
+    >>> P.shape                                     # P_1, P_2: [L, d, d]
+    torch.Size([2, 32, 32])
+    >>> J0, J1 = (dense_block_jacobian(probe.anatomy, probe.recording, l) for l in (0, 1))
+    >>> torch.allclose(P[1], J1 @ J0, atol=1e-6)    # causal: P_2 = J_1 J_0 (float32 inputs)
+    True
 
 The tangent enters at row p of the first recorded block's input; every block then runs on the
 full sequence (each with its own recorded mask, positions and rotary inputs), so a bidirectional

@@ -234,6 +234,7 @@ class Engine:
 
     # -------------------------------------------------------------- reverse (rmatvec)
     def vjp(self, U: Tensor) -> Tensor:
+        """U [m, d] or [k, m, d] (batched) -> the VJP U J (as :meth:`jvp`'s shapes)."""
         if self.block_width and self.method in ("auto", "linearize"):
             out = self._block_vjp(U[None] if U.ndim == 2 else U)
             if out is not None:
@@ -314,6 +315,10 @@ class Engine:
 
 def make_operator(engine: Engine, name: str, *, kind: str,
                    single_query_mode: Optional[str]) -> BlockJacobian:
+    """The :class:`BlockJacobian` of ``engine``'s block function: an (m d x m d)
+    operator on flattened rows (matvec = JVP, rmatvec = VJP, complex vectors by parts) that
+    names its layer, sample, positions, ``kind`` and ``single_query_mode``.
+    """
     fn = engine.fn
     m, d = fn.x0.shape
     n = m * d

@@ -33,6 +33,10 @@ def where(positions: Sequence[int]) -> str:
 
 def replay_error(*, layer: int, sample: int, positions: Sequence[int], what: str,
                  dtype: torch.dtype) -> NonFiniteComputationError:
+    """The :class:`NonFiniteComputationError` for a NaN / Inf JVP or VJP (``what``) of
+    block ``layer`` replayed in ``dtype`` from a finite recorded input: names the sample and
+    token rows, and what to look for.
+    """
     first = int(positions[0]) if len(positions) else None
     return NonFiniteComputationError(
         f"the {what} of block {layer} at sample {sample}, {where(positions)} holds NaN or Inf "

@@ -155,6 +155,7 @@ def plain_jvp(f: Callable[[Tensor], Tensor], x0: Tensor) -> Callable[[Tensor], T
 
 
 def first_output(out):
+    """A block's hidden states: the first element of a tuple / list output, else the output."""
     return out[0] if isinstance(out, (tuple, list)) else out
 
 

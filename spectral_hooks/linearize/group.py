@@ -208,6 +208,7 @@ class BlockGroup:
 
     @property
     def root(self) -> "BlockGroup":
+        """The group whose graphs and buffers this one shares (itself unless shifted)."""
         return self if self._base is None else self._base
 
     def shifted(self, shift: float) -> "BlockGroup":
@@ -222,6 +223,7 @@ class BlockGroup:
         return got
 
     def members(self) -> List[StackedBlockJacobian]:
+        """One :class:`StackedBlockJacobian` per slot, each applied through this group."""
         return [_member(self, i) for i in range(self.size)]
 
     def _width(self, c: int) -> _Width:
@@ -243,9 +245,11 @@ class BlockGroup:
         return root._host_columns[i]
 
     def matmat_all(self, X: Tensor) -> Tensor:
+        """X [G, n, c] -> [G, n, c]: slot l is (J_l - shift I) X[l], in one pass."""
         return self._apply(X, adjoint=False)
 
     def rmatmat_all(self, X: Tensor) -> Tensor:
+        """X [G, n, c] -> [G, n, c]: slot l is (J_l - shift I)^T X[l], in one pass."""
         return self._apply(X, adjoint=True)
 
     def _apply(self, X: Tensor, adjoint: bool) -> Tensor:

@@ -1,11 +1,18 @@
 """Typed Jacobian operators: what a block Jacobian is, stated in its constructor.
 
-    >>> J = block_jacobian(anatomy, recording, 3)                  # doctest: +SKIP
-    >>> J.layer, J.sample, J.positions, J.kind, J.single_query_mode  # doctest: +SKIP
-    (3, 0, (11,), 'token', 'split')
-    >>> P = jacobian_product(anatomy, recording, 1, 3)              # doctest: +SKIP
-    >>> P.first, P.last, [F.layer for F in P.factors]              # doctest: +SKIP
-    (1, 3, [1, 2, 3])
+    >>> import torch
+    >>> from transformers import GPT2Config, GPT2Model
+    >>> import spectral_hooks as sh
+    >>> model = GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)).eval()
+    >>> with sh.instrument(model) as probe, torch.no_grad():
+    ...     _ = model(input_ids=torch.arange(16).reshape(2, 8))
+    >>> from spectral_hooks.linearize import block_jacobian, jacobian_product
+    >>> J = block_jacobian(probe.anatomy, probe.recording, 1)
+    >>> J.layer, J.sample, J.positions, J.kind, J.single_query_mode
+    (1, 0, (7,), 'token', 'split')
+    >>> P = jacobian_product(probe.anatomy, probe.recording, 0, 1)
+    >>> P.first, P.last, tuple(F.layer for F in P.factors)
+    (0, 1, (0, 1))
 
 :class:`BlockJacobian` is the Jacobian of one block at its recorded input (matvec = JVP,
 rmatvec = VJP); :class:`StackedBlockJacobian` is one slot of a stacked engine
@@ -36,9 +43,13 @@ _Fn = Callable[[Tensor], Tensor]
 class JacobianEngine(Protocol):
     """What an operator's engine provides (``engine.Engine``): batched JVPs and VJPs."""
 
-    def jvp(self, V: Tensor) -> Tensor: ...
+    def jvp(self, V: Tensor) -> Tensor:
+        """V [m, d] or [k, m, d] -> J V."""
+        ...
 
-    def vjp(self, U: Tensor) -> Tensor: ...
+    def vjp(self, U: Tensor) -> Tensor:
+        """U [m, d] or [k, m, d] -> U J."""
+        ...
 
 
 def _positions(positions: Union[Tensor, Sequence[int]]) -> Tuple[int, ...]:

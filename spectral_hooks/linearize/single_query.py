@@ -122,6 +122,9 @@ class FixedKV:
         self.refused = refused  # score-modifying core keywords the split core refuses
 
     def update(self, key_states, value_states, *args, **kwargs):
+        """The HF cache hook a block's attention calls with its new keys / values: fills the
+        cache on first call, then returns the keys / values to attend to.
+        """
         if self.keys is None:  # filling: the block runs on the earlier positions once
             self.keys, self.values = key_states.detach(), value_states.detach()
             raise _CacheFilled
@@ -133,11 +136,24 @@ class FixedKV:
                 torch.cat([self.values, value_states], dim=-2))
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
+        """The number of fixed earlier positions (0 before the fill)."""
         return 0 if self.keys is None else int(self.keys.shape[-2])
 
 
 def slice_call(call, L: int, rows: slice, cols: slice, hidden: Tensor, cache,
                 cache_slot: tuple) -> tuple:
+    """A block call's arguments for query rows ``rows`` attending to key columns ``cols``.
+
+    Masks, ALiBi key biases and per-position tensors (position ids, rotary cos/sin) of the
+    recorded call (sequence length ``L``) are cut to those rows / columns, ``hidden`` becomes
+    the hidden states and ``cache`` goes where the block takes its cache.
+
+    Args:
+        cache_slot: ``(keyword, positional index or None)`` of the block's cache argument.
+
+    Returns:
+        ``(args, kwargs)`` for the block.
+    """
     def cut(t: Tensor) -> Tensor:
         if t.ndim == 4 and t.shape[-1] == L and t.shape[-2] == L:  # [b, h, q, k] mask
             return t[..., rows, cols]

@@ -146,12 +146,14 @@ class StackedJacobians:
         return Y.reshape(c, L, n).permute(1, 2, 0)
 
     def matmat_all(self, X: Tensor) -> Tensor:
+        """X [L, d, c] -> [L, d, c]: slot l is J_l X[l] (the JVP, built on first use)."""
         if self._jvp is None:
             self._build_jvp()
         assert self._jvp is not None  # built above
         return self._checked(self._apply(self._jvp, X), "JVP")
 
     def rmatmat_all(self, X: Tensor) -> Tensor:
+        """X [L, d, c] -> [L, d, c]: slot l is J_l^T X[l] (the VJP, built on first use)."""
         if self._vjp is None:
             self._build_vjp()
         assert self._vjp is not None  # built above

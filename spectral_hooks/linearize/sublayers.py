@@ -14,7 +14,18 @@ after every call. For token rows of a sequential block f = f_ffn o f_attn, so
 J_block = J_ffn J_attn exactly when one row is linearised (``tests/test_linearize_sublayers.py``
 checks the factorisation and both factors against ``torch.func.jacfwd``).
 
-    >>> J = sublayer_jacobian(probe.anatomy, probe.recording, 0, sublayer="ffn")  # doctest: +SKIP
+    >>> import torch
+    >>> from transformers import GPT2Config, GPT2Model
+    >>> import spectral_hooks as sh
+    >>> model = GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)).eval()
+    >>> with sh.instrument(model) as probe, torch.no_grad():
+    ...     _ = model(input_ids=torch.arange(16).reshape(2, 8))
+    >>> from spectral_hooks.linearize import dense_block_jacobian
+    >>> eye = torch.eye(32, dtype=torch.float64)
+    >>> J_attn, J_ffn = (sublayer_jacobian(probe.anatomy, probe.recording, 0, sublayer=s)
+    ...                  .matmat(eye) for s in ("attention", "ffn"))
+    >>> torch.allclose(J_ffn @ J_attn, dense_block_jacobian(probe.anatomy, probe.recording, 0))
+    True
 """
 
 from __future__ import annotations

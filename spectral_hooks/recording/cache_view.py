@@ -51,15 +51,20 @@ class ActivationCacheView:
         def tensor(self, capture: str, layer: int) -> torch.Tensor: ...
 
     def keys(self) -> list[str]:
+        """The TransformerLens hook names recorded (``blocks.{l}.hook_resid_post``, ...), layer
+        by layer in run order; empty before the first forward.
+        """
         if not self._has_data():
             return []
         points = [p for p in RUN_ORDER if p in self.capture]
         return [hook_name(p, layer) for layer in self.layers for p in points]
 
     def values(self) -> list[Tensor]:
+        """The recorded tensors, in the order of :meth:`keys`."""
         return [self[name] for name in self.keys()]
 
     def items(self) -> list[tuple[str, Tensor]]:
+        """``(hook name, tensor)`` pairs, in the order of :meth:`keys`."""
         return [(name, self[name]) for name in self.keys()]
 
     def __iter__(self) -> Iterator[str]:

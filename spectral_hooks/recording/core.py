@@ -194,14 +194,17 @@ class Recording(ActivationCacheView):
     # ---------------------------------------------------------------- reading
     @property
     def resid_pre(self) -> _LayerView:
+        """Block inputs by layer: ``recording.resid_pre[l]`` is [batch, seq, d_model]."""
         return _LayerView(self, "resid_pre")
 
     @property
     def resid_post(self) -> _LayerView:
+        """Block outputs by layer: ``recording.resid_post[l]`` is [batch, seq, d_model]."""
         return _LayerView(self, "resid_post")
 
     @property
     def attn_out(self) -> _LayerView:
+        """Attention outputs by layer: ``recording.attn_out[l]`` is [batch, seq, d_model]."""
         return _LayerView(self, "attn_out")
 
     @property
@@ -224,6 +227,7 @@ class Recording(ActivationCacheView):
 
     @property
     def n_samples(self) -> int:
+        """Batch rows recorded, over every forward so far."""
         return sum(run.batch for run in self._runs)
 
     def _has_data(self) -> bool:
