@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The one prepared device run (issue 24, point 3): run from the repository root on a machine
 # with CUDA; JSON lines and logs go to ${OUT:-benchmarks/results/gpu_session}. Each stage has
-# its own time limit and a failed stage does not stop the next. ~16 minutes at most (3 of them the
-# recording stage), ~6 as measured on an H200 (before the materialised eigs and recording parts).
+# its own time limit and a failed stage does not stop the next. ~19 minutes at most (3 of them the
+# recording stage, 3 the host-bound proxy; with a 15-minute device budget the last stages may not
+# run), ~6 as measured on an H200 (before the materialised eigs and recording parts).
 set -u
 out=${OUT:-benchmarks/results/gpu_session}
 mkdir -p "$out"
@@ -28,8 +29,18 @@ tail -3 "$out/pytest.log"
 # oracles on the device (matrix-free vs its exact path, device vs CPU), then the small form
 stage check 110 --check --layers 2 --d-model 1024 --tokens 128 --vocab 1000 \
     --dtype float32 --threads 8
-# Llama-3-8B shape, bf16, 512 tokens: recording overhead and the jacobian section
-stage llama8b_jacobian 270 --skip-power --progress
+# Llama-3-8B shape, bf16, 512 tokens: the jacobian section (layer groups) with its peak memory
+# (peak_gib; issue 37 goals: <= 30 s, <= 40 GiB); recording overhead is the recording stage's
+stage llama8b_jacobian 270 --skip-power --skip-record --progress
+# the host-bound proxy (issue 37) on the device: ops, host syncs, forward-equivalents a layer,
+# matrix-free against the dense path (d=128 x 8 layers; d=1024 x 4 if time allows)
+t0=$SECONDS
+timeout 100 "$py" benchmarks/host_bound.py --device cuda --quick --check --rounds 3 \
+    --out "$out/host_bound.jsonl" >"$out/host_bound.log" 2>&1
+timeout 100 "$py" benchmarks/host_bound.py --device cuda --proxies d1024x4 --check --rounds 2 \
+    --out "$out/host_bound.jsonl" >>"$out/host_bound.log" 2>&1
+echo "host_bound rc=$? seconds=$((SECONDS - t0))" | tee -a "$out/stages.txt"
+tail -2 "$out/host_bound.log"
 # where a layer's jacobian time goes (eigs, svds, Hutchinson), with a profile of one layer
 t0=$SECONDS
 timeout 130 "$py" benchmarks/jacobian_parts.py --layers 3 --profile --materialize --out "$out/parts.jsonl" \

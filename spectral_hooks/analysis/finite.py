@@ -61,17 +61,28 @@ def _tensors(recording: Recording, layer: int, sample: Optional[int]) -> Iterato
             yield capture, x, recording.mask.to(x.device) != 0, 0
 
 
+def _host_values(values: list[Tensor]) -> list[Any]:
+    """0-dim tensors as Python numbers, one read a device (not one a tensor)."""
+    out: list[Any] = [None] * len(values)
+    by_device: dict[torch.device, list[int]] = {}
+    for i, v in enumerate(values):
+        by_device.setdefault(v.device, []).append(i)
+    for index in by_device.values():
+        for i, value in zip(index, torch.stack([values[i] for i in index]).tolist()):
+            out[i] = value
+    return out
+
+
 def _check_stats(recording: Recording) -> None:
-    for layer in recording.layers:
-        for capture in ORDER[1:]:
-            if capture not in recording.capture:
-                continue
-            stats = recording.stats(capture, layer)
-            if not (bool(torch.isfinite(stats.mean).all())
-                    and bool(torch.isfinite(stats.cov).all())):
-                raise NonFiniteError.at(layer=layer, capture=capture,
-                                        description=describe(capture),
-                                        value=_value(stats.mean))
+    found = [(layer, capture, recording.stats(capture, layer)) for layer in recording.layers
+             for capture in ORDER[1:] if capture in recording.capture]
+    finite = _host_values([torch.isfinite(stats.mean).all() & torch.isfinite(stats.cov).all()
+                           for _, _, stats in found])
+    for (layer, capture, stats), ok in zip(found, finite):
+        if not ok:
+            raise NonFiniteError.at(layer=layer, capture=capture,
+                                    description=describe(capture),
+                                    value=_value(stats.mean))
 
 
 def check_recording_finite(recording: Recording, *, sample: Optional[int] = None) -> None:
@@ -80,18 +91,17 @@ def check_recording_finite(recording: Recording, *, sample: Optional[int] = None
     if recording.store == "stats":
         _check_stats(recording)
         return
-    first: Optional[dict[str, Any]]
-    first, count = None, 0
-    for layer in recording.layers:
-        for capture, x, real, offset in _tensors(recording, layer, sample):
-            bad = ~torch.isfinite(x).all(dim=-1) & real
-            n_bad = int(bad.sum())
-            if n_bad and first is None:
-                s, t = (int(i) for i in bad.nonzero()[0])
-                first = dict(layer=layer, capture=capture, description=describe(capture),
-                             sample=s + offset, position=t,
-                             value=_value(x[s, t]))
-            count += n_bad
+    first: Optional[dict[str, Any]] = None
+    found = [(layer, capture, x, offset, ~torch.isfinite(x).all(dim=-1) & real)
+             for layer in recording.layers
+             for capture, x, real, offset in _tensors(recording, layer, sample)]
+    n_bad = _host_values([bad.sum() for *_, bad in found])  # one read, not one a tensor
+    for (layer, capture, x, offset, bad), n in zip(found, n_bad):
+        if n and first is None:
+            s, t = (int(i) for i in bad.nonzero()[0])
+            first = dict(layer=layer, capture=capture, description=describe(capture),
+                         sample=s + offset, position=t, value=_value(x[s, t]))
+    count = sum(n_bad)
     if first is not None:
         more = "" if count == 1 else (f"; {count} (capture point, token) pairs are non-finite "
                                       "in all, this is the first in forward order")
@@ -100,8 +110,9 @@ def check_recording_finite(recording: Recording, *, sample: Optional[int] = None
 
 def check_layer_matrices_finite(F: Tensor, layers: tuple[int, ...]) -> None:
     """F_t = W_O W_V of every analysed layer is finite, else name the first layer that is not."""
-    for layer in layers:
-        if not bool(torch.isfinite(F[layer]).all()):
+    finite = _host_values([torch.isfinite(F[layer]).all() for layer in layers])
+    for layer, ok in zip(layers, finite):
+        if not ok:
             raise NonFiniteComputationError(
                 f"F = W_O W_V of layer {layer} holds {_value(F[layer])}: layer {layer}'s value "
                 "or output projection weights are not finite or so large that their product "

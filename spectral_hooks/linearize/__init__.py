@@ -115,7 +115,7 @@ def block_jacobian(anatomy: Anatomy, recording: Recording, layer: int, *, sample
         raise OptionError("method", method, f"one of {METHODS}")
     fn = block_function(anatomy, recording, layer, sample=sample, position=position, kind=kind,
                         dtype=dtype)
-    where = f"p={int(fn.positions[0])}" if kind == "token" else f"n={fn.positions.numel()}"
+    where = f"p={fn.rows[0]}" if kind == "token" else f"n={len(fn.rows)}"
     sq = single_query_function(fn) if single_query and kind == "token" and anatomy.causal else None
     mode = None if sq is None else ("split" if sq.split else "concat")
     return make_operator(Engine(fn if sq is None else sq, method),

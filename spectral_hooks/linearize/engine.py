@@ -327,7 +327,7 @@ def make_operator(engine: Engine, name: str, *, kind: str,
     def as_rows(x: Tensor) -> Tensor:
         return x.to(dtype).reshape(m, d)
 
-    at: dict[str, Any] = dict(layer=fn.layer, sample=fn.sample, positions=fn.positions.tolist())
+    at: dict[str, Any] = dict(layer=fn.layer, sample=fn.sample, positions=list(fn.rows))
 
     made: list[BlockJacobian] = []  # the operator, once built (its caller_checks_finite)
 
@@ -355,7 +355,7 @@ def make_operator(engine: Engine, name: str, *, kind: str,
 
     op = BlockJacobian(n, matvec=matvec, rmatvec=rmatvec, matmat=matmat, rmatmat=rmatmat,
                        dtype=dtype, device=fn.x0.device, name=name, layer=fn.layer,
-                       sample=fn.sample, positions=fn.positions, kind=kind,
+                       sample=fn.sample, positions=fn.rows, kind=kind,
                        single_query_mode=single_query_mode, engine=engine,
                        block_size=engine.block_width)
     made.append(op)

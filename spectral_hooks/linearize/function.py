@@ -173,16 +173,20 @@ class BlockFunction:
     sample: int
     hidden: Tensor
     positions: Tensor
+    rows: tuple[int, ...]
     x0: Tensor
 
     def __init__(self, block: torch.nn.Module, call: BlockCall, hidden: Tensor,
                  positions: Tensor, params: dict[str, Tensor], layer: int, sample: int,
-                 convention: BlockCallConvention) -> None:
+                 convention: BlockCallConvention, rows: Optional[tuple[int, ...]] = None
+                 ) -> None:
         self.block, self.call, self.params = block, call, params
         self.convention = convention  # how this family's blocks are called (anatomy fact)
         self.layer, self.sample = layer, sample
         self.hidden = hidden  # [1, L, d] in the working dtype
-        self.positions = positions  # LongTensor [m]
+        self.positions = positions  # LongTensor [m] on the block's device
+        # the same rows as host ints (names, checks, keys: no device read each)
+        self.rows = tuple(positions.tolist()) if rows is None else tuple(rows)
         L = hidden.shape[1]
         keep = torch.ones(L, 1, dtype=hidden.dtype, device=hidden.device)
         keep[positions] = 0
@@ -220,25 +224,25 @@ def _resolve_sample(recording, layer: int, sample: int):
 
 
 def _resolve_positions(recording, layer: int, sample: int, position: Optional[int], kind: str,
-                       L: int) -> Tensor:
-    mask = recording.mask[sample]
-    steps = recording.position_step[sample]
-    real = torch.nonzero(mask[:L] != 0).flatten()
+                       L: int) -> tuple[int, ...]:
+    """The recording rows to linearise at, as host ints (the mask is on the host: one read)."""
+    mask = recording.mask[sample].tolist()
+    real = [i for i, m in enumerate(mask[:L]) if m != 0]
     if kind == "sequence":
         if position not in (None, -1):
             raise OptionError("position", position, "-1 (the default)",
                               hint="kind='sequence' covers every real position")
-        if real.numel() == 0:
+        if not real:
             raise RecordingError(f"sample {sample} has no real (non-padding) token at layer {layer}")
-        return real
+        return tuple(real)
     position = check_int("position", position)
-    width = mask.shape[0]
+    width = len(mask)
     if position < 0:
-        if -position > real.numel():
-            raise OptionError("position", position, f"a row >= -{real.numel()}",
+        if -position > len(real):
+            raise OptionError("position", position, f"a row >= -{len(real)}",
                               hint=f"position {position} is out of range: sample {sample} has "
-                              f"{real.numel()} real tokens")
-        return real[position:position + 1 if position != -1 else None].clone()
+                              f"{len(real)} real tokens")
+        return tuple(real[position:position + 1 if position != -1 else None])
     if position >= width:
         raise OptionError("position", position, f"a row < {width}",
                           hint=f"position {position} is out of range: the recording has "
@@ -246,11 +250,11 @@ def _resolve_positions(recording, layer: int, sample: int, position: Optional[in
     if mask[position] == 0:
         raise OptionError("position", position, "a real (non-padding) row",
                           hint=f"position {position} of sample {sample} is padding")
-    if position >= L or int(steps[position]) > 0:
+    if position >= L or int(recording.position_step[sample, position]) > 0:
         raise OptionError("position", position, "a prefill row",
                           hint=f"position {position} of sample {sample} was written by a "
                           "generate() decode step: block inputs are kept for the prefill only")
-    return torch.tensor([position])
+    return (position,)
 
 
 def _check_finite_input(hidden: Tensor, positions: Tensor, *, layer: int, sample: int) -> None:
@@ -281,8 +285,8 @@ def block_function(anatomy: Anatomy, recording: Recording, layer: int, *, sample
     args, kwargs = map_tensors(call.args, cast), map_tensors(call.kwargs, cast)
     call = dataclasses.replace(call, args=args, kwargs=kwargs)
     hidden = call.hidden
-    positions = _resolve_positions(recording, layer, sample, position, kind,
-                                   hidden.shape[1]).to(device)
+    rows = _resolve_positions(recording, layer, sample, position, kind, hidden.shape[1])
+    positions = torch.tensor(rows, dtype=torch.long).to(device)
     _check_finite_input(hidden[0], positions, layer=layer, sample=sample)
     params = {}
     for name, t in block.named_parameters():
@@ -290,4 +294,4 @@ def block_function(anatomy: Anatomy, recording: Recording, layer: int, *, sample
     for name, t in block.named_buffers():
         params[name] = cast(t).to(device)
     return BlockFunction(block, call, hidden, positions, params, layer, sample,
-                         anatomy.call_convention)
+                         anatomy.call_convention, rows=rows)

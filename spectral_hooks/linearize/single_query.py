@@ -188,6 +188,7 @@ class SingleQueryFunction:
     layer: int
     sample: int
     positions: Tensor
+    rows: tuple[int, ...]
     x0: Tensor
     split: bool
     convention: BlockCallConvention
@@ -198,7 +199,8 @@ class SingleQueryFunction:
         self.block, self.params = full.block, full.params
         self.layer, self.sample, self.positions, self.x0 = (full.layer, full.sample,
                                                              full.positions, full.x0)
-        p = int(full.positions[0])
+        self.rows = full.rows
+        p = full.rows[0]
         L = full.hidden.shape[1]
         self.split = split
         self.convention = full.convention
@@ -299,11 +301,12 @@ def _check(sq: SingleQueryFunction, fn: BlockFunction) -> float:
         if sq.split:  # row 0 of a batch of two against the full sequence, row 1 alone
             ab = sq.batched(xs)
             a, a1 = ab[0], sq(xs[1])
-            err = float((ab[1] - a1).norm() / a1.norm().clamp_min(1e-30))
+            errs = [(ab[1] - a1).norm() / a1.norm().clamp_min(1e-30)]
         else:
-            a, err = sq(xs[0]), 0.0
-        err = max(err, float((a - b).norm() / b.norm().clamp_min(1e-30)))
-    return err
+            a, errs = sq(xs[0]), []
+        errs.append((a - b).norm() / b.norm().clamp_min(1e-30))
+    values = torch.stack(errs).tolist()  # one read for both
+    return max(values[0] if sq.split else 0.0, values[-1])
 
 
 def single_query_function(fn: BlockFunction, *, allow_split: bool = True
@@ -313,7 +316,7 @@ def single_query_function(fn: BlockFunction, *, allow_split: bool = True
 
     A block whose family takes no replayable cache (``call_convention.cache_kwargs`` empty:
     TransformerLens) runs the full sequence quietly; any other failure is a fallback."""
-    if fn.positions.numel() != 1 or int(fn.positions[0]) == 0:
+    if len(fn.rows) != 1 or fn.rows[0] == 0:
         return None
     if not fn.convention.cache_kwargs:
         return None

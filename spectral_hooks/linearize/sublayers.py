@@ -71,7 +71,7 @@ class SublayerFunction(BlockFunction):
     def __init__(self, fn: BlockFunction, module: torch.nn.Module, kind: str, sublayer: str
                  ) -> None:
         super().__init__(fn.block, fn.call, fn.hidden, fn.positions, fn.params, fn.layer,
-                         fn.sample, fn.convention)
+                         fn.sample, fn.convention, rows=fn.rows)
         self.module, self.kind, self.sublayer = module, kind, sublayer
         with torch.no_grad():
             self.mid0 = self.run(fn.hidden[0])[1].detach()  # recorded resid_mid [L, d]
@@ -139,5 +139,5 @@ def sublayer_jacobian(anatomy: Anatomy, recording: Recording, layer: int, *, sub
     fn = sublayer_function(anatomy, recording, layer, sublayer=sublayer, sample=sample,
                            position=position, dtype=dtype)
     return make_operator(Engine(fn, method),
-                          f"J_{sublayer}[layer {fn.layer}, token p={int(fn.positions[0])}]",
+                          f"J_{sublayer}[layer {fn.layer}, token p={fn.rows[0]}]",
                           kind="token", single_query_mode=None)
