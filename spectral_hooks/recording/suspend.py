@@ -13,6 +13,7 @@ import contextlib
 import threading
 from typing import Iterator
 
+
 class _Depth(threading.local):
     depth = 0  # class default: every thread starts unsuspended, read without getattr
 
