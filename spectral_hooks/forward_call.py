@@ -276,6 +276,8 @@ class ForwardCall:
         self.counts: dict[Any, int] = {}
         self.captured: dict[Any, Any] = {}
         self.block_calls: dict[Any, Any] = {}
+        # (layer, args, kwargs, stored input, keep) per recorded block call, until the call ends
+        self.block_args: list[tuple[Any, ...]] = []
         self.inputs: Optional[tuple[Any, ...]] = None
         self.versions: list[tuple[Tensor, int]] = []  # (recorded state, its in-place version)
         # the merge check (Probe._merge_rule): the last block output, and whether each block
@@ -295,13 +297,21 @@ class ForwardCall:
         self.counts[key] = count + 1
         return order[count] if count < len(order) else None
 
+    def build_block_calls(self, hidden_kwarg: str) -> None:
+        """Turn the block calls noted while the model ran into replayable calls (see
+        :func:`replayable_call`), once per forward rather than inside each block's hook."""
+        for layer, args, kwargs, stored, keep in self.block_args:
+            self.block_calls[layer] = replayable_call(args, kwargs, stored, keep,
+                                                      hidden_kwarg=hidden_kwarg)
+        self.block_args = []
+
     def captured_mask(self) -> Optional[Tensor]:
         """The padding mask of the captured positions as the model got it (on its device, not
         read here: no host sync), or None when the model got none (every position is real)."""
         batch, n_new = self.shape()
         mask = self.mask
         if mask is not None and mask.shape[0] == batch and mask.shape[1] >= n_new:
-            return mask[:, -n_new:]
+            return mask if mask.shape[1] == n_new else mask[:, -n_new:]
         return None
 
     def batch_mask(self) -> Tensor:
@@ -316,7 +326,7 @@ class ForwardCall:
         ids = self.token_ids
         if ids is None or ids.shape[0] != batch or ids.shape[1] < n_new:
             return None
-        return ids[:, -n_new:]
+        return ids if ids.shape[1] == n_new else ids[:, -n_new:]
 
     def shape(self) -> tuple[int, int]:
         """(batch, new positions) of the captured states."""

@@ -173,6 +173,7 @@ class Probe:
             log.warning("forward call not recorded: the model wrote a recorded state in place "
                         "after it was recorded; this probe stores copies from now on")
             return
+        call.build_block_calls(self.anatomy.call_convention.hidden_kwarg)
         self.anatomy = fc.verified(self.anatomy, call, output, on_refusal=self.remove)
         self.recording.commit(call.captured, call.captured_mask(), call.shape(),
                               continues=call.continues,
@@ -204,22 +205,23 @@ class Probe:
         post_before = [layer - 1 in self.layers and "resid_post" in self.recording.capture
                        for layer in order]
         hidden_kwarg = self.anatomy.call_convention.hidden_kwarg
-        key = ("block_pre", id(parts[order[0]].block))
+        key = object()  # this hook's own application counter
 
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
             if is_suspended():
                 return
-            if self._call is None and module is self._first_block and not fc.in_backward():
+            call = self._call
+            if call is None:
+                if module is not self._first_block or fc.in_backward():
+                    return  # outside a model forward: e.g. checkpoint recomputation in backward
                 # the model's forward was bypassed (TL3 generate() calls the blocks directly)
                 mask = fc.block_padding_mask(fc.block_arguments(module, args, kwargs),
                                              causal=self.anatomy.causal)
-                self._call = fc.ForwardCall(mask, implicit=True,
-                                            continues=fc.cache_length(kwargs) > 0)
-            call = self._call
-            if call is None:
-                return  # outside a model forward: e.g. checkpoint recomputation in backward
-            i = call.counts.get(key, 0)
-            call.counts[key] = i + 1
+                self._call = call = fc.ForwardCall(mask, implicit=True,
+                                                   continues=fc.cache_length(kwargs) > 0)
+            counts = call.counts
+            i = counts.get(key, 0)
+            counts[key] = i + 1
             if i >= n:
                 return
             hidden = args[0] if args else kwargs.get(hidden_kwarg)
@@ -237,11 +239,10 @@ class Probe:
                 return
             if stored is None:
                 stored = self._store(hidden)
-            if not call.continues:
+            if not call.continues:  # the replayable call is built when the call ends
                 keep = None if self._references and not torch.is_grad_enabled() \
                     else self.recording.keep
-                call.block_calls[layer] = fc.replayable_call(args, kwargs, stored, keep,
-                                                             hidden_kwarg=hidden_kwarg)
+                call.block_args.append((layer, args, kwargs, stored, keep))
             if keep_pre[i]:
                 call.captured[("resid_pre", layer)] = stored
 

@@ -13,13 +13,18 @@ import contextlib
 import threading
 from typing import Iterator
 
-_state = threading.local()
+
+class _Depth(threading.local):
+    depth = 0  # class default: every thread starts unsuspended, read without getattr
+
+
+_state = _Depth()
 
 
 @contextlib.contextmanager
 def suspended() -> Iterator[None]:
     """Block calls inside this context are not recorded by any probe (thread-local)."""
-    _state.depth = getattr(_state, "depth", 0) + 1
+    _state.depth += 1
     try:
         yield
     finally:
@@ -28,4 +33,4 @@ def suspended() -> Iterator[None]:
 
 def is_suspended() -> bool:
     """True inside :func:`suspended` on this thread."""
-    return getattr(_state, "depth", 0) > 0
+    return _state.depth > 0
