@@ -350,6 +350,14 @@ class Probe:
         return other.anatomy, other.recording
 
     # ---------------------------------------------------------------- analysis
+    @property
+    def subject(self) -> Subject:
+        """What :meth:`analyze` hands to every section: this probe's anatomy, recording and
+        analysis cache, and :meth:`record_on` (for calling a section of ``analysis/`` directly).
+        A new frozen view at each read; the cache it holds is the probe's."""
+        return Subject(anatomy=self.anatomy, recording=self.recording, cache=self._cache,
+                       record_on=self.record_on)
+
     def analyze(self, options: Optional[AnalyzeOptions] = None, *, distributed: bool = False,
                 group: Any = None, **keywords: Any) -> Report:
         """A :class:`~spectral_hooks.report.Report` whose sections are computed when first
@@ -359,8 +367,7 @@ class Probe:
         change.
         ``distributed=True``: layers split over the ranks of ``group``, every rank gets the
         whole report (a collective; see ``analysis/distributed.py``)."""
-        subject = Subject(anatomy=self.anatomy, recording=self.recording, cache=self._cache,
-                          record_on=self.record_on)
+        subject = self.subject
         resolved = AnalyzeOptions.resolve(options, **keywords)
         if distributed is not False:
             return analyze_distributed(subject, resolved, group=group, distributed=distributed)

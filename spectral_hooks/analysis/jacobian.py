@@ -6,9 +6,7 @@
     >>> model = GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)).eval()
     >>> with sh.instrument(model) as probe, torch.no_grad():
     ...     _ = model(input_ids=torch.arange(16).reshape(2, 8))
-    >>> from spectral_hooks.analysis.cache import AnalysisCache
-    >>> subject = Subject(anatomy=probe.anatomy, recording=probe.recording,
-    ...                   cache=AnalysisCache(model, probe.recording))
+    >>> subject = probe.subject   # what probe.analyze() hands to each section
     >>> view = JacobianView(subject, AnalyzeOptions(jacobian=True).jacobian_options)
     >>> view.table()[["variant", "layer", "position", "dense"]]   # the last real token, exact
        variant  layer  position  dense

@@ -6,8 +6,7 @@
     >>> model = GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)).eval()
     >>> with sh.instrument(model) as probe, torch.no_grad():
     ...     _ = model(input_ids=torch.arange(16).reshape(2, 8))
-    >>> subject = Subject(anatomy=probe.anatomy, recording=probe.recording,
-    ...                   cache=AnalysisCache(model, probe.recording), record_on=probe.record_on)
+    >>> subject = probe.subject   # what probe.analyze() hands to each section
     >>> init = init_subject(subject, seed=1)          # the same inputs, a fresh GPT2Model
     >>> init.label, init.recording.resid_post[1].shape
     ('init', torch.Size([2, 8, 32]))

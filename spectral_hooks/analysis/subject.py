@@ -6,8 +6,7 @@
     >>> model = GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)).eval()
     >>> with sh.instrument(model) as probe, torch.no_grad():
     ...     _ = model(input_ids=torch.arange(16).reshape(2, 8))
-    >>> subject = Subject(anatomy=probe.anatomy, recording=probe.recording,
-    ...                   cache=AnalysisCache(model, probe.recording))
+    >>> subject = probe.subject   # what probe.analyze() hands to each section
     >>> subject.layers, subject.tokens("resid_post")[1].shape   # 2 x 8 real tokens of layer 1
     ((0, 1), torch.Size([16, 32]))
 
