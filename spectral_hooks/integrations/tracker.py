@@ -7,8 +7,9 @@
     >>> optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     >>> log = JSONLLogger(tempfile.mkdtemp() + "/spectral.jsonl")
     >>> tracker = SpectralTracker(model, every=2, loggers=[log])
+    >>> gen = torch.Generator().manual_seed(0)
     >>> for step in range(1, 5):
-    ...     batch = torch.randint(0, 100, (2, 8))
+    ...     batch = torch.randint(0, 100, (2, 8), generator=gen)
     ...     model(batch, labels=batch).loss.backward()
     ...     metrics = tracker.step(step)          # before optimizer.step(): the weights that ran
     ...     optimizer.step(); optimizer.zero_grad()

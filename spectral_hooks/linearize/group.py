@@ -450,8 +450,8 @@ def free_memory(device: torch.device) -> int:
             for line in f:
                 if line.startswith("MemAvailable:"):
                     return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    except OSError:  # no /proc (macOS, Windows): the documented 8 GiB assumption
+        return 8 * 2 ** 30
     return 8 * 2 ** 30
 
 
