@@ -30,6 +30,7 @@ import json
 import os
 import statistics
 import time
+from typing import Optional
 
 import torch
 
@@ -76,8 +77,13 @@ def first_output(out):
     return out[0] if isinstance(out, (tuple, list)) else out.last_hidden_state
 
 
-def run(name: str, *, rounds: int, calls: int, threads: int, device: str = "cpu") -> dict:
+def run(name: str, *, rounds: int, calls: int, threads: int, device: str = "cpu",
+        capture: Optional[tuple[str, ...]] = None) -> dict:
     import spectral_hooks as sh
+    from spectral_hooks.recording.points import DEFAULT_CAPTURES
+
+    def instrument(model):
+        return sh.instrument(model) if capture is None else sh.instrument(model, capture=capture)
 
     torch.set_num_threads(threads)
     model, inputs = build(name, device)
@@ -85,7 +91,7 @@ def run(name: str, *, rounds: int, calls: int, threads: int, device: str = "cpu"
     plain_hooks = count_hooks(model)
 
     def arm(recorded: bool) -> tuple[float, float]:
-        probe = sh.instrument(model) if recorded else None
+        probe = instrument(model) if recorded else None
         sync()
         start, cpu = time.perf_counter(), time.thread_time()
         for _ in range(calls):
@@ -100,7 +106,7 @@ def run(name: str, *, rounds: int, calls: int, threads: int, device: str = "cpu"
 
     with torch.no_grad():
         reference = first_output(model(**inputs))
-        with sh.instrument(model) as probe:
+        with instrument(model) as probe:
             first_hooks = count_hooks(model) - plain_hooks
             recorded_out = first_output(model(**inputs))
             n_captured = len(probe.recording.keys())
@@ -118,7 +124,8 @@ def run(name: str, *, rounds: int, calls: int, threads: int, device: str = "cpu"
             cpu_ratios.append(times[True][1] / times[False][1])
             plain.append(times[False][0] / calls)
             added.append((times[True][1] - times[False][1]) / calls)
-    return {"model": name, "device": device, "rounds": rounds, "calls": calls, "threads": threads,
+    return {"model": name, "device": device, "capture": list(capture or DEFAULT_CAPTURES),
+            "rounds": rounds, "calls": calls, "threads": threads,
             "hooks": hooks, "hooks_first_call": first_hooks, "captured": n_captured,
             "bit_identical": bool(torch.equal(reference, recorded_out)),
             "ratio_median": statistics.median(ratios), "ratio_min": min(ratios),
@@ -139,12 +146,17 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="5 rounds of 5 calls")
     parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument("--capture", default=None,
+                        help="comma-separated capture points (default: instrument()'s); "
+                             "the training integrations record resid_pre,resid_post")
     args = parser.parse_args()
     rounds, calls = (5, 5) if args.quick else (args.rounds, args.calls)
     models = ("proxy", "minilm") if args.model == "both" else (args.model,)
     results = []
     for name in models:
-        res = run(name, rounds=rounds, calls=calls, threads=args.threads, device=args.device)
+        capture = tuple(args.capture.split(",")) if args.capture else None
+        res = run(name, rounds=rounds, calls=calls, threads=args.threads, device=args.device,
+                  capture=capture)
         results.append(res)
         print(f"{name} on {args.device}: recorded / plain forward, median {res['ratio_median']:.3f} (min "
               f"{res['ratio_min']:.3f}, max {res['ratio_max']:.3f}) over {rounds} rounds of "
