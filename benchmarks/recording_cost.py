@@ -82,8 +82,7 @@ def run(name: str, *, rounds: int, calls: int, threads: int, device: str = "cpu"
     import spectral_hooks as sh
     from spectral_hooks.recording.points import DEFAULT_CAPTURES
 
-    def instrument(model):
-        return sh.instrument(model) if capture is None else sh.instrument(model, capture=capture)
+    capture = capture or DEFAULT_CAPTURES
 
     torch.set_num_threads(threads)
     model, inputs = build(name, device)
@@ -91,7 +90,7 @@ def run(name: str, *, rounds: int, calls: int, threads: int, device: str = "cpu"
     plain_hooks = count_hooks(model)
 
     def arm(recorded: bool) -> tuple[float, float]:
-        probe = instrument(model) if recorded else None
+        probe = sh.instrument(model, capture=capture) if recorded else None
         sync()
         start, cpu = time.perf_counter(), time.thread_time()
         for _ in range(calls):
@@ -106,7 +105,7 @@ def run(name: str, *, rounds: int, calls: int, threads: int, device: str = "cpu"
 
     with torch.no_grad():
         reference = first_output(model(**inputs))
-        with instrument(model) as probe:
+        with sh.instrument(model, capture=capture) as probe:
             first_hooks = count_hooks(model) - plain_hooks
             recorded_out = first_output(model(**inputs))
             n_captured = len(probe.recording.keys())
@@ -124,7 +123,7 @@ def run(name: str, *, rounds: int, calls: int, threads: int, device: str = "cpu"
             cpu_ratios.append(times[True][1] / times[False][1])
             plain.append(times[False][0] / calls)
             added.append((times[True][1] - times[False][1]) / calls)
-    return {"model": name, "device": device, "capture": list(capture or DEFAULT_CAPTURES),
+    return {"model": name, "device": device, "capture": list(capture),
             "rounds": rounds, "calls": calls, "threads": threads,
             "hooks": hooks, "hooks_first_call": first_hooks, "captured": n_captured,
             "bit_identical": bool(torch.equal(reference, recorded_out)),
@@ -148,13 +147,19 @@ def main() -> None:
     parser.add_argument("--json", default=None, help="also write the results here")
     parser.add_argument("--capture", default=None,
                         help="comma-separated capture points (default: instrument()'s); "
-                             "the training integrations record resid_pre,resid_post")
+                             "'power' for what the training integrations record "
+                             "(integrations.power_log.POWER_CAPTURES)")
     args = parser.parse_args()
     rounds, calls = (5, 5) if args.quick else (args.rounds, args.calls)
     models = ("proxy", "minilm") if args.model == "both" else (args.model,)
     results = []
+    capture = None
+    if args.capture == "power":
+        from spectral_hooks.integrations.power_log import POWER_CAPTURES
+        capture = POWER_CAPTURES
+    elif args.capture:
+        capture = tuple(args.capture.split(","))
     for name in models:
-        capture = tuple(args.capture.split(",")) if args.capture else None
         res = run(name, rounds=rounds, calls=calls, threads=args.threads, device=args.device,
                   capture=capture)
         results.append(res)
