@@ -12,6 +12,8 @@ module this is, what was captured, each block's replayable call. The keyword nam
 from __future__ import annotations
 
 import inspect
+import logging
+import operator
 from typing import Any, Callable, Iterable, Optional, cast
 
 import torch
@@ -23,6 +25,8 @@ from .anatomy.patterns import pattern_capture
 from .errors import OptionError, OptionTypeError, RecordingError, UnsupportedModelError
 from .recording import CAPTURES, POINTS, BlockCall, map_tensors, suspended
 from .recording.points import capture_points, layer_list
+
+log: logging.Logger = logging.getLogger(__name__)
 
 
 def recorded_layers(anatomy: Anatomy, layers: Optional[Iterable[int]]) -> tuple[int, ...]:
@@ -82,6 +86,7 @@ def first_tensor(output: Any) -> Tensor:
 
 
 _CACHE_TYPES: dict[type, bool] = {}  # type -> a KV cache (HF Cache objects), checked once per type
+_CACHE_NAMES = frozenset(CACHE_KWARGS)
 
 
 def is_cache(value: Any) -> bool:
@@ -108,6 +113,29 @@ def cache_length(kwargs: dict[str, Any]) -> int:
         if isinstance(mask, Tensor):
             return int(mask.shape[-1])
     return 0
+
+
+def same_arguments(kwargs: dict[str, Any], before: dict[str, Any]) -> bool:
+    """Whether ``kwargs`` holds the very objects of ``before`` under the same names, in the
+    same order."""
+    return kwargs is before or (len(kwargs) == len(before) and list(kwargs) == list(before)
+            and all(map(operator.is_, kwargs.values(), before.values())))
+
+
+WRITTEN_WARNING = ("forward call not recorded: a recorded state was written in place after it "
+                   "was recorded (by the model, or after the call); this probe stores copies "
+                   "from now on")
+
+
+class StoreMode:
+    """Whether a probe stores copies of what it records (True until a call shows that nothing
+    writes a recorded state in place) or references. Shared by the probe and the calls it
+    defers (:class:`DeferredCommit`), which turn copies back on when they find such a write."""
+
+    __slots__ = ("copies",)
+
+    def __init__(self) -> None:
+        self.copies = True
 
 
 def without_caches(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -168,23 +196,33 @@ def block_padding_mask(kwargs: dict[str, Any], *, causal: bool) -> Optional[Tens
 
 def replayable_call(args: tuple[Any, ...], kwargs: dict[str, Any], hidden: Tensor,
                     keep: Optional[Callable[[Tensor], Tensor]], *,
-                    hidden_kwarg: str) -> BlockCall:
+                    hidden_kwarg: str, kept_kwargs: Optional[dict[str, Any]] = None) -> BlockCall:
     """A block's call with its residual input replaced by ``hidden`` (as the probe stored it),
     the other tensors kept by ``keep`` (None: as they are, references), KV caches dropped,
     use_cache off. ``hidden_kwarg``: the keyword of the residual input when it is not passed
-    positionally."""
-    kwargs = {k: v for k, v in kwargs.items() if k not in CACHE_KWARGS and not is_cache(v)}
-    if "use_cache" in kwargs:
-        kwargs["use_cache"] = False
-    if args:
-        rest = tuple(None if is_cache(a) else a for a in args[1:])
-        if keep is not None:
-            rest, kwargs = map_tensors(rest, keep), map_tensors(kwargs, keep)
-        return BlockCall((hidden,) + rest, kwargs, True, hidden_kwarg=hidden_kwarg)
+    positionally. ``kept_kwargs``: :func:`kept_block_kwargs` of ``kwargs``, when known."""
+    if kept_kwargs is None:
+        kept_kwargs = kept_block_kwargs(kwargs, keep)
+    if not args:
+        return BlockCall(args, {**kept_kwargs, hidden_kwarg: hidden}, False,
+                         hidden_kwarg=hidden_kwarg)
+    if len(args) == 1:
+        return BlockCall((hidden,), kept_kwargs, True, hidden_kwarg=hidden_kwarg)
+    rest = tuple([None if is_cache(a) else a for a in args[1:]])
     if keep is not None:
-        kwargs = map_tensors(kwargs, keep)
-    kwargs[hidden_kwarg] = hidden
-    return BlockCall(args, kwargs, False, hidden_kwarg=hidden_kwarg)
+        rest = map_tensors(rest, keep)
+    return BlockCall((hidden,) + rest, kept_kwargs, True, hidden_kwarg=hidden_kwarg)
+
+
+def kept_block_kwargs(kwargs: dict[str, Any],
+                      keep: Optional[Callable[[Tensor], Tensor]]) -> dict[str, Any]:
+    """A block call's keyword arguments as a replay takes them: KV caches dropped, use_cache
+    off, tensors kept by ``keep`` (None: references)."""
+    kept = {k: v for k, v in kwargs.items()
+            if k not in _CACHE_NAMES and not _CACHE_TYPES.get(type(v), False) and not is_cache(v)}
+    if "use_cache" in kept:
+        kept["use_cache"] = False
+    return kept if keep is None else map_tensors(kept, keep)
 
 
 def verified(anatomy: Anatomy, call: "ForwardCall", output: Any, *,
@@ -280,6 +318,13 @@ class ForwardCall:
         self.block_args: list[tuple[Any, ...]] = []
         self.inputs: Optional[tuple[Any, ...]] = None
         self.versions: list[tuple[Tensor, int]] = []  # (recorded state, its in-place version)
+        # whether hooks only note what they see (the probe stores references and has seen a
+        # call end without an in-place write), and what they noted, until the call ends
+        self.defer = False
+        self.deferred: list[tuple[Any, ...]] = []  # block calls: (plan, input, version, ...)
+        self.deferred_outputs: list[tuple[Any, ...]] = []  # (point, layer, output, version)
+        self.inputs_owned = False  # mask and token_ids are copies (drop_caches)
+        self.block_kwargs: Optional[dict[str, Any]] = None  # the last deferred block's kwargs
         # the merge check (Probe._merge_rule): the last block output, and whether each block
         # input so far was the block output before it
         self.block_output: Optional[Tensor] = None
@@ -297,12 +342,86 @@ class ForwardCall:
         self.counts[key] = count + 1
         return order[count] if count < len(order) else None
 
+    def needs_input(self, plan: tuple[int, bool, bool, bool], merge_on: bool) -> bool:
+        """Whether a block call with ``plan`` = (layer, recorded, keeps resid_pre, holds
+        resid_post of the layer before) keeps its input (see :meth:`note_block`)."""
+        _, recorded, keep_pre, post_before = plan
+        return (post_before and merge_on) or (recorded and not (self.continues and not keep_pre))
+
+    def note_block(self, plan: tuple[int, bool, bool, bool], stored: Tensor, args: tuple,
+                   kwargs: dict[str, Any], keep: Optional[Callable[[Tensor], Tensor]],
+                   merge_on: bool) -> None:
+        """What a block call adds, its input stored as ``stored``: resid_pre, resid_post of
+        the layer before (``merge_on``: read from this input, not hooked at that block's
+        output), and the replayable call (not for a cache continuation)."""
+        layer, recorded, keep_pre, post_before = plan
+        if post_before and merge_on:
+            self.captured[("resid_post", layer - 1)] = stored
+        if not recorded or (self.continues and not keep_pre):
+            return
+        if not self.continues:  # the replayable call is built when the call is committed
+            self.block_args.append((layer, args, kwargs, stored, keep))
+        if keep_pre:
+            self.captured[("resid_pre", layer)] = stored
+
+    def written(self) -> bool:
+        """Whether a state recorded by reference was written in place after it was noted."""
+        return (any(t._version != v for t, v in self.versions)
+                or any(t._version != v for _, t, v, *_ in self.deferred)
+                or any(t._version != v for *_, t, v in self.deferred_outputs))
+
+    def complete(self, expected: int, capture: tuple[str, ...], layers: tuple[int, ...]) -> bool:
+        """Whether every recorded layer ran (``expected`` captured points); else say so."""
+        if len(self.captured) == expected:
+            return True
+        missing = sorted({layer for name in capture for layer in layers
+                          if (name, layer) not in self.captured})
+        # e.g. stop_at_layer, or an exception swallowed inside the model
+        log.warning("forward call not recorded: layers %s did not run (recorded layers "
+                    "must all run in every call)", missing)
+        return False
+
+    def commit_to(self, recording: Any, hidden_kwarg: str) -> None:
+        """Add this call to ``recording`` (a :class:`~spectral_hooks.recording.Recording`),
+        its replayable block calls built if they are not yet."""
+        self.build_block_calls(hidden_kwarg)
+        recording.commit(self.captured, self.captured_mask(), self.shape(),
+                         continues=self.continues, block_calls=self.block_calls,
+                         inputs=self.inputs, token_ids=self.new_token_ids(),
+                         owned=self.inputs_owned)
+
+    def drop_caches(self) -> None:
+        """Drop the KV caches the deferred block calls were given, and keep copies of the
+        padding mask and token ids, so that a deferred call holds no cache and sees no later
+        write to the caller's buffers. Blocks given the same keyword arguments share one
+        copy of them."""
+        before: Optional[dict[str, Any]] = None
+        kept: dict[str, Any] = {}
+        for i, (plan, hidden, version, args, kwargs, grad) in enumerate(self.deferred):
+            if before is None or not same_arguments(kwargs, before):
+                before, kept = kwargs, kept_block_kwargs(kwargs, None)
+            if len(args) > 1:
+                args = (args[0],) + tuple([None if is_cache(a) else a for a in args[1:]])
+            self.deferred[i] = (plan, hidden, version, args, kept, grad)
+        if self.mask is not None:
+            self.mask = self.mask.detach().clone()
+        if self.token_ids is not None:
+            self.token_ids = self.token_ids.detach().clone()
+        self.inputs_owned, self.block_kwargs = True, None
+
     def build_block_calls(self, hidden_kwarg: str) -> None:
         """Turn the block calls noted while the model ran into replayable calls (see
-        :func:`replayable_call`), once per forward rather than inside each block's hook."""
+        :func:`replayable_call`), once per forward rather than inside each block's hook. Blocks
+        called with the same keyword arguments (the same objects, as a model's layer loop
+        passes them) share one kept copy of them: nothing in a BlockCall is written to."""
+        before: Optional[dict[str, Any]] = None
+        keep_before, kept = None, {}
         for layer, args, kwargs, stored, keep in self.block_args:
+            if before is None or keep is not keep_before or not same_arguments(kwargs, before):
+                before, keep_before, kept = kwargs, keep, kept_block_kwargs(kwargs, keep)
             self.block_calls[layer] = replayable_call(args, kwargs, stored, keep,
-                                                      hidden_kwarg=hidden_kwarg)
+                                                      hidden_kwarg=hidden_kwarg,
+                                                      kept_kwargs=kept)
         self.block_args = []
 
     def captured_mask(self) -> Optional[Tensor]:
@@ -332,3 +451,36 @@ class ForwardCall:
         """(batch, new positions) of the captured states."""
         sample = next(iter(self.captured.values()))
         return sample.shape[0], sample.shape[1]
+
+
+class DeferredCommit:
+    """A call recorded by reference, committed when its recording is next read
+    (``Recording.defer``): the hooks only noted what they saw, this does the rest, first
+    checking that nothing wrote a noted state in place since (else the call is dropped, with
+    a warning, and ``mode`` turns copies on). It holds the call's states and inputs: no KV
+    cache, no model, no probe.
+
+    ``merge_on``, ``expected``, ``capture``, ``layers`` and ``hidden_kwarg`` are the probe's
+    settings when the call ran."""
+
+    def __init__(self, call: ForwardCall, mode: StoreMode, *, merge_on: bool, expected: int,
+                 capture: tuple[str, ...], layers: tuple[int, ...], hidden_kwarg: str) -> None:
+        call.drop_caches()
+        self.call, self.mode, self.merge_on, self.expected = call, mode, merge_on, expected
+        self.capture, self.layers, self.hidden_kwarg = capture, layers, hidden_kwarg
+
+    def __call__(self, recording: Any) -> None:
+        call, keep, merge_on = self.call, recording.keep, self.merge_on
+        if call.written():
+            self.mode.copies = True
+            log.warning(WRITTEN_WARNING)
+            return
+        for plan, hidden, _, args, kwargs, grad in call.deferred:
+            if call.needs_input(plan, merge_on):
+                call.note_block(plan, keep(hidden), args, kwargs, keep if grad else None,
+                                merge_on)
+        for name, layer, value, _ in call.deferred_outputs:
+            call.captured[(name, layer)] = keep(value)
+        call.deferred, call.deferred_outputs = [], []
+        if call.complete(self.expected, self.capture, self.layers):
+            call.commit_to(recording, self.hidden_kwarg)

@@ -59,7 +59,9 @@ class Probe:
                                               capture=capture, store=store, dtype=dtype)
         self._handles: list = []
         self._call: Optional[fc.ForwardCall] = None
-        self._copies = True  # until a call shows that the model writes no recorded state in place
+        # stores copies until a call shows that nothing writes a recorded state in place;
+        # shared with the calls deferred to the recording, which may turn copies back on
+        self._mode = fc.StoreMode()
         self._merge = self._merge_rule()
         # the store keeps tensors as they are (detached where they need grad): no walk needed
         self._references = store == "device" and dtype is None
@@ -132,6 +134,14 @@ class Probe:
         return self
 
     # ---------------------------------------------------------------- hooks
+    @property
+    def _copies(self) -> bool:
+        return self._mode.copies
+
+    @_copies.setter
+    def _copies(self, copies: bool) -> None:
+        self._mode.copies = copies
+
     def _store(self, t: Tensor) -> Tensor:
         """How a hook keeps a recorded state: a reference (its in-place version noted and
         checked when the call ends), or a copy where the store asks for one, while the probe
@@ -148,6 +158,10 @@ class Probe:
 
     def _begin_call(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         self._call = call = fc.ForwardCall.begin(self._bind(args, kwargs))
+        # references whose in-place writes can be seen: the hooks only note them, and the
+        # recording commits them when next read (less Python in the forward, where a GPU waits)
+        call.defer = (self._references and not self._copies and self._merge != "check"
+                      and self.anatomy.verify is None and not torch.compiler.is_compiling())
         if not call.continues:
             if self._references and not torch.is_grad_enabled():
                 call.inputs = (tuple(args), fc.without_caches(kwargs))
@@ -158,33 +172,38 @@ class Probe:
 
     def _end_call(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         call, self._call = self._call, None
-        if call is None or not call.captured:
+        if call is None:
             return
-        if len(call.captured) != self._expected:
-            missing = sorted({layer for name in self.recording.capture for layer in self.layers
-                              if (name, layer) not in call.captured})
-            # e.g. stop_at_layer, or an exception swallowed inside the model
-            log.warning("forward call not recorded: layers %s did not run (recorded layers "
-                        "must all run in every call)", missing)
+        if call.defer:
+            self._defer_commit(call)
             return
-        written = any(t._version != v for t, v in call.versions)
+        if not call.captured or not call.complete(self._expected, self.recording.capture,
+                                                  self.layers):
+            return
+        written = call.written()
         if written and not self._copies:
             self._copies = True
-            log.warning("forward call not recorded: the model wrote a recorded state in place "
-                        "after it was recorded; this probe stores copies from now on")
+            log.warning(fc.WRITTEN_WARNING)
             return
-        call.build_block_calls(self.anatomy.call_convention.hidden_kwarg)
+        hidden_kwarg = self.anatomy.call_convention.hidden_kwarg
+        call.build_block_calls(hidden_kwarg)  # the anatomy's check replays them
         self.anatomy = fc.verified(self.anatomy, call, output, on_refusal=self.remove)
-        self.recording.commit(call.captured, call.captured_mask(), call.shape(),
-                              continues=call.continues,
-                              block_calls=call.block_calls, inputs=call.inputs,
-                              token_ids=call.new_token_ids())
+        call.commit_to(self.recording, hidden_kwarg)
         self._copies = written  # references from the first call that sees no in-place write
         if self._merge == "check":
             if torch.compiler.is_compiling():  # Dynamo cannot remove handles: keep both hooks
                 self._merge, self._merge_handles = "off", []
             else:
                 self._settle_merge(call)
+
+    def _defer_commit(self, call: fc.ForwardCall) -> None:
+        """End a call whose hooks only noted references: the recording commits it when next
+        read, after checking them for in-place writes (``fc.DeferredCommit``)."""
+        if call.deferred or call.deferred_outputs or call.captured:
+            self.recording.defer(fc.DeferredCommit(
+                call, self._mode, merge_on=self._merge == "on", expected=self._expected,
+                capture=self.recording.capture, layers=self.layers,
+                hidden_kwarg=self.anatomy.call_convention.hidden_kwarg))
 
     def _end_implicit_call(self, module: nn.Module, args: tuple, kwargs: dict,
                            output: Any) -> None:
@@ -197,14 +216,14 @@ class Probe:
             self._end_call(module, args, kwargs, output)
 
     def _block_pre_hook(self, order: list[int]):
-        parts, n = self.anatomy.layers, len(order)
-        recorded = [layer in self.layers for layer in order]
-        keep_pre = [rec and "resid_pre" in self.recording.capture
-                    and parts[layer].resid_pre_hook is None for layer, rec in zip(order, recorded)]
-        # resid_post of the layer before, read here once the merge is on
-        post_before = [layer - 1 in self.layers and "resid_post" in self.recording.capture
-                       for layer in order]
-        hidden_kwarg = self.anatomy.call_convention.hidden_kwarg
+        parts, capture = self.anatomy.layers, self.recording.capture
+        # per application: (layer, recorded, keeps resid_pre, holds resid_post of the layer
+        # before once the merge is on)
+        plans = [(layer, layer in self.layers,
+                  layer in self.layers and "resid_pre" in capture
+                  and parts[layer].resid_pre_hook is None,
+                  layer - 1 in self.layers and "resid_post" in capture) for layer in order]
+        n, hidden_kwarg = len(order), self.anatomy.call_convention.hidden_kwarg
         key = object()  # this hook's own application counter
 
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
@@ -227,24 +246,23 @@ class Probe:
             hidden = args[0] if args else kwargs.get(hidden_kwarg)
             if not isinstance(hidden, Tensor):
                 return
-            layer, stored, merge = order[i], None, self._merge
-            if merge != "off" and layer > 0:
-                if merge == "check":
-                    call.merge_checks += 1
-                    call.merge_ok = call.merge_ok and hidden is call.block_output
-                elif post_before[i]:
-                    stored = self._store(hidden)
-                    call.captured[("resid_post", layer - 1)] = stored
-            if not recorded[i] or (call.continues and not keep_pre[i]):
+            if call.defer and not hidden.is_inference() and not torch.compiler.is_compiling():
+                before = call.block_kwargs  # a model's layer loop passes every block the same
+                if before is not None and fc.same_arguments(kwargs, before):
+                    kwargs = before  # (read here, while they are in the CPU's caches)
+                else:
+                    call.block_kwargs = kwargs
+                call.deferred.append((plans[i], hidden, hidden._version, args, kwargs,
+                                      torch.is_grad_enabled()))
                 return
-            if stored is None:
-                stored = self._store(hidden)
-            if not call.continues:  # the replayable call is built when the call ends
+            merge, plan = self._merge, plans[i]
+            if merge == "check" and plan[0] > 0:
+                call.merge_checks += 1
+                call.merge_ok = call.merge_ok and hidden is call.block_output
+            if call.needs_input(plan, merge == "on"):
                 keep = None if self._references and not torch.is_grad_enabled() \
                     else self.recording.keep
-                call.block_args.append((layer, args, kwargs, stored, keep))
-            if keep_pre[i]:
-                call.captured[("resid_pre", layer)] = stored
+                call.note_block(plan, self._store(hidden), args, kwargs, keep, merge == "on")
 
         return hook
 
@@ -266,7 +284,11 @@ class Probe:
             value = read(output)
             if block:
                 call.block_output = value
-            if recorded[i]:
+            if not recorded[i]:
+                return
+            if call.defer and not value.is_inference() and not torch.compiler.is_compiling():
+                call.deferred_outputs.append((name, order[i], value, value._version))
+            else:
                 call.captured[(name, order[i])] = self._store(value)
 
         return hook

@@ -16,7 +16,7 @@ different lengths are right-padded with zeros and ``mask == 0``; padding never c
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 import torch
 from torch import Tensor
@@ -128,12 +128,49 @@ class Recording(ActivationCacheView):
     # ---------------------------------------------------------------- writing (used by Probe)
     def clear(self) -> None:
         """Forget everything recorded so far (handles stay attached)."""
-        self._runs: list[_Run] = []
-        self._calls: list[StepInfo] = []
-        self._n_calls = 0  # every call ever committed (store="stats" keeps only the latest run's)
+        self._run_list: list[_Run] = []
+        self._call_list: list[StepInfo] = []
+        self._call_count = 0  # every call ever committed (store="stats" keeps only the latest run's)
         self._stats: dict = {}
         self._cache: dict = {}
+        # calls recorded by reference whose bookkeeping waits for the first read (see defer)
+        self._pending: list[Callable[["Recording"], None]] = []
         self.generation = getattr(self, "generation", 0) + 1  # changes whenever the data do
+
+    def defer(self, commit: Callable[["Recording"], None]) -> None:
+        """Note a recorded call now and commit it when the recording is next read or written:
+        ``commit(self)`` then calls :meth:`commit` (or drops the call), in the order the calls
+        were made. The probe defers the bookkeeping of calls it recorded by reference, so a
+        forward pays for noting them only; ``commit`` must hold no KV cache, model or probe."""
+        self._cache.clear()
+        self.generation += 1
+        self._pending.append(commit)
+
+    def _settle(self) -> None:
+        pending, self._pending = self._pending, []
+        generation = self.generation
+        for commit in pending:
+            commit(self)
+        self.generation = generation  # the data changed when the calls were deferred, not now
+
+    # every read goes through these, so that deferred calls are committed first
+    @property
+    def _runs(self) -> list[_Run]:
+        if self._pending:
+            self._settle()
+        return self._run_list
+
+    @property
+    def _calls(self) -> list[StepInfo]:
+        if self._pending:
+            self._settle()
+        return self._call_list
+
+    @property
+    def _n_calls(self) -> int:
+        if self._pending:
+            self._settle()
+        return self._call_count
 
     def to_store(self, t: Tensor, *, copy: bool = True) -> Tensor:
         """Detached copy on the store's device; ``dtype`` casts floating-point tensors only
@@ -152,18 +189,19 @@ class Recording(ActivationCacheView):
     def commit(self, captured: dict[Any, Any], mask: Optional[Tensor],
                shape: tuple[int, int], *, continues: bool, block_calls: dict[int, BlockCall],
                inputs: Optional[tuple[Any, ...]] = None,
-               token_ids: Optional[Tensor] = None) -> None:
+               token_ids: Optional[Tensor] = None, owned: bool = False) -> None:
         """Add one forward call: ``captured[(capture, layer)] = Tensor[batch, pos, d]``;
         ``mask`` [batch, pos] and ``token_ids`` [batch, pos] as the model got them (None: every
         position real / embeddings), ``shape`` = (batch, pos). Nothing is read to the host
         here: the mask and ids are kept on their device (copied there, so a caller reusing
-        its buffers changes nothing) and read when asked for."""
+        its buffers changes nothing; ``owned``: they are such copies already) and read when
+        asked for."""
         self._cache.clear()
         self.generation += 1
         batch, width = shape
-        if mask is not None:
+        if mask is not None and not owned:
             mask = mask.detach().clone()
-        if token_ids is not None:
+        if token_ids is not None and not owned:
             token_ids = token_ids.detach().clone()
         if self.store == "stats":
             for key, tensor in captured.items():
@@ -174,7 +212,7 @@ class Recording(ActivationCacheView):
         else:
             if self.store == "stats" and self._runs:
                 # stats keep only the latest run's block inputs and calls: memory stays flat
-                self._runs, self._calls = [], []
+                self._run_list, self._call_list = [], []
             # a continuation with nothing to continue (decode steps of a cache filled before
             # the probe was attached) is marked step 1: it cannot be replayed
             run, step = _Run(batch=batch), int(continues)
@@ -187,9 +225,9 @@ class Recording(ActivationCacheView):
         run.raw_token_ids.append(token_ids)
         run.widths.append(width)
         run.steps.append(step)
-        self._calls.append(StepInfo(self._n_calls, len(self._runs) - 1, step, width,
-                                    not continues))
-        self._n_calls += 1
+        self._call_list.append(StepInfo(self._call_count, len(self._run_list) - 1, step, width,
+                                        not continues))
+        self._call_count += 1
 
     # ---------------------------------------------------------------- reading
     @property
@@ -237,7 +275,7 @@ class Recording(ActivationCacheView):
         """Move every recorded tensor (states, block and model inputs, statistics) to
         ``device`` in place and return the recording, as ``ActivationCache.to`` does. The
         masks stay on the CPU; later forwards are stored as ``store`` says."""
-        for run in self._runs:
+        for run in self._runs:  # (commits what was deferred)
             run.chunks = {key: [t.to(device) for t in ts] for key, ts in run.chunks.items()}
             run.block_calls = map_tensors(run.block_calls, lambda t: t.to(device))
             run.inputs = map_tensors(run.inputs, lambda t: t.to(device))

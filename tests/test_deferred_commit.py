@@ -1,0 +1,120 @@
+"""Calls recorded by reference are committed when the recording is next read (probe.py
+``_defer_commit``, forward_call.py ``DeferredCommit``): what they record equals what a probe
+that copies at once records, they hold no KV cache, and an in-place write to a recorded state
+drops the call with a warning instead of recording a wrong number."""
+
+import gc
+import logging
+import weakref
+
+import pytest
+import torch
+
+import spectral_hooks as sh
+from tests.tiny_models import make_model
+
+CAPTURES = ("resid_pre", "resid_post", "attn_out")
+
+
+def _batches():
+    gen = torch.Generator().manual_seed(0)
+    ids = [torch.randint(1, 100, shape, generator=gen) for shape in [(2, 6), (1, 4), (3, 6)]]
+    masks = [torch.ones_like(i) for i in ids]
+    masks[2][0, :2] = 0  # a padded row
+    return list(zip(ids, masks))
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "bert", "gemma3", "albert"])
+def test_calls_recorded_by_reference_equal_copies(family):
+    """The first call is stored by copies (the probe has not yet seen a call end without an
+    in-place write); later ones are deferred. A store="cpu" probe never defers."""
+    model = make_model(family)
+    deferred, copied = sh.instrument(model), sh.instrument(model, store="cpu")
+    pending = []
+    with torch.no_grad():
+        for ids, mask in _batches():
+            model(ids, attention_mask=mask)
+            pending.append(len(deferred.recording._pending))
+    deferred.remove(), copied.remove()
+    assert pending == [0, 1, 2]  # the path under test ran: calls 2 and 3 waited for a read
+    ref, cpy = deferred.recording, copied.recording
+    assert ref.n_calls == cpy.n_calls == 3 and ref.steps == cpy.steps
+    for what in ("mask", "token_ids", "position_step"):
+        assert torch.equal(getattr(ref, what), getattr(cpy, what)), what
+    for capture in CAPTURES:
+        for layer in ref.layers:
+            assert torch.equal(ref.tensor(capture, layer), cpy.tensor(capture, layer))
+    for sample in range(ref.n_samples):
+        a, b = ref.block_input(1, sample), cpy.block_input(1, sample)
+        assert torch.equal(a.hidden, b.hidden)
+        assert sorted(a.kwargs) == sorted(b.kwargs)
+        args, kwargs = a.with_hidden(a.hidden)
+        with torch.no_grad():
+            out = deferred.anatomy.layers[1].block(*args, **kwargs)
+        out = out[0] if isinstance(out, tuple) else out
+        assert torch.equal(out, ref.resid_post[1][sample:sample + 1, :out.shape[1]])
+
+
+def test_a_deferred_call_holds_no_kv_cache():
+    model = make_model("llama", dtype=torch.float32)
+    ids = torch.randint(1, 100, (1, 5))
+    probe = sh.instrument(model)
+    with torch.no_grad():
+        model(ids)  # stored by copies
+        out = model(ids, use_cache=True)  # deferred
+    assert len(probe.recording._pending) == 1
+    cache = weakref.ref(out.past_key_values)
+    del out
+    gc.collect()
+    assert cache() is None
+    assert probe.recording.n_calls == 2 and "cache" not in probe.recording.block_input(0, 1).kwargs
+    probe.remove()
+
+
+def test_a_write_after_the_call_drops_it_with_a_warning(caplog):
+    """BERT returns its last block's output itself: writing to it after the call would change
+    a state recorded by reference."""
+    model = make_model("bert")
+    ids = torch.randint(1, 100, (1, 5))
+    probe = sh.instrument(model, capture=["resid_post"])
+    with torch.no_grad():
+        first = model(ids).last_hidden_state.clone()
+        model(ids).last_hidden_state.add_(1.0)  # deferred, then written
+    with caplog.at_level(logging.WARNING, logger="spectral_hooks"):
+        assert probe.recording.n_calls == 1
+    assert "written in place" in caplog.text
+    assert torch.equal(probe.recording.resid_post[-1], first)
+    with torch.no_grad():  # copies from now on: a later write changes nothing recorded
+        model(ids).last_hidden_state.add_(1.0)
+    assert probe.recording.n_calls == 2 and not probe.recording._pending
+    assert torch.equal(probe.recording.resid_post[-1][1:], first)
+    probe.remove()
+
+
+def test_a_write_inside_the_forward_drops_the_call_and_copies_from_then_on(caplog):
+    model = make_model("gpt2")
+    ids = torch.randint(1, 100, (1, 5))
+    probe = sh.instrument(model, capture=["resid_pre"])
+    with torch.no_grad():
+        clean = model(ids, output_hidden_states=True).hidden_states[1].clone()
+        # a later hook doubles block 1's input in place after the probe noted it
+        handle = model.h[1].register_forward_pre_hook(lambda m, args: args[0].mul_(2.0))
+        model(ids)
+        with caplog.at_level(logging.WARNING, logger="spectral_hooks"):
+            assert probe.recording.n_calls == 1
+        assert "written in place" in caplog.text
+        model(ids)  # copies now: the copy is taken before the write
+        handle.remove()
+    torch.testing.assert_close(probe.recording.resid_pre[1][1:], clean, rtol=0, atol=0)
+    probe.remove()
+
+
+def test_clear_forgets_deferred_calls():
+    model = make_model("gpt2")
+    with sh.instrument(model) as probe, torch.no_grad():
+        for _ in range(3):
+            model(torch.randint(1, 100, (1, 4)))
+        probe.clear()
+        assert probe.recording.n_calls == 0 and not probe.recording._pending
+        model(torch.randint(1, 100, (2, 4)))
+    assert probe.recording.n_calls == 1 and probe.recording.resid_post[0].shape == (2, 4, 32)
