@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-import operator
 from typing import Any, Callable, Iterable, Optional, cast
 
 import torch
@@ -115,13 +114,6 @@ def cache_length(kwargs: dict[str, Any]) -> int:
     return 0
 
 
-def same_arguments(kwargs: dict[str, Any], before: dict[str, Any]) -> bool:
-    """Whether ``kwargs`` holds the very objects of ``before`` under the same names, in the
-    same order."""
-    return kwargs is before or (len(kwargs) == len(before) and list(kwargs) == list(before)
-            and all(map(operator.is_, kwargs.values(), before.values())))
-
-
 WRITTEN_WARNING = ("forward call not recorded: a recorded state was written in place after it "
                    "was recorded (by the model, or after the call); this probe stores copies "
                    "from now on")
@@ -208,14 +200,19 @@ def replayable_call(args: tuple[Any, ...], kwargs: dict[str, Any], hidden: Tenso
                          hidden_kwarg=hidden_kwarg)
     if len(args) == 1:
         return BlockCall((hidden,), kept_kwargs, True, hidden_kwarg=hidden_kwarg)
-    rest = tuple([None if is_cache(a) else a for a in args[1:]])
+    rest = without_cache_args(args)[1:]
     if keep is not None:
         rest = map_tensors(rest, keep)
     return BlockCall((hidden,) + rest, kept_kwargs, True, hidden_kwarg=hidden_kwarg)
 
 
+def without_cache_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A block call's positional arguments with its KV caches (after the first) as None."""
+    return (args[0],) + tuple([None if is_cache(a) else a for a in args[1:]])
+
+
 def kept_block_kwargs(kwargs: dict[str, Any],
-                      keep: Optional[Callable[[Tensor], Tensor]]) -> dict[str, Any]:
+                      keep: Optional[Callable[[Tensor], Tensor]] = None) -> dict[str, Any]:
     """A block call's keyword arguments as a replay takes them: KV caches dropped, use_cache
     off, tensors kept by ``keep`` (None: references)."""
     kept = {k: v for k, v in kwargs.items()
@@ -323,8 +320,10 @@ class ForwardCall:
         self.defer = False
         self.deferred: list[tuple[Any, ...]] = []  # block calls: (plan, input, version, ...)
         self.deferred_outputs: list[tuple[Any, ...]] = []  # (point, layer, output, version)
-        self.inputs_owned = False  # mask and token_ids are copies (drop_caches)
-        self.block_kwargs: Optional[dict[str, Any]] = None  # the last deferred block's kwargs
+        self.inputs_owned = False  # mask and token_ids are copies (keep_inputs)
+        # the last deferred block's kwargs, and them as kept (kept_block_kwargs)
+        self.block_kwargs: Optional[dict[str, Any]] = None
+        self.kept_kwargs: dict[str, Any] = {}
         # the merge check (Probe._merge_rule): the last block output, and whether each block
         # input so far was the block output before it
         self.block_output: Optional[Tensor] = None
@@ -390,19 +389,10 @@ class ForwardCall:
                          inputs=self.inputs, token_ids=self.new_token_ids(),
                          owned=self.inputs_owned)
 
-    def drop_caches(self) -> None:
-        """Drop the KV caches the deferred block calls were given, and keep copies of the
-        padding mask and token ids, so that a deferred call holds no cache and sees no later
-        write to the caller's buffers. Blocks given the same keyword arguments share one
-        copy of them."""
-        before: Optional[dict[str, Any]] = None
-        kept: dict[str, Any] = {}
-        for i, (plan, hidden, version, args, kwargs, grad) in enumerate(self.deferred):
-            if before is None or not same_arguments(kwargs, before):
-                before, kept = kwargs, kept_block_kwargs(kwargs, None)
-            if len(args) > 1:
-                args = (args[0],) + tuple([None if is_cache(a) else a for a in args[1:]])
-            self.deferred[i] = (plan, hidden, version, args, kept, grad)
+    def keep_inputs(self) -> None:
+        """Keep copies of the padding mask and token ids, so that a deferred call sees no
+        later write to the caller's buffers, and let go of the last block's arguments (their
+        KV cache)."""
         if self.mask is not None:
             self.mask = self.mask.detach().clone()
         if self.token_ids is not None:
@@ -412,12 +402,12 @@ class ForwardCall:
     def build_block_calls(self, hidden_kwarg: str) -> None:
         """Turn the block calls noted while the model ran into replayable calls (see
         :func:`replayable_call`), once per forward rather than inside each block's hook. Blocks
-        called with the same keyword arguments (the same objects, as a model's layer loop
-        passes them) share one kept copy of them: nothing in a BlockCall is written to."""
+        whose keyword arguments are one dict (the probe's hooks share one kept copy between
+        blocks given the same ones) share one kept copy: nothing in a BlockCall is written to."""
         before: Optional[dict[str, Any]] = None
         keep_before, kept = None, {}
         for layer, args, kwargs, stored, keep in self.block_args:
-            if before is None or keep is not keep_before or not same_arguments(kwargs, before):
+            if kwargs is not before or keep is not keep_before:
                 before, keep_before, kept = kwargs, keep, kept_block_kwargs(kwargs, keep)
             self.block_calls[layer] = replayable_call(args, kwargs, stored, keep,
                                                       hidden_kwarg=hidden_kwarg,
@@ -465,7 +455,7 @@ class DeferredCommit:
 
     def __init__(self, call: ForwardCall, mode: StoreMode, *, merge_on: bool, expected: int,
                  capture: tuple[str, ...], layers: tuple[int, ...], hidden_kwarg: str) -> None:
-        call.drop_caches()
+        call.keep_inputs()
         self.call, self.mode, self.merge_on, self.expected = call, mode, merge_on, expected
         self.capture, self.layers, self.hidden_kwarg = capture, layers, hidden_kwarg
 

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import inspect
 import logging
+from itertools import repeat
+from operator import is_
 from typing import Any, Iterable, Optional, Sequence
 
 import torch
@@ -37,6 +39,7 @@ from .recording import DEFAULT_CAPTURES, STORES, Recording, is_suspended, map_te
 from .report import Report
 
 log: logging.Logger = logging.getLogger(__name__)
+_NOT_THERE = repeat(object())  # dict.get's default for every key: never one of its values
 
 
 class Probe:
@@ -247,12 +250,16 @@ class Probe:
             if not isinstance(hidden, Tensor):
                 return
             if call.defer and not hidden.is_inference() and not torch.compiler.is_compiling():
-                before = call.block_kwargs  # a model's layer loop passes every block the same
-                if before is not None and fc.same_arguments(kwargs, before):
-                    kwargs = before  # (read here, while they are in the CPU's caches)
-                else:
-                    call.block_kwargs = kwargs
-                call.deferred.append((plans[i], hidden, hidden._version, args, kwargs,
+                # caches dropped here, while the arguments are in the CPU's caches, and once
+                # for the blocks given the same objects under the same names (as a model's
+                # layer loop gives them; compared inline: a function call costs here)
+                before = call.block_kwargs
+                if before is None or len(kwargs) != len(before) or not all(map(
+                        is_, kwargs.values(), map(before.get, kwargs, _NOT_THERE))):
+                    call.block_kwargs, call.kept_kwargs = kwargs, fc.kept_block_kwargs(kwargs)
+                if len(args) > 1:
+                    args = fc.without_cache_args(args)
+                call.deferred.append((plans[i], hidden, hidden._version, args, call.kept_kwargs,
                                       torch.is_grad_enabled()))
                 return
             merge, plan = self._merge, plans[i]
