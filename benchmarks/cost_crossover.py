@@ -18,7 +18,11 @@ the median seconds a layer, forward-equivalents (seconds / one plain forward, me
 same round), operator applications (``n_matvecs`` a layer) and the ratio to ``groups+blocks``.
 
     OMP_NUM_THREADS=1 python benchmarks/cost_crossover.py [--widths 128 256 ...] [--rounds 2]
-        [--arms groups+blocks alone+single] [--out FILE.jsonl]
+        [--arms groups+blocks alone+single] [--dense] [--out FILE.jsonl]
+
+``--dense``: the exact section instead (``dense=True``: every layer's J in 64-column products,
+in layer groups or one layer at a time; svds is not used there, so the arms differ in grouping
+only).
 """
 
 from __future__ import annotations
@@ -67,7 +71,7 @@ def build(d: int):
     return model, probe, ids
 
 
-def run_arm(probe, arm: str) -> tuple:
+def run_arm(probe, arm: str, dense: bool = False) -> tuple:
     """(seconds, table) of one section run in ``arm``, from an empty analysis cache."""
     from spectral_hooks.linalg import cost
 
@@ -78,7 +82,7 @@ def run_arm(probe, arm: str) -> tuple:
         probe.invalidate()
         t = time.perf_counter()
         table = probe.analyze(power=False, progress=False, jacobian={
-            "k": K, "dense": False, "group_layers": group}).jacobian
+            "k": K, "dense": dense, "group_layers": group}).jacobian
         return time.perf_counter() - t, table
     finally:
         cost.CPU_FLOP_BOUND_N = saved
@@ -94,16 +98,16 @@ def forward_seconds(model, ids, n: int = 10) -> float:
     return statistics.median(times)
 
 
-def measure(d: int, arms: list[str], rounds: int) -> list[dict]:
+def measure(d: int, arms: list[str], rounds: int, dense: bool = False) -> list[dict]:
     model, probe, ids = build(d)
-    tables = {arm: run_arm(probe, arm)[1] for arm in arms}  # traces every arm's graphs
+    tables = {arm: run_arm(probe, arm, dense)[1] for arm in arms}  # traces every arm's graphs
     secs: dict[str, list[float]] = {arm: [] for arm in arms}
     fwd = []
     for r in range(rounds):
         fwd.append(forward_seconds(model, ids))
         order = arms if r % 2 == 0 else arms[::-1]
         for arm in order:
-            secs[arm].append(run_arm(probe, arm)[0])
+            secs[arm].append(run_arm(probe, arm, dense)[0])
     fwd.append(forward_seconds(model, ids))
     forward = statistics.median(fwd)
     ref = tables[arms[0]]
@@ -112,7 +116,7 @@ def measure(d: int, arms: list[str], rounds: int) -> list[dict]:
         t = tables[arm]
         gap = float(((t["top_eig_abs"] - ref["top_eig_abs"]).abs() / ref["top_eig_abs"]).max())
         s = statistics.median(secs[arm]) / LAYERS
-        rows.append(dict(d=d, arm=arm, seconds=s, seconds_all=[x / LAYERS for x in secs[arm]],
+        rows.append(dict(d=d, arm=arm, dense=dense, seconds=s, seconds_all=[x / LAYERS for x in secs[arm]],
                          forward_s=forward, forward_equivalents=s / forward,
                          n_matvecs=float(t["n_matvecs"].sum()) / LAYERS,
                          converged=bool(t["converged"].all()), top_eig_rel_gap=gap,
@@ -129,11 +133,13 @@ def main() -> None:
     ap.add_argument("--widths", type=int, nargs="+", default=[128, 256, 384, 512, 768, 1024])
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--dense", action="store_true",
+                    help="the exact section (dense J, then LAPACK) instead of the matrix-free one")
     ap.add_argument("--out", default=None, help="append the JSON lines to this file")
     args = ap.parse_args()
     torch.set_num_threads(1)
     for d in args.widths:
-        for row in measure(d, args.arms, args.rounds):
+        for row in measure(d, args.arms, args.rounds, args.dense):
             print(json.dumps(row), flush=True)
             if args.out:
                 with open(args.out, "a") as f:
