@@ -58,10 +58,11 @@ def build(d: int):
     import spectral_hooks as sh
 
     heads, kv, ffn = shape(d)
-    cfg = LlamaConfig(hidden_size=d, intermediate_size=ffn, num_hidden_layers=LAYERS,
-                      num_attention_heads=heads, num_key_value_heads=kv, head_dim=d // heads,
-                      vocab_size=1000, max_position_embeddings=4096, rope_theta=500000.0,
-                      rms_norm_eps=1e-5, bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    cfg = LlamaConfig(**dict(
+        hidden_size=d, intermediate_size=ffn, num_hidden_layers=LAYERS,
+        num_attention_heads=heads, num_key_value_heads=kv, head_dim=d // heads,
+        vocab_size=1000, max_position_embeddings=4096, rope_theta=500000.0,
+        rms_norm_eps=1e-5, bos_token_id=0, eos_token_id=0, pad_token_id=0))
     torch.manual_seed(0)
     model = LlamaModel(cfg).eval()
     ids = torch.randint(0, 1000, (1, TOKENS), generator=torch.Generator().manual_seed(1))
@@ -129,7 +130,7 @@ def measure(d: int, arms: list[str], rounds: int, dense: bool = False) -> list[d
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--widths", type=int, nargs="+", default=[128, 256, 384, 512, 768, 1024])
     ap.add_argument("--arms", nargs="+", default=list(ARMS), choices=list(ARMS))
     ap.add_argument("--rounds", type=int, default=2)
