@@ -38,11 +38,17 @@ self-alignment) to rel 1e-6, the Hutchinson estimates within 4 standard errors.
 
 ``--quick``: the d=128 proxy only. ``--device cuda``: the same on a GPU (syncs then include the
 profiler's device-to-host copies).
+``--rule on|off|both``: the CPU cost rule (``linalg.cost``: on the CPU from d =
+``CPU_FLOP_BOUND_N`` one layer at a time and single-vector svds) as it is, off (layer groups and
+block svds at every width, the code before the rule), or both arms, their timed rounds
+interleaved (a row per arm, ``cost_rule``). The d=128 proxy is below the crossover: both arms run
+the same code there.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -237,42 +243,78 @@ def timed_section(name: str, device: str) -> tuple:
     return seconds, table
 
 
-def measure(name: str, device: str, rounds: int, check: bool) -> dict:
+#: ``cost.CPU_FLOP_BOUND_N`` in the ``--rule off`` arm: above every width, so the section takes
+#: the dispatch-bound shape (layer groups, block svds) at every d, as before the rule
+RULE_OFF = 10 ** 9
+
+
+@contextlib.contextmanager
+def cost_rule(arm: str):
+    """Run with the CPU cost rule (``linalg.cost``) as it is ("on") or turned off ("off"); code
+    without the rule (before issue 37's cost rule) runs as it is in either arm."""
+    try:
+        from spectral_hooks.linalg import cost
+    except ImportError:
+        yield
+        return
+    saved = cost.CPU_FLOP_BOUND_N
+    cost.CPU_FLOP_BOUND_N = saved if arm == "on" else RULE_OFF
+    try:
+        yield
+    finally:
+        cost.CPU_FLOP_BOUND_N = saved
+
+
+def measure(name: str, device: str, rounds: int, check: bool,
+            arms: tuple[str, ...] = ("on",)) -> list[dict]:
+    """One row per cost-rule arm; the timed rounds interleave the arms (alternating order)."""
     d, heads, kv, ffn, layers, tokens = PROXIES[name]
-    cold, _ = timed_section(name, device)  # traces the JVP graphs (once per process)
+    cold = {}
+    for arm in arms:
+        clear_traces()
+        with cost_rule(arm):
+            cold[arm], _ = timed_section(name, device)  # traces the JVP graphs
     model, probe, ids = build(name, device)
-    fwd, sec = [], []
-    for _ in range(rounds):  # interleaved: a forward, then a section from a fresh probe
+    fwd, sec = [], {arm: [] for arm in arms}
+    for r in range(rounds):  # interleaved: a forward, then a section per arm from a fresh probe
         fwd.append(forward_seconds(model, ids, device))
-        sec.append(timed_section(name, device)[0])
+        for arm in (arms if r % 2 == 0 else arms[::-1]):
+            with cost_rule(arm):
+                sec[arm].append(timed_section(name, device)[0])
     fwd.append(forward_seconds(model, ids, device))
     forward = statistics.median(fwd)
-    seconds = statistics.median(sec)
-    ratios = [s / f for s, f in zip(sec, fwd)]
-
-    c, table, calls = profiled(probe, device)
-    clear_traces()  # a new process: the traced graphs are built again, inside the count
-    cold_probe = build(name, device)[1]
-    cold_counts, _, cold_calls = profiled(cold_probe, device)
-    cold_probe.remove()
-    row = dict(what="jacobian section, matrix-free, k=16", proxy=name, d=d, heads=heads,
-               kv_heads=kv, ffn=ffn, layers=layers, tokens=tokens, device=device,
-               applications=calls / layers,
-               **{key: value / layers for key, value in c.items()},
-               cold_applications=cold_calls / layers,
-               **{f"cold_{key}": value / layers for key, value in cold_counts.items()},
-               n_matvecs=float(table["n_matvecs"].sum()) / layers,
-               seconds=seconds / layers, cold_seconds=cold / layers,
-               forward_s=forward, forward_equivalents=seconds / layers / forward,
-               forward_equivalents_min_max=[min(ratios) / layers, max(ratios) / layers],
-               converged=bool(table["converged"].all()), rounds=rounds)
-    if check:
-        row.update(check_dense(probe, table))
     probe.remove()
-    row.update(torch=torch.__version__, threads=torch.get_num_threads(),
-               load_avg_1min=round(os.getloadavg()[0], 2),
-               date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
-    return row
+    rows = []
+    for arm in arms:
+        seconds = statistics.median(sec[arm])
+        ratios = [s / f for s, f in zip(sec[arm], fwd)]
+        with cost_rule(arm):
+            probe = build(name, device)[1]
+            c, table, calls = profiled(probe, device)
+            clear_traces()  # a new process: the traced graphs are built again, inside the count
+            cold_probe = build(name, device)[1]
+            cold_counts, _, cold_calls = profiled(cold_probe, device)
+            cold_probe.remove()
+            row = dict(what="jacobian section, matrix-free, k=16", proxy=name, d=d, heads=heads,
+                       kv_heads=kv, ffn=ffn, layers=layers, tokens=tokens, device=device,
+                       cost_rule=arm, applications=calls / layers,
+                       **{key: value / layers for key, value in c.items()},
+                       cold_applications=cold_calls / layers,
+                       **{f"cold_{key}": value / layers for key, value in cold_counts.items()},
+                       n_matvecs=float(table["n_matvecs"].sum()) / layers,
+                       seconds=seconds / layers, cold_seconds=cold[arm] / layers,
+                       seconds_all=[s / layers for s in sec[arm]],
+                       forward_s=forward, forward_equivalents=seconds / layers / forward,
+                       forward_equivalents_min_max=[min(ratios) / layers, max(ratios) / layers],
+                       converged=bool(table["converged"].all()), rounds=rounds)
+            if check:
+                row.update(check_dense(probe, table))
+        probe.remove()
+        row.update(torch=torch.__version__, threads=torch.get_num_threads(),
+                   load_avg_1min=round(os.getloadavg()[0], 2),
+                   date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+        rows.append(row)
+    return rows
 
 
 def check_dense(probe, table) -> dict:
@@ -304,7 +346,8 @@ def markdown(path: str) -> str:
         check = "-" if "check_ok" not in r else (
             f"{'ok' if r['check_ok'] else 'FAIL'}: rel {r['check_exact_max_rel']:.0e}, "
             f"{r['check_estimates_max_z']:.1f} se")
-        out.append(f"| {r['proxy']} ({r['layers']} layers) | {r['device']} | "
+        rule = f", rule {r['cost_rule']}" if "cost_rule" in r else ""
+        out.append(f"| {r['proxy']} ({r['layers']} layers){rule} | {r['device']} | "
                    f"{r['applications']:.0f} | {r['solver_ops']:,.0f} | {r['total_ops']:,.0f} "
                    f"({r['cold_total_ops']:,.0f}) | {r['syncs']:.0f} ({r['cold_syncs']:.0f}) "
                    f"(+{r['host_eig_reads']:.0f}) | {r['seconds']:.3f} "
@@ -320,6 +363,9 @@ def main() -> None:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--proxies", nargs="+", default=None, choices=sorted(PROXIES))
+    ap.add_argument("--rule", choices=("on", "off", "both"), default="on",
+                    help="the CPU cost rule (linalg.cost): as it is, off (layer groups and block "
+                         "svds at every width), or both arms interleaved in one window")
     ap.add_argument("--out", default=None, help="append the JSON lines to this file")
     ap.add_argument("--table", default=None, help="print the markdown table of a JSONL file")
     args = ap.parse_args()
@@ -329,11 +375,12 @@ def main() -> None:
     torch.set_num_threads(1)
     names = args.proxies or (["d128x8"] if args.quick else list(PROXIES))
     for name in names:
-        row = measure(name, args.device, args.rounds, args.check)
-        print(json.dumps(row), flush=True)
-        if args.out:
-            with open(args.out, "a") as f:
-                f.write(json.dumps(row) + "\n")
+        arms = ("on", "off") if args.rule == "both" else (args.rule,)
+        for row in measure(name, args.device, args.rounds, args.check, arms):
+            print(json.dumps(row), flush=True)
+            if args.out:
+                with open(args.out, "a") as f:
+                    f.write(json.dumps(row) + "\n")
 
 
 if __name__ == "__main__":

@@ -138,3 +138,43 @@ def test_section_grouped_equals_per_layer_and_jacfwd(family, dense, monkeypatch)
             sym = float(((D + D.T) / 2).norm() ** 2 / D.norm() ** 2)
             assert row.sym_energy == pytest.approx(sym, rel=1e-8)
     assert bool(grouped.converged.all())
+
+
+def test_section_groups_by_the_cost_rule_unless_told(monkeypatch):
+    # group_layers=None (the default): layer groups where an application costs dispatch (the
+    # CPU below cost.CPU_FLOP_BOUND_N), one layer at a time (and single-vector svds) where it
+    # costs FLOPs; True / False force either. The values are the same to solver tolerance.
+    from spectral_hooks.analysis.jacobian import JacobianView
+    from spectral_hooks.analysis.options import JacobianOptions
+    from spectral_hooks.linalg import cost
+
+    probe = recorded("llama", layers=3)
+
+    def together(**opts):
+        return JacobianView(probe.subject, JacobianOptions(dense=False, k=4, **opts)
+                            ).layers_together()
+
+    assert probe.anatomy.d_model < cost.CPU_FLOP_BOUND_N
+    assert together() and together(group_layers=True) and not together(group_layers=False)
+    k, opts = 4, {"k": 4, "dense": False, "tol": 1e-10}
+    grouped = probe.analyze(power=False, progress=False, jacobian=opts).jacobian
+    monkeypatch.setattr(cost, "CPU_FLOP_BOUND_N", probe.anatomy.d_model)  # now FLOP-bound
+    assert not together() and together(group_layers=True)
+    probe.invalidate()
+    alone = probe.analyze(power=False, progress=False, jacobian=opts).jacobian
+    assert alone.n_matvecs.sum() < grouped.n_matvecs.sum()  # single-vector svds: fewer columns
+    for col in ["top_eig_abs", f"frac_complex_top{k}", f"mean_abs_angle_top{k}",
+                f"self_alignment_top{k}", "sym_energy", "commutator"]:
+        assert alone[col].to_list() == pytest.approx(grouped[col].to_list(), rel=1e-7, abs=1e-9)
+    view = JacobianView(probe.subject, JacobianOptions(dense=False, k=k, tol=1e-10))
+    position = view.positions()[0]
+    for layer in probe.recording.layers:
+        J = token_jacobian(probe, layer)
+        row = alone[alone.layer == layer].iloc[0]
+        assert row.top_eig_abs == pytest.approx(float(eigvals_by_modulus(J)[0].abs()), rel=1e-8)
+        m = view.metrics(layer, position)  # memoised by the run above: its single-vector svds
+        eye = torch.eye(J.shape[0], dtype=J.dtype)
+        assert m.singular_values == pytest.approx(torch.linalg.svdvals(J)[:k], rel=1e-8)
+        assert m.delta_singular_values == pytest.approx(torch.linalg.svdvals(J - eye)[:k],
+                                                        rel=1e-8)
+    assert bool(alone.converged.all())

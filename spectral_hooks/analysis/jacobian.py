@@ -36,6 +36,7 @@ from torch import Tensor
 
 from ..errors import OptionError, RecordingError
 from ..linalg import IdentityOperator, LinearOperator
+from ..linalg.cost import flop_bound
 from ..linearize import BlockJacobian, block_jacobian
 from ..linearize.end_to_end import end_to_end_jacobians, end_to_end_operators
 from ..linearize.group import BlockGroup, group_capacity
@@ -165,6 +166,22 @@ class JacobianView:
         o = self.options
         return ("metrics", layer, position, o.k, self.exact, o.n_samples, o.seed, self.tol)
 
+    def layers_together(self) -> bool:
+        """Whether :meth:`table` computes the layers in groups (:meth:`groups`):
+        ``group_layers`` where given, else (None) unless an application of the operators costs
+        FLOPs rather than dispatch (``linalg.cost.flop_bound`` of d_model on the device the
+        blocks are replayed on: the CPU from ``CPU_FLOP_BOUND_N``, where a group's batched
+        products and the block svds' extra columns cost their FLOPs and save nothing)."""
+        choice = self.options.group_layers
+        if choice is not None or not self.layers:
+            return bool(choice)
+        try:
+            device = self.subject.recording.block_input(self.layers[0],
+                                                        self.options.sample).hidden.device
+        except RecordingError:  # no replayable input: building the operators says why
+            return False
+        return not flop_bound(self.subject.anatomy.d_model, device)
+
     def groups(self, position: int) -> list[list[BlockJacobian]]:
         """Every layer's operator at ``position``, in layer groups that run together
         (``linearize.group``: one pass of the traced graph serves a whole group; at most
@@ -254,7 +271,7 @@ class JacobianView:
         """
         def compute() -> pd.DataFrame:
             rows = []
-            if self.options.group_layers:
+            if self.layers_together():
                 for p in self.positions():
                     self._grouped(p)
             items = [(l, p) for l in self.layers for p in self.positions()]

@@ -66,9 +66,12 @@ class JacobianOptions:
         bottleneck_steps: Lanczos steps per probe of those estimates (capped at d_model).
         ablations: bottleneck ablations, any of "symmetric", "schur".
         progress: kept for compatibility; ``analyze(progress=...)`` is the switch.
-        group_layers: compute the layers' Jacobians together (True, the default: layers of
-            one block structure as one batched operator, ``linearize.group``; the same values
-            as one by one, to solver tolerance) or one layer at a time (False).
+        group_layers: compute the layers' Jacobians together (True: layers of one block
+            structure as one batched operator, ``linearize.group``; the same values as one by
+            one, to solver tolerance), one layer at a time (False), or by the cost rule (None,
+            the default: together unless an operator application costs FLOPs rather than
+            dispatch, ``linalg.cost.flop_bound``: on the CPU from d_model =
+            ``CPU_FLOP_BOUND_N``; on an accelerator always together).
     """
 
     k: int = 16
@@ -86,7 +89,7 @@ class JacobianOptions:
     bottleneck_steps: int = 48
     ablations: tuple[str, ...] = ABLATIONS
     progress: Optional[bool] = None
-    group_layers: bool = True
+    group_layers: Optional[bool] = None
 
     def __post_init__(self) -> None:
         for name, minimum in (("k", 1), ("sample", 0), ("n_samples", 1), ("bottleneck_k", 1),
@@ -97,7 +100,7 @@ class JacobianOptions:
                               hint="a standard error needs two probes")
         for name in ("seed", "init_seed"):
             check_int(f"jacobian.{name}", getattr(self, name))
-        for name in ("dense", "bottleneck_dense", "progress"):
+        for name in ("dense", "bottleneck_dense", "progress", "group_layers"):
             check_bool(f"jacobian.{name}", getattr(self, name), allow_none=True)
         check_float("jacobian.tol", self.tol, above=0, below=1, allow_none=True)
         object.__setattr__(self, "positions", checked_positions(self.positions))

@@ -26,7 +26,10 @@ does not reach is replaced inside :func:`orthonormal_block`); per cycle one read
 member's flags (NaN / Inf in a product reach the projected matrix and raise there, naming the
 operator), members that converged are masked out of the products. ``block_size``: b, by
 default the operators' ``block_size`` hint (batched-JVP operators carry one) or BLOCK (8),
-at most k; halved until a block space fits (m + b <= n), b = 1 is the single-vector method.
+at most k; halved until a block space fits (m + b <= n), b = 1 is the single-vector method,
+which is also the default where an application costs FLOPs, not dispatch (the CPU from width
+``cost.CPU_FLOP_BOUND_N``: :mod:`~spectral_hooks.linalg.cost`; ``device_path=True`` takes
+the accelerator's default on any device).
 ``ncv``: m (rounded up to a multiple of b; default max(4k, 20, k + 4b)).
 On the d=128 proxy's block Jacobian (k = 16, b = 16): 40 sequential applications and 9 host
 reads a call, against 156 and 319 one column a step (benchmarks/results/launch_budget.md).
@@ -50,6 +53,7 @@ from torch import Tensor
 from ..checks import check_int
 from ..errors import ConvergenceWarning, OptionError
 from .batch import OpBatch
+from .cost import flop_bound
 from .results import SvdResult
 
 if TYPE_CHECKING:
@@ -67,7 +71,8 @@ _EPS = torch.finfo(torch.float64).eps
 def svds(op: LinearOperator | Sequence[LinearOperator] | Tensor, k: int, *,
          method: str = "lanczos", n_oversamples: int = 10, n_iter: int = 4,
          tol: float = 1e-10, ncv: Optional[int] = None, max_restarts: int = 500, seed: int = 0,
-         return_vectors: bool = True, block_size: Optional[int] = None) -> SvdResult:
+         return_vectors: bool = True, block_size: Optional[int] = None,
+         device_path: bool = False) -> SvdResult:
     """Top-k singular triplets of an m x n operator (or a batch [..., m, n] / list).
 
     Example::
@@ -75,6 +80,9 @@ def svds(op: LinearOperator | Sequence[LinearOperator] | Tensor, k: int, *,
         >>> res = svds(torch.randn(3, 80, 60, dtype=torch.float64), 4, method="randomized")
         >>> res.S.shape, res.U.shape, res.Vh.shape
         (torch.Size([3, 4]), torch.Size([3, 80, 4]), torch.Size([3, 4, 60]))
+
+    Options: module doc. ``device_path``: True takes the accelerator's default block width on
+    any device (so a CPU run measures the code a GPU runs).
     """
     batch = OpBatch(op, what="svds")
     batch.need_adjoint()
@@ -93,7 +101,8 @@ def svds(op: LinearOperator | Sequence[LinearOperator] | Tensor, k: int, *,
     if method == "randomized":
         U, S, V, conv = _randomized(batch, k, n_oversamples, n_iter, tol, gen)
     else:
-        U, S, V, conv = _lanczos(batch, k, ncv, block_size, max_restarts, tol, gen)
+        U, S, V, conv = _lanczos(batch, k, ncv, block_size, max_restarts, tol, gen,
+                                 device_path)
     bs = batch.batch_shape
     return SvdResult(
         U=U.reshape(*bs, mr, k) if return_vectors else None,
@@ -152,16 +161,20 @@ def orthonormal_block(Q: Tensor, W: Tensor) -> Tensor:
     return W
 
 
-def _default_block(batch: OpBatch, k: int) -> int:
-    """Columns per application: the operators' ``block_size`` hint (batched-JVP operators carry
+def _default_block(batch: OpBatch, k: int, device_path: bool = False) -> int:
+    """Columns per application: 1 where an application costs FLOPs (``cost.flop_bound``: the
+    CPU at a large width), else the operators' ``block_size`` hint (batched-JVP operators carry
     one) capped at k, else min(k, BLOCK)."""
+    if flop_bound(batch.shape[1], batch.device, device_path=device_path):
+        return 1
     hints = [o.block_size for o in (batch.ops or [])]
     if hints and all(h is not None for h in hints):
         return max(1, min(k, min(hints)))  # pyright: ignore[reportArgumentType]
     return max(1, min(k, BLOCK))
 
 
-def _shape(batch: OpBatch, k: int, ncv: Optional[int], block_size: Optional[int]) -> tuple:
+def _shape(batch: OpBatch, k: int, ncv: Optional[int], block_size: Optional[int],
+           device_path: bool = False) -> tuple:
     """(b, m, r): block width, subspace size (a multiple of b) and the size kept at a restart
     (m - r a multiple of b, r >= k). The default subspace, max(4k, 20, k + 4b), gives a cycle
     at least two block steps (measured on the d=128 proxy's block Jacobian, k = 16, b = 16:
@@ -176,7 +189,7 @@ def _shape(batch: OpBatch, k: int, ncv: Optional[int], block_size: Optional[int]
         check_int("ncv", ncv)
         if not (k <= ncv <= dmin):
             raise OptionError("ncv", ncv, f"an int with k = {k} <= ncv <= min(m, n) = {dmin}")
-    b = _default_block(batch, k) if block_size is None else block_size
+    b = _default_block(batch, k, device_path) if block_size is None else block_size
     while b > 1:  # the widest block up to b that leaves room for a block space
         m0 = max(4 * k, 20, k + 4 * b) if ncv is None else ncv
         m = b * -(-m0 // b)
@@ -189,10 +202,10 @@ def _shape(batch: OpBatch, k: int, ncv: Optional[int], block_size: Optional[int]
 
 
 def _lanczos(batch: OpBatch, k: int, ncv: Optional[int], block_size: Optional[int],
-             max_restarts: int, tol: float, gen):
+             max_restarts: int, tol: float, gen, device_path: bool = False):
     """Block Golub-Kahan-Lanczos bidiagonalisation with thick restarts (module doc)."""
     B, (mr, n), dt, dev = batch.B, batch.shape, batch.wdtype, batch.device
-    b, m, r = _shape(batch, k, ncv, block_size)
+    b, m, r = _shape(batch, k, ncv, block_size, device_path)
     full = m >= min(mr, n)  # the space spans everything: its Ritz triplets are exact
     V = torch.zeros(B, n, m + b, dtype=dt, device=dev)
     U = torch.zeros(B, mr, m, dtype=dt, device=dev)
