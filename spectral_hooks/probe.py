@@ -163,8 +163,10 @@ class Probe:
         self._call = call = fc.ForwardCall.begin(self._bind(args, kwargs))
         # references whose in-place writes can be seen: the hooks only note them, and the
         # recording commits them when next read (less Python in the forward, where a GPU waits)
+        # (not under autograd: a pending call would hold the graph)
         call.defer = (self._references and not self._copies and self._merge != "check"
-                      and self.anatomy.verify is None and not torch.compiler.is_compiling())
+                      and self.anatomy.verify is None and not torch.is_grad_enabled()
+                      and not torch.compiler.is_compiling())
         if not call.continues:
             if self._references and not torch.is_grad_enabled():
                 call.inputs = (tuple(args), fc.without_caches(kwargs))
@@ -249,7 +251,8 @@ class Probe:
             hidden = args[0] if args else kwargs.get(hidden_kwarg)
             if not isinstance(hidden, Tensor):
                 return
-            if call.defer and not hidden.is_inference() and not torch.compiler.is_compiling():
+            if (call.defer and not hidden.requires_grad and not hidden.is_inference()
+                    and not torch.compiler.is_compiling()):
                 # caches dropped here, while the arguments are in the CPU's caches, and once
                 # for the blocks given the same objects under the same names (as a model's
                 # layer loop gives them; compared inline: a function call costs here)
@@ -293,7 +296,8 @@ class Probe:
                 call.block_output = value
             if not recorded[i]:
                 return
-            if call.defer and not value.is_inference() and not torch.compiler.is_compiling():
+            if (call.defer and not value.requires_grad and not value.is_inference()
+                    and not torch.compiler.is_compiling()):
                 call.deferred_outputs.append((name, order[i], value, value._version))
             else:
                 call.captured[(name, order[i])] = self._store(value)

@@ -118,3 +118,14 @@ def test_clear_forgets_deferred_calls():
         assert probe.recording.n_calls == 0 and not probe.recording._pending
         model(torch.randint(1, 100, (2, 4)))
     assert probe.recording.n_calls == 1 and probe.recording.resid_post[0].shape == (2, 4, 32)
+
+
+def test_calls_under_autograd_are_not_deferred():
+    """A pending call would hold the autograd graph (and HF Trainer deep-copies callbacks)."""
+    model = make_model("gpt2", dtype=torch.float32)
+    ids = torch.randint(1, 100, (1, 4))
+    with sh.instrument(model) as probe:
+        for _ in range(3):
+            model(ids).last_hidden_state.sum().backward()
+        assert not probe.recording._pending
+        assert not any(t.requires_grad for t in probe.recording.resid_post)
