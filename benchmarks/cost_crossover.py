@@ -53,23 +53,12 @@ def shape(d: int) -> tuple:
 
 
 def build(d: int):
-    from transformers import LlamaConfig, LlamaModel
+    """(model, probe, ids): the host_bound family at width d, instrumented, one forward."""
+    from launch_budget import build as build_llama
 
-    import spectral_hooks as sh
-
-    heads, kv, ffn = shape(d)
-    cfg = LlamaConfig(**dict(
-        hidden_size=d, intermediate_size=ffn, num_hidden_layers=LAYERS,
-        num_attention_heads=heads, num_key_value_heads=kv, head_dim=d // heads,
-        vocab_size=1000, max_position_embeddings=4096, rope_theta=500000.0,
-        rms_norm_eps=1e-5, bos_token_id=0, eos_token_id=0, pad_token_id=0))
-    torch.manual_seed(0)
-    model = LlamaModel(cfg).eval()
-    ids = torch.randint(0, 1000, (1, TOKENS), generator=torch.Generator().manual_seed(1))
-    probe = sh.instrument(model)
-    with torch.no_grad():
-        model(input_ids=ids)
-    return model, probe, ids
+    model, probe = build_llama(d, TOKENS, LAYERS, shape=shape(d))
+    return model, probe, torch.randint(0, 1000, (1, TOKENS),
+                                       generator=torch.Generator().manual_seed(1))
 
 
 def run_arm(probe, arm: str, dense: bool = False) -> tuple:

@@ -61,13 +61,14 @@ FP64, HBM = 67e12, 4.8e12           # H200: dense float64 tensor-core FLOP/s, HB
 SHAPES = {128: (4, 1, 448), 1024: (8, 2, 3584), 2048: (16, 4, 7168), 4096: (32, 8, 14336)}
 
 
-def build(d: int, tokens: int, layers: int = 1):
-    """A Llama-shaped model at random init (offline config), instrumented, one forward."""
+def build(d: int, tokens: int, layers: int = 1, shape: tuple = ()):
+    """A Llama-shaped model at random init (offline config), instrumented, one forward.
+    ``shape``: (heads, kv heads, MLP width); default ``SHAPES[d]``."""
     from transformers import LlamaConfig, LlamaModel
 
     import spectral_hooks as sh
 
-    heads, kv, ffn = SHAPES[d]
+    heads, kv, ffn = shape or SHAPES[d]
     cfg = LlamaConfig(hidden_size=d, intermediate_size=ffn, num_hidden_layers=layers,
                       num_attention_heads=heads, num_key_value_heads=kv, head_dim=d // heads,
                       vocab_size=1000, max_position_embeddings=max(8192, tokens),
