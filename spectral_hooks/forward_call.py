@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import inspect
 import logging
+from itertools import repeat
+from operator import is_
 from typing import Any, Callable, Iterable, Optional, cast
 
 import torch
@@ -84,6 +86,7 @@ def first_tensor(output: Any) -> Tensor:
     return output[0] if isinstance(output, (tuple, list)) else output
 
 
+_NOT_THERE = repeat(object())  # dict.get's default for every key: never one of its values
 _CACHE_TYPES: dict[type, bool] = {}  # type -> a KV cache (HF Cache objects), checked once per type
 _CACHE_NAMES = frozenset(CACHE_KWARGS)
 
@@ -318,12 +321,10 @@ class ForwardCall:
         # whether hooks only note what they see (the probe stores references and has seen a
         # call end without an in-place write), and what they noted, until the call ends
         self.defer = False
-        self.deferred: list[tuple[Any, ...]] = []  # block calls: (plan, input, version, ...)
+        # block calls: (plan, input, version, args, kwargs), their KV caches dropped at close()
+        self.deferred: list[tuple[Any, ...]] = []
         self.deferred_outputs: list[tuple[Any, ...]] = []  # (point, layer, output, version)
-        self.inputs_owned = False  # mask and token_ids are copies (keep_inputs)
-        # the last deferred block's kwargs, and them as kept (kept_block_kwargs)
-        self.block_kwargs: Optional[dict[str, Any]] = None
-        self.kept_kwargs: dict[str, Any] = {}
+        self.inputs_owned = False  # mask and token_ids are copies (close)
         # the merge check (Probe._merge_rule): the last block output, and whether each block
         # input so far was the block output before it
         self.block_output: Optional[Tensor] = None
@@ -389,15 +390,31 @@ class ForwardCall:
                          inputs=self.inputs, token_ids=self.new_token_ids(),
                          owned=self.inputs_owned)
 
-    def keep_inputs(self) -> None:
-        """Keep copies of the padding mask and token ids, so that a deferred call sees no
-        later write to the caller's buffers, and let go of the last block's arguments (their
-        KV cache)."""
+    def close(self) -> None:
+        """End a call whose hooks noted references (:class:`DeferredCommit`): keep copies of
+        the padding mask and token ids, so that a later write to the caller's buffers changes
+        nothing, and drop the KV caches from the noted block calls' arguments, once for the
+        blocks given the same objects under the same names (as a model's layer loop gives
+        them), so that the pending call holds no cache."""
+        # (no detach: no grad here, and integer tensors never need one)
         if self.mask is not None:
-            self.mask = self.mask.detach().clone()
+            self.mask = self.mask.clone()
         if self.token_ids is not None:
-            self.token_ids = self.token_ids.detach().clone()
-        self.inputs_owned, self.block_kwargs = True, None
+            self.token_ids = self.token_ids.clone()
+        self.inputs_owned = True
+        before: dict[str, Any] = {}
+        kept: dict[str, Any] = {}
+
+        def dropped(kwargs: dict[str, Any]) -> dict[str, Any]:
+            nonlocal before, kept
+            if len(kwargs) != len(before) or not all(map(
+                    is_, kwargs.values(), map(before.get, kwargs, _NOT_THERE))):
+                before, kept = kwargs, kept_block_kwargs(kwargs)
+            return kept
+
+        self.deferred = [(plan, hidden, version,
+                          args if len(args) < 2 else without_cache_args(args), dropped(kwargs))
+                         for plan, hidden, version, args, kwargs in self.deferred]
 
     def build_block_calls(self, hidden_kwarg: str) -> None:
         """Turn the block calls noted while the model ran into replayable calls (see
@@ -455,7 +472,7 @@ class DeferredCommit:
 
     def __init__(self, call: ForwardCall, mode: StoreMode, *, merge_on: bool, expected: int,
                  capture: tuple[str, ...], layers: tuple[int, ...], hidden_kwarg: str) -> None:
-        call.keep_inputs()
+        call.close()
         self.call, self.mode, self.merge_on, self.expected = call, mode, merge_on, expected
         self.capture, self.layers, self.hidden_kwarg = capture, layers, hidden_kwarg
 
@@ -465,10 +482,9 @@ class DeferredCommit:
             self.mode.copies = True
             log.warning(WRITTEN_WARNING)
             return
-        for plan, hidden, _, args, kwargs, grad in call.deferred:
+        for plan, hidden, _, args, kwargs in call.deferred:  # noted with grad off
             if call.needs_input(plan, merge_on):
-                call.note_block(plan, keep(hidden), args, kwargs, keep if grad else None,
-                                merge_on)
+                call.note_block(plan, keep(hidden), args, kwargs, None, merge_on)
         for name, layer, value, _ in call.deferred_outputs:
             call.captured[(name, layer)] = keep(value)
         call.deferred, call.deferred_outputs = [], []

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import inspect
 import logging
-from itertools import repeat
-from operator import is_
 from typing import Any, Iterable, Optional, Sequence
 
 import torch
@@ -35,11 +33,10 @@ from .checks import check_float_dtype
 from .encoder_decoder import EncoderDecoderProbe
 from .errors import OptionError, RecordingError
 from .linearize import BlockJacobian, JacobianProduct
-from .recording import DEFAULT_CAPTURES, STORES, Recording, is_suspended, map_tensors
+from .recording import DEFAULT_CAPTURES, STORES, SUSPENSION, Recording, is_suspended, map_tensors
 from .report import Report
 
 log: logging.Logger = logging.getLogger(__name__)
-_NOT_THERE = repeat(object())  # dict.get's default for every key: never one of its values
 
 
 class Probe:
@@ -232,7 +229,23 @@ class Probe:
         key = object()  # this hook's own application counter
 
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            if is_suspended():
+            call = self._call
+            if (call is not None and call.defer and not SUSPENSION.depth
+                    and not torch.is_grad_enabled() and not torch.compiler.is_compiling()):
+                # the steady path, as short as it can be (a GPU waits on it): note the input
+                # and the arguments; the call's end drops their KV caches (ForwardCall.close)
+                hidden = args[0] if args else kwargs.get(hidden_kwarg)
+                if isinstance(hidden, Tensor) and not hidden.is_inference():
+                    counts = call.counts
+                    i = counts.get(key, 0)
+                    counts[key] = i + 1
+                    if i < n:
+                        call.deferred.append((plans[i], hidden, hidden._version, args, kwargs))
+                    return
+            noted(module, args, kwargs)
+
+        def noted(module: nn.Module, args: tuple, kwargs: dict) -> None:
+            if SUSPENSION.depth:
                 return
             call = self._call
             if call is None:
@@ -251,20 +264,6 @@ class Probe:
             hidden = args[0] if args else kwargs.get(hidden_kwarg)
             if not isinstance(hidden, Tensor):
                 return
-            if (call.defer and not hidden.requires_grad and not hidden.is_inference()
-                    and not torch.compiler.is_compiling()):
-                # caches dropped here, while the arguments are in the CPU's caches, and once
-                # for the blocks given the same objects under the same names (as a model's
-                # layer loop gives them; compared inline: a function call costs here)
-                before = call.block_kwargs
-                if before is None or len(kwargs) != len(before) or not all(map(
-                        is_, kwargs.values(), map(before.get, kwargs, _NOT_THERE))):
-                    call.block_kwargs, call.kept_kwargs = kwargs, fc.kept_block_kwargs(kwargs)
-                if len(args) > 1:
-                    args = fc.without_cache_args(args)
-                call.deferred.append((plans[i], hidden, hidden._version, args, call.kept_kwargs,
-                                      torch.is_grad_enabled()))
-                return
             merge, plan = self._merge, plans[i]
             if merge == "check" and plan[0] > 0:
                 call.merge_checks += 1
@@ -282,16 +281,21 @@ class Probe:
         for the merge check (see :meth:`_merge_rule`)."""
         recorded, n = [layer in self.layers for layer in order], len(order)
         key = object()  # this hook's own application counter
+        first = fc.first_tensor
 
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
             call = self._call
-            if call is None or is_suspended():
+            if call is None or SUSPENSION.depth:
                 return
-            i = call.counts.get(key, 0)
-            call.counts[key] = i + 1
+            counts = call.counts
+            i = counts.get(key, 0)
+            counts[key] = i + 1
             if i >= n:
                 return
-            value = read(output)
+            if read is first:  # inline: a function call costs here
+                value = output[0] if isinstance(output, (tuple, list)) else output
+            else:
+                value = read(output)
             if block:
                 call.block_output = value
             if not recorded[i]:

@@ -17,8 +17,8 @@ from .block_call import BlockCall, map_tensors
 from .core import STORES, Recording, StepInfo
 from .points import CAPTURES, DEFAULT_CAPTURES, POINTS, CapturePoint
 from .running_stats import RunningStats
-from .suspend import is_suspended, suspended
+from .suspend import SUSPENSION, is_suspended, suspended
 
 __all__ = ["Recording", "StepInfo", "STORES", "BlockCall", "map_tensors", "CAPTURES",
            "DEFAULT_CAPTURES", "POINTS", "CapturePoint", "RunningStats", "suspended",
-           "is_suspended"]
+           "is_suspended", "SUSPENSION"]

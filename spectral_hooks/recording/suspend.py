@@ -19,6 +19,7 @@ class _Depth(threading.local):
 
 
 _state = _Depth()
+SUSPENSION = _state  # read ``SUSPENSION.depth`` (> 0: suspended) where a call would cost
 
 
 @contextlib.contextmanager
