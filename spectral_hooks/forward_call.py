@@ -89,6 +89,7 @@ def first_tensor(output: Any) -> Tensor:
 _NOT_THERE = repeat(object())  # dict.get's default for every key: never one of its values
 _CACHE_TYPES: dict[type, bool] = {}  # type -> a KV cache (HF Cache objects), checked once per type
 _CACHE_NAMES = frozenset(CACHE_KWARGS)
+_INPUT_RANK = {name: i for i, name in enumerate(MODEL_INPUT_KWARGS)}
 
 
 def is_cache(value: Any) -> bool:
@@ -241,8 +242,7 @@ def verified(anatomy: Anatomy, call: "ForwardCall", output: Any, *,
 
 
 class ModelCallBinder:
-    """The model call's arguments by name (``**kwargs`` flattened), checked for emptiness and
-    for string batches that the model would pad out of the probe's sight. The signature is
+    """The model call's arguments by name (``**kwargs`` flattened). The signature is
     read once, when the probe attaches; a call binds its positional arguments by name.
 
         >>> bind = ModelCallBinder(inspect.signature(lambda input_ids, attention_mask=None,
@@ -268,41 +268,16 @@ class ModelCallBinder:
         extra = bound.pop(self.var_keyword, None) if self.var_keyword == "kwargs" else None
         if isinstance(extra, dict):  # a model forward(**kwargs) called with kwargs={...}
             bound.update(extra)
-        return checked_model_call(bound)
-
-
-def checked_model_call(bound: dict[str, Any]) -> dict[str, Any]:
-    """``bound`` (a model call's arguments by name), refused when it is empty or a list of
-    strings that the model would pad out of the probe's sight."""
-    inputs = next((bound[k] for k in MODEL_INPUT_KWARGS if isinstance(bound.get(k), Tensor)),
-                  None)
-    if inputs is not None and (inputs.shape[0] == 0 or (inputs.ndim > 1 and
-                                                        inputs.shape[1] == 0)):
-        raise RecordingError(f"empty batch: the model was called with inputs of shape "
-                             f"{tuple(inputs.shape)}")
-    texts = bound.get("input")
-    if (padding_mask(bound) is None and isinstance(texts, (list, tuple)) and len(texts) > 1
-            and all(isinstance(t, str) for t in texts)):
-        raise RecordingError("a list of strings is padded inside the model, so the probe "
-                             "cannot tell padding from tokens: pass tokens "
-                             "(model.to_tokens(...)) and attention_mask= instead")
-    return bound
-
-
-def token_ids_of(bound: dict[str, Any]) -> Optional[Tensor]:
-    """The integer token ids [batch, pos] the model was called with, or None (embeddings,
-    strings)."""
-    for name in MODEL_INPUT_KWARGS:
-        value = bound.get(name)
-        if isinstance(value, Tensor) and not value.is_floating_point() and value.ndim in (1, 2):
-            return value if value.ndim == 2 else value[None]
-    return None
+        return bound
 
 
 class ForwardCall:
     """State of one forward of the model while it runs. ``implicit``: the blocks were called
     without the model's own forward (TL3's generate() calls ``forward`` directly)."""
 
+    __slots__ = ("mask", "continues", "implicit", "token_ids", "counts", "captured",
+                 "block_calls", "block_args", "inputs", "versions", "defer", "deferred",
+                 "deferred_outputs", "inputs_owned", "block_output", "merge_ok", "merge_checks")
     mask: Optional[Tensor]
     continues: bool
     implicit: bool
@@ -332,9 +307,35 @@ class ForwardCall:
 
     @classmethod
     def begin(cls, bound: dict[str, Any]) -> "ForwardCall":
-        """The state of a model call whose arguments are ``bound`` (see ModelCallBinder)."""
-        return cls(padding_mask(bound), continues=cache_length(bound) > 0,
-                   token_ids=token_ids_of(bound))
+        """The state of a model call whose arguments are ``bound`` (see ModelCallBinder):
+        its padding mask, its integer token ids [batch, pos] (None for embeddings and strings)
+        and whether it continues a KV cache, read in one pass over the arguments. Refused when
+        the batch is empty, or a list of strings that the model would pad out of the probe's
+        sight."""
+        inputs = ids = None
+        rank = ids_rank = len(MODEL_INPUT_KWARGS)
+        for name, value in bound.items():  # the inputs by MODEL_INPUT_KWARGS' preference
+            r = _INPUT_RANK.get(name)
+            if r is None or not isinstance(value, Tensor):
+                continue
+            if r < rank:
+                inputs, rank = value, r
+            if r < ids_rank and not value.is_floating_point() and value.ndim in (1, 2):
+                ids, ids_rank = value, r
+        if inputs is not None and 0 in inputs.shape[:2]:
+            raise RecordingError(f"empty batch: the model was called with inputs of shape "
+                                 f"{tuple(inputs.shape)}")
+        mask = padding_mask(bound)
+        texts = bound.get("input")
+        if (mask is None and isinstance(texts, (list, tuple)) and len(texts) > 1
+                and all(isinstance(t, str) for t in texts)):
+            raise RecordingError("a list of strings is padded inside the model, so the probe "
+                                 "cannot tell padding from tokens: pass tokens "
+                                 "(model.to_tokens(...)) and attention_mask= instead")
+        continues = not _CACHE_NAMES.isdisjoint(bound) and cache_length(bound) > 0
+        if ids is not None and ids.ndim == 1:
+            ids = ids[None]
+        return cls(mask, continues=continues, token_ids=ids)
 
     def next_layer(self, key: tuple[Any, ...], order: list[int]) -> Optional[int]:
         """The layer of this application of a module (None past its last application)."""

@@ -161,12 +161,13 @@ class Probe:
         # references whose in-place writes can be seen: the hooks only note them, and the
         # recording commits them when next read (less Python in the forward, where a GPU waits)
         # (not under autograd: a pending call would hold the graph)
-        call.defer = (self._references and not self._copies and self._merge != "check"
-                      and self.anatomy.verify is None and not torch.is_grad_enabled()
+        grad = torch.is_grad_enabled()
+        call.defer = (self._references and not grad and not self._mode.copies
+                      and self._merge != "check" and self.anatomy.verify is None
                       and not torch.compiler.is_compiling())
         if not call.continues:
-            if self._references and not torch.is_grad_enabled():
-                call.inputs = (tuple(args), fc.without_caches(kwargs))
+            if self._references and not grad:
+                call.inputs = (args, fc.without_caches(kwargs))
             else:
                 keep = self.recording.keep
                 call.inputs = (map_tensors(tuple(args), keep),
