@@ -123,3 +123,19 @@ def test_parse_forms():
     assert layer_list("blocks.2") == [2] and layer_list(3) == [3] and layer_list(None) is None
     with pytest.raises(ValueError):
         parse("blocks.1.attn.hook_z")
+
+
+def test_a_batch_of_strings_without_a_mask_is_refused():
+    """TransformerLens pads a list of strings inside the model, out of the probe's sight: the
+    probe refuses it (naming the fix) before any block runs, and records nothing."""
+    pytest.importorskip("transformer_lens")
+    from spectral_hooks.errors import RecordingError
+    from tests.tiny_models import make_bridge
+
+    bridge = make_bridge("gpt2")
+    with sh.instrument(bridge) as probe, torch.no_grad():
+        with pytest.raises(RecordingError, match="to_tokens"):
+            bridge(["a longer sentence", "short"])
+        assert probe.recording.n_calls == 0
+        bridge(TOKENS)  # the probe still records the next call
+        assert probe.recording.n_calls == 1
