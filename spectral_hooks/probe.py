@@ -98,8 +98,10 @@ class Probe:
         for attr, name, read in points:
             for module, order in fc.application_orders(self.anatomy, attr).values():
                 self._register(module, self._output_hook(name, order, read))
-        # last, so that an implicit call commits after every other hook of the last block ran
-        self._register(last_block, self._end_implicit_call)
+        # the end of an implicit call (blocks called without the model's forward) is hooked
+        # on the last block when the first such call begins: last, so that it commits after
+        # every other hook of that block ran; models called as a whole never carry it
+        self._last_block, self._implicit_end = last_block, False
 
     def _merge_rule(self) -> str:
         """Whether ``resid_post`` of layer l is read from block l+1's input instead of a hook
@@ -257,6 +259,9 @@ class Probe:
                                              causal=self.anatomy.causal)
                 self._call = call = fc.ForwardCall(mask, implicit=True,
                                                    continues=fc.cache_length(kwargs) > 0)
+                if not self._implicit_end:
+                    self._register(self._last_block, self._end_implicit_call)
+                    self._implicit_end = True
             counts = call.counts
             i = counts.get(key, 0)
             counts[key] = i + 1
@@ -324,7 +329,7 @@ class Probe:
         """Remove exactly the hooks this probe registered. Safe to call twice."""
         while self._handles:
             self._handles.pop().remove()
-        self._call = None
+        self._call, self._implicit_end = None, False
 
     def clear(self) -> None:
         """Forget the recording, keep the hooks."""

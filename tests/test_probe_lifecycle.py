@@ -312,3 +312,37 @@ def test_partial_forward_is_not_committed_and_empty_position_step_errors():
         model(torch.randint(0, 100, (1, 4)))
     assert len(probe.recording.steps) == 1
     probe.remove()
+
+
+def test_a_forward_that_bypasses_the_models_hooks_is_recorded_and_its_end_hook_is_lazy():
+    """``model.forward(...)`` skips the hooks on the model itself (sentence-transformers does
+    this): the blocks' hooks record the call, and the hook that ends such a call is added to
+    the last block only when the first one runs, once, and removed with the rest."""
+    model = make_model("gpt2", dtype=torch.float32)
+    ids = torch.randint(0, 100, (2, 5))
+    with torch.no_grad():
+        expected = model(ids).last_hidden_state
+        probe = sh.instrument(model)
+        n = probe.n_handles
+        assert count_hooks(model) == n
+        model(ids)  # through the model's hooks: no end-of-implicit-call hook needed
+        assert probe.n_handles == count_hooks(model) <= n
+        n = probe.n_handles
+        for _ in range(2):
+            out = model.forward(ids).last_hidden_state
+        assert torch.equal(out, expected)
+        assert probe.n_handles == count_hooks(model) == n + 1
+        rec = probe.recording
+        assert rec.n_calls == 3
+        for layer in range(len(probe.anatomy.layers)):  # the same inputs: the same states
+            for point in ("resid_pre", "resid_post", "attn_out"):
+                states = rec.tensor(point, layer)
+                assert torch.equal(states[2:4], states[:2]) and torch.equal(states[4:], states[:2])
+        probe.remove()
+        assert count_hooks(model) == 0
+        probe.attach()
+        probe.clear()
+        model.forward(ids)
+        assert probe.recording.n_calls == 1
+        probe.remove()
+    assert count_hooks(model) == 0

@@ -114,6 +114,7 @@ class Recording(ActivationCacheView):
     capture: tuple[str, ...]
     store: str
     dtype: Optional[torch.dtype]
+    generation: int = 0
 
     def __init__(self, *, n_layers: int, layers: tuple[int, ...], capture: tuple[str, ...],
                  store: str = "device", dtype: Optional[torch.dtype] = None) -> None:
@@ -135,7 +136,7 @@ class Recording(ActivationCacheView):
         self._cache: dict = {}
         # calls recorded by reference whose bookkeeping waits for the first read (see defer)
         self._pending: list[Callable[["Recording"], None]] = []
-        self.generation = getattr(self, "generation", 0) + 1  # changes whenever the data do
+        self.generation += 1  # changes whenever the data do
 
     def defer(self, commit: Callable[["Recording"], None]) -> None:
         """Note a recorded call now and commit it when the recording is next read or written:
