@@ -276,7 +276,8 @@ class ForwardCall:
     without the model's own forward (TL3's generate() calls ``forward`` directly)."""
 
     __slots__ = ("mask", "continues", "implicit", "token_ids", "counts", "captured",
-                 "block_calls", "block_args", "inputs", "versions", "defer", "deferred",
+                 "block_calls", "block_args", "inputs", "versions", "defer", "noted_blocks",
+                 "noted_outputs", "deferred",
                  "deferred_outputs", "inputs_owned", "block_output", "merge_ok", "merge_checks")
     mask: Optional[Tensor]
     continues: bool
@@ -296,9 +297,15 @@ class ForwardCall:
         # whether hooks only note what they see (the probe stores references and has seen a
         # call end without an in-place write), and what they noted, until the call ends
         self.defer = False
-        # block calls: (plan, input, version, args, kwargs), their KV caches dropped at close()
+        # what the hooks' steady path noted, in the order it ran, until resolve(): block
+        # calls ((counter, plans), input, version, args, kwargs) and recorded outputs
+        # ((counter, [(point, layer) or None per application]), output, version)
+        self.noted_blocks: list[tuple[Any, ...]] = []
+        self.noted_outputs: list[tuple[Any, ...]] = []
+        # the same with their layer: block calls (plan, input, version, args, kwargs), their
+        # KV caches dropped at close(); outputs (point, layer, output, version)
         self.deferred: list[tuple[Any, ...]] = []
-        self.deferred_outputs: list[tuple[Any, ...]] = []  # (point, layer, output, version)
+        self.deferred_outputs: list[tuple[Any, ...]] = []
         self.inputs_owned = False  # mask and token_ids are copies (close)
         # the merge check (Probe._merge_rule): the last block output, and whether each block
         # input so far was the block output before it
@@ -390,6 +397,26 @@ class ForwardCall:
                          continues=self.continues, block_calls=self.block_calls,
                          inputs=self.inputs, token_ids=self.new_token_ids(),
                          owned=self.inputs_owned)
+
+    def resolve(self) -> None:
+        """Give what the hooks' steady path noted its layer, through the same per-module
+        application counters as the other path, in the order it ran; drop applications past
+        a module's last and outputs of unrecorded layers."""
+        counts = self.counts
+        if self.noted_blocks:
+            noted, self.noted_blocks = self.noted_blocks, []
+            for (key, plans), hidden, version, args, kwargs in noted:
+                i = counts.get(key, 0)
+                counts[key] = i + 1
+                if i < len(plans):
+                    self.deferred.append((plans[i], hidden, version, args, kwargs))
+        if self.noted_outputs:
+            noted, self.noted_outputs = self.noted_outputs, []
+            for (key, targets), value, version in noted:
+                i = counts.get(key, 0)
+                counts[key] = i + 1
+                if i < len(targets) and targets[i] is not None:
+                    self.deferred_outputs.append((*targets[i], value, version))
 
     def close(self) -> None:
         """End a call whose hooks noted references (:class:`DeferredCommit`): keep copies of

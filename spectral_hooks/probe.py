@@ -204,6 +204,7 @@ class Probe:
     def _defer_commit(self, call: fc.ForwardCall) -> None:
         """End a call whose hooks only noted references: the recording commits it when next
         read, after checking them for in-place writes (``fc.DeferredCommit``)."""
+        call.resolve()
         if call.deferred or call.deferred_outputs or call.captured:
             self.recording.defer(fc.DeferredCommit(
                 call, self._mode, merge_on=self._merge == "on", expected=self._expected,
@@ -231,24 +232,27 @@ class Probe:
         n, hidden_kwarg = len(order), self.anatomy.call_convention.hidden_kwarg
         key = object()  # this hook's own application counter
 
+        applications = (key, plans)
+
         def hook(module: nn.Module, args: tuple, kwargs: dict) -> None:
             call = self._call
-            if (call is not None and call.defer and not SUSPENSION.depth
+            if (call is not None and call.defer and not SUSPENSION.active
                     and not torch.is_grad_enabled() and not torch.compiler.is_compiling()):
                 # the steady path, as short as it can be (a GPU waits on it): note the input
-                # and the arguments; the call's end drops their KV caches (ForwardCall.close)
+                # and the arguments; the call's end gives them their layer and drops their
+                # KV caches (ForwardCall.resolve, ForwardCall.close)
                 hidden = args[0] if args else kwargs.get(hidden_kwarg)
-                if isinstance(hidden, Tensor) and not hidden.is_inference():
-                    counts = call.counts
-                    i = counts.get(key, 0)
-                    counts[key] = i + 1
-                    if i < n:
-                        call.deferred.append((plans[i], hidden, hidden._version, args, kwargs))
+                try:  # a tensor other than an inference tensor (their writes cannot be seen)
+                    version = hidden._version
+                except (AttributeError, RuntimeError):
+                    pass
+                else:
+                    call.noted_blocks.append((applications, hidden, version, args, kwargs))
                     return
             noted(module, args, kwargs)
 
         def noted(module: nn.Module, args: tuple, kwargs: dict) -> None:
-            if SUSPENSION.depth:
+            if SUSPENSION.active and is_suspended():
                 return
             call = self._call
             if call is None:
@@ -262,6 +266,7 @@ class Probe:
                 if not self._implicit_end:
                     self._register(self._last_block, self._end_implicit_call)
                     self._implicit_end = True
+            call.resolve()  # the steady path's applications first: they ran first
             counts = call.counts
             i = counts.get(key, 0)
             counts[key] = i + 1
@@ -288,28 +293,41 @@ class Probe:
         recorded, n = [layer in self.layers for layer in order], len(order)
         key = object()  # this hook's own application counter
         first = fc.first_tensor
+        # per application: (point, layer) where recorded, else None
+        applications = (key, [(name, layer) if layer in self.layers else None
+                              for layer in order])
 
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
             call = self._call
-            if call is None or SUSPENSION.depth:
+            if call is None:
                 return
+            steady = (call.defer and not SUSPENSION.active and not torch.is_grad_enabled()
+                      and not torch.compiler.is_compiling())
+            if steady:
+                if read is first:  # inline: a function call costs here
+                    value = output[0] if isinstance(output, (tuple, list)) else output
+                else:
+                    value = read(output)
+                try:  # as in the block hook's steady path
+                    version = value._version
+                except (AttributeError, RuntimeError):
+                    pass
+                else:
+                    call.noted_outputs.append((applications, value, version))
+                    return
+            elif SUSPENSION.active and is_suspended():
+                return
+            else:
+                value = read(output)
+            call.resolve()
             counts = call.counts
             i = counts.get(key, 0)
             counts[key] = i + 1
             if i >= n:
                 return
-            if read is first:  # inline: a function call costs here
-                value = output[0] if isinstance(output, (tuple, list)) else output
-            else:
-                value = read(output)
             if block:
                 call.block_output = value
-            if not recorded[i]:
-                return
-            if (call.defer and not value.requires_grad and not value.is_inference()
-                    and not torch.compiler.is_compiling()):
-                call.deferred_outputs.append((name, order[i], value, value._version))
-            else:
+            if recorded[i]:
                 call.captured[(name, order[i])] = self._store(value)
 
         return hook

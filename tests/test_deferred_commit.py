@@ -129,3 +129,78 @@ def test_calls_under_autograd_are_not_deferred():
             model(ids).last_hidden_state.sum().backward()
         assert not probe.recording._pending
         assert not any(t.requires_grad for t in probe.recording.resid_post)
+
+
+def test_suspension_skips_this_thread_only():
+    """Blocks run inside ``suspended()`` (a replay) are not recorded; a suspension open on
+    another thread leaves this thread's forward recorded, with the same states."""
+    import threading
+
+    from spectral_hooks.recording import suspended
+
+    model = make_model("gpt2", dtype=torch.float32)
+    ids = torch.randint(1, 100, (2, 6), generator=torch.Generator().manual_seed(1))
+    with sh.instrument(model) as probe, torch.no_grad():
+        model(ids), model(ids)  # the second is deferred: the steady path
+        with suspended():
+            model(ids)
+        assert probe.recording.n_calls == 2
+        opened, done = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with suspended():
+                opened.set()
+                done.wait(30)
+
+        other = threading.Thread(target=hold)
+        other.start()
+        try:
+            assert opened.wait(30)
+            model(ids)
+        finally:
+            done.set()
+            other.join()
+        rec = probe.recording
+        assert rec.n_calls == 3
+        for point in CAPTURES:
+            for layer in range(len(probe.anatomy.layers)):
+                states = rec.tensor(point, layer)
+                assert torch.equal(states[4:], states[:2]) and torch.equal(states[2:4], states[:2])
+
+
+def test_a_shared_block_switching_paths_mid_call_keeps_its_layer_order():
+    """ALBERT applies one block at every layer. When grad turns on inside the forward (here a
+    foreign hook does it at the second application), the later applications take the hooks'
+    other path: every application still gets its own layer, and the states equal those of a
+    call that stayed on one path."""
+    model = make_model("albert", dtype=torch.float32)
+    ids = torch.randint(1, 100, (2, 6), generator=torch.Generator().manual_seed(2))
+    block = sh.anatomy_of(model).layers[0].block
+    assert len(sh.anatomy_of(model).layers) >= 3
+    seen = []
+
+    def grad_on_at_second(module, args):
+        seen.append(1)
+        if len(seen) == 2:
+            torch._C._set_grad_enabled(True)
+
+    foreign = block.register_forward_pre_hook(grad_on_at_second)
+    begin = model.register_forward_pre_hook(lambda *a: seen.clear())
+    restore = model.register_forward_hook(lambda *a: torch._C._set_grad_enabled(False))
+    try:
+        with sh.instrument(model) as probe, torch.no_grad():
+            for _ in range(3):
+                model(ids)
+            rec = probe.recording
+            assert rec.n_calls == 3
+            for point in CAPTURES:
+                for layer in range(len(probe.anatomy.layers)):
+                    states = rec.tensor(point, layer)
+                    assert not states.requires_grad
+                    assert torch.equal(states[4:], states[:2]) and torch.equal(states[2:4],
+                                                                                states[:2])
+            # the layers are distinct states, in order: layer l+1's input is layer l's output
+            for layer in range(len(probe.anatomy.layers) - 1):
+                assert torch.equal(rec.resid_pre[layer + 1], rec.resid_post[layer])
+    finally:
+        foreign.remove(), begin.remove(), restore.remove()
