@@ -241,7 +241,7 @@ class Probe:
                 # the steady path, as short as it can be (a GPU waits on it): note the input
                 # and the arguments; the call's end gives them their layer and drops their
                 # KV caches (ForwardCall.resolve, ForwardCall.close)
-                hidden = args[0] if args else kwargs.get(hidden_kwarg)
+                hidden: Any = args[0] if args else kwargs.get(hidden_kwarg)
                 try:  # a tensor other than an inference tensor (their writes cannot be seen)
                     version = hidden._version
                 except (AttributeError, RuntimeError):
