@@ -15,7 +15,7 @@ import inspect
 import logging
 from itertools import repeat
 from operator import is_
-from typing import Any, Callable, Iterable, Optional, cast
+from typing import Any, Callable, Iterable, NamedTuple, Optional, cast
 
 import torch
 from torch import Tensor, nn
@@ -401,15 +401,26 @@ class ForwardCall:
     def resolve(self) -> None:
         """Give what the hooks' steady path noted its layer, through the same per-module
         application counters as the other path, in the order it ran; drop applications past
-        a module's last and outputs of unrecorded layers."""
+        a module's last, outputs of unrecorded layers, and the KV caches in the block calls'
+        arguments: once for the blocks given the same objects under the same names (as a
+        model's layer loop gives them), so that a pending call holds no cache."""
         counts = self.counts
         if self.noted_blocks:
             noted, self.noted_blocks = self.noted_blocks, []
+            append = self.deferred.append
+            before: dict[str, Any] = {}
+            kept: dict[str, Any] = {}
             for (key, plans), hidden, version, args, kwargs in noted:
                 i = counts.get(key, 0)
                 counts[key] = i + 1
-                if i < len(plans):
-                    self.deferred.append((plans[i], hidden, version, args, kwargs))
+                if i >= len(plans):
+                    continue
+                if len(kwargs) != len(before) or not all(map(
+                        is_, kwargs.values(), map(before.get, kwargs, _NOT_THERE))):
+                    before, kept = kwargs, kept_block_kwargs(kwargs)
+                if len(args) > 1:
+                    args = without_cache_args(args)
+                append((plans[i], hidden, version, args, kept))
         if self.noted_outputs:
             noted, self.noted_outputs = self.noted_outputs, []
             for (key, targets), value, version in noted:
@@ -421,28 +432,14 @@ class ForwardCall:
     def close(self) -> None:
         """End a call whose hooks noted references (:class:`DeferredCommit`): keep copies of
         the padding mask and token ids, so that a later write to the caller's buffers changes
-        nothing, and drop the KV caches from the noted block calls' arguments, once for the
-        blocks given the same objects under the same names (as a model's layer loop gives
-        them), so that the pending call holds no cache."""
+        nothing, and resolve what the hooks noted."""
         # (no detach: no grad here, and integer tensors never need one)
         if self.mask is not None:
             self.mask = self.mask.clone()
         if self.token_ids is not None:
             self.token_ids = self.token_ids.clone()
         self.inputs_owned = True
-        before: dict[str, Any] = {}
-        kept: dict[str, Any] = {}
-
-        def dropped(kwargs: dict[str, Any]) -> dict[str, Any]:
-            nonlocal before, kept
-            if len(kwargs) != len(before) or not all(map(
-                    is_, kwargs.values(), map(before.get, kwargs, _NOT_THERE))):
-                before, kept = kwargs, kept_block_kwargs(kwargs)
-            return kept
-
-        self.deferred = [(plan, hidden, version,
-                          args if len(args) < 2 else without_cache_args(args), dropped(kwargs))
-                         for plan, hidden, version, args, kwargs in self.deferred]
+        self.resolve()
 
     def build_block_calls(self, hidden_kwarg: str) -> None:
         """Turn the block calls noted while the model ran into replayable calls (see
@@ -488,26 +485,36 @@ class ForwardCall:
         return sample.shape[0], sample.shape[1]
 
 
+class CommitSettings(NamedTuple):
+    """A probe's settings that a deferred call is committed with (they are fixed while the
+    probe defers: its merge rule and anatomy are settled by then)."""
+
+    mode: StoreMode
+    merge_on: bool
+    expected: int  # captured (point, layer) pairs a complete call holds
+    capture: tuple[str, ...]
+    layers: tuple[int, ...]
+    hidden_kwarg: str
+
+
 class DeferredCommit:
     """A call recorded by reference, committed when its recording is next read
     (``Recording.defer``): the hooks only noted what they saw, this does the rest, first
     checking that nothing wrote a noted state in place since (else the call is dropped, with
-    a warning, and ``mode`` turns copies on). It holds the call's states and inputs: no KV
-    cache, no model, no probe.
+    a warning, and ``settings.mode`` turns copies on). It holds the call's states and inputs:
+    no KV cache, no model, no probe."""
 
-    ``merge_on``, ``expected``, ``capture``, ``layers`` and ``hidden_kwarg`` are the probe's
-    settings when the call ran."""
+    __slots__ = ("call", "settings")
 
-    def __init__(self, call: ForwardCall, mode: StoreMode, *, merge_on: bool, expected: int,
-                 capture: tuple[str, ...], layers: tuple[int, ...], hidden_kwarg: str) -> None:
+    def __init__(self, call: ForwardCall, settings: CommitSettings) -> None:
         call.close()
-        self.call, self.mode, self.merge_on, self.expected = call, mode, merge_on, expected
-        self.capture, self.layers, self.hidden_kwarg = capture, layers, hidden_kwarg
+        self.call, self.settings = call, settings
 
     def __call__(self, recording: Any) -> None:
-        call, keep, merge_on = self.call, recording.keep, self.merge_on
+        call, keep, settings = self.call, recording.keep, self.settings
+        merge_on = settings.merge_on
         if call.written():
-            self.mode.copies = True
+            settings.mode.copies = True
             log.warning(WRITTEN_WARNING)
             return
         for plan, hidden, _, args, kwargs in call.deferred:  # noted with grad off
@@ -516,5 +523,5 @@ class DeferredCommit:
         for name, layer, value, _ in call.deferred_outputs:
             call.captured[(name, layer)] = keep(value)
         call.deferred, call.deferred_outputs = [], []
-        if call.complete(self.expected, self.capture, self.layers):
-            call.commit_to(recording, self.hidden_kwarg)
+        if call.complete(settings.expected, settings.capture, settings.layers):
+            call.commit_to(recording, settings.hidden_kwarg)

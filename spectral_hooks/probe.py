@@ -102,6 +102,7 @@ class Probe:
         # on the last block when the first such call begins: last, so that it commits after
         # every other hook of that block ran; models called as a whole never carry it
         self._last_block, self._implicit_end = last_block, False
+        self._commit_settings: Optional[fc.CommitSettings] = None
 
     def _merge_rule(self) -> str:
         """Whether ``resid_post`` of layer l is read from block l+1's input instead of a hook
@@ -193,6 +194,7 @@ class Probe:
         hidden_kwarg = self.anatomy.call_convention.hidden_kwarg
         call.build_block_calls(hidden_kwarg)  # the anatomy's check replays them
         self.anatomy = fc.verified(self.anatomy, call, output, on_refusal=self.remove)
+        self._commit_settings = None  # the anatomy or the merge rule may change here
         call.commit_to(self.recording, hidden_kwarg)
         self._copies = written  # references from the first call that sees no in-place write
         if self._merge == "check":
@@ -206,10 +208,12 @@ class Probe:
         read, after checking them for in-place writes (``fc.DeferredCommit``)."""
         call.resolve()
         if call.deferred or call.deferred_outputs or call.captured:
-            self.recording.defer(fc.DeferredCommit(
-                call, self._mode, merge_on=self._merge == "on", expected=self._expected,
-                capture=self.recording.capture, layers=self.layers,
-                hidden_kwarg=self.anatomy.call_convention.hidden_kwarg))
+            settings = self._commit_settings
+            if settings is None:  # worked out once: fixed while the probe defers
+                self._commit_settings = settings = fc.CommitSettings(
+                    self._mode, self._merge == "on", self._expected, self.recording.capture,
+                    self.layers, self.anatomy.call_convention.hidden_kwarg)
+            self.recording.defer(fc.DeferredCommit(call, settings))
 
     def _end_implicit_call(self, module: nn.Module, args: tuple, kwargs: dict,
                            output: Any) -> None:
