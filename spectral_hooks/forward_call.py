@@ -276,7 +276,7 @@ class ForwardCall:
     without the model's own forward (TL3's generate() calls ``forward`` directly)."""
 
     __slots__ = ("mask", "continues", "implicit", "token_ids", "counts", "captured",
-                 "block_calls", "block_args", "inputs", "versions", "defer", "noted_blocks",
+                 "block_calls", "block_args", "inputs", "input_versions", "versions", "defer", "noted_blocks",
                  "noted_outputs", "deferred",
                  "deferred_outputs", "inputs_owned", "block_output", "merge_ok", "merge_checks")
     mask: Optional[Tensor]
@@ -293,6 +293,7 @@ class ForwardCall:
         # (layer, args, kwargs, stored input, keep) per recorded block call, until the call ends
         self.block_args: list[tuple[Any, ...]] = []
         self.inputs: Optional[tuple[Any, ...]] = None
+        self.input_versions: list[tuple[Tensor, int]] = []  # noted when the call ends
         self.versions: list[tuple[Tensor, int]] = []  # (recorded state, its in-place version)
         # whether hooks only note what they see (the probe stores references and has seen a
         # call end without an in-place write), and what they noted, until the call ends
@@ -395,8 +396,8 @@ class ForwardCall:
         self.build_block_calls(hidden_kwarg)
         recording.commit(self.captured, self.captured_mask(), self.shape(),
                          continues=self.continues, block_calls=self.block_calls,
-                         inputs=self.inputs, token_ids=self.new_token_ids(),
-                         owned=self.inputs_owned)
+                         inputs=self.inputs, input_versions=self.input_versions,
+                         token_ids=self.new_token_ids(), owned=self.inputs_owned)
 
     def resolve(self) -> None:
         """Give what the hooks' steady path noted its layer, through the same per-module

@@ -33,7 +33,15 @@ from .checks import check_float_dtype
 from .encoder_decoder import EncoderDecoderProbe
 from .errors import OptionError, RecordingError
 from .linearize import BlockJacobian, JacobianProduct
-from .recording import DEFAULT_CAPTURES, STORES, SUSPENSION, Recording, is_suspended, map_tensors
+from .recording import (
+    DEFAULT_CAPTURES,
+    STORES,
+    SUSPENSION,
+    Recording,
+    is_suspended,
+    map_tensors,
+    tensor_versions,
+)
 from .report import Report
 
 log: logging.Logger = logging.getLogger(__name__)
@@ -180,6 +188,8 @@ class Probe:
         call, self._call = self._call, None
         if call is None:
             return
+        if call.inputs is not None:  # kept by reference: a later write is caught at a replay
+            call.input_versions = tensor_versions(call.inputs)
         if call.defer:
             self._defer_commit(call)
             return

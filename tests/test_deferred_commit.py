@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import spectral_hooks as sh
+from spectral_hooks.errors import RecordingError
 from tests.tiny_models import make_model
 
 CAPTURES = ("resid_pre", "resid_post", "attn_out")
@@ -204,3 +205,29 @@ def test_a_shared_block_switching_paths_mid_call_keeps_its_layer_order():
                 assert torch.equal(rec.resid_pre[layer + 1], rec.resid_post[layer])
     finally:
         foreign.remove(), begin.remove(), restore.remove()
+
+
+@pytest.mark.parametrize("store", ["device", "cpu"])
+def test_a_reused_input_buffer_is_refused_at_the_replay(store):
+    """The model inputs are kept by reference (the re-initialised control replays them). A
+    caller that writes its input buffer in place for the next batch would make that replay
+    run other inputs: ``model_inputs`` (and so ``record_on``) refuses, naming the cause. Fresh
+    tensors per call replay exactly."""
+    model = make_model("gpt2", dtype=torch.float32)
+    gen = torch.Generator().manual_seed(3)
+    batches = [torch.randint(1, 100, (2, 6), generator=gen) for _ in range(3)]
+    with sh.instrument(model, store=store) as probe, torch.no_grad():
+        for ids in batches:
+            model(ids.clone())
+        _, fresh = probe.record_on(make_model("gpt2", dtype=torch.float32))
+        assert fresh.n_calls == 3
+        probe.clear()
+        buffer = torch.empty_like(batches[0])
+        for ids in batches:
+            buffer.copy_(ids)
+            model(buffer)
+        with pytest.raises(RecordingError, match="written in place after the call"):
+            probe.record_on(make_model("gpt2", dtype=torch.float32))
+        probe.recording.to("cpu")  # already there: still the caller's buffer, still refused
+        with pytest.raises(RecordingError, match="run 0 were written"):
+            probe.recording.model_inputs

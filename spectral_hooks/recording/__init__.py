@@ -14,11 +14,11 @@
 """
 
 from .block_call import BlockCall, map_tensors
-from .core import STORES, Recording, StepInfo
+from .core import STORES, Recording, StepInfo, tensor_versions
 from .points import CAPTURES, DEFAULT_CAPTURES, POINTS, CapturePoint
 from .running_stats import RunningStats
 from .suspend import SUSPENSION, is_suspended, suspended
 
 __all__ = ["Recording", "StepInfo", "STORES", "BlockCall", "map_tensors", "CAPTURES",
            "DEFAULT_CAPTURES", "POINTS", "CapturePoint", "RunningStats", "suspended",
-           "is_suspended", "SUSPENSION"]
+           "is_suspended", "SUSPENSION", "tensor_versions"]

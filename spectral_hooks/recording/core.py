@@ -39,6 +39,16 @@ from .running_stats import Accumulator, RunningStats
 STORES = ("device", "cpu", "stats")
 
 
+def tensor_versions(inputs: Optional[tuple[Any, ...]]) -> list[tuple[Tensor, int]]:
+    """(tensor, in-place version) of the tensors at the top level of a model call's
+    ``(args, kwargs)`` (inference tensors have no version: left out)."""
+    if inputs is None:
+        return []
+    args, kwargs = inputs
+    return [(t, t._version) for t in (*args, *kwargs.values())
+            if isinstance(t, Tensor) and not t.is_inference()]
+
+
 @dataclass(frozen=True)
 class StepInfo:
     """One forward call seen by the probe."""
@@ -63,6 +73,9 @@ class _Run:
     raw_masks: list = field(default_factory=list)
     raw_token_ids: list = field(default_factory=list)
     inputs: Optional[tuple] = None  # the model call's (args, kwargs), caches removed
+    # (tensor, in-place version at the call's end) of the tensors in ``inputs`` kept by
+    # reference: a caller that writes its input buffer in place later is caught at the replay
+    input_versions: list = field(default_factory=list)
     read_masks: list = field(default_factory=list)  # raw_masks read to the CPU (long), so far
 
     @property
@@ -190,6 +203,7 @@ class Recording(ActivationCacheView):
     def commit(self, captured: dict[Any, Any], mask: Optional[Tensor],
                shape: tuple[int, int], *, continues: bool, block_calls: dict[int, BlockCall],
                inputs: Optional[tuple[Any, ...]] = None,
+               input_versions: Optional[list[tuple[Tensor, int]]] = None,
                token_ids: Optional[Tensor] = None, owned: bool = False) -> None:
         """Add one forward call: ``captured[(capture, layer)] = Tensor[batch, pos, d]``;
         ``mask`` [batch, pos] and ``token_ids`` [batch, pos] as the model got them (None: every
@@ -218,7 +232,7 @@ class Recording(ActivationCacheView):
             # the probe was attached) is marked step 1: it cannot be replayed
             run, step = _Run(batch=batch), int(continues)
             run.block_calls = dict(block_calls)
-            run.inputs = inputs
+            run.inputs, run.input_versions = inputs, list(input_versions or ())
             self._runs.append(run)
         for key, tensor in captured.items():
             run.chunks.setdefault(key, []).append(tensor)
@@ -280,6 +294,10 @@ class Recording(ActivationCacheView):
             run.chunks = {key: [t.to(device) for t in ts] for key, ts in run.chunks.items()}
             run.block_calls = map_tensors(run.block_calls, lambda t: t.to(device))
             run.inputs = map_tensors(run.inputs, lambda t: t.to(device))
+            # a tensor already there is the caller's still: its version as of its call stays
+            noted = {id(t): v for t, v in run.input_versions}
+            run.input_versions = [(t, noted.get(id(t), v))
+                                  for t, v in tensor_versions(run.inputs)]
         for acc in self._stats.values():
             acc.total, acc.outer = acc.total.to(device), acc.outer.to(device)
         self._cache.clear()
@@ -416,7 +434,16 @@ class Recording(ActivationCacheView):
     @property
     def model_inputs(self) -> list[Optional[tuple[Any, ...]]]:
         """Per run, the (args, kwargs) the model was called with (None when unknown), so the
-        same inputs can be replayed through another model (e.g. a re-initialised copy)."""
+        same inputs can be replayed through another model (e.g. a re-initialised copy).
+        Refused when an input kept by reference was written in place after its call (a
+        reused input buffer): a replay would run other inputs than the recorded ones."""
+        for i, run in enumerate(self._runs):
+            if any(t._version != v for t, v in run.input_versions):
+                raise RecordingError(
+                    f"the model inputs of recorded run {i} were written in place after the "
+                    "call (an input buffer reused for the next batch?), so they cannot be "
+                    "replayed (the re-initialised control replays them): pass a new tensor per "
+                    "call, e.g. model(ids.clone())")
         return [run.inputs for run in self._runs]
 
     def __repr__(self) -> str:
