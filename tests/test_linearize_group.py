@@ -178,3 +178,32 @@ def test_section_groups_by_the_cost_rule_unless_told(monkeypatch):
         assert m.delta_singular_values == pytest.approx(torch.linalg.svdvals(J - eye)[:k],
                                                         rel=1e-8)
     assert bool(alone.converged.all())
+
+
+def test_models_whose_blocks_differ_only_in_their_activation_share_no_graph():
+    """Two models' blocks of one class and shape that compute differently (SiLU vs GELU) are
+    grouped back to back, then the first again: each runs its own traced graph (no fallback
+    from a graph traced for the other; the grouped graph always maps its own trace) and every
+    member equals the dense jacfwd oracle of its block."""
+    import warnings
+
+    from transformers import LlamaConfig, LlamaModel
+
+    from spectral_hooks.errors import FallbackWarning
+
+    for act in ("silu", "gelu", "silu"):
+        torch.manual_seed(0)
+        cfg = LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                          num_attention_heads=4, num_key_value_heads=2, vocab_size=100,
+                          hidden_act=act)
+        model = LlamaModel(cfg).eval()
+        with sh.instrument(model) as probe, torch.no_grad():
+            model(IDS)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FallbackWarning)
+            ops = block_jacobian_group(probe.anatomy, probe.recording, [0, 1, 2])
+            assert ops is not None
+            eye = torch.eye(32, dtype=torch.float64)
+            for layer, op in enumerate(ops):
+                oracle = token_jacobian(probe, layer)
+                torch.testing.assert_close(op.matmat(eye), oracle, rtol=0, atol=1e-12)

@@ -44,7 +44,7 @@ import logging
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
 import torch
-from torch import Tensor, fx
+from torch import Tensor
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ..errors import fallback
@@ -53,7 +53,13 @@ from .engine import DENSE_WIDTH, Engine
 from .finite import checked
 from .function import REPLAY_ERRORS, agreement_tol, math_sdpa, one_snapshot_mode
 from .operator import BlockJacobian, StackedBlockJacobian
-from .shared import disagreement_terms, structure_graphs, structure_key, transposed_graph
+from .shared import (
+    clear_traces,
+    disagreement_terms,
+    structure_graphs,
+    structure_key,
+    transposed_graph,
+)
 from .single_query import SingleQueryFunction
 
 if TYPE_CHECKING:
@@ -68,14 +74,15 @@ __all__ = ["BlockGroup", "block_jacobian_group", "group_operators", "group_capac
 #: The widths of the traced graphs a group runs: one column (a Krylov step) and batched
 #: products in passes of the narrowest of 32, 64, 128 columns that holds them.
 GROUP_WIDTHS = (1, 32, 64, DENSE_WIDTH)
-_VMAPPED: Dict[tuple, fx.GraphModule] = {}  # (structure key, group size, jvp|vjp) -> graph
-_MAX_VMAPPED = 16
 
 
-def _vmapped(key: tuple, graph: Callable, example: List[Tensor]) -> Callable:
-    """``graph`` mapped over a leading group axis of all its inputs, traced once (make_fx) per
-    key; the plain vmap where the trace fails."""
-    got = _VMAPPED.get(key)
+def _vmapped(graph: Callable, size: int, example: List[Tensor]) -> Callable:
+    """``graph`` mapped over a leading group axis of ``size`` on all its inputs, traced once
+    (make_fx) per graph and size and kept on ``graph`` itself: it lives as long as the graph
+    it maps (shared where the structure's graph is shared), and never outlives it to meet
+    another trace of the same structure; the plain vmap where the trace fails."""
+    kept = graph.__dict__.setdefault("_spectral_hooks_vmapped", {})
+    got = kept.get(size)
     if got is not None:
         return got
     mapped = torch.vmap(graph)
@@ -85,18 +92,17 @@ def _vmapped(key: tuple, graph: Callable, example: List[Tensor]) -> Callable:
     except REPLAY_ERRORS as err:  # an op make_fx cannot trace under vmap: map at run time
         log.info("vmapped group graph not traceable (%s): torch.vmap at run time", err)
         return mapped
-    _VMAPPED[key] = gm
-    while len(_VMAPPED) > _MAX_VMAPPED:
-        _VMAPPED.pop(next(iter(_VMAPPED)))
+    kept[size] = gm
     return gm
 
 
 def clear_group_graphs() -> None:
-    """Forget the cached vmapped graphs.
+    """Forget the cached vmapped graphs: they are kept on the traced graphs they map, so this
+    forgets the traced structure graphs (``shared.clear_traces``).
 
     >>> clear_group_graphs()
     """
-    _VMAPPED.clear()
+    clear_traces()
 
 
 class _Width:
@@ -109,8 +115,7 @@ class _Width:
         X0 = torch.stack([f.x0.expand(W, *f.x0.shape) for f in group.fns])
         with torch.no_grad():
             self.residuals = tuple(torch.vmap(primal)(*group.inputs, X0))
-        self.key = (structure_key(fn, W), group.size)
-        self.jvp = _vmapped(self.key + ("jvp",), self.tangent, [*self.residuals, X0])
+        self.jvp = _vmapped(self.tangent, group.size, [*self.residuals, X0])
         self.vjp: Optional[Callable] = None
         self.transposed: Optional[Callable] = None  # one layer's VJP graph
         self.checked: Dict[str, set] = {"jvp": set(), "vjp": set()}  # members checked
@@ -121,7 +126,7 @@ class _Width:
             graph = self.transpose_one()
             X0 = torch.zeros(self.group.size, self.W, *fn.x0.shape, dtype=fn.x0.dtype,
                              device=fn.x0.device)
-            self.vjp = _vmapped(self.key + ("vjp",), graph, [*self.residuals, X0])
+            self.vjp = _vmapped(graph, self.group.size, [*self.residuals, X0])
         return self.vjp
 
     def transpose_one(self) -> Callable:

@@ -50,8 +50,11 @@ _MAX_TRACES = 8
 
 
 def _signature(fn, inputs: List[Tensor], width: int, extra=()) -> tuple:
-    return (type(fn.block), tuple(fn.params), fn.split, width, fn._p, str(fn._spec),
-            tuple((tuple(t.shape), t.dtype, t.device) for t in inputs), *extra)
+    # the block's repr names what shapes do not (activation functions, norm epsilons,
+    # dropout): two models' blocks of one class and shape that compute differently do not
+    # share a graph (the per-layer checks would catch it, at the cost of a fallback)
+    return (type(fn.block), repr(fn.block), tuple(fn.params), fn.split, width, fn._p,
+            str(fn._spec), tuple((tuple(t.shape), t.dtype, t.device) for t in inputs), *extra)
 
 
 def _trace(fn, inputs: List[Tensor], X0: Tensor) -> Tuple[fx.GraphModule, fx.GraphModule]:
