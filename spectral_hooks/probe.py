@@ -315,9 +315,9 @@ class Probe:
             call = self._call
             if call is None:
                 return
-            steady = (call.defer and not SUSPENSION.active and not torch.is_grad_enabled()
-                      and not torch.compiler.is_compiling())
-            if steady:
+            value = None
+            if (call.defer and not SUSPENSION.active and not torch.is_grad_enabled()
+                    and not torch.compiler.is_compiling()):
                 if read is first:  # inline: a function call costs here
                     value = output[0] if isinstance(output, (tuple, list)) else output
                 else:
@@ -331,14 +331,14 @@ class Probe:
                     return
             elif SUSPENSION.active and is_suspended():
                 return
-            else:
-                value = read(output)
             call.resolve()
             counts = call.counts
             i = counts.get(key, 0)
             counts[key] = i + 1
             if i >= n:
                 return
+            if value is None:
+                value = read(output)
             if block:
                 call.block_output = value
             if recorded[i]:
