@@ -20,11 +20,11 @@ One probe serves the whole run, attached for B only (``probe.attach()`` / ``remo
 training callback does for a logged step): what is timed is the steady cost of a forward. The
 probe's first call (it stores copies and checks the model) is timed once on its own and
 reported beside a plain call; before 2026-12-06 each round instrumented a new probe, so that
-first call was averaged into every round's ``--calls`` forwards. We quote the median of the per-round ratios B / A with min
-and max, of wall time and of this thread's CPU time (the steadier one on a shared machine: wall
-time there mostly measures waiting for a core), the CPU time added per forward, the hooks the
-probe keeps after its first call (forward and forward-pre hooks on every module), and the
-outputs of both arms compared bit for bit.
+first call was averaged into every round's ``--calls`` forwards. We quote the median of the
+per-round ratios B / A with min and max, of wall time and of this thread's CPU time (the
+steadier one on a shared machine: wall time there mostly measures waiting for a core), the CPU
+time added per forward, the hooks the probe keeps after its first call (forward and
+forward-pre hooks on every module), and the outputs of both arms compared bit for bit.
 """
 
 from __future__ import annotations
