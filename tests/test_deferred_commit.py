@@ -231,3 +231,35 @@ def test_a_reused_input_buffer_is_refused_at_the_replay(store):
         probe.recording.to("cpu")  # already there: still the caller's buffer, still refused
         with pytest.raises(RecordingError, match="run 0 were written"):
             probe.recording.model_inputs
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama", "albert"])
+def test_forwards_after_the_first_take_the_steady_path(family):
+    """Cost guard: in a no-grad forward after the first, every hook of the probe returns on its
+    steady path (noting references): none reaches the other path (``noted``) or asks the
+    thread-local suspension state, and the recording still equals the first call's."""
+    import sys
+
+    model = make_model(family, dtype=torch.float32)
+    ids = torch.randint(1, 100, (2, 6), generator=torch.Generator().manual_seed(4))
+    names: list = []
+
+    def profile(frame, event, arg):
+        if event == "call" and "spectral_hooks" in frame.f_code.co_filename:
+            names.append(frame.f_code.co_name)
+
+    with sh.instrument(model) as probe, torch.no_grad():
+        model(ids), model(ids)
+        sys.setprofile(profile)
+        try:
+            model(ids)
+        finally:
+            sys.setprofile(None)
+        rec = probe.recording
+        assert rec.n_calls == 3
+        for point in CAPTURES:
+            for layer in range(len(probe.anatomy.layers)):
+                states = rec.tensor(point, layer)
+                assert torch.equal(states[4:], states[:2])
+    assert "hook" in names and "_end_call" in names
+    assert "noted" not in names and "is_suspended" not in names, names
