@@ -276,9 +276,9 @@ class ForwardCall:
     without the model's own forward (TL3's generate() calls ``forward`` directly)."""
 
     __slots__ = ("mask", "continues", "implicit", "token_ids", "counts", "captured",
-                 "block_calls", "block_args", "inputs", "input_versions", "versions", "defer", "noted_blocks",
-                 "noted_outputs", "deferred",
-                 "deferred_outputs", "inputs_owned", "block_output", "merge_ok", "merge_checks")
+                 "block_calls", "block_args", "inputs", "input_versions", "versions", "defer",
+                 "noted_blocks", "noted_outputs", "deferred", "deferred_outputs",
+                 "inputs_owned", "block_output", "merge_ok", "merge_checks")
     mask: Optional[Tensor]
     continues: bool
     implicit: bool

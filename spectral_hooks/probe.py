@@ -259,7 +259,7 @@ class Probe:
                 try:  # a tensor other than an inference tensor (their writes cannot be seen)
                     version = hidden._version
                 except (AttributeError, RuntimeError):
-                    pass
+                    pass  # not one: the other path below copies it, or skips a non-tensor
                 else:
                     call.noted_blocks.append((applications, hidden, version, args, kwargs))
                     return
@@ -325,7 +325,7 @@ class Probe:
                 try:  # as in the block hook's steady path
                     version = value._version
                 except (AttributeError, RuntimeError):
-                    pass
+                    pass  # an inference tensor: the other path below stores a copy
                 else:
                     call.noted_outputs.append((applications, value, version))
                     return
