@@ -114,3 +114,42 @@ def test_solver_tells_the_operator_it_checks_and_raises_the_operators_own_error(
     assert not op.caller_checks_finite  # reset after each application
     op.matvec(torch.ones(60, dtype=torch.float64))
     assert op.seen[-1] is False  # a direct call: the operator tests its own output
+
+
+def _expansion(A, B, m, stop_at):
+    """Arnoldi from e_0 over ``B`` copies of A (B = 1 takes arnoldi's single-operator loop,
+    B = 2 the masked lockstep one): member 0's basis, projected matrix and size."""
+    from spectral_hooks.linalg.arnoldi import extend
+    n = A.shape[0]
+    V = torch.zeros(B, n, m + 1, dtype=torch.float64)
+    Hb = torch.zeros(B, m + 1, m, dtype=torch.float64)
+    V[:, :, 0] = torch.ones(n, dtype=torch.float64) / n ** 0.5
+    gen = torch.Generator().manual_seed(0)
+    size = extend(OpBatch(A.expand(B, n, n).clone(), what="eigs"), V, Hb, [0] * B, [False] * B,
+                  m, 1, lambda *s: torch.randn(*s, generator=gen, dtype=torch.float64),
+                  stop_at=stop_at)
+    return V[0], Hb[0], size[0]
+
+
+@pytest.mark.parametrize("rank", [None, 6], ids=["full", "rank-6 (breakdown)"])
+def test_one_operator_expands_as_the_batched_loop_does(rank):
+    n, m = 40, 20
+    A = _decaying(n, 5)
+    if rank is not None:
+        U, S, Vh = torch.linalg.svd(A)
+        A = U[:, :rank] @ torch.diag(S[:rank]) @ Vh[:rank]
+    for stop_at in (0, 8):
+        V1, H1, s1 = _expansion(A, 1, m, stop_at)
+        V2, H2, s2 = _expansion(A, 2, m, stop_at)
+        # a breakdown at every step from the rank on: the run stops at the first at stop_at
+        assert s1 == s2 == (m if rank is None or not stop_at else max(stop_at, rank + 1))
+        s = s1
+        # a Krylov decomposition: orthonormal basis, A V = V H (+ the residual column)
+        eye = torch.eye(s + 1, dtype=torch.float64)
+        assert torch.allclose(V1[:, :s + 1].T @ V1[:, :s + 1], eye, atol=1e-12)
+        assert torch.allclose(A @ V1[:, :s], V1[:, :s + 1] @ H1[:s + 1, :s], atol=1e-12)
+        # the same decomposition as the lockstep loop's up to the breakdown (after it each
+        # continues with its own random vector)
+        upto = s if rank is None else rank
+        assert torch.allclose(H1[:upto + 1, :upto], H2[:upto + 1, :upto], atol=1e-12)
+        assert torch.allclose(V1[:, :upto], V2[:, :upto], atol=1e-12)
