@@ -5,6 +5,13 @@ tree's probe rotated every round, so that both probes meet the same machine stat
     python benchmarks/recording_ab.py --base /tmp/base                      # the CPU proxy
     python benchmarks/recording_ab.py --base /tmp/base --capture power --rounds 60
     python benchmarks/recording_ab.py --base /tmp/base --model minilm --calls 10
+    python benchmarks/recording_ab.py                                      # this tree and the floor
+
+Every run also times the **floor**: no-op hooks of the same kinds (pre / post, with or without
+keyword arguments) on the same modules as this tree's probe attaches in its steady state, each
+keeping a reference to the tensor it sees, as ours do. What the floor costs is PyTorch's: a
+module with a hook leaves ``Module.__call__``'s fast path, and the allocator cannot reuse what
+the hooks hold. What this tree's probe costs above it is our Python.
 
 Why: on a shared machine the speed of a core drifts by tens of percent within minutes, more
 than the 1-2% a change to the hooks moves (``recording_cost.py`` alternates the arms within a
@@ -15,7 +22,8 @@ tree's; one model, one probe of each, each attached only for its own arm (``atta
 arm (this thread's CPU time, ``torch.no_grad()``, the recording cleared after each forward) in
 an order that rotates through all six permutations. We quote, per probe, the median over rounds
 of its time / the plain arm's, the 25th and 75th percentiles, and the CPU time added a forward.
-The base needs ``Probe.attach`` (2026-12-05 on).
+The base needs ``Probe.attach`` (2026-12-05 on); without ``--base`` only this tree and the floor
+are timed.
 """
 
 from __future__ import annotations
@@ -56,7 +64,7 @@ def import_base(base: str):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base", required=True, help="a checkout of the base commit")
+    parser.add_argument("--base", help="a checkout of the base commit (optional)")
     parser.add_argument("--model", default="proxy", choices=["proxy", "minilm"])
     parser.add_argument("--capture", default="default",
                         help="'default' (instrument()'s), 'power' (the training callbacks') "
@@ -67,26 +75,35 @@ def main() -> None:
 
     import spectral_hooks as ours
 
-    base = import_base(args.base)
+    base = import_base(args.base) if args.base else None
     torch.set_num_threads(1)
     model, inputs = build(args.model)
     capture = {"default": None, "power": ("resid_pre", "resid_post")}.get(
         args.capture, tuple(args.capture.split(",")))
     plain_hooks = count_hooks(model)
-    probes = {}
+    hooks_before = {m: (set(m._forward_hooks), set(m._forward_pre_hooks)) for m in model.modules()}
+    probes: dict = {}
+    floor = None
     with torch.no_grad():
         reference = model(**inputs)[0]
         for name, package in (("base", base), ("this tree", ours)):
+            if package is None:
+                continue
             probe = package.instrument(model, capture=capture) if capture else \
                 package.instrument(model)
             for _ in range(2):  # the first call copies and checks: not what is timed
                 out = model(**inputs)[0]
             assert torch.equal(out, reference), f"{name}: outputs differ"
             print(f"{name}: {count_hooks(model) - plain_hooks} hooks", flush=True)
+            if package is ours:
+                floor = Floor(model, hooks_before)
             probe.remove()
             probe.clear()
             probes[name] = probe
     assert count_hooks(model) == plain_hooks, "a probe left hooks behind"
+
+    assert floor is not None
+    probes["floor"] = floor
 
     def arm(name: str) -> float:
         probe = probes.get(name)
@@ -102,7 +119,7 @@ def main() -> None:
             probe.remove()
         return spent
 
-    names = ["plain", "base", "this tree"]
+    names = ["plain"] + [name for name in ("base", "this tree", "floor") if name in probes]
     orders = list(itertools.permutations(names))
     times: dict = {name: [] for name in names}
     with torch.no_grad():
@@ -121,6 +138,44 @@ def main() -> None:
         added = statistics.median([(t - p) * 1e6 for t, p in zip(times[name], plain)])
         print(f"  {name}: recorded / plain {statistics.median(ratios):.4f} "
               f"(p25 {q1:.4f}, p75 {q3:.4f}), {added:.0f} us added a forward")
+
+
+class Floor:
+    """No-op hooks mirroring the ones a probe holds on ``model`` now (those not in ``before``,
+    module -> (forward hook ids, forward pre-hook ids)): same modules, kinds and keyword
+    flags; each keeps a reference to the tensor it sees. ``attach`` / ``remove`` / ``clear``
+    as a probe's."""
+
+    def __init__(self, model: torch.nn.Module, before: dict) -> None:
+        self.kept: list = []
+        self.handles: list = []
+        self.points = []  # (module, "pre" or "post", with_kwargs)
+        for module in model.modules():
+            post, pre = before[module]
+            self.points += [(module, "pre", i in module._forward_pre_hooks_with_kwargs)
+                            for i in set(module._forward_pre_hooks) - pre]
+            self.points += [(module, "post", i in module._forward_hooks_with_kwargs)
+                            for i in set(module._forward_hooks) - post]
+
+    def attach(self) -> None:
+        keep = self.kept.append
+        for module, kind, with_kwargs in self.points:
+            if kind == "pre":
+                hook = (lambda m, a, kw: keep(a[0] if a else kw)) if with_kwargs else \
+                    (lambda m, a: keep(a[0] if a else None))
+                self.handles.append(module.register_forward_pre_hook(hook, with_kwargs=with_kwargs))
+            else:
+                hook = (lambda m, a, kw, out: keep(out)) if with_kwargs else \
+                    (lambda m, a, out: keep(out))
+                self.handles.append(module.register_forward_hook(hook, with_kwargs=with_kwargs))
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+    def clear(self) -> None:
+        self.kept.clear()
 
 
 if __name__ == "__main__":
