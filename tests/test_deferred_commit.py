@@ -53,7 +53,10 @@ def test_calls_recorded_by_reference_equal_copies(family):
         with torch.no_grad():
             out = deferred.anatomy.layers[1].block(*args, **kwargs)
         out = out[0] if isinstance(out, tuple) else out
-        assert torch.equal(out, ref.resid_post[1][sample:sample + 1, :out.shape[1]])
+        # one sample alone runs other BLAS kernels than the batch did on some CPUs (AMD EPYC,
+        # OpenBLAS/MKL blocking by row count): equal to float64 rounding, not bit for bit
+        recorded = ref.resid_post[1][sample:sample + 1, :out.shape[1]]
+        torch.testing.assert_close(out, recorded, rtol=1e-12, atol=1e-12)
 
 
 def test_a_deferred_call_holds_no_kv_cache():
