@@ -72,10 +72,17 @@ class OpBatch:
         self.what = what
 
     def member(self, b: int) -> "OpBatch":
-        """Member b of a dense batch on its own (under its name in this batch)."""
-        one = OpBatch(self.dense[b], what=self.what)  # pyright: ignore[reportOptionalSubscript]
+        """Member b on its own (under its name in this batch)."""
+        one = OpBatch(self.dense[b] if self.dense is not None else self.ops[b],  # pyright: ignore[reportOptionalSubscript]
+                      what=self.what)
         one.names = [self.names[b]]
         return one
+
+    def grouped(self) -> bool:
+        """Do any of the operators share a :class:`BatchGroup` (one call applies them all)?"""
+        return self.ops is not None and any(
+            isinstance(o, BatchMember) and isinstance(o.batch_group, BatchGroup)
+            for o in self.ops)
 
     def check_finite(self, Y: Tensor, mask: Sequence[bool], adjoint: bool = False) -> None:
         """Raise :meth:`nonfinite` for the first masked-in member with NaN / Inf in Y."""

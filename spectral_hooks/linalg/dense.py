@@ -33,20 +33,24 @@ from .schur_restart import fresh_residuals
 DENSE_SHARE = 0.5  # a basis of more than this share of n is done densely
 DENSE_MAX = 2048   # largest n densified when the residual stalls above tol (n matvecs)
 _CHUNK = 64        # identity columns per application when materialising
-#: a batch of dense CPU matrices at least this large is solved one member at a time
-ONE_AT_A_TIME_N = 512
+#: a CPU batch at least this large (dense, or operators in no batch group) is solved one member
+#: at a time
+ONE_AT_A_TIME_N = 256
 
 
 def one_at_a_time(batch: OpBatch) -> bool:
-    """Solve a dense CPU batch member by member rather than in lockstep when n >=
-    ONE_AT_A_TIME_N. Lockstep shares nothing there (the products are per-member gemv calls
-    already) and its steps cycle through all B matrices, evicting each from the cache before
-    its next product; one member's matrix (n^2 doubles) stays cached through its run.
-    Measured (B = 6, k = 16, clustered spectra, one thread, CPU seconds): n = 768 lockstep
-    4.0 vs one at a time 2.2, n = 512 1.7 vs 1.1, n = 256 0.74 vs 0.97 (there the per-step
-    Python work that lockstep shares outweighs the cache)."""
-    return (batch.dense is not None and batch.B > 1 and batch.device.type == "cpu"
-            and batch.shape[0] >= ONE_AT_A_TIME_N)
+    """Solve a CPU batch member by member rather than in lockstep when n >= ONE_AT_A_TIME_N
+    and no operators share a batch group (a dense tensor, or a list of operators each applied
+    on its own). Lockstep shares nothing there (the products are per-member calls already) and
+    its steps cycle through all B operators, evicting each from the cache before its next
+    product; one member's matrix (n^2 doubles) stays cached through its run, and a member alone
+    takes the single-operator Arnoldi loop (``arnoldi.py``). Measured (B = 6, k = 16,
+    clustered spectra, one thread, median wall s of 3, 2026-12-06, a tensor / a list of
+    DenseOperators): n = 768 lockstep 2.38 / 2.75 vs one at a time 1.20 / 1.24; n = 512
+    1.19 / 1.31 vs 0.75 / 0.71; n = 256 0.47 / 0.48 vs 0.41 / 0.40; n = 128 0.065 / 0.091 vs
+    0.073 / 0.094 (there the per-step Python work that lockstep shares outweighs the cache)."""
+    return (batch.B > 1 and batch.device.type == "cpu" and batch.shape[0] >= ONE_AT_A_TIME_N
+            and (batch.dense is not None or not batch.grouped()))
 
 
 def matrices(batch: OpBatch, mask: List[bool], width: int = _CHUNK) -> Tensor:

@@ -5,7 +5,7 @@ time. Checked against a dense float64 oracle (torch.linalg.eigvals)."""
 import pytest
 import torch
 
-from spectral_hooks.linalg import LinearOperator, dense, eigs
+from spectral_hooks.linalg import DenseOperator, LinearOperator, dense, eigs
 from spectral_hooks.linalg.batch import OpBatch
 
 from ._spectra import set_distance, top_by_modulus
@@ -153,3 +153,41 @@ def test_one_operator_expands_as_the_batched_loop_does(rank):
         upto = s if rank is None else rank
         assert torch.allclose(H1[:upto + 1, :upto], H2[:upto + 1, :upto], atol=1e-12)
         assert torch.allclose(V1[:, :upto], V2[:, :upto], atol=1e-12)
+
+
+class _Stack:
+    """A batch group of dense matrices (``protocols.BatchGroup``): one call applies them all."""
+
+    def __init__(self, mats):
+        self.mats, self.size, self.dtype, self.calls = torch.stack(mats), len(mats), torch.float64, 0
+
+    def matmat_all(self, X):
+        self.calls += 1
+        return self.mats @ X
+
+    def rmatmat_all(self, X):
+        return self.mats.mT @ X
+
+
+def test_a_list_of_operators_is_solved_one_at_a_time_unless_grouped():
+    n, k = dense.ONE_AT_A_TIME_N, 5
+    mats = [_decaying(n, s) for s in range(3)]
+    ops = [DenseOperator(A) for A in mats]
+    assert dense.one_at_a_time(OpBatch(ops, what="eigs"))
+    res = eigs(ops, k, v0=torch.ones(n))
+    assert bool(res.converged.all())
+    for b in range(3):
+        assert _oracle_error(res.values[b], mats[b], k) < 1e-9
+    # operators that share a batch group are applied by one call: lockstep keeps that
+    group = _Stack(mats)
+    members = []
+    for i, A in enumerate(mats):
+        op = LinearOperator((n, n), matvec=lambda x, A=A: A @ x, dtype=torch.float64,
+                            device="cpu", name=f"member {i}")
+        op.batch_group, op.batch_index = group, i  # pyright: ignore[reportAttributeAccessIssue]
+        members.append(op)
+    assert not dense.one_at_a_time(OpBatch(members, what="eigs"))
+    grouped = eigs(members, k, v0=torch.ones(n))
+    assert group.calls > 0 and bool(grouped.converged.all())
+    for b in range(3):
+        assert _oracle_error(grouped.values[b], mats[b], k) < 1e-9
