@@ -49,8 +49,12 @@ def one_at_a_time(batch: OpBatch) -> bool:
     DenseOperators): n = 768 lockstep 2.38 / 2.75 vs one at a time 1.20 / 1.24; n = 512
     1.19 / 1.31 vs 0.75 / 0.71; n = 256 0.47 / 0.48 vs 0.41 / 0.40; n = 128 0.065 / 0.091 vs
     0.073 / 0.094 (there the per-step Python work that lockstep shares outweighs the cache)."""
-    return (batch.B > 1 and batch.device.type == "cpu" and batch.shape[0] >= ONE_AT_A_TIME_N
-            and (batch.dense is not None or not batch.grouped()))
+    if batch.B < 2 or batch.device.type != "cpu" or batch.shape[0] < ONE_AT_A_TIME_N:
+        return False
+    if batch.dense is not None:
+        return True
+    ops = batch.ops or []  # a member alone works in its own precision: no real/complex mix
+    return not batch.grouped() and len({o.dtype.is_complex for o in ops}) == 1
 
 
 def matrices(batch: OpBatch, mask: List[bool], width: int = _CHUNK) -> Tensor:

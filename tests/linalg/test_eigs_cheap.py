@@ -2,6 +2,8 @@
 NaN / Inf test folded into the breakdown test, and dense CPU batches solved one member at a
 time. Checked against a dense float64 oracle (torch.linalg.eigvals)."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -191,3 +193,20 @@ def test_a_list_of_operators_is_solved_one_at_a_time_unless_grouped():
     assert group.calls > 0 and bool(grouped.converged.all())
     for b in range(3):
         assert _oracle_error(grouped.values[b], mats[b], k) < 1e-9
+
+
+def test_a_list_mixing_real_and_complex_operators_stays_in_lockstep():
+    # a member solved alone would work in its own precision: the complex start vector the
+    # batch draws cannot go into a real member's basis
+    n, k = dense.ONE_AT_A_TIME_N, 4
+    g = torch.Generator().manual_seed(7)
+    A = torch.randn(n, n, generator=g, dtype=torch.float64)
+    C = torch.randn(n, n, generator=g, dtype=torch.complex128)
+    ops = [DenseOperator(A), DenseOperator(C)]
+    assert not dense.one_at_a_time(OpBatch(ops, what="eigs"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "casting complex values to real"
+        res = eigs(ops, k)
+    assert bool(res.converged.all())
+    for b, M in enumerate((A, C)):
+        assert _oracle_error(res.values[b], M, k) < 1e-9
