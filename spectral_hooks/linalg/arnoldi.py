@@ -62,10 +62,7 @@ def extend(batch: OpBatch, V: Tensor, Hb: Tensor, p: List[int], done: List[bool]
         if bool(unusual.any()):
             batch.check_finite(product, mask)  # raises, naming the operator
             broke = beta <= threshold
-            r = randn(*w.shape)  # invariant subspace: continue with a random orthogonal vector
-            for _ in range(2):
-                r = r - (Vj @ (Vj.mH @ r.unsqueeze(2))).squeeze(2)
-            r = r / torch.linalg.vector_norm(r, dim=1, keepdim=True)
+            r = _off_basis(Vj, randn(*w.shape))  # invariant subspace: a random new direction
             w = torch.where(broke.unsqueeze(1), r, w / beta.clamp(min=1e-300).unsqueeze(1))
             beta = torch.where(broke, torch.zeros_like(beta), beta)
         else:
@@ -112,10 +109,8 @@ def _extend_one(batch: OpBatch, V: Tensor, Hb: Tensor, p: int, done: bool, m: in
         broke = not beta > 1e-13 * max(norm_lower, 1e-300)  # or a NaN / Inf
         if broke:
             batch.check_finite(product.view(1, n, 1), [True])  # raises, naming the operator
-            r = randn(1, n)[0]  # invariant subspace: continue with a random orthogonal vector
-            for _ in range(2):
-                r = r - Vj @ (VjH @ r)
-            w, beta_t = r / torch.linalg.vector_norm(r), torch.zeros_like(beta_t)
+            # invariant subspace: continue with a random direction, coupling zero
+            w, beta_t = _off_basis(Vj, randn(1, n)[0]), torch.zeros_like(beta_t)
         else:
             w = w / beta_t
         Hb[:j + 1, j] = c + c2
@@ -125,6 +120,14 @@ def _extend_one(batch: OpBatch, V: Tensor, Hb: Tensor, p: int, done: bool, m: in
         if broke and stop_at and j + 1 < m and j + 1 >= stop_at:
             return j + 1
     return m
+
+
+def _off_basis(Vj: Tensor, r: Tensor) -> Tensor:
+    """r [..., n] made orthogonal to the columns of Vj [..., n, j] (two classical
+    Gram-Schmidt passes) and normalised: the new direction after a breakdown."""
+    for _ in range(2):
+        r = r - (Vj @ (Vj.mH @ r.unsqueeze(-1))).squeeze(-1)
+    return r / torch.linalg.vector_norm(r, dim=-1, keepdim=True)
 
 
 def _extend_block(batch: OpBatch, V: Tensor, Hb: Tensor, p: List[int], done: List[bool],

@@ -79,10 +79,8 @@ class OpBatch:
         return one
 
     def grouped(self) -> bool:
-        """Do any of the operators share a :class:`BatchGroup` (one call applies them all)?"""
-        return self.ops is not None and any(
-            isinstance(o, BatchMember) and isinstance(o.batch_group, BatchGroup)
-            for o in self.ops)
+        """Is any operator a member of a :class:`BatchGroup` (one call applies them all)?"""
+        return self.ops is not None and any(_group_of(o) is not None for o in self.ops)
 
     def check_finite(self, Y: Tensor, mask: Sequence[bool], adjoint: bool = False) -> None:
         """Raise :meth:`nonfinite` for the first masked-in member with NaN / Inf in Y."""
@@ -159,11 +157,10 @@ class OpBatch:
         """
         groups: dict = {}
         for b, o in enumerate(self.ops):  # pyright: ignore[reportArgumentType]
-            if not mask[b] or not isinstance(o, BatchMember):
+            g = _group_of(o) if mask[b] else None
+            if g is None:
                 continue
-            g, i = o.batch_group, o.batch_index
-            if not isinstance(g, BatchGroup):
-                continue
+            i = o.batch_index  # pyright: ignore[reportAttributeAccessIssue]
             slots = groups.setdefault(id(g), (g, {}))[1]
             if 0 <= i < g.size and i not in slots:
                 slots[i] = b
@@ -208,3 +205,10 @@ class OpBatch:
         if self.ops is not None:
             for o in self.ops:
                 o._need_adjoint()
+
+
+def _group_of(op: LinearOperator) -> Optional[BatchGroup]:
+    """The :class:`BatchGroup` ``op`` is a member of (``protocols.BatchMember``), or None."""
+    if isinstance(op, BatchMember) and isinstance(op.batch_group, BatchGroup):
+        return op.batch_group
+    return None
