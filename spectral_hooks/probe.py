@@ -43,6 +43,7 @@ from .recording import (
     tensor_versions,
 )
 from .report import Report
+from .taps import ForwardTap
 
 log: logging.Logger = logging.getLogger(__name__)
 
@@ -78,8 +79,15 @@ class Probe:
 
     # ---------------------------------------------------------------- attaching
     def _register(self, module: nn.Module, hook, *, pre: bool = False) -> None:
-        register = module.register_forward_pre_hook if pre else module.register_forward_hook
-        self._handles.append(register(hook, with_kwargs=True))
+        """A tap (``taps.py``: the module keeps ``Module.__call__``'s fast path) on a layer's
+        modules; a forward hook on the model's root, whose ``forward`` other libraries wrap
+        and inspect (accelerate's mixed precision reads ``model.forward.__func__``)."""
+        if module is self.anatomy.call_root:
+            register = module.register_forward_pre_hook if pre else module.register_forward_hook
+            self._handles.append(register(hook, with_kwargs=True))
+        else:
+            self._handles.append(ForwardTap(module, pre=hook) if pre else
+                                 ForwardTap(module, post=hook))
 
     def _attach(self) -> None:
         """Register the hooks. Everything a hook can know before the model runs is worked out

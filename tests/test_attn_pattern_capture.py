@@ -11,6 +11,7 @@ import torch
 import spectral_hooks as sh
 from spectral_hooks.errors import OptionError, RecordingKeyError, UnsupportedModelError
 from spectral_hooks.recording.points import capture_points, hook_name, parse
+from tests.hook_counts import count_hooks
 from tests.tiny_models import _config, make_model
 
 ALL = ("resid_pre", "resid_post", "attn_out", "attn_pattern")
@@ -64,10 +65,10 @@ def test_not_captured_by_default():
 
 def test_sdpa_model_is_refused_with_how_to_load_it_and_no_hook_left():
     model = make_model("gpt2")  # SDPA: no probabilities
-    before = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+    before = count_hooks(model)
     with pytest.raises(UnsupportedModelError, match="attn_implementation='eager'"):
         sh.instrument(model, capture=["resid_pre", "attn_pattern"])
-    after = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+    after = count_hooks(model)
     assert after == before
 
 

@@ -101,8 +101,8 @@ def test_a_write_inside_the_forward_drops_the_call_and_copies_from_then_on(caplo
     probe = sh.instrument(model, capture=["resid_pre"])
     with torch.no_grad():
         clean = model(ids, output_hidden_states=True).hidden_states[1].clone()
-        # a later hook doubles block 1's input in place after the probe noted it
-        handle = model.h[1].register_forward_pre_hook(lambda m, args: args[0].mul_(2.0))
+        # a hook inside block 1 doubles the block's input in place after the probe noted it
+        handle = model.h[1].ln_1.register_forward_pre_hook(lambda m, args: args[0].mul_(2.0))
         model(ids)
         with caplog.at_level(logging.WARNING, logger="spectral_hooks"):
             assert probe.recording.n_calls == 1

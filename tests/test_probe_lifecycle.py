@@ -5,11 +5,8 @@ import torch
 from torch import nn
 
 import spectral_hooks as sh
+from tests.hook_counts import count_hooks
 from tests.tiny_models import make_model
-
-
-def count_hooks(model):
-    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
 
 
 def test_outputs_bit_identical_and_handles_removed():

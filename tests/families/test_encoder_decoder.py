@@ -38,6 +38,7 @@ from spectral_hooks.errors import (
 from spectral_hooks.linearize import block_function, block_jacobian
 from spectral_hooks.linearize.function import linearize
 from tests.families.harness import check_F, check_jacobian, check_recording
+from tests.hook_counts import count_hooks
 from tests.oracles import token_jacobian
 
 D, N_MEL, SOURCE_POSITIONS = 32, 8, 6
@@ -216,7 +217,7 @@ def test_no_handle_left_when_the_body_raises(recorded):
     family, model, _ = recorded
 
     def hooks():
-        return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+        return count_hooks(model)
 
     before = hooks()
     with pytest.raises(RuntimeError, match="boom"):
@@ -299,7 +300,7 @@ def test_layers_per_stack_and_no_hook_left_by_a_bad_one():
     model = make("bart")
 
     def hooks():
-        return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+        return count_hooks(model)
 
     before = hooks()
     with torch.no_grad(), sh.instrument(model, layers={"encoder": [-1], "decoder": [0]}) as probe:

@@ -7,14 +7,11 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
 from spectral_hooks.integrations import JSONLLogger, SpectralCallback, TensorBoardLogger
+from tests.hook_counts import count_hooks
 
 from .test_loggers import read_tensorboard
 
 STEPS, EVERY = 6, 2
-
-
-def n_hooks(model):
-    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
 
 
 def train(tmp_path, name, callbacks):
@@ -28,10 +25,10 @@ def train(tmp_path, name, callbacks):
                              per_device_train_batch_size=4, learning_rate=1e-3, logging_steps=1,
                              report_to=[], use_cpu=True, save_strategy="no", seed=0,
                              disable_tqdm=True, dataloader_num_workers=0)
-    hooks_before = n_hooks(model)
+    hooks_before = count_hooks(model)
     trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=callbacks)
     trainer.train()
-    assert n_hooks(model) == hooks_before  # nothing left behind
+    assert count_hooks(model) == hooks_before  # nothing left behind
     return model, trainer.state.log_history
 
 

@@ -8,6 +8,7 @@ from transformers import GPT2Config, GPT2LMHeadModel
 pl = pytest.importorskip("lightning.pytorch")
 
 from spectral_hooks.integrations.lightning import SpectralLightningCallback  # noqa: E402
+from tests.hook_counts import count_hooks  # noqa: E402
 
 STEPS, EVERY = 6, 2
 
@@ -58,10 +59,6 @@ def fit(callbacks):
     return module, logger
 
 
-def n_hooks(model):
-    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
-
-
 def test_fit_logs_through_the_trainers_logger_and_changes_nothing():
     callback = SpectralLightningCallback(every=EVERY)
     module, logger = fit([callback])
@@ -72,7 +69,7 @@ def test_fit_logs_through_the_trainers_logger_and_changes_nothing():
     assert all(m["spectral/seconds"] > 0 for _, m in spectral)  # the cost of each event
     for (name, p), q in zip(module.named_parameters(), plain.parameters()):
         assert torch.equal(p, q), name  # bit-identical training
-    assert n_hooks(module) == 0 and callback.tracker is None
+    assert count_hooks(module) == 0 and callback.tracker is None
 
 
 def test_finds_the_transformer_or_says_where_to_look():

@@ -17,6 +17,7 @@ import torch
 
 import spectral_hooks as sh
 from spectral_hooks.errors import UnsupportedModelError
+from tests.hook_counts import count_hooks
 
 peft = pytest.importorskip("peft")
 
@@ -178,13 +179,13 @@ def test_every_wrapper_is_unwrapped_and_outputs_are_bit_identical(wrap):
     model = peft.get_peft_model(base, config).eval()
     target = model.base_model if wrap == "tuner_model" else model
     ids = tokens()
-    hooks = sum(len(m._forward_hooks) for m in model.modules())
+    hooks = count_hooks(model)
     with torch.no_grad():
         plain = model(input_ids=ids)[0]
         with sh.instrument(target) as probe:
             recorded = model(input_ids=ids)[0]
         assert torch.equal(plain, recorded)
-    assert sum(len(m._forward_hooks) for m in model.modules()) == hooks
+    assert count_hooks(model) == hooks
     assert probe.recording.resid_post[1].shape == (2, 7, D)
     assert sh.anatomy_of(target).family == "bert"
 

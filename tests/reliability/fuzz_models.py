@@ -149,10 +149,6 @@ def cases(draw, *, min_d: int = 1, max_d: int = 32, dtypes=DTYPES, norms=tuple(N
                 tied=variant < 2)
 
 
-def n_hooks(model: torch.nn.Module) -> int:
-    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
-
-
 def state_hash(model: torch.nn.Module) -> str:
     h = hashlib.sha256()
     for name, tensor in model.state_dict().items():

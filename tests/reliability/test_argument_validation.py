@@ -29,6 +29,7 @@ from spectral_hooks.errors import (
 )
 from spectral_hooks.integrations.hf_trainer import SpectralCallback
 from spectral_hooks.integrations.loggers import CSVLogger, JSONLLogger
+from tests.hook_counts import count_hooks
 from tests.tiny_models import make_model
 
 PACKAGE = str(Path(sh.__file__).parent)
@@ -237,7 +238,7 @@ ROWS = [
 
 @pytest.mark.parametrize("call,exc,shows", ROWS)
 def test_bad_argument_is_named_with_its_value(c, call, exc, shows):
-    hooks = sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in c.model.modules())
+    hooks = count_hooks(c.model)
     weights = {k: v.clone() for k, v in c.model.state_dict().items()}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -250,8 +251,7 @@ def test_bad_argument_is_named_with_its_value(c, call, exc, shows):
         assert text in message, f"{text!r} not in {message!r}"
     assert "\n" not in message
     assert str(info.traceback[-1].path).startswith(PACKAGE), "raised outside spectral_hooks"
-    assert sum(len(m._forward_hooks) + len(m._forward_pre_hooks)
-               for m in c.model.modules()) == hooks, "a refused call left hooks behind"
+    assert count_hooks(c.model) == hooks, "a refused call left hooks behind"
     assert all(torch.equal(v, weights[k]) for k, v in c.model.state_dict().items())
 
 

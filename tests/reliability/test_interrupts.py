@@ -12,7 +12,8 @@ import torch
 from pandas.testing import assert_frame_equal
 
 import spectral_hooks as sh
-from tests.reliability.fuzz_models import Case, build, hidden, inputs, n_hooks, state_hash
+from tests.hook_counts import count_hooks
+from tests.reliability.fuzz_models import Case, build, hidden, inputs, state_hash
 from tests.tiny_models import make_model
 
 
@@ -38,7 +39,7 @@ def test_interrupted_analysis_keeps_sections_and_leaves_no_hooks(family, jacobia
     with sh.instrument(model) as probe:
         hidden(model, batch)
         n_recorded = len(probe.recording.steps)
-        hooks_attached = n_hooks(model)
+        hooks_attached = count_hooks(model)
         report = probe.analyze(power=True, jacobian=jacobian)
         power = report.power  # computed before the interrupt
         block = sh.anatomy_of(model).layers[-1].block
@@ -50,7 +51,7 @@ def test_interrupted_analysis_keeps_sections_and_leaves_no_hooks(family, jacobia
         finally:
             handle.remove()
         assert ctrl_c.calls >= 1  # the interrupt did land inside the analysis
-        assert n_hooks(model) == hooks_attached  # the analysis left none of its own
+        assert count_hooks(model) == hooks_attached  # the analysis left none of its own
         assert len(probe.recording.steps) == n_recorded  # replays were not recorded
         assert_frame_equal(report.power, power)  # kept
         jac = report.jacobian  # the interrupted section can be computed again
@@ -59,7 +60,7 @@ def test_interrupted_analysis_keeps_sections_and_leaves_no_hooks(family, jacobia
         assert_frame_equal(again.power, power)
         hidden(model, batch)
         assert len(probe.recording.steps) == n_recorded + 1  # the probe still records
-    assert n_hooks(model) == 0 and state_hash(model) == weights
+    assert count_hooks(model) == 0 and state_hash(model) == weights
     assert torch.equal(hidden(model, batch), reference)
 
 
@@ -73,4 +74,4 @@ def test_interrupt_while_recording_removes_the_probe_hooks():
                 hidden(model, {"input_ids": ids})
     finally:
         handle.remove()
-    assert n_hooks(model) == 0
+    assert count_hooks(model) == 0

@@ -14,10 +14,11 @@ import warnings
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 
 import spectral_hooks as sh
-from spectral_hooks.errors import ConvergenceWarning
+from spectral_hooks.errors import ConvergenceWarning, NonFiniteError
+from tests.hook_counts import count_hooks
 from tests.reliability.fuzz_models import (
     FULL,
     NORMS,
@@ -25,7 +26,6 @@ from tests.reliability.fuzz_models import (
     cases,
     hidden,
     inputs,
-    n_hooks,
     state_hash,
 )
 
@@ -40,6 +40,11 @@ class BodyFailed(Exception):
 @pytest.fixture(scope="module", autouse=True)
 def _quiet(one_torch_thread):
     yield
+
+
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """torch.equal, with NaN equal to NaN at the same places."""
+    return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0))
 
 
 def _check_power(power, case, n_tokens):
@@ -84,25 +89,34 @@ def _leave_the_model_unchanged(case):
     DRAWN.append(case)
     model = build(case)
     batch = inputs(case)
-    hooks, weights, reference = n_hooks(model), state_hash(model), hidden(model, batch)
+    hooks, weights, reference = count_hooks(model), state_hash(model), hidden(model, batch)
+    # Gemma-2's eager sliding-window attention gives a left-padded row NaN, and the next
+    # full-attention layer spreads it (transformers' own model, not ours): such a recording is
+    # refused by analyze, naming the first non-finite point
+    finite = bool(torch.isfinite(reference).all())
     with sh.instrument(model) as probe:
-        assert torch.equal(hidden(model, batch), reference)  # bit-identical while recording
-        power = probe.analyze(power=True, fold_norm=case.seed % 2 == 0).power
-    assert n_hooks(model) == hooks and state_hash(model) == weights
-    assert torch.equal(hidden(model, batch), reference)
-    _check_power(power, case, int(batch["attention_mask"].sum()))
+        assert _same_bits(hidden(model, batch), reference)  # bit-identical while recording
+        if finite:
+            power = probe.analyze(power=True, fold_norm=case.seed % 2 == 0).power
+        else:
+            with pytest.raises(NonFiniteError):
+                probe.analyze(power=True)
+    assert count_hooks(model) == hooks and state_hash(model) == weights
+    assert _same_bits(hidden(model, batch), reference)
+    if finite:
+        _check_power(power, case, int(batch["attention_mask"].sum()))
 
     with pytest.raises(BodyFailed):
         with sh.instrument(model, store="cpu"):
             hidden(model, batch)
             raise BodyFailed
-    assert n_hooks(model) == hooks and state_hash(model) == weights
+    assert count_hooks(model) == hooks and state_hash(model) == weights
 
     u = torch.randn(case.d, dtype=torch.float64, generator=torch.Generator().manual_seed(case.seed))
     with sh.steer(model, u, layer=case.seed % case.n_layers, alpha=0.5):
         steered = hidden(model, batch)
     assert torch.isfinite(steered.float()).all()
-    assert n_hooks(model) == hooks and state_hash(model) == weights
+    assert count_hooks(model) == hooks and state_hash(model) == weights
     assert torch.equal(hidden(model, batch), reference)
 
 
@@ -111,7 +125,8 @@ def _leave_the_model_unchanged(case):
 def test_jacobian_view_matrix_free_matches_dense(case):
     model = build(case)
     batch = inputs(case)
-    hooks, weights, reference = n_hooks(model), state_hash(model), hidden(model, batch)
+    hooks, weights, reference = count_hooks(model), state_hash(model), hidden(model, batch)
+    assume(torch.isfinite(reference).all())  # a NaN model (see above) has no spectra to compare
     with sh.instrument(model) as probe:
         hidden(model, batch)
         with warnings.catch_warnings():
@@ -119,7 +134,7 @@ def test_jacobian_view_matrix_free_matches_dense(case):
             free = probe.analyze(power=False, jacobian={"k": 2, "tol": 1e-6, "n_samples": 8,
                                                         "dense": False}).jacobian
         dense = probe.analyze(power=False, jacobian={"k": 2, "dense": True, "n_samples": 8}).jacobian
-    assert n_hooks(model) == hooks and state_hash(model) == weights
+    assert count_hooks(model) == hooks and state_hash(model) == weights
     assert torch.equal(hidden(model, batch), reference)
     assert len(free) == len(dense) == case.n_layers
     assert dense["converged"].all()

@@ -19,6 +19,7 @@ import torch
 import spectral_hooks as sh
 from spectral_hooks.analysis import TOKEN_COLUMNS, TokenColumnsWarning
 from spectral_hooks.errors import RecordingError
+from tests.hook_counts import count_hooks
 from tests.tiny_models import make_model
 
 
@@ -91,4 +92,4 @@ def test_instrument_arguments_are_checked(kwargs, option):
     with pytest.raises(ValueError) as info:
         sh.instrument(model, **kwargs)
     assert str(info.value).startswith(option) and "expected" in str(info.value)
-    assert sum(len(m._forward_hooks) for m in model.modules()) == 0
+    assert count_hooks(model) == 0

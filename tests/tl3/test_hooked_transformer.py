@@ -13,6 +13,7 @@ except ImportError as exc:  # TL 4 raises ImportError for HookedTransformer
     pytest.skip(f"transformer_lens.HookedTransformer unavailable: {exc}", allow_module_level=True)
 
 import spectral_hooks as sh
+from tests.hook_counts import count_hooks
 
 pytestmark = pytest.mark.tl3
 
@@ -44,9 +45,6 @@ def tokens(batch: int = 2, pos: int = 7, seed: int = 1) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(0, D_VOCAB, (batch, pos), generator=g)
 
-
-def count_hooks(model) -> int:
-    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
 
 
 @pytest.fixture(scope="module", params=list(VARIANTS))
