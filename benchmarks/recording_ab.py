@@ -7,11 +7,13 @@ tree's probe rotated every round, so that both probes meet the same machine stat
     python benchmarks/recording_ab.py --base /tmp/base --model minilm --calls 10
     python benchmarks/recording_ab.py                                      # this tree and the floor
 
-Every run also times the **floor**: no-op hooks of the same kinds (pre / post, with or without
-keyword arguments) on the same modules as this tree's probe attaches in its steady state, each
-keeping a reference to the tensor it sees, as ours do. What the floor costs is PyTorch's: a
-module with a hook leaves ``Module.__call__``'s fast path, and the allocator cannot reuse what
-the hooks hold. What this tree's probe costs above it is our Python.
+Every run also times the **floor**: no-op hooks and taps of the same kinds (pre / post, with or
+without keyword arguments) on the same modules as this tree's probe attaches in its steady
+state, each keeping a reference to the tensor it sees, as ours do. What the floor costs is the
+mechanism's: a module with a hook leaves ``Module.__call__``'s fast path, a tap adds one call,
+and the allocator cannot reuse what they hold. What this tree's probe costs above it is our
+Python. ``--floor-hooks`` times the same points as plain hooks (what a probe built only on
+hooks could not go below).
 
 Why: on a shared machine the speed of a core drifts by tens of percent within minutes, more
 than the 1-2% a change to the hooks moves (``recording_cost.py`` alternates the arms within a
@@ -20,7 +22,7 @@ under another name (``spectral_hooks_base``, its imports renamed) and imported b
 tree's; one model, one probe of each, each attached only for its own arm (``attach()`` /
 ``remove()``, their first calls made before timing). Each round times ``--calls`` forwards per
 arm (this thread's CPU time, ``torch.no_grad()``, the recording cleared after each forward) in
-an order that rotates through all six permutations. We quote, per probe, the median over rounds
+an order that rotates through the permutations of the arms. We quote, per probe, the median over rounds
 of its time / the plain arm's, the 25th and 75th percentiles, and the CPU time added a forward.
 The base needs ``Probe.attach`` (2026-12-05 on); without ``--base`` only this tree and the floor
 are timed.
@@ -42,6 +44,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from recording_cost import build, count_hooks  # noqa: E402
+
+from spectral_hooks.taps import ForwardTap, taps_on  # noqa: E402
 
 
 def import_base(base: str):
@@ -71,6 +75,8 @@ def main() -> None:
                              "or comma-separated points")
     parser.add_argument("--rounds", type=int, default=36)
     parser.add_argument("--calls", type=int, default=20)
+    parser.add_argument("--floor-hooks", action="store_true",
+                        help="also time the floor's points as plain forward hooks")
     args = parser.parse_args()
 
     import spectral_hooks as ours
@@ -83,7 +89,7 @@ def main() -> None:
     plain_hooks = count_hooks(model)
     hooks_before = {m: (set(m._forward_hooks), set(m._forward_pre_hooks)) for m in model.modules()}
     probes: dict = {}
-    floor = None
+    floor = hook_floor = None
     with torch.no_grad():
         reference = model(**inputs)[0]
         for name, package in (("base", base), ("this tree", ours)):
@@ -97,6 +103,8 @@ def main() -> None:
             print(f"{name}: {count_hooks(model) - plain_hooks} hooks", flush=True)
             if package is ours:
                 floor = Floor(model, hooks_before)
+                if args.floor_hooks:
+                    hook_floor = Floor(model, hooks_before, hooks_only=True)
             probe.remove()
             probe.clear()
             probes[name] = probe
@@ -104,6 +112,8 @@ def main() -> None:
 
     assert floor is not None
     probes["floor"] = floor
+    if hook_floor is not None:
+        probes["floor, hooks"] = hook_floor
 
     def arm(name: str) -> float:
         probe = probes.get(name)
@@ -119,7 +129,8 @@ def main() -> None:
             probe.remove()
         return spent
 
-    names = ["plain"] + [name for name in ("base", "this tree", "floor") if name in probes]
+    names = ["plain"] + [name for name in ("base", "this tree", "floor", "floor, hooks")
+                         if name in probes]
     orders = list(itertools.permutations(names))
     times: dict = {name: [] for name in names}
     with torch.no_grad():
@@ -146,21 +157,27 @@ class Floor:
     flags; each keeps a reference to the tensor it sees. ``attach`` / ``remove`` / ``clear``
     as a probe's."""
 
-    def __init__(self, model: torch.nn.Module, before: dict) -> None:
+    def __init__(self, model: torch.nn.Module, before: dict, *, hooks_only: bool = False) -> None:
         self.kept: list = []
         self.handles: list = []
-        self.points = []  # (module, "pre" or "post", with_kwargs)
+        self.points = []  # (module, "pre" or "post", with_kwargs, as a tap)
         for module in model.modules():
             post, pre = before[module]
-            self.points += [(module, "pre", i in module._forward_pre_hooks_with_kwargs)
+            self.points += [(module, "pre", i in module._forward_pre_hooks_with_kwargs, False)
                             for i in set(module._forward_pre_hooks) - pre]
-            self.points += [(module, "post", i in module._forward_hooks_with_kwargs)
+            self.points += [(module, "post", i in module._forward_hooks_with_kwargs, False)
                             for i in set(module._forward_hooks) - post]
+            self.points += [(module, "pre" if tap.pre is not None else "post", True,
+                             not hooks_only) for tap in reversed(taps_on(module))]
 
     def attach(self) -> None:
         keep = self.kept.append
-        for module, kind, with_kwargs in self.points:
-            if kind == "pre":
+        for module, kind, with_kwargs, tap in self.points:
+            if tap:
+                self.handles.append(
+                    ForwardTap(module, pre=lambda m, a, kw: keep(a[0] if a else kw)) if kind == "pre"
+                    else ForwardTap(module, post=lambda m, a, kw, out: keep(out)))
+            elif kind == "pre":
                 hook = (lambda m, a, kw: keep(a[0] if a else kw)) if with_kwargs else \
                     (lambda m, a: keep(a[0] if a else None))
                 self.handles.append(module.register_forward_pre_hook(hook, with_kwargs=with_kwargs))
@@ -170,7 +187,7 @@ class Floor:
                 self.handles.append(module.register_forward_hook(hook, with_kwargs=with_kwargs))
 
     def remove(self) -> None:
-        for handle in self.handles:
+        for handle in reversed(self.handles):
             handle.remove()
         self.handles = []
 

@@ -73,8 +73,12 @@ def build(name: str, device: str = "cpu"):
 
 
 def count_hooks(model: torch.nn.Module) -> int:
-    """Forward and forward-pre hooks on every module of ``model``."""
-    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+    """Forward and forward-pre hooks on every module of ``model``, and spectral_hooks taps
+    (hook points that keep ``Module.__call__``'s fast path, ``spectral_hooks/taps.py``)."""
+    from spectral_hooks.taps import count_taps
+
+    return count_taps(model) + sum(len(m._forward_hooks) + len(m._forward_pre_hooks)
+                                   for m in model.modules())
 
 
 def first_output(out):
