@@ -72,8 +72,11 @@ class ForwardTap:
             pre(module, args, kwargs)
         output = self.inner(*args, **kwargs)
         post = self.post
-        if post is not None and not self._post_from_last_hook(module):
-            post(module, args, kwargs, output)
+        if post is not None:
+            if not (module._forward_hooks or _GLOBAL_FORWARD_HOOKS or self.last_hook):
+                post(module, args, kwargs, output)  # the common case, without a call more
+            elif not self._post_from_last_hook(module):
+                post(module, args, kwargs, output)
         return output
 
     def _post_from_last_hook(self, module: nn.Module) -> bool:
