@@ -158,3 +158,19 @@ def test_a_hook_added_after_the_first_call_still_runs_before_the_taps_post():
     zero = probe.recording.attn_out[0][IDS.shape[0]:]
     assert torch.equal(zero, torch.zeros_like(zero))
     assert count_hooks(model) == 0
+
+
+def test_a_copy_made_while_another_hook_is_there_records_nothing():
+    """The tap's own hook after another library's hook is copied inert with the model."""
+    model = make_model("gpt2")
+    attn = model.h[0].attn
+    seen = []
+    handle = attn.register_forward_hook(lambda m, a, out: seen.append(1))
+    with sh.instrument(model) as probe, torch.no_grad():
+        model(IDS)
+        assert any(isinstance(h, _LastHook) for h in attn._forward_hooks.values())
+        twin = copy.deepcopy(model)
+        twin(IDS)
+        assert probe.recording.n_calls == 1 and len(seen) == 2  # the twin keeps their hook
+    handle.remove()
+    assert count_hooks(model) == 0 and count_taps(twin) == 0
