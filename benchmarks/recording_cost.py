@@ -195,7 +195,7 @@ def main() -> None:
               f"{res['cpu_ratio_min']:.3f}, max {res['cpu_ratio_max']:.3f}), "
               f"{res['added_cpu_us_per_forward']:.0f} us added per forward; plain forward "
               f"{res['plain_forward_ms']:.2f} ms; {res['hooks']} "
-              f"hooks ({res['hooks_first_call']} in the first call) for {res['captured']} "
+              f"hooks and taps ({res['hooks_first_call']} in the first call) for {res['captured']} "
               f"captured points; first recorded call {res['first_call_ms']:.1f} ms (a plain "
               f"one {res['plain_call_ms']:.1f} ms, once per probe); outputs bit-identical "
               f"{res['bit_identical']}; load {res['load_before']} -> {res['load_after']}",
