@@ -73,12 +73,10 @@ def build(name: str, device: str = "cpu"):
 
 
 def count_hooks(model: torch.nn.Module) -> int:
-    """Forward and forward-pre hooks on every module of ``model``, and spectral_hooks taps
-    (hook points that keep ``Module.__call__``'s fast path, ``spectral_hooks/taps.py``)."""
-    from spectral_hooks.taps import count_taps
+    """Forward hooks, pre-hooks and spectral_hooks taps on ``model`` (``spectral_hooks/taps.py``)."""
+    from spectral_hooks.taps import count_hook_points
 
-    return count_taps(model) + sum(len(m._forward_hooks) + len(m._forward_pre_hooks)
-                                   for m in model.modules())
+    return count_hook_points(model)
 
 
 def first_output(out):

@@ -160,16 +160,32 @@ class _LastHook:
         return (_LastHook, ())
 
 
-def taps_on(module: nn.Module) -> list[ForwardTap]:
-    """The attached taps in ``module``'s forward chain, outermost first."""
+def taps_on(module: nn.Module, *, detached: bool = False) -> list[ForwardTap]:
+    """The attached taps in ``module``'s forward chain, outermost first (``detached``: also
+    the pass-throughs removed taps left under a foreign forward)."""
     found, forward = [], vars(module).get("forward")
     while isinstance(forward, ForwardTap):
-        if forward.attached:
+        if detached or forward.attached:
             found.append(forward)
         forward = forward.inner
     return found
 
 
-def count_taps(model: nn.Module) -> int:
-    """Attached taps on ``model`` and its submodules."""
-    return sum(len(taps_on(m)) for m in model.modules())
+def count_taps(model: nn.Module, *, detached: bool = False) -> int:
+    """Attached taps on ``model`` and its submodules (``detached``: pass-throughs too)."""
+    return sum(len(taps_on(m, detached=detached)) for m in model.modules())
+
+
+def is_tap_hook(hook: Any) -> bool:
+    """Whether a forward hook is an attached tap's own (the one that runs its ``post`` after
+    other libraries' hooks): it goes with the tap."""
+    return isinstance(hook, _LastHook) and hook.tap is not None and hook.tap.attached
+
+
+def count_hook_points(model: nn.Module) -> int:
+    """Everything that watches ``model``'s forwards: forward hooks and pre-hooks on every
+    module, and taps, attached or left as pass-throughs (an attached tap's own hook counts
+    as part of the tap; a removed tap's, as a hook). What a test of leaked handles counts."""
+    hooks = sum(len(m._forward_pre_hooks) for m in model.modules())
+    hooks += sum(not is_tap_hook(h) for m in model.modules() for h in m._forward_hooks.values())
+    return count_taps(model, detached=True) + hooks

@@ -7,7 +7,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
 from spectral_hooks.integrations import JSONLLogger, SpectralCallback, TensorBoardLogger
-from tests.hook_counts import count_hooks
+from spectral_hooks.taps import count_hook_points as count_hooks
 
 from .test_loggers import read_tensorboard
 

