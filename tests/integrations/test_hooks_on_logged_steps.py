@@ -22,10 +22,10 @@ def tiny():
 def ours(model):
     """Forward and forward-pre hooks of a spectral_hooks probe on any module of ``model``, and
     its taps (``spectral_hooks/taps.py``)."""
-    return count_taps(model, detached=True) + sum(getattr(hook, "__qualname__", "").startswith("Probe.")
-                                   for m in model.modules()
-                                   for hook in [*m._forward_hooks.values(),
-                                                *m._forward_pre_hooks.values()])
+    probe_hooks = sum(getattr(hook, "__qualname__", "").startswith("Probe.")
+                      for m in model.modules()
+                      for hook in [*m._forward_hooks.values(), *m._forward_pre_hooks.values()])
+    return count_taps(model, detached=True) + probe_hooks
 
 
 def count_per_step(model, step_of):
