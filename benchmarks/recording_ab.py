@@ -149,6 +149,14 @@ def main() -> None:
         added = statistics.median([(t - p) * 1e6 for t, p in zip(times[name], plain)])
         print(f"  {name}: recorded / plain {statistics.median(ratios):.4f} "
               f"(p25 {q1:.4f}, p75 {q3:.4f}), {added:.0f} us added a forward")
+    if "base" in times:
+        # the two probes of a round meet the same machine state: their difference is the
+        # sharpest figure (standard error of a median ~ 1.25 sigma / sqrt(n), sigma ~ IQR / 1.35)
+        diffs = [(t - b) * 1e6 for t, b in zip(times["this tree"], times["base"])]
+        q1, _, q3 = statistics.quantiles(diffs, n=4)
+        se = 1.25 * (q3 - q1) / 1.35 / len(diffs) ** 0.5
+        print(f"  this tree - base, per round: median {statistics.median(diffs):+.0f} us a "
+              f"forward (standard error ~{se:.0f} us)")
 
 
 class Floor:

@@ -404,7 +404,8 @@ class ForwardCall:
         application counters as the other path, in the order it ran; drop applications past
         a module's last, outputs of unrecorded layers, and the KV caches in the block calls'
         arguments: once for the blocks given the same objects under the same names (as a
-        model's layer loop gives them), so that a pending call holds no cache."""
+        model's layer loop gives them). Runs when the other path takes over mid-call, and
+        when a deferred call is committed (a pending call is only :meth:`close` d)."""
         counts = self.counts
         if self.noted_blocks:
             noted, self.noted_blocks = self.noted_blocks, []
@@ -433,14 +434,29 @@ class ForwardCall:
     def close(self) -> None:
         """End a call whose hooks noted references (:class:`DeferredCommit`): keep copies of
         the padding mask and token ids, so that a later write to the caller's buffers changes
-        nothing, and resolve what the hooks noted."""
+        nothing, and drop the KV caches from the block calls noted (:meth:`drop_caches`). What
+        the hooks noted gets its layer when the call is committed (:meth:`resolve`)."""
         # (no detach: no grad here, and integer tensors never need one)
         if self.mask is not None:
             self.mask = self.mask.clone()
         if self.token_ids is not None:
             self.token_ids = self.token_ids.clone()
         self.inputs_owned = True
-        self.resolve()
+        self.drop_caches()
+
+    def drop_caches(self) -> None:
+        """Take the KV caches out of the block calls the steady path noted, so that a pending
+        call holds none: the keyword arguments under a cache name (the taps' own dicts, made
+        for the call, so edited in place) and caches passed by position. The replay drops
+        caches under any name at commit (:func:`kept_block_kwargs`)."""
+        noted = self.noted_blocks
+        for i, entry in enumerate(noted):
+            kwargs = entry[4]
+            for name in kwargs.keys() & _CACHE_NAMES:
+                del kwargs[name]
+            args = entry[3]
+            if len(args) > 1:
+                noted[i] = (*entry[:3], without_cache_args(args), kwargs)
 
     def build_block_calls(self, hidden_kwarg: str) -> None:
         """Turn the block calls noted while the model ran into replayable calls (see
@@ -514,6 +530,9 @@ class DeferredCommit:
     def __call__(self, recording: Any) -> None:
         call, keep, settings = self.call, recording.keep, self.settings
         merge_on = settings.merge_on
+        call.resolve()
+        if not (call.deferred or call.deferred_outputs or call.captured):
+            return  # nothing of a recorded layer ran
         if call.written():
             settings.mode.copies = True
             log.warning(WRITTEN_WARNING)

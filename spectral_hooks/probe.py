@@ -224,8 +224,8 @@ class Probe:
     def _defer_commit(self, call: fc.ForwardCall) -> None:
         """End a call whose hooks only noted references: the recording commits it when next
         read, after checking them for in-place writes (``fc.DeferredCommit``)."""
-        call.resolve()
-        if call.deferred or call.deferred_outputs or call.captured:
+        if (call.noted_blocks or call.noted_outputs or call.deferred or call.deferred_outputs
+                or call.captured):
             settings = self._commit_settings
             if settings is None:  # worked out once: fixed while the probe defers
                 self._commit_settings = settings = fc.CommitSettings(
@@ -261,8 +261,8 @@ class Probe:
             if (call is not None and call.defer and not SUSPENSION.active
                     and not torch.is_grad_enabled() and not torch.compiler.is_compiling()):
                 # the steady path, as short as it can be (a GPU waits on it): note the input
-                # and the arguments; the call's end gives them their layer and drops their
-                # KV caches (ForwardCall.resolve, ForwardCall.close)
+                # and the arguments; the call's end drops their KV caches (ForwardCall.close),
+                # its commit gives them their layer (ForwardCall.resolve)
                 hidden: Any = args[0] if args else kwargs.get(hidden_kwarg)
                 try:  # a tensor other than an inference tensor (their writes cannot be seen)
                     version = hidden._version

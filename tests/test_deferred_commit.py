@@ -75,6 +75,29 @@ def test_a_deferred_call_holds_no_kv_cache():
     probe.remove()
 
 
+def test_closing_a_call_drops_its_caches_by_name_and_by_position():
+    """A pending call is only closed (its layers are given at commit): the caches go from the
+    block calls the steady path noted, passed under a cache keyword or by position; the other
+    arguments stay, and the commit still drops a cache passed under any other name."""
+    from transformers import DynamicCache
+
+    from spectral_hooks.forward_call import ForwardCall, kept_block_kwargs
+
+    cache, mask = DynamicCache(), torch.ones(1, 4)
+    call = ForwardCall(None, continues=False)
+    hidden = torch.zeros(1, 4, 8)
+    call.noted_blocks = [
+        (None, hidden, 0, (hidden,), {"past_key_values": cache, "attention_mask": mask}),
+        (None, hidden, 0, (hidden, cache, mask), {"use_cache": True}),
+        (None, hidden, 0, (hidden,), {"odd_name": cache}),
+    ]
+    call.close()
+    first, second, third = call.noted_blocks
+    assert first[4] == {"attention_mask": mask}
+    assert second[3] == (hidden, None, mask) and second[4] == {"use_cache": True}
+    assert third[4] == {"odd_name": cache} and kept_block_kwargs(third[4]) == {}
+
+
 def test_a_write_after_the_call_drops_it_with_a_warning(caplog):
     """BERT returns its last block's output itself: writing to it after the call would change
     a state recorded by reference."""
