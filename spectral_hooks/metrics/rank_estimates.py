@@ -45,7 +45,7 @@ from typing import Union
 import torch
 from torch import Tensor
 
-from spectral_hooks.linalg import DenseOperator, LinearOperator
+from spectral_hooks.linalg import DenseOperator, LinearOperator, lanczos_quadrature
 
 from ..checks import check_float, check_int
 
@@ -54,43 +54,6 @@ __all__ = ["rank_estimates", "RANK_ESTIMATE_COLUMNS"]
 #: the keys of :func:`rank_estimates`
 RANK_ESTIMATE_COLUMNS = ("erank_est", "erank_est_se", "surviving_est", "surviving_est_se",
                          "surviving_est_lo", "surviving_est_hi")
-
-
-def _lanczos(apply, Z: Tensor, steps: int) -> list[tuple[Tensor, Tensor, bool]]:
-    """Per column of Z, the Ritz values theta (ascending), the squared first components
-    U[0, :]^2 of ``steps`` Lanczos steps on the symmetric map ``apply`` (full
-    reorthogonalisation; a column stops at breakdown) and whether its quadrature is exact (the
-    Krylov space exhausted: breakdown, or d steps)."""
-    d, s = Z.shape
-    Q = [Z / Z.norm(dim=0, keepdim=True)]
-    alphas, betas = [], []
-    alive = torch.ones(s, dtype=torch.bool)
-    lengths = torch.full((s,), steps, dtype=torch.long)
-    for j in range(steps):
-        W = apply(Q[j])
-        a = (Q[j] * W).sum(0)
-        W = W - a * Q[j] - (betas[-1] * Q[j - 1] if j else 0.0)
-        basis = torch.stack(Q, 0)  # [j+1, d, s]
-        for _ in range(2):  # twice is enough (Kahan-Parlett)
-            W = W - torch.einsum("jds,js->ds", basis, torch.einsum("jds,ds->js", basis, W))
-        b = W.norm(dim=0)
-        alphas.append(a)
-        scale = torch.stack(alphas).abs().max(0).values.clamp(min=1e-300)
-        stop = alive & (b <= 1e-10 * scale)
-        lengths[stop] = j + 1
-        alive &= ~stop
-        betas.append(torch.where(alive, b, torch.zeros_like(b)))
-        if not bool(alive.any()) or j == steps - 1:
-            break
-        Q.append(torch.where(alive, W / b.clamp(min=1e-300), torch.zeros_like(W)))
-    A, B = torch.stack(alphas), torch.stack(betas)
-    out = []
-    for c in range(s):
-        m = int(min(lengths[c], A.shape[0]))
-        T = torch.diag(A[:m, c]) + torch.diag(B[:m - 1, c], 1) + torch.diag(B[:m - 1, c], -1)
-        theta, U = torch.linalg.eigh(T)
-        out.append((theta.clamp(min=0.0), U[0] ** 2, m < steps or m >= d))
-    return out
 
 
 def rank_estimates(P: Union[Tensor, LinearOperator], *, n_probes: int = 16, steps: int = 48,
@@ -107,13 +70,12 @@ def rank_estimates(P: Union[Tensor, LinearOperator], *, n_probes: int = 16, step
         torch.as_tensor(P).detach().to(torch.float64))
     d = op.shape[1]
     g = torch.Generator().manual_seed(int(seed))
-    Z = (torch.randint(0, 2, (d, n_probes), generator=g) * 2 - 1).to(op.dtype)
-    Z = Z.to(op.device)
+    Z = (torch.randint(0, 2, (d, n_probes), generator=g) * 2 - 1).to(torch.float64)
 
-    def apply(X: Tensor) -> Tensor:
-        return op.rmatmat(op.matmat(X.to(op.dtype))).to(torch.float64).cpu()
+    def apply(X: Tensor) -> Tensor:  # on the operator's device: no host copy a step
+        return op.rmatmat(op.matmat(X.to(op.dtype))).to(torch.float64)
 
-    ritz = _lanczos(apply, Z.to(torch.float64).cpu(), min(int(steps), d))
+    ritz = lanczos_quadrature(apply, Z.to(op.device), min(int(steps), d))
     top = max(float(theta.max()) for theta, _, _ in ritz)
     nan = float("nan")
     if top <= 0:
