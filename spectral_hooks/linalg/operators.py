@@ -59,6 +59,7 @@ class LinearOperator:
         vectorized: bool = False,
         name: Optional[str] = None,
         block_size: Optional[int] = None,
+        parts: Sequence["LinearOperator"] = (),
     ) -> None:
         shape = tuple(int(s) for s in shape)
         if len(shape) != 2 or min(shape) < 1:
@@ -72,10 +73,10 @@ class LinearOperator:
         self.device = torch.device(device)
         self.name = name or "LinearOperator"
         self.n_matvecs = 0
-        #: True while a caller that tests every product for NaN / Inf itself (the solvers'
-        #: ``OpBatch``, on the device, read once per Krylov expansion) applies this operator:
-        #: an operator whose own apply also tests its output (one host sync each) may skip it.
-        self.caller_checks_finite = False
+        #: the operators this one applies (a composite's factors or terms): they are told
+        #: what it is told about finite checks (:attr:`caller_checks_finite`)
+        self.parts: tuple[LinearOperator, ...] = tuple(parts)
+        self._caller_checks_finite = False
         self._matvec, self._rmatvec = matvec, rmatvec
         self._matmat, self._rmatmat = matmat, rmatmat
         self._vectorized = vectorized
@@ -87,11 +88,45 @@ class LinearOperator:
     def __repr__(self) -> str:
         return f"<{self.name} shape={self.shape} dtype={self.dtype} device={self.device}>"
 
+    @property
+    def caller_checks_finite(self) -> bool:
+        """True while a caller that tests every product for NaN / Inf itself (the solvers'
+        ``OpBatch``, on the device, read once per Krylov expansion) applies this operator: an
+        operator whose own apply also tests its output (one host sync each) may skip it.
+        Setting it sets it on :attr:`parts` too: a NaN or Inf inside a composite reaches its
+        product (0 x Inf is NaN), and a product without one is right whatever was skipped."""
+        return self._caller_checks_finite
+
+    @caller_checks_finite.setter
+    def caller_checks_finite(self, value: bool) -> None:
+        self._caller_checks_finite = value
+        for part in self.parts:
+            part.caller_checks_finite = value
+
     def nonfinite_error(self, adjoint: bool = False) -> Optional[FloatingPointError]:
         """The error a caller raises when a product of this operator (of its adjoint) holds
         NaN or Inf, or None for the caller's generic one. Operators that know where they come
-        from (a block Jacobian: layer, sample, token) override it to say so."""
+        from (a block Jacobian: layer, sample, token) override it to say so. A composite finds
+        the part at fault: the first whose product of a vector of ones is not finite (a linear
+        map's NaN / Inf comes from its coefficients), and gives that part's error."""
+        for part in self.parts:
+            err = part._fault()
+            if err is not None:
+                return err
         return None
+
+    def _fault(self) -> Optional[FloatingPointError]:
+        """This operator's error if its product of a vector of ones is not finite (applied
+        with its own checks on, which may raise it), else None."""
+        self.caller_checks_finite = False
+        n = self.shape[1]
+        try:
+            y = self.matvec(torch.ones(n, dtype=self.dtype, device=self.device) / n ** 0.5)
+        except FloatingPointError as err:
+            return err
+        if bool(torch.isfinite(y).all()):
+            return None
+        return self.nonfinite_error() or FloatingPointError(f"{self!r} returned NaN or Inf")
 
     # -- checks -------------------------------------------------------------------------
     def _check_in(self, x: Tensor, n: int, what: str, ndim: int) -> Tensor:
@@ -237,6 +272,7 @@ class _Adjoint(LinearOperator):
         super().__init__(
             (n, m), matvec=A.rmatvec, rmatvec=A.matvec, matmat=A.rmatmat, rmatmat=A.matmat,
             dtype=A.dtype, device=A.device, name=f"({A.name})^H", block_size=A.block_size,
+            parts=(A,),
         )
         self.base = A
 
@@ -261,7 +297,7 @@ class _Product(LinearOperator):
             rmatvec=(lambda y: B.rmatvec(A.rmatvec(y))) if has_adj else None,
             rmatmat=(lambda Y: B.rmatmat(A.rmatmat(Y))) if has_adj else None,
             dtype=_result_dtype(A, B), device=A.device, name=f"({A.name} @ {B.name})",
-            block_size=_block_hint(A, B),
+            block_size=_block_hint(A, B), parts=(A, B),
         )
 
 
@@ -279,7 +315,7 @@ class _Sum(LinearOperator):
             rmatvec=(lambda y: A.rmatvec(y) + sign * B.rmatvec(y)) if has_adj else None,
             rmatmat=(lambda Y: A.rmatmat(Y) + sign * B.rmatmat(Y)) if has_adj else None,
             dtype=_result_dtype(A, B), device=A.device, name=f"({A.name} {op} {B.name})",
-            block_size=_block_hint(A, B),
+            block_size=_block_hint(A, B), parts=(A, B),
         )
 
 
@@ -298,7 +334,7 @@ class _Scaled(LinearOperator):
             rmatvec=(lambda y: calpha * A.rmatvec(y)) if has_adj else None,
             rmatmat=(lambda Y: calpha * A.rmatmat(Y)) if has_adj else None,
             dtype=dtype, device=A.device, name=f"({alpha} * {A.name})",
-            block_size=A.block_size,
+            block_size=A.block_size, parts=(A,),
         )
 
 

@@ -21,7 +21,7 @@ still alive) and once at the end (the tridiagonal matrices, solved on the host).
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor
@@ -36,11 +36,15 @@ BREAKDOWN = 1e-10
 
 
 def lanczos_quadrature(apply: Callable[[Tensor], Tensor], Z: Tensor, steps: int, *,
-                       check_every: int = CHECK_EVERY) -> list[tuple[Tensor, Tensor, bool]]:
+                       check_every: int = CHECK_EVERY,
+                       nonfinite: Optional[Callable[[], Exception]] = None
+                       ) -> list[tuple[Tensor, Tensor, bool]]:
     """Per column of ``Z`` [d, s] (float64, any device): (theta ascending, weights U[0, :]^2,
     exact) of ``steps`` Lanczos steps on the symmetric map ``apply`` ([d, s] -> [d, s], on Z's
     device), on the host. ``exact``: the column's Krylov space was exhausted (breakdown, or
-    d steps), so its quadrature is exact for every function."""
+    d steps), so its quadrature is exact for every function. ``nonfinite``: the error to raise
+    where a product holds NaN or Inf, tested on the device every step and read with the
+    breakdown check (None: ``apply`` tests its products itself)."""
     d, s = Z.shape
     device = Z.device
     basis = torch.zeros(steps + 1, d, s, dtype=torch.float64, device=device)
@@ -50,10 +54,13 @@ def lanczos_quadrature(apply: Callable[[Tensor], Tensor], Z: Tensor, steps: int,
     alive = torch.ones(s, dtype=torch.bool, device=device)
     lengths = torch.full((s,), steps, dtype=torch.long, device=device)
     scale = torch.zeros(s, dtype=torch.float64, device=device)
+    finite = torch.ones((), dtype=torch.bool, device=device)
     done = 0
     for j in range(steps):
         Q = basis[j]
         W = apply(Q)
+        if nonfinite is not None:
+            finite = finite & torch.isfinite(W).all()
         a = (Q * W).sum(0)
         W = W - a * Q
         if j:
@@ -69,9 +76,15 @@ def lanczos_quadrature(apply: Callable[[Tensor], Tensor], Z: Tensor, steps: int,
         alive = alive & ~stop
         betas[j] = torch.where(alive, b, torch.zeros_like(b))
         done = j + 1
-        if j == steps - 1 or (done % check_every == 0 and not bool(alive.any())):
+        if j == steps - 1:
             break
+        if done % check_every == 0:
+            any_alive, all_finite = torch.stack([alive.any(), finite]).tolist()  # one read
+            if not all_finite or not any_alive:
+                break
         basis[j + 1] = torch.where(alive, W / b.clamp(min=1e-300), torch.zeros_like(W))
+    if nonfinite is not None and not bool(finite):
+        raise nonfinite()
     A, B, lengths = alphas[:done].cpu(), betas[:done].cpu(), lengths.cpu()
     out = []
     for c in range(s):

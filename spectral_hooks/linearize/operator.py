@@ -145,7 +145,7 @@ class JacobianProduct(LinearOperator):
         super().__init__(chain.shape, matvec=chain.matvec, rmatvec=chain.rmatvec,
                          matmat=chain.matmat, rmatmat=chain.rmatmat, dtype=chain.dtype,
                          device=chain.device, name=f"P[layers {first}..{last}]",
-                         block_size=chain.block_size)
+                         block_size=chain.block_size, parts=(chain,))
         self.first, self.last = first, last
         self.sample, self.positions = factors[0].sample, factors[0].positions
         self.factors = factors

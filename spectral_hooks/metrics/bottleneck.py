@@ -34,6 +34,7 @@ from typing import Optional, Sequence, TypeAlias, cast
 import pandas as pd
 import torch
 from torch import Tensor
+from torch.profiler import record_function
 
 from spectral_hooks.linalg import (
     DenseOperator,
@@ -106,12 +107,14 @@ def _count(ops: Sequence[_Op]) -> int:
 
 def _rank_row(variant: str, depth: int, s: Tensor, tau: float, truncated: bool,
               n_matvecs: int, ablated_layer: int = ALL_LAYERS) -> dict:
-    return dict(variant=variant, ablated_layer=int(ablated_layer), depth=depth,
-                erank=float(effective_rank(s)),
-                participation_ratio=float(participation_ratio(s)),
-                stable_rank=float(stable_rank(s)), surviving=int(surviving(s, tau)),
-                sigma_max=float(s.max()), n_singular=int(s.shape[0]), truncated=bool(truncated),
-                n_matvecs=int(n_matvecs))
+    s = s.cpu()  # one copy; the row's reads below touch no device
+    with record_function("spectral_hooks.host"):
+        return dict(variant=variant, ablated_layer=int(ablated_layer), depth=depth,
+                    erank=float(effective_rank(s)),
+                    participation_ratio=float(participation_ratio(s)),
+                    stable_rank=float(stable_rank(s)), surviving=int(surviving(s, tau)),
+                    sigma_max=float(s.max()), n_singular=int(s.shape[0]),
+                    truncated=bool(truncated), n_matvecs=int(n_matvecs))
 
 
 def _check_probes(n_probes: int, steps: int, what: str) -> None:

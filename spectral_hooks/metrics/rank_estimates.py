@@ -44,6 +44,7 @@ from typing import Union
 
 import torch
 from torch import Tensor
+from torch.profiler import record_function
 
 from spectral_hooks.linalg import DenseOperator, LinearOperator, lanczos_quadrature
 
@@ -75,7 +76,23 @@ def rank_estimates(P: Union[Tensor, LinearOperator], *, n_probes: int = 16, step
     def apply(X: Tensor) -> Tensor:  # on the operator's device: no host copy a step
         return op.rmatmat(op.matmat(X.to(op.dtype))).to(torch.float64)
 
-    ritz = lanczos_quadrature(apply, Z.to(op.device), min(int(steps), d))
+    def nonfinite() -> Exception:
+        op.caller_checks_finite = False  # the operator's own tests name the part at fault
+        return op.nonfinite_error() or FloatingPointError(
+            f"rank_estimates: a product of {op!r} (or of its adjoint) holds NaN or Inf")
+
+    op.caller_checks_finite = True  # the quadrature tests the products on the device
+    try:
+        ritz = lanczos_quadrature(apply, Z.to(op.device), min(int(steps), d),
+                                  nonfinite=nonfinite)
+    finally:
+        op.caller_checks_finite = False
+    with record_function("spectral_hooks.host"):  # the rules are host tensors
+        return _from_rules(ritz, d, tau)
+
+
+def _from_rules(ritz: list[tuple[Tensor, Tensor, bool]], d: int, tau: float) -> dict:
+    """The estimates from each probe's Gauss rule (theta, weights, exact)."""
     top = max(float(theta.max()) for theta, _, _ in ritz)
     nan = float("nan")
     if top <= 0:

@@ -46,7 +46,7 @@ def symmetric_part(J: LinearOperator) -> LinearOperator:
         rmatvec=lambda x: half(x, J.matvec, J.rmatvec),
         matmat=lambda X: half(X, J.matmat, J.rmatmat),
         rmatmat=lambda X: half(X, J.matmat, J.rmatmat),
-        dtype=J.dtype, device=J.device, name=f"sym({J.name})")
+        dtype=J.dtype, device=J.device, name=f"sym({J.name})", parts=(J,))
 
 
 def _check_dense_square(J: Tensor, what: str) -> Tensor:

@@ -81,3 +81,23 @@ def test_dtype_device_propagate():
     assert (a + 1j * a).dtype == torch.complex64
     assert (a @ IdentityOperator(3, torch.float64)).dtype == torch.float64
     assert a.to_dense().dtype == torch.float32
+
+
+def test_finite_checks_reach_a_composites_parts_and_its_error_names_the_part_at_fault():
+    """Issue 37: a solver that tests a composite's products itself tells every part
+    (``caller_checks_finite``); where the product is not finite, the composite's error is that
+    of the part whose coefficients are not."""
+    from spectral_hooks.linalg import DenseOperator
+
+    good = DenseOperator(torch.eye(4, dtype=torch.float64))
+    bad_matrix = torch.eye(4, dtype=torch.float64)
+    bad_matrix[2, 1] = float("inf")
+    bad = DenseOperator(bad_matrix)
+    composite = 2.0 * (good @ (bad - good)).T
+    composite.caller_checks_finite = True
+    assert good.caller_checks_finite and bad.caller_checks_finite
+    composite.caller_checks_finite = False
+    assert not good.caller_checks_finite and not bad.caller_checks_finite
+    err = composite.nonfinite_error()
+    assert isinstance(err, FloatingPointError) and str(err) == f"{bad!r} returned NaN or Inf"
+    assert (good @ good).nonfinite_error() is None

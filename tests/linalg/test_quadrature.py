@@ -90,3 +90,31 @@ def test_host_reads_are_per_check_not_per_step():
             p = p.cpu_parent
         reads += p is None
     assert reads <= steps // CHECK_EVERY + s, reads
+
+
+def test_a_nonfinite_product_raises_the_callers_error_at_the_next_check():
+    """Products are tested on the device and read with the breakdown check: a NaN from the
+    third product raises the caller's error within CHECK_EVERY steps, never a quadrature."""
+    A, applied = _psd(20, 1), []
+
+    def apply(X):
+        applied.append(1)
+        return A @ X if len(applied) < 3 else torch.full_like(X, float("nan"))
+
+    with pytest.raises(FloatingPointError, match="the test's NaN"):
+        lanczos_quadrature(apply, _rademacher(20, 2, 1), 16,
+                           nonfinite=lambda: FloatingPointError("the test's NaN"))
+    assert len(applied) == CHECK_EVERY
+
+
+def test_rank_estimates_name_a_nonfinite_operator():
+    from spectral_hooks.linalg import LinearOperator
+    from spectral_hooks.metrics.rank_estimates import rank_estimates
+
+    def nan(X):
+        return torch.full_like(X, float("nan"))
+    op = LinearOperator((10, 10), matvec=nan, rmatvec=nan, matmat=nan, rmatmat=nan,
+                        dtype=torch.float64, device="cpu", name="broken")
+    with pytest.raises(FloatingPointError, match="broken"):
+        rank_estimates(op, n_probes=2, steps=6)
+    assert not op.caller_checks_finite
