@@ -26,7 +26,8 @@ the depths run) and projects the section at L = 32 with the launch model of
 (measured on an H200), a sync ``SYNC`` = 15 us, plus one read of a block's float64 weights
 (1.75 GB at d = 4096) from HBM per application. A projection, not a measurement.
 
-    python benchmarks/bottleneck_budget.py [--d 256] [--depths 2 4 8] [--out FILE]
+    python benchmarks/bottleneck_budget.py [--d 256] [--depths 2 3 4] [--out FILE]
+    python benchmarks/bottleneck_budget.py --project FILE   # the projection of measured rows
 """
 
 from __future__ import annotations
@@ -108,17 +109,35 @@ def projection(rows: list[dict]) -> dict:
     launches = at["total_ops"]
     weights = at["applications"] * BLOCK_BYTES_8B / HBM
     seconds = launches * LAUNCH + at["syncs"] * SYNC + weights
+    # each application one CUDA-graph replay (linearize.cuda_graphs) instead of its ops
+    replayed = (at["applications"] + at["solver_ops"]) * LAUNCH + at["syncs"] * SYNC + weights
     return dict(what="projected at Llama-3-8B (L = 32), H200 launch model", **at,
                 launch_s=launches * LAUNCH, sync_s=at["syncs"] * SYNC, weights_s=weights,
-                seconds=seconds)
+                seconds=seconds, seconds_replayed=replayed)
+
+
+def report(proj: dict) -> str:
+    a, b = proj["applications_fit"]
+    return (f"per depth L: applications ~ {a:.1f} L + {b:.1f} L^2; at L = {DEPTH_8B}: "
+            f"{proj['applications']:,.0f} applications, {proj['total_ops']:,.0f} launches, "
+            f"{proj['syncs']:,.0f} syncs -> {proj['seconds']:,.0f} s projected (launches "
+            f"{proj['launch_s']:,.0f} s, syncs {proj['sync_s']:,.0f} s, weights "
+            f"{proj['weights_s']:,.0f} s); with every application one CUDA-graph replay "
+            f"{proj['seconds_replayed']:,.0f} s")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--d", type=int, default=256, help="the proxy's width")
-    ap.add_argument("--depths", type=int, nargs="+", default=[2, 4, 8])
+    ap.add_argument("--depths", type=int, nargs="+", default=[2, 3, 4])
     ap.add_argument("--out", default=None, help="append the JSON lines to this file")
+    ap.add_argument("--project", default=None,
+                    help="only project from the measured rows of this JSONL file")
     args = ap.parse_args()
+    if args.project:
+        rows = [r for r in map(json.loads, open(args.project)) if "layers" in r]
+        print(report(projection(rows)))
+        return
     torch.set_num_threads(1)
     rows = []
     for depth in args.depths:
@@ -127,11 +146,7 @@ def main() -> None:
         print(json.dumps(row), flush=True)
     proj = projection(rows)
     print(json.dumps(proj), flush=True)
-    print(f"\nper depth L: applications ~ {proj['applications_fit'][0]:.1f} L + "
-          f"{proj['applications_fit'][1]:.1f} L^2; at L = {DEPTH_8B}: "
-          f"{proj['applications']:,.0f} applications, {proj['total_ops']:,.0f} launches, "
-          f"{proj['syncs']:,.0f} syncs -> {proj['seconds']:,.0f} s projected "
-          f"(launches {proj['launch_s']:,.0f} s, weights {proj['weights_s']:,.0f} s)")
+    print("\n" + report(proj))
     if args.out:
         with open(args.out, "a") as f:
             for row in rows + [proj]:
