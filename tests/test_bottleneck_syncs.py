@@ -11,12 +11,9 @@ import spectral_hooks as sh
 from spectral_hooks.analysis import AnalyzeOptions
 from spectral_hooks.analysis.bottleneck import bottleneck_section
 from spectral_hooks.errors import NonFiniteComputationError
+from tests.host_reads import host_reads
 from tests.tiny_models import make_model
 
-#: host-side work on host copies, whose reads touch no device (as benchmarks/host_bound.py
-#: counts): LAPACK's workspace queries, the library's marked host blocks
-HOST_WORK = ("aten::linalg_eig", "aten::linalg_eigvals", "aten::linalg_eigh",
-             "aten::_linalg_svd", "aten::linalg_svd", "spectral_hooks.host")
 OPTIONS = AnalyzeOptions(power=False, bottleneck=True, progress=False,
                          jacobian={"k": 4, "dense": False, "bottleneck_dense": False,
                                    "bottleneck_k": 4, "bottleneck_probes": 4,
@@ -48,15 +45,7 @@ def _reads_and_applications(probe) -> tuple[int, int]:
             bottleneck_section(probe.subject, OPTIONS)
     finally:
         engine.Engine.jvp, engine.Engine.vjp = saved
-    reads = 0
-    for e in prof.events():
-        if e.name != "aten::_local_scalar_dense":
-            continue
-        p = e.cpu_parent
-        while p is not None and p.name not in HOST_WORK:
-            p = p.cpu_parent
-        reads += p is None
-    return reads, applied[0]
+    return host_reads(prof.events()), applied[0]
 
 
 def test_block_applications_inside_the_section_do_not_read_the_host():

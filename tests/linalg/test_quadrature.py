@@ -8,6 +8,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from spectral_hooks.linalg.quadrature import CHECK_EVERY, lanczos_quadrature
+from tests.host_reads import host_reads
 
 
 def _psd(d: int, seed: int) -> torch.Tensor:
@@ -81,14 +82,7 @@ def test_host_reads_are_per_check_not_per_step():
     A, Z = _psd(d, 3), _rademacher(d, s, 3)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         lanczos_quadrature(lambda X: A @ X, Z, steps)
-    reads = 0
-    for e in prof.events():
-        if e.name != "aten::_local_scalar_dense":
-            continue
-        p = e.cpu_parent
-        while p is not None and p.name != "aten::linalg_eigh":
-            p = p.cpu_parent
-        reads += p is None
+    reads = host_reads(prof.events(), ("aten::linalg_eigh",))
     assert reads <= steps // CHECK_EVERY + s, reads
 
 
