@@ -28,6 +28,7 @@ the depths run) and projects the section at L = 32 with the launch model of
 
     python benchmarks/bottleneck_budget.py [--d 256] [--depths 2 3 4] [--out FILE]
     python benchmarks/bottleneck_budget.py --project FILE   # the projection of measured rows
+    python benchmarks/bottleneck_budget.py --device cuda --depths 2 3   # (gpu_session.sh)
 """
 
 from __future__ import annotations
@@ -65,14 +66,16 @@ def section(probe):
             propagation_section(probe.subject, options))
 
 
-def run(d: int, depth: int) -> dict:
+def run(d: int, depth: int, device: str = "cpu") -> dict:
     heads, kv, ffn, tokens = 4, 1, 7 * d // 2, 64
     name = f"d{d}x{depth}"
     host_bound.PROXIES[name] = (d, heads, kv, ffn, depth, tokens)
-    _, probe, _ = host_bound.build(name, "cpu")
+    _, probe, _ = host_bound.build(name, device)
     section(probe)  # traces the JVP graphs: not what is counted
+    host_bound._sync(device)
     start = time.perf_counter()
     table, _ = section(probe)
+    host_bound._sync(device)
     seconds = time.perf_counter() - start
     apps = host_bound.Applications()
     try:
@@ -83,7 +86,8 @@ def run(d: int, depth: int) -> dict:
         apps.restore()
     probe.remove()
     return dict(what="bottleneck + propagation sections, matrix-free, symmetric ablation",
-                proxy=name, d=d, layers=depth, tokens=tokens, applications=apps.calls,
+                proxy=name, d=d, layers=depth, tokens=tokens, device=device,
+                applications=apps.calls,
                 seconds=seconds, block_matvecs=int(table["n_matvecs"].max()), **counts,
                 torch=torch.__version__, threads=torch.get_num_threads(),
                 load_avg_1min=round(os.getloadavg()[0], 2),
@@ -129,6 +133,7 @@ def report(proj: dict) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--d", type=int, default=256, help="the proxy's width")
+    ap.add_argument("--device", default="cpu", help="cpu, or cuda (seconds then a GPU's)")
     ap.add_argument("--depths", type=int, nargs="+", default=[2, 3, 4])
     ap.add_argument("--out", default=None, help="append the JSON lines to this file")
     ap.add_argument("--project", default=None,
@@ -141,7 +146,7 @@ def main() -> None:
     torch.set_num_threads(1)
     rows = []
     for depth in args.depths:
-        row = run(args.d, depth)
+        row = run(args.d, depth, args.device)
         rows.append(row)
         print(json.dumps(row), flush=True)
     proj = projection(rows)

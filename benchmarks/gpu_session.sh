@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one prepared device run (issue 24, point 3): run from the repository root on a machine
 # with CUDA; JSON lines and logs go to ${OUT:-benchmarks/results/gpu_session}. Each stage has
-# its own time limit and a failed stage does not stop the next. ~19 minutes at most (3 of them the
+# its own time limit and a failed stage does not stop the next. ~20.5 minutes at most (3 of them the
 # recording stage, 3 the host-bound proxy; with a 15-minute device budget the last stages may not
 # run), ~6 as measured on an H200 (before the materialised eigs and recording parts).
 set -u
@@ -57,3 +57,10 @@ echo "recording rc=$? seconds=$((SECONDS - t0))" | tee -a "$out/stages.txt"
 tail -2 "$out/recording.log"
 # the same model's power view (matrix-free top-8 of F at d = 4096)
 stage llama8b_power 150 --skip-record --skip-jacobian --progress
+# the bottleneck section's proxy on the device (issue 37, item 5): seconds a block application
+# of the chain takes on a GPU, against the launch model's projection in the guide
+t0=$SECONDS
+timeout 90 "$py" benchmarks/bottleneck_budget.py --device cuda --depths 2 3 \
+    --out "$out/bottleneck_budget.jsonl" >"$out/bottleneck.log" 2>&1
+echo "bottleneck rc=$? seconds=$((SECONDS - t0))" | tee -a "$out/stages.txt"
+tail -1 "$out/bottleneck.log"
