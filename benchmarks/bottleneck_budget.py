@@ -149,12 +149,16 @@ def main() -> None:
         row = run(args.d, depth, args.device)
         rows.append(row)
         print(json.dumps(row), flush=True)
-    proj = projection(rows)
-    print(json.dumps(proj), flush=True)
-    print("\n" + report(proj))
+    if len({r["layers"] for r in rows}) >= 2:  # a L + b L^2 needs two depths
+        proj = projection(rows)
+        print(json.dumps(proj), flush=True)
+        print("\n" + report(proj))
+        rows = rows + [proj]
+    else:
+        print("one depth: no projection (a L + b L^2 needs two)")
     if args.out:
         with open(args.out, "a") as f:
-            for row in rows + [proj]:
+            for row in rows:
                 f.write(json.dumps(row) + "\n")
 
 
