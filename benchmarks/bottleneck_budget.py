@@ -72,10 +72,10 @@ def run(d: int, depth: int, device: str = "cpu") -> dict:
     host_bound.PROXIES[name] = (d, heads, kv, ffn, depth, tokens)
     _, probe, _ = host_bound.build(name, device)
     section(probe)  # traces the JVP graphs: not what is counted
-    host_bound._sync(device)
+    host_bound.sync(device)
     start = time.perf_counter()
     table, _ = section(probe)
-    host_bound._sync(device)
+    host_bound.sync(device)
     seconds = time.perf_counter() - start
     apps = host_bound.Applications()
     try:

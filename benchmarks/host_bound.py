@@ -219,15 +219,15 @@ def forward_seconds(model, ids, device: str, n: int = 20) -> float:
     with torch.no_grad():
         model(input_ids=ids)
         for _ in range(n):
-            _sync(device)
+            sync(device)
             t = time.perf_counter()
             model(input_ids=ids)
-            _sync(device)
+            sync(device)
             times.append(time.perf_counter() - t)
     return statistics.median(times)
 
 
-def _sync(device: str) -> None:
+def sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
 
@@ -235,10 +235,10 @@ def _sync(device: str) -> None:
 def timed_section(name: str, device: str) -> tuple:
     """(seconds, table) of the section from a fresh probe (its own cache)."""
     model, probe, _ = build(name, device)
-    _sync(device)
+    sync(device)
     t = time.perf_counter()
     table = section(probe)
-    _sync(device)
+    sync(device)
     seconds = time.perf_counter() - t
     probe.remove()
     return seconds, table

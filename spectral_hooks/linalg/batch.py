@@ -192,11 +192,8 @@ class OpBatch:
         application in ``linearize``'s operators)."""
         if X.dtype != o.dtype:
             X = X.to(o.dtype)
-        o.caller_checks_finite = True
-        try:
+        with o.checked_by_caller():
             Y = o.rmatmat(X) if adjoint else o.matmat(X)
-        finally:
-            o.caller_checks_finite = False
         wdtype = torch.complex128 if Y.is_complex() or X.is_complex() else torch.float64
         return Y if Y.dtype == wdtype else Y.to(wdtype)
 

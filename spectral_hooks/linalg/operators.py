@@ -15,7 +15,8 @@ Example::
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence, Union, overload
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator, Optional, Sequence, Union, overload
 
 import torch
 from torch import Tensor
@@ -102,6 +103,16 @@ class LinearOperator:
         self._caller_checks_finite = value
         for part in self.parts:
             part.caller_checks_finite = value
+
+    @contextmanager
+    def checked_by_caller(self) -> Iterator["LinearOperator"]:
+        """:attr:`caller_checks_finite` on while the block runs (a caller that tests every
+        product of this operator for NaN / Inf itself), off again after it."""
+        self.caller_checks_finite = True
+        try:
+            yield self
+        finally:
+            self.caller_checks_finite = False
 
     def nonfinite_error(self, adjoint: bool = False) -> Optional[FloatingPointError]:
         """The error a caller raises when a product of this operator (of its adjoint) holds

@@ -85,10 +85,10 @@ def lanczos_quadrature(apply: Callable[[Tensor], Tensor], Z: Tensor, steps: int,
         basis[j + 1] = torch.where(alive, W / b.clamp(min=1e-300), torch.zeros_like(W))
     if nonfinite is not None and not bool(finite):
         raise nonfinite()
-    A, B, lengths = alphas[:done].cpu(), betas[:done].cpu(), lengths.cpu()
+    # (every column that ran to the end has its full length; the others stopped by `done`)
+    A, B = alphas[:done].cpu(), betas[:done].cpu()
     out = []
-    for c in range(s):
-        m = int(min(int(lengths[c]), done))
+    for c, m in enumerate(lengths.tolist()):
         T = torch.diag(A[:m, c]) + torch.diag(B[:m - 1, c], 1) + torch.diag(B[:m - 1, c], -1)
         theta, U = torch.linalg.eigh(T)
         out.append((theta.clamp(min=0.0), U[0] ** 2, m < steps or m >= d))

@@ -81,12 +81,9 @@ def rank_estimates(P: Union[Tensor, LinearOperator], *, n_probes: int = 16, step
         return op.nonfinite_error() or FloatingPointError(
             f"rank_estimates: a product of {op!r} (or of its adjoint) holds NaN or Inf")
 
-    op.caller_checks_finite = True  # the quadrature tests the products on the device
-    try:
+    with op.checked_by_caller():  # the quadrature tests the products on the device
         ritz = lanczos_quadrature(apply, Z.to(op.device), min(int(steps), d),
                                   nonfinite=nonfinite)
-    finally:
-        op.caller_checks_finite = False
     with record_function("spectral_hooks.host"):  # the rules are host tensors
         return _from_rules(ritz, d, tau)
 
