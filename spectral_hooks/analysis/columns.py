@@ -237,6 +237,11 @@ BOTTLENECK = SectionSchema("bottleneck", (
     _bottleneck("erank_est", "float", "matrix-free rows: SLQ estimate of the effective rank over "
                 "all d singular values of P_l", optional=True),
     _bottleneck("erank_est_se", "float", "its standard error (over the probes)", optional=True),
+    _bottleneck("erank_est_lo", "float", "erank of the probe means under each probe's "
+                "Gauss-Radau rule at 0: the lower end of the quadrature bracket", optional=True),
+    _bottleneck("erank_est_hi", "float", "erank under the Gauss rules, the upper end: the exact "
+                "erank lies in [lo, hi] up to a few erank_est_se (erank_est: the midpoint rule)",
+                optional=True),
     _bottleneck("surviving_est", "float", "matrix-free rows: SLQ estimate of #{sigma_i >= 1e-2 "
                 "sigma_1} over all d singular values", optional=True),
     _bottleneck("surviving_est_se", "float", "its standard error (over the probes)", optional=True),

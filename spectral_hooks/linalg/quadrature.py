@@ -3,15 +3,23 @@ block of start vectors, the engine of stochastic Lanczos quadrature (SLQ).
 
     >>> A = torch.diag(torch.tensor([3.0, 1.0, 0.5, 0.0], dtype=torch.float64))
     >>> Z = torch.ones(4, 1, dtype=torch.float64)
-    >>> (theta, w, exact), = lanczos_quadrature(lambda X: A @ X, Z, steps=4)
-    >>> [round(t, 9) for t in theta.tolist()], [round(x, 9) for x in w.tolist()], exact
-    ([0.0, 0.5, 1.0, 3.0], [0.25, 0.25, 0.25, 0.25], True)
+    >>> rule, = lanczos_quadrature(lambda X: A @ X, Z, steps=4)
+    >>> [round(t, 9) for t in rule.nodes.tolist()], [round(x, 9) for x in rule.weights.tolist()]
+    ([0.0, 0.5, 1.0, 3.0], [0.25, 0.25, 0.25, 0.25])
+    >>> rule.exact
+    True
 
 For each column z of Z, ``steps`` Lanczos steps on ``apply`` from z / ||z|| (full
 reorthogonalisation, twice, Kahan-Parlett) give a tridiagonal T = U diag(theta) U^T; the Ritz
 values theta and the weights U[0, :]^2 are the nodes and weights of the Gauss rule, so
 z^T f(A) z ~ ||z||^2 sum_j w_j f(theta_j), exact for polynomials of degree < 2 steps and for
 every f once the Krylov space is exhausted (``exact``).
+
+``rule.radau(end)`` is the Gauss-Radau rule of the same steps with one node prescribed at
+``end``, a bound of the spectrum below it (Golub and Meurant, "Matrices, Moments and
+Quadrature", 2010, ch. 6): where f's derivatives of every even order are negative and of every
+odd order positive on the spectrum (f = sqrt on [0, inf)), the Gauss rule overestimates the
+integral and Gauss-Radau at the spectrum's lower end underestimates it, so the two bracket it.
 
 Shaped for an accelerator: the columns advance together in one block, the basis is allocated
 once on Z's device, a column whose Krylov space is exhausted (breakdown) is masked rather than
@@ -21,28 +29,66 @@ still alive) and once at the end (the tridiagonal matrices, solved on the host).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
 from torch import Tensor
 
-__all__ = ["lanczos_quadrature"]
+__all__ = ["lanczos_quadrature", "GaussRule"]
 
 #: steps between the host's reads of whether a column is still alive: a column that broke down
 #: costs at most this many idle steps; a column alive to the end costs none
 CHECK_EVERY = 8
 #: a column breaks down where beta <= BREAKDOWN x the largest |alpha| of its steps
 BREAKDOWN = 1e-10
+#: a Gauss node within this fraction of the largest node from the prescribed end already sits
+#: at it: the Gauss rule is then the Gauss-Radau rule (and the bordered system is singular)
+AT_END = 1e-13
+
+
+@dataclass(frozen=True)
+class GaussRule:
+    """One start vector's Gauss rule: ``nodes`` (Ritz values, ascending) and ``weights``
+    (U[0, :]^2, summing to 1) of its m Lanczos steps, whose coefficients it keeps (``alphas``
+    [m], ``betas`` [m]: betas[m - 1] couples the next, unbuilt step). ``exact``: the Krylov
+    space was exhausted, and the rule is exact for every function."""
+
+    nodes: Tensor
+    weights: Tensor
+    exact: bool
+    alphas: Tensor
+    betas: Tensor
+
+    def radau(self, end: float = 0.0) -> tuple[Tensor, Tensor]:
+        """(nodes, weights) of the Gauss-Radau rule with a node prescribed at ``end``, a bound
+        of the spectrum below every node: the tridiagonal bordered by betas[m - 1] and
+        end + delta_m, where (T - end I) delta = betas[m - 1]^2 e_m (Golub-Meurant). The Gauss
+        rule itself where it is exact or already has a node at ``end``."""
+        T = _tridiagonal(self.alphas, self.betas)
+        theta, U = torch.linalg.eigh(T)
+        m = theta.numel()
+        gap = theta[0] - end
+        if self.exact or float(gap) <= AT_END * float(theta.abs().max().clamp(min=1e-300)):
+            return self.nodes, self.weights
+        b = self.betas[m - 1]
+        delta = b ** 2 * float((U[m - 1] ** 2 / (theta - end)).sum())
+        bordered = torch.zeros(m + 1, m + 1, dtype=T.dtype)
+        bordered[:m, :m] = T
+        bordered[m, m - 1] = bordered[m - 1, m] = b
+        bordered[m, m] = end + delta
+        nodes, V = torch.linalg.eigh(bordered)
+        return nodes.clamp(min=end), V[0] ** 2
 
 
 def lanczos_quadrature(apply: Callable[[Tensor], Tensor], Z: Tensor, steps: int, *,
                        check_every: int = CHECK_EVERY,
                        nonfinite: Optional[Callable[[], Exception]] = None
-                       ) -> list[tuple[Tensor, Tensor, bool]]:
-    """Per column of ``Z`` [d, s] (float64, any device): (theta ascending, weights U[0, :]^2,
-    exact) of ``steps`` Lanczos steps on the symmetric map ``apply`` ([d, s] -> [d, s], on Z's
-    device), on the host. ``exact``: the column's Krylov space was exhausted (breakdown, or
-    d steps), so its quadrature is exact for every function. ``nonfinite``: the error to raise
+                       ) -> list[GaussRule]:
+    """Per column of ``Z`` [d, s] (float64, any device): the :class:`GaussRule` of ``steps``
+    Lanczos steps on the symmetric map ``apply`` ([d, s] -> [d, s], on Z's device), on the
+    host. ``exact``: the column's Krylov space was exhausted (breakdown, or d steps), so its
+    quadrature is exact for every function. ``nonfinite``: the error to raise
     where a product holds NaN or Inf, tested on the device every step and read with the
     breakdown check (None: ``apply`` tests its products itself)."""
     d, s = Z.shape
@@ -89,7 +135,13 @@ def lanczos_quadrature(apply: Callable[[Tensor], Tensor], Z: Tensor, steps: int,
     A, B = alphas[:done].cpu(), betas[:done].cpu()
     out = []
     for c, m in enumerate(lengths.tolist()):
-        T = torch.diag(A[:m, c]) + torch.diag(B[:m - 1, c], 1) + torch.diag(B[:m - 1, c], -1)
-        theta, U = torch.linalg.eigh(T)
-        out.append((theta.clamp(min=0.0), U[0] ** 2, m < steps or m >= d))
+        theta, U = torch.linalg.eigh(_tridiagonal(A[:m, c], B[:m, c]))
+        out.append(GaussRule(theta.clamp(min=0.0), U[0] ** 2, m < steps or m >= d, A[:m, c],
+                             B[:m, c]))
     return out
+
+
+def _tridiagonal(alphas: Tensor, betas: Tensor) -> Tensor:
+    """The Lanczos tridiagonal of the steps (betas' last entry, the next step's, left out)."""
+    b = betas[:-1]
+    return torch.diag(alphas) + torch.diag(b, 1) + torch.diag(b, -1)

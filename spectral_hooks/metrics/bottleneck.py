@@ -60,8 +60,9 @@ VARIANTS = ("trained", "init", "symmetric", "schur")
 BOTTLENECK_COLUMNS = ("variant", "ablated_layer", "depth", "erank", "participation_ratio",
                       "stable_rank", "surviving", "sigma_max", "n_singular", "truncated",
                       "n_matvecs")
-#: matrix-free tables (n_probes > 0) append RANK_ESTIMATE_COLUMNS: erank_est, erank_est_se,
-#: surviving_est, surviving_est_se (SLQ over all singular values)
+#: matrix-free tables (n_probes > 0) append RANK_ESTIMATE_COLUMNS: erank_est and surviving_est
+#: (SLQ over all singular values), each with its standard error (_se) and quadrature bracket
+#: (_lo, _hi)
 #: ``ablated_layer`` of rows where every layer is ablated (or none: trained, init)
 ALL_LAYERS = -1
 PROPAGATION_COLUMNS = ("layer", "norm", "growth", "alignment_top", "alignment_in",

@@ -8,12 +8,18 @@ sigma_i^2: for ``n_probes`` Rademacher vectors z, ``steps`` Lanczos steps from z
 reorthogonalisation) give a tridiagonal T = U diag(theta) U^T, and z^T f(A) z ~ ||z||^2
 sum_j U[0, j]^2 f(theta_j) (Gauss quadrature: exact for every f once steps >= d, and for
 polynomials of degree < 2 steps). The mean over probes estimates tr f(A); the standard error is
-that of the probe mean (the quadrature error for steps < d is not in it: raise ``steps`` until
-the estimate stops moving).
+that of the probe mean (the quadrature error for steps < d is not in it, but bracketed below).
 
 - erank (Roy-Vetterli) = exp(-sum p_i log p_i), p_i = sigma_i / sum sigma
   = exp(log S1 - S2 / S1) with S1 = tr A^{1/2} = sum sigma, S2 = sum sigma log sigma; its
-  standard error by the delta method from the per-probe pairs (S1, S2).
+  standard error by the delta method from the per-probe pairs (S1, S2). Each probe has two rules
+  from the same steps: Gauss, and Gauss-Radau with a node at 0 (``GaussRule.radau``). For sqrt
+  they bracket the probe's exact value (Gauss above, Radau below: sqrt's even derivatives are
+  negative, its odd ones positive). ``erank_est_lo`` / ``erank_est_hi`` are the eranks of the
+  two rules' probe means (for erank the bracket is observed on every spectrum tested, not
+  proven); ``erank_est`` uses, per probe, the mean of the two rules' (S1, S2). Spectra with mass
+  near 0 (products of transformer Jacobians: LayerNorm null directions) are where the Gauss rule
+  alone overestimates most.
 - surviving = #{sigma_i >= tau sigma_1} = tr 1[A >= tau^2 sigma_1^2], sigma_1^2 taken as the
   largest Ritz value over the probes (Lanczos finds the top of the spectrum first). A step
   function converges slowly under Gauss quadrature (on MiniLM-L6 end-to-end Jacobians, d = 384,
@@ -47,14 +53,16 @@ from torch import Tensor
 from torch.profiler import record_function
 
 from spectral_hooks.linalg import DenseOperator, LinearOperator, lanczos_quadrature
+from spectral_hooks.linalg.quadrature import GaussRule
 
 from ..checks import check_float, check_int
 
 __all__ = ["rank_estimates", "RANK_ESTIMATE_COLUMNS"]
 
 #: the keys of :func:`rank_estimates`
-RANK_ESTIMATE_COLUMNS = ("erank_est", "erank_est_se", "surviving_est", "surviving_est_se",
-                         "surviving_est_lo", "surviving_est_hi")
+RANK_ESTIMATE_COLUMNS = ("erank_est", "erank_est_se", "erank_est_lo", "erank_est_hi",
+                         "surviving_est", "surviving_est_se", "surviving_est_lo",
+                         "surviving_est_hi")
 
 
 def rank_estimates(P: Union[Tensor, LinearOperator], *, n_probes: int = 16, steps: int = 48,
@@ -82,42 +90,55 @@ def rank_estimates(P: Union[Tensor, LinearOperator], *, n_probes: int = 16, step
             f"rank_estimates: a product of {op!r} (or of its adjoint) holds NaN or Inf")
 
     with op.checked_by_caller():  # the quadrature tests the products on the device
-        ritz = lanczos_quadrature(apply, Z.to(op.device), min(int(steps), d),
-                                  nonfinite=nonfinite)
+        rules = lanczos_quadrature(apply, Z.to(op.device), min(int(steps), d),
+                                   nonfinite=nonfinite)
     with record_function("spectral_hooks.host"):  # the rules are host tensors
-        return _from_rules(ritz, d, tau)
+        return _from_rules(rules, d, tau)
 
 
-def _from_rules(ritz: list[tuple[Tensor, Tensor, bool]], d: int, tau: float) -> dict:
-    """The estimates from each probe's Gauss rule (theta, weights, exact)."""
-    top = max(float(theta.max()) for theta, _, _ in ritz)
-    nan = float("nan")
+def _sums(d: int, nodes: Tensor, weights: Tensor) -> tuple[float, float]:
+    """One probe's (S1, S2) = d x its rule's integrals of sigma and sigma log sigma."""
+    sigma = nodes.sqrt()
+    slog = torch.where(sigma > 0, sigma * sigma.clamp(min=1e-300).log(), torch.zeros_like(sigma))
+    return d * float((weights * sigma).sum()), d * float((weights * slog).sum())
+
+
+def _erank(x: Tensor) -> tuple[float, float]:
+    """erank = exp(log S1 - S2 / S1) of the probe means of x = [[S1...], [S2...]] and its
+    delta-method standard error."""
+    m1, m2 = float(x[0].mean()), float(x[1].mean())
+    if m1 <= 0:
+        return float("nan"), float("nan")
+    erank = math.exp(math.log(m1) - m2 / m1)
+    grad = torch.tensor([erank * (1 / m1 + m2 / m1 ** 2), -erank / m1], dtype=torch.float64)
+    var = float(grad @ torch.cov(x) @ grad) / x.shape[1]
+    return erank, math.sqrt(max(var, 0.0))
+
+
+def _from_rules(rules: list[GaussRule], d: int, tau: float) -> dict:
+    """The estimates from each probe's Gauss rule and its Gauss-Radau rule at 0."""
+    top = max(float(rule.nodes.max()) for rule in rules)
     if top <= 0:
-        return dict.fromkeys(RANK_ESTIMATE_COLUMNS, nan)
-    s1, s2, cnt, lo, hi = [], [], [], [], []
-    for theta, w, exact in ritz:
-        sigma = theta.sqrt()
-        slog = torch.where(sigma > 0, sigma * sigma.clamp(min=1e-300).log(),
-                           torch.zeros_like(sigma))
-        s1.append(d * float((w * sigma).sum()))
-        s2.append(d * float((w * slog).sum()))
+        return dict.fromkeys(RANK_ESTIMATE_COLUMNS, float("nan"))
+    gauss, radau, cnt, lo, hi = [], [], [], [], []
+    for rule in rules:
+        theta, w = rule.nodes, rule.weights
+        gauss.append(_sums(d, theta, w))
+        radau.append(_sums(d, *rule.radau(0.0)))
         above = theta >= tau ** 2 * top
         cnt.append(d * float(w[above].sum()))
         p = int((~above).sum())  # Ritz values below the threshold (theta ascending)
-        lo.append(cnt[-1] if exact else d * (1.0 - float(w[:p + 1].sum())))
-        hi.append(cnt[-1] if exact else d * (1.0 - float(w[:max(p - 1, 0)].sum())))
-    x = torch.tensor([s1, s2], dtype=torch.float64)  # [2, n]
-    m1, m2 = float(x[0].mean()), float(x[1].mean())
-    n = x.shape[1]
-    if m1 <= 0:
-        return dict.fromkeys(RANK_ESTIMATE_COLUMNS, nan)
-    erank = math.exp(math.log(m1) - m2 / m1)
-    grad = torch.tensor([erank * (1 / m1 + m2 / m1 ** 2), -erank / m1], dtype=torch.float64)
-    cov = torch.cov(x)
-    var = float(grad @ cov @ grad) / n
+        lo.append(cnt[-1] if rule.exact else d * (1.0 - float(w[:p + 1].sum())))
+        hi.append(cnt[-1] if rule.exact else d * (1.0 - float(w[:max(p - 1, 0)].sum())))
+    g = torch.tensor(gauss, dtype=torch.float64).T  # [2, n]: S1, S2 per probe
+    r = torch.tensor(radau, dtype=torch.float64).T
+    erank, se = _erank((g + r) / 2)
+    ends = sorted((_erank(g)[0], _erank(r)[0]))
+    n = len(rules)
     c = torch.tensor(cnt, dtype=torch.float64)
     # One correctly rounded mean for the three counts: where Lanczos is exhausted lo = hi = cnt
     # probe by probe, and the means are then equal to the bit on any BLAS and thread count.
-    return {"erank_est": erank, "erank_est_se": math.sqrt(max(var, 0.0)),
+    return {"erank_est": erank, "erank_est_se": se, "erank_est_lo": ends[0],
+            "erank_est_hi": ends[1],
             "surviving_est": math.fsum(cnt) / n, "surviving_est_se": float(c.std() / math.sqrt(n)),
             "surviving_est_lo": math.fsum(lo) / n, "surviving_est_hi": math.fsum(hi) / n}

@@ -35,9 +35,9 @@ def test_full_steps_are_exact_for_any_function(seed):
     d = 24
     A, Z = _psd(d, seed), _rademacher(d, 3, seed)
     rules = lanczos_quadrature(lambda X: A @ X, Z, d)
-    for c, (theta, w, exact) in enumerate(rules):
-        z = Z[:, c]
-        assert exact
+    for c, rule in enumerate(rules):
+        z, theta, w = Z[:, c], rule.nodes, rule.weights
+        assert rule.exact
         for f in (torch.sqrt, lambda x: torch.where(x > 0, x * x.clamp(min=1e-300).log(), 0 * x)):
             got = float(z @ z) * float((w * f(theta)).sum())
             assert math.isclose(got, _oracle(A, z, f), rel_tol=1e-9, abs_tol=1e-10)
@@ -48,11 +48,57 @@ def test_few_steps_are_exact_for_low_degree_polynomials():
     d = 40
     A, Z = _psd(d, 7), _rademacher(d, 4, 7)
     rules = lanczos_quadrature(lambda X: A @ X, Z, 3)
-    for c, (theta, w, exact) in enumerate(rules):
-        z = Z[:, c]
-        assert not exact and theta.numel() == 3
+    for c, rule in enumerate(rules):
+        z, theta, w = Z[:, c], rule.nodes, rule.weights
+        assert not rule.exact and theta.numel() == 3
         got = float(z @ z) * float((w * theta ** 5).sum())
         assert math.isclose(got, _oracle(A, z, lambda x: x ** 5), rel_tol=1e-9)
+
+
+def test_gauss_radau_is_exact_to_degree_2m_with_a_node_at_the_end():
+    """Gauss-Radau with m free nodes and one prescribed at 0 integrates polynomials of degree
+    <= 2m exactly (Gauss with m nodes: < 2m): x^6 with 3 steps, where Gauss is not exact."""
+    d = 40
+    A, Z = _psd(d, 7), _rademacher(d, 4, 7)
+    for c, rule in enumerate(lanczos_quadrature(lambda X: A @ X, Z, 3)):
+        z = Z[:, c]
+        nodes, w = rule.radau(0.0)
+        assert nodes.numel() == 4 and abs(float(nodes[0])) < 1e-12
+        want = _oracle(A, z, lambda x: x ** 6)
+        assert math.isclose(float(z @ z) * float((w * nodes ** 6).sum()), want, rel_tol=1e-9)
+        gauss = float(z @ z) * float((rule.weights * rule.nodes ** 6).sum())
+        assert not math.isclose(gauss, want, rel_tol=1e-6)
+
+
+def _spectra(d: int, seed: int):
+    """PSD matrices whose spectra are hard for a quadrature of sqrt: power laws, eight decades
+    log-uniform, exact zeros (a LayerNorm's null direction), a few large over a small bulk."""
+    g = torch.Generator().manual_seed(seed)
+    Q = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=torch.float64))[0]
+    u = torch.rand(d, generator=g, dtype=torch.float64)
+    for sigma in (u ** 4, 10.0 ** (-8 * u), 1.0 / torch.arange(1, d + 1) ** 1.5,
+                  torch.where(u < 0.5, 0.0, u + 0.5), torch.cat([3 * torch.ones(5), 1e-3 * u[5:]])):
+        yield Q @ torch.diag(sigma.to(torch.float64) ** 2) @ Q.T
+
+
+@pytest.mark.parametrize("steps", [4, 12, 32])
+def test_gauss_and_radau_at_zero_bracket_sqrt_for_every_probe(steps):
+    """sqrt's even derivatives are negative and its odd ones positive on (0, inf): for every
+    probe, z^T A^(1/2) z lies between the Gauss-Radau rule at 0 (below) and the Gauss rule
+    (above), against the dense eigendecomposition. Up to rounding: a node at 0 moved by
+    eps ||A|| moves its sqrt by sqrt(eps ||A||) ~ 1e-8 sqrt(||A||)."""
+    wide = 0  # probes where both ends are off the exact value: the bracket is not vacuous
+    for A in _spectra(96, steps):
+        slack = 1e-7 * float(torch.linalg.matrix_norm(A, 2)) ** 0.5
+        Z = _rademacher(96, 6, steps)
+        for c, rule in enumerate(lanczos_quadrature(lambda X: A @ X, Z, steps)):
+            z, nodes, w = Z[:, c], *rule.radau(0.0)
+            want = _oracle(A, z, torch.sqrt) / float(z @ z)
+            gauss = float((rule.weights * rule.nodes.sqrt()).sum())
+            radau = float((w * nodes.sqrt()).sum())
+            assert radau <= want + slack and want <= gauss + slack, (radau, want, gauss)
+            wide += min(want - radau, gauss - want) > 1e-4 * want
+    assert wide >= 6
 
 
 def test_a_breakdown_is_exact_and_stops_at_the_next_check():
@@ -67,11 +113,12 @@ def test_a_breakdown_is_exact_and_stops_at_the_next_check():
 
     rules = lanczos_quadrature(apply, _rademacher(15, 4, 0), 40)
     assert len(applied) == CHECK_EVERY
-    for theta, w, exact in rules:
-        assert exact and theta.numel() == 3
-        assert torch.allclose(theta, torch.tensor([0.0, 1.0, 2.0], dtype=torch.float64),
+    for rule in rules:
+        assert rule.exact and rule.nodes.numel() == 3
+        assert torch.allclose(rule.nodes, torch.tensor([0.0, 1.0, 2.0], dtype=torch.float64),
                               atol=1e-12)
-        assert math.isclose(float(w.sum()), 1.0, rel_tol=1e-12)
+        assert math.isclose(float(rule.weights.sum()), 1.0, rel_tol=1e-12)
+        assert rule.radau(0.0) == (rule.nodes, rule.weights)  # exact: nothing to bracket
 
 
 def test_host_reads_are_per_check_not_per_step():

@@ -96,3 +96,27 @@ def test_dense_rows_and_probes_zero_have_no_estimates():
     for bad in ({"n_probes": 1}, {"n_probes": -2}, {"steps": 0}, {"n_probes": True}):
         with pytest.raises(ValueError):
             bottleneck_table(Js, k=4, **bad)
+
+
+def test_minilm_erank_bracket_covers_the_dense_erank_at_the_defaults(minilm):
+    """The real pretrained MiniLM-L6 (d = 384): products of its block Jacobians have exact zeros
+    (LayerNorm's null direction) and mass near 0, where a Gauss rule of sqrt overestimates. At
+    the section's defaults (16 probes, 48 steps) the dense erank of every depth lies in
+    [erank_est_lo, erank_est_hi] up to 4 standard errors."""
+    import spectral_hooks
+
+    model, tok = minilm
+    probe = spectral_hooks.instrument(model)
+    try:
+        with torch.no_grad():
+            model(**tok(["The quick brown fox jumps over the lazy dog near the river bank."],
+                        return_tensors="pt"))
+        Js = [probe.jacobian(layer).to_dense() for layer in range(6)]
+    finally:
+        probe.remove()
+    table = bottleneck_table([DenseOperator(J) for J in Js], k=32, n_probes=16, steps=48, seed=0)
+    for row, s in zip(table.itertuples(), _exact(Js)):
+        erank = float(effective_rank(s))
+        assert row.erank_est_lo <= row.erank_est <= row.erank_est_hi
+        assert row.erank_est_lo - 4 * row.erank_est_se <= erank \
+            <= row.erank_est_hi + 4 * row.erank_est_se, (row.depth, erank)

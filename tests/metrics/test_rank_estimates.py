@@ -75,3 +75,39 @@ def test_surviving_quadrature_bracket_covers_the_dense_count(steps):
     # exhausted Krylov space: the bracket closes on the estimate (to rounding, see tests/README.md)
     assert full["surviving_est_lo"] == pytest.approx(full["surviving_est"], rel=1e-12)
     assert full["surviving_est_hi"] == pytest.approx(full["surviving_est"], rel=1e-12)
+
+
+def _hard_spectra(d: int):
+    """Singular values that a few Gauss nodes cannot resolve near 0: u^4, eight decades
+    log-uniform, a power law, 30% exact zeros over a decaying bulk (LayerNorm null directions)."""
+    g = torch.Generator().manual_seed(0)
+    Q = torch.linalg.qr(torch.randn(d, d, generator=g, dtype=torch.float64))[0]
+    u = torch.rand(d, generator=g, dtype=torch.float64)
+    for s in (u ** 4, 10.0 ** (-8 * u), 1.0 / torch.arange(1, d + 1, dtype=torch.float64) ** 1.5,
+              torch.where(u < 0.3, 0.0, u ** 3)):
+        yield s, Q @ torch.diag(s) @ Q.T
+
+
+@pytest.mark.parametrize("steps", [6, 10, 16])
+def test_erank_quadrature_bracket_covers_the_dense_erank(steps):
+    """Few Lanczos steps on spectra with mass near 0: the Gauss rule alone (erank_est_hi, the
+    estimate before the bracket) misses the dense erank by many standard errors; the bracket
+    [erank_est_lo, erank_est_hi] from the Gauss-Radau rule at 0 and the Gauss rule covers it up
+    to the Monte Carlo error, and erank_est is its midpoint's estimate."""
+    d, gauss_missed = 96, 0
+    for s, P in _hard_spectra(d):
+        erank = float(effective_rank(s))
+        est = rank_estimates(DenseOperator(P), n_probes=64, steps=steps, seed=2)
+        lo, hi, se = est["erank_est_lo"], est["erank_est_hi"], est["erank_est_se"]
+        assert lo <= est["erank_est"] <= hi
+        assert lo - 4 * se <= erank <= hi + 4 * se, (lo, erank, hi, se)
+        gauss_missed += abs(hi - erank) > 4 * se
+    assert gauss_missed >= 2
+
+
+def test_erank_bracket_closes_with_the_krylov_space():
+    d = 48
+    P = product(d, 2)
+    est = rank_estimates(DenseOperator(P), n_probes=8, steps=d, seed=0)
+    assert est["erank_est_lo"] == pytest.approx(est["erank_est"], rel=1e-12)
+    assert est["erank_est_hi"] == pytest.approx(est["erank_est"], rel=1e-12)
