@@ -311,19 +311,33 @@ UNITS = SectionSchema("units", (
     _units("community", "int", "its community label"),
     _units("bridge_score", "float", "participation coefficient over |weights|"),
     _units("amplification", "float", "g_i = ||Delta J e_i|| (the residual-free part: >= 0, unsigned)"),
+    _units("amplification_se", "float", "standard error of amplification: 0 where exact (dense), the "
+           "Hutchinson estimate's (delta method) where matrix-free; NaN where amplification is"),
     _units("log_gain", "float", "signed gain log ||J e_i|| of the whole block: > 0 amplifies the "
            "unit, < 0 suppresses it"),
+    _units("log_gain_se", "float", "standard error of log_gain: 0 where exact (dense), the "
+           "Hutchinson estimate's (delta method) where matrix-free; NaN where log_gain is"),
     _units("log_gain_init", "float", "the same in the freshly initialised model (NaN without "
            "reinit)"),
+    _units("log_gain_init_se", "float", "standard error of log_gain_init: 0 where exact (dense), the "
+           "Hutchinson estimate's (delta method) where matrix-free; NaN where log_gain_init is"),
     _units("log_gain_attn", "float", "signed gain log ||J_attn e_i|| of the attention sublayer "
            "x -> resid_mid (topology={'sublayers': True}; NaN otherwise)", optional=True),
+    _units("log_gain_attn_se", "float", "standard error of log_gain_attn: 0 where exact (dense), the "
+           "Hutchinson estimate's (delta method) where matrix-free; NaN where log_gain_attn is", optional=True),
     _units("log_gain_attn_init", "float", "the same at initialisation (NaN without reinit)",
            optional=True),
+    _units("log_gain_attn_init_se", "float", "standard error of log_gain_attn_init: 0 where exact (dense), the "
+           "Hutchinson estimate's (delta method) where matrix-free; NaN where log_gain_attn_init is", optional=True),
     _units("log_gain_ffn", "float", "signed gain log ||J_ffn e_i|| of the feed-forward "
            "sublayer resid_mid -> output (topology={'sublayers': True}; NaN otherwise)",
            optional=True),
+    _units("log_gain_ffn_se", "float", "standard error of log_gain_ffn: 0 where exact (dense), the "
+           "Hutchinson estimate's (delta method) where matrix-free; NaN where log_gain_ffn is", optional=True),
     _units("log_gain_ffn_init", "float", "the same at initialisation (NaN without reinit)",
            optional=True),
+    _units("log_gain_ffn_init_se", "float", "standard error of log_gain_ffn_init: 0 where exact (dense), the "
+           "Hutchinson estimate's (delta method) where matrix-free; NaN where log_gain_ffn_init is", optional=True),
 ), key_columns=("layer", "unit"))
 
 COMMUNITIES = SectionSchema("communities", (

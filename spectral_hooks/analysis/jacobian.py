@@ -52,7 +52,7 @@ from ..metrics.jacobian import (
 )
 from ..metrics.jacobian_nulls import NULL_MC_MAX_D
 from ..metrics.stats import sample_summary
-from ..metrics.topology import amplification, log_gain
+from ..metrics.topology import UnitNorms, amplification, log_gain
 from . import progress
 from .options import AnalyzeOptions, JacobianOptions
 from .subject import Subject
@@ -330,26 +330,27 @@ class JacobianView:
         """The dense J_l of every analysed layer at the default position, in layer order."""
         return [self.dense(layer, self.anchor) for layer in self.bar(self.layers, "dense Jacobians")]
 
-    def amplification(self, layer: int) -> Tensor:
+    def amplification(self, layer: int) -> UnitNorms:
         """Per-unit amplification of J - I of block ``layer`` at the default position (exact
-        from the dense J where the products are dense, else a matrix-free estimate).
+        from the dense J where the products are dense, else a matrix-free estimate with its
+        standard error).
         """
         o = self.options
         if self.exact or self.dense_products:
             J = self.dense(layer, self.anchor)
             eye = torch.eye(J.shape[0], dtype=J.dtype, device=J.device)
-            return amplification(J - eye, dense=True)[0]
+            return amplification(J - eye, dense=True)
         J: Union[LinearOperator, Tensor] = self.operator(layer, self.anchor)
         delta = J - IdentityOperator(J.shape[0], dtype=J.dtype, device=J.device)
-        return amplification(delta, n_samples=o.n_samples, seed=o.seed)[0]
+        return amplification(delta, n_samples=o.n_samples, seed=o.seed)
 
-    def log_gain(self, layer: int) -> Tensor:
-        """Signed per-unit gain log ||J e_i|| of the whole block (identity included)."""
+    def log_gain(self, layer: int) -> UnitNorms:
+        """Signed per-unit gain log ||J e_i|| of the whole block (identity included), exact or
+        estimated as :meth:`amplification` is."""
         o = self.options
         if self.exact or self.dense_products:
-            return log_gain(self.dense(layer, self.anchor), dense=True)[0]
-        return log_gain(self.operator(layer, self.anchor), n_samples=o.n_samples,
-                        seed=o.seed)[0]
+            return log_gain(self.dense(layer, self.anchor), dense=True)
+        return log_gain(self.operator(layer, self.anchor), n_samples=o.n_samples, seed=o.seed)
 
 
 def sample_rows(subject: Subject, o: JacobianOptions) -> list[int]:

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import pandas as pd
 import torch
+from torch import Tensor
 
 from ..linearize.sublayers import sublayer_jacobian
 from ..metrics.community_gain import community_table
-from ..metrics.topology import log_gain, topology_tables
+from ..metrics.topology import UnitNorms, log_gain, topology_tables
 from .jacobian import JacobianView
 from .options import AnalyzeOptions
 from .reinit import init_subject
@@ -37,29 +38,44 @@ SUBLAYER_COLUMNS = {"attention": ("log_gain_attn", "log_gain_attn_init"),
                     "ffn": ("log_gain_ffn", "log_gain_ffn_init")}
 
 
-def _sublayer_gain(view: JacobianView, layer: int, sublayer: str):
+def _sublayer_gain(view: JacobianView, layer: int, sublayer: str) -> UnitNorms:
     """log ||J_sub e_i|| at the view's anchor row: exact where the view is, else estimated."""
     s, o = view.subject, view.options
     op = sublayer_jacobian(s.anatomy, s.recording, layer, sublayer=sublayer,
                            position=view.anchor, sample=o.sample, method=view.method)
     if view.exact or view.dense_products:
         J = op.matmat(torch.eye(op.shape[1], dtype=op.dtype, device=op.device))
-        return log_gain(J.to(torch.float64), dense=True)[0]
-    return log_gain(op, n_samples=o.n_samples, seed=o.seed)[0]
+        return log_gain(J.to(torch.float64), dense=True)
+    return log_gain(op, n_samples=o.n_samples, seed=o.seed)
+
+
+def _with_errors(units: pd.DataFrame, columns: dict[str, dict[int, UnitNorms]]) -> pd.DataFrame:
+    """``units`` with each named column's standard errors in ``<name>_se``, right after it
+    (0 where exact; NaN where the value is, or for layers not given)."""
+    units = units.copy()
+    for column, by_layer in columns.items():
+        se = pd.Series(float("nan"), index=units.index)
+        for layer, norms in by_layer.items():
+            se[units["layer"] == layer] = norms.std_error.numpy()
+        units.insert(list(units.columns).index(column) + 1, f"{column}_se", se)
+    return units
 
 
 def _with_sublayers(units: pd.DataFrame, views: dict) -> pd.DataFrame:
-    """``units`` with the sublayer gain columns (NaN for the init ones without reinit)."""
+    """``units`` with the sublayer gain columns and their standard errors (NaN for the init
+    ones without reinit)."""
     units = units.copy()
+    errors = {}
     for sublayer, columns in SUBLAYER_COLUMNS.items():
         for column, view in zip(columns, (views.get("trained"), views.get("init"))):
             units[column] = float("nan")
+            errors[column] = {}
             if view is None:
                 continue
             for layer in view.layers:
-                rows = units["layer"] == layer
-                units.loc[rows, column] = _sublayer_gain(view, layer, sublayer).numpy()
-    return units
+                gain = errors[column][layer] = _sublayer_gain(view, layer, sublayer)
+                units.loc[units["layer"] == layer, column] = gain.value.numpy()
+    return _with_errors(units, errors)
 
 
 def _tables(subject: Subject, options: AnalyzeOptions) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -71,13 +87,19 @@ def _tables(subject: Subject, options: AnalyzeOptions) -> tuple[pd.DataFrame, pd
         X = {layer: rec.tokens("resid_pre", layer) for layer in view.layers}
         g = {layer: view.amplification(layer) for layer in view.layers}
         gain = {layer: view.log_gain(layer) for layer in view.layers}
-        g_init = gain_init = init = None
+        g_init, gain_init, init = {}, {}, None
         if options.reinit:
             init = JacobianView(init_subject(subject, seed=o.init_seed), o)
             g_init = {layer: init.amplification(layer) for layer in view.layers}
             gain_init = {layer: init.log_gain(layer) for layer in view.layers}
-        topo, units = topology_tables(X, g, g_init_by_layer=g_init, seed=o.seed,
-                                      gain_by_layer=gain, gain_init_by_layer=gain_init)
+
+        def values(by_layer: dict[int, UnitNorms]) -> dict[int, Tensor]:
+            return {layer: norms.value for layer, norms in by_layer.items()}
+        topo, units = topology_tables(X, values(g), g_init_by_layer=values(g_init) or None,
+                                      seed=o.seed, gain_by_layer=values(gain),
+                                      gain_init_by_layer=values(gain_init) or None)
+        units = _with_errors(units, {"amplification": g, "log_gain": gain,
+                                     "log_gain_init": gain_init})
         if not options.topology_sublayers:  # no all-NaN columns nobody asked for
             return topo, units
         return topo, _with_sublayers(units, {"trained": view, "init": init})

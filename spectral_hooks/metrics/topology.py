@@ -60,7 +60,7 @@ imported only inside the functions that use them.
 from __future__ import annotations
 
 import math
-from typing import Mapping, Optional, Union, cast
+from typing import Mapping, NamedTuple, Optional, Union, cast
 
 import numpy as np
 import pandas as pd
@@ -90,7 +90,7 @@ from .trends import depth_trend
 __all__ = ["UnitGraph", "Communities", "unit_graph", "communities", "modularity",
            "participation", "amplification", "community_amplification", "spearman",
            "log_gain", "topology_tables", "signed_bridge_gain", "TOPOLOGY_COLUMNS", "UNITS_COLUMNS",
-           "TOPOLOGY_PVALUES", "CONSTANT_RTOL"]
+           "TOPOLOGY_PVALUES", "CONSTANT_RTOL", "UnitNorms"]
 
 TOPOLOGY_COLUMNS = ["layer", "n_communities", "modularity", "method", "coupling_rho",
                     "coupling_pvalue", "coupling_pvalue_adj", "coupling_rho_init",
@@ -112,23 +112,35 @@ TOPOLOGY_PVALUES = ("coupling_pvalue", "coupling_pvalue_init", "coupling_pvalue_
 
 # -- amplification -----------------------------------------------------------------------------
 
+class UnitNorms(NamedTuple):
+    """Per-unit values [d] (float64, CPU), whether they are estimates, and their standard
+    errors (zeros where exact; NaN where the value is)."""
+
+    value: Tensor
+    estimated: bool
+    std_error: Tensor
+
+
 def amplification(delta_J: Union[Tensor, LinearOperator], *, dense: bool = False,
-                  n_samples: int = 64, seed: int = 0) -> tuple[Tensor, bool]:
-    """Per-unit amplification g_i = ||Delta J e_i|| and whether it is an estimate.
+                  n_samples: int = 64, seed: int = 0) -> UnitNorms:
+    """Per-unit amplification g_i = ||Delta J e_i||, whether it is an estimate, and its
+    standard error.
 
     >>> import torch
     >>> D = torch.tensor([[3., 0.], [4., 1.]], dtype=torch.float64)
-    >>> amplification(D, dense=True)
-    (tensor([5., 1.], dtype=torch.float64), False)
+    >>> amplification(D, dense=True).value
+    tensor([5., 1.], dtype=torch.float64)
     >>> from spectral_hooks.linalg import DenseOperator
-    >>> g, is_est = amplification(DenseOperator(D), n_samples=256, seed=0)
-    >>> is_est, g.shape
-    (True, torch.Size([2]))
+    >>> g, is_est, se = amplification(DenseOperator(D), n_samples=256, seed=0)
+    >>> is_est, g.shape, bool((se > 0).all())
+    (True, torch.Size([2]), True)
 
-    ``dense=True``: ``delta_J`` must be a tensor [m, d]; exact column norms. Otherwise
-    (``delta_J`` a LinearOperator with an adjoint, or a tensor): the Hutchinson diagonal of
-    Delta J^T Delta J with ``n_samples`` Rademacher probes (2 n_samples products),
-    square-rooted after clipping negative estimates at 0.
+    ``dense=True``: ``delta_J`` must be a tensor [m, d]; exact column norms (standard error 0).
+    Otherwise (``delta_J`` a LinearOperator with an adjoint, or a tensor): the Hutchinson
+    diagonal c_i of Delta J^T Delta J with ``n_samples`` Rademacher probes (2 n_samples
+    products), square-rooted after clipping negative estimates at 0; the standard error of
+    g_i = sqrt(c_i) by the delta method, se(c_i) / (2 g_i), and sqrt(se(c_i)) where g_i is 0
+    (clipped: the scale of the error there).
     """
     what = "amplification"
     if dense:
@@ -139,7 +151,8 @@ def amplification(delta_J: Union[Tensor, LinearOperator], *, dense: bool = False
         if not bool(torch.isfinite(D).all()):
             raise OptionError("delta_J", "a tensor holding NaN or Inf", "finite values",
                               hint=what)
-        return torch.linalg.vector_norm(D, dim=0).to(torch.float64), False
+        g = torch.linalg.vector_norm(D, dim=0).to(torch.float64)
+        return UnitNorms(g, False, torch.zeros_like(g))
     n_samples = check_int("n_samples", n_samples, minimum=1)
     seed = check_int("seed", seed, minimum=0)
     check_type("delta_J", delta_J, (Tensor, LinearOperator),
@@ -147,26 +160,33 @@ def amplification(delta_J: Union[Tensor, LinearOperator], *, dense: bool = False
     if isinstance(delta_J, Tensor) and delta_J.ndim != 2:
         raise OptionError("delta_J", delta_J, "a tensor [m, d] or a LinearOperator", hint=what)
     est = column_norms_sq(delta_J, n_samples=n_samples, seed=seed)
-    value = torch.as_tensor(est.value).detach().to("cpu", torch.float64)
-    return value.clamp(min=0.0).sqrt(), True
+    c = torch.as_tensor(est.value).detach().to("cpu", torch.float64)
+    se_c = torch.as_tensor(est.std_error).detach().to("cpu", torch.float64)
+    g = c.clamp(min=0.0).sqrt()
+    se = torch.where(g > 0, se_c / (2 * g).clamp(min=1e-300), se_c.sqrt())
+    return UnitNorms(g, True, se)
 
 
 def log_gain(J: Union[Tensor, LinearOperator], *, dense: bool = False, n_samples: int = 64,
-             seed: int = 0) -> tuple[Tensor, bool]:
+             seed: int = 0) -> UnitNorms:
     """Signed per-unit gain log ||J e_i|| of the whole block Jacobian J (identity included),
-    and whether it is an estimate: > 0 the block amplifies unit i, < 0 it suppresses it.
+    whether it is an estimate, and its standard error: > 0 the block amplifies unit i, < 0 it
+    suppresses it.
 
     >>> import torch
     >>> J = torch.tensor([[2., 0.], [0., 0.5]], dtype=torch.float64)
-    >>> log_gain(J, dense=True)[0].exp()
+    >>> log_gain(J, dense=True).value.exp()
     tensor([2.0000, 0.5000], dtype=torch.float64)
 
     The column norms of :func:`amplification` applied to J instead of Delta J (matrix-free:
-    the Hutchinson diagonal of J^T J); a non-positive estimate gives NaN, not -inf.
+    the Hutchinson diagonal of J^T J); a non-positive estimate gives NaN, not -inf. Standard
+    error by the delta method: se(g_i) / g_i.
     """
-    g, estimated = amplification(J, dense=dense, n_samples=n_samples, seed=seed)
-    return torch.where(g > 0, g.clamp(min=1e-300).log(), torch.full_like(g, float("nan"))), \
-        estimated
+    g, estimated, se = amplification(J, dense=dense, n_samples=n_samples, seed=seed)
+    nan = torch.full_like(g, float("nan"))
+    positive = g > 0
+    return UnitNorms(torch.where(positive, g.clamp(min=1e-300).log(), nan), estimated,
+                     torch.where(positive, se / g.clamp(min=1e-300), nan))
 
 
 def community_amplification(delta_J_dense_or_g: Tensor, labels) -> Tensor:

@@ -92,3 +92,33 @@ def test_community_means_are_those_of_their_units(case):
         assert row.mean_log_gain_init == pytest.approx(
             means.loc[(row.layer, row.community), "log_gain_init"], rel=1e-12)
     assert table.groupby("layer")["n_units"].sum().eq(units.groupby("layer").size()).all()
+
+
+def test_matrix_free_unit_gains_carry_standard_errors_covering_jacfwd(case):
+    """Matrix-free (``dense=False``, ``bottleneck_dense=False``: the default above d = 2048)
+    the units' amplification and gains are Hutchinson estimates: each comes with its standard
+    error in ``<name>_se`` (0 in the dense report of the fixture), and the jacfwd values lie
+    within 4 of them for (nearly) every unit."""
+    model, probe, dense_report = case
+    for column in ("amplification", "log_gain", "log_gain_init"):
+        se = dense_report.units[f"{column}_se"]
+        assert list(dense_report.units.columns).index(f"{column}_se") == \
+            list(dense_report.units.columns).index(column) + 1
+        assert (se == 0).all(), column
+    report = probe.analyze(jacobian={"k": 4, "dense": False, "n_samples": 64,
+                                     "bottleneck_dense": False}, topology=True,
+                           progress=False)
+    units = report.units
+    z = []
+    for layer in range(probe.anatomy.n_layers):
+        rows = units.query("layer == @layer")
+        J = token_jacobian(probe, layer).numpy()
+        for column, want in (("log_gain", np.log(np.linalg.norm(J, axis=0))),
+                             ("amplification", np.linalg.norm(J - np.eye(len(J)), axis=0))):
+            se = rows[f"{column}_se"].to_numpy()
+            assert (se > 0).all(), column
+            z.append((rows[column].to_numpy() - want) / se)
+    z = np.concatenate(z)
+    assert np.isfinite(z).all()
+    assert np.mean(np.abs(z) <= 4) >= 0.98, np.sort(np.abs(z))[-5:]
+    assert np.mean(np.abs(z) <= 2) >= 0.85

@@ -20,13 +20,28 @@ def test_log_gain_dense_and_matrix_free():
     J = torch.eye(40, dtype=torch.float64) * torch.linspace(0.2, 3.0, 40, dtype=torch.float64) \
         + 0.05 * torch.randn(40, 40, generator=g, dtype=torch.float64)
     want = np.log(np.linalg.norm(J.numpy(), axis=0))
-    got, estimated = log_gain(J, dense=True)
-    assert not estimated
+    got, estimated, se = log_gain(J, dense=True)
+    assert not estimated and not se.any()
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-13)
     assert (got[:3] < 0).all() and (got[-3:] > 0).all()      # suppressed ... amplified
-    est, estimated = log_gain(DenseOperator(J), n_samples=2000, seed=1)
+    est, estimated, se = log_gain(DenseOperator(J), n_samples=2000, seed=1)
     assert estimated
     assert float((est - got).abs().max()) < 0.15             # Hutchinson, 2000 probes
+    assert float(((est - got).abs() <= 4 * se).double().mean()) == 1.0  # its standard errors
+
+
+def test_log_gain_standard_errors_cover_the_dense_values():
+    """Over 20 seeds x 40 units, log ||J e_i|| lies within 2 standard errors of the matrix-free
+    estimate about 95% of the time."""
+    g = torch.Generator().manual_seed(4)
+    J = torch.eye(40, dtype=torch.float64) * torch.linspace(0.2, 3.0, 40, dtype=torch.float64) \
+        + 0.3 * torch.randn(40, 40, generator=g, dtype=torch.float64)
+    want = torch.linalg.vector_norm(J, dim=0).log()
+    z = torch.cat([(r.value - want) / r.std_error for r in
+                   (log_gain(DenseOperator(J), n_samples=64, seed=seed) for seed in range(20))])
+    assert not z.isnan().any()
+    covered = float((z.abs() <= 2).double().mean())
+    assert 0.90 <= covered <= 0.99, covered
 
 
 def _units(d=60, seed=0):
