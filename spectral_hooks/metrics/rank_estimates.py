@@ -16,8 +16,8 @@ that of the probe mean (the quadrature error for steps < d is not in it, but bra
   from the same steps: Gauss, and Gauss-Radau with a node at 0 (``GaussRule.radau``). For sqrt
   they bracket the probe's exact value (Gauss above, Radau below: sqrt's even derivatives are
   negative, its odd ones positive). ``erank_est_lo`` / ``erank_est_hi`` are the eranks of the
-  two rules' probe means (for erank the bracket is observed on every spectrum tested, not
-  proven); ``erank_est`` uses, per probe, the mean of the two rules' (S1, S2). Spectra with mass
+  two rules' probe means (for erank the bracket is observed on every spectrum tested, to
+  about 2e-4 relative, not proven: docs/metrics.md); ``erank_est`` uses, per probe, the mean of the two rules' (S1, S2). Spectra with mass
   near 0 (products of transformer Jacobians: LayerNorm null directions) are where the Gauss rule
   alone overestimates most.
 - surviving = #{sigma_i >= tau sigma_1} = tr 1[A >= tau^2 sigma_1^2], sigma_1^2 taken as the
