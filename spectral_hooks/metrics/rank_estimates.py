@@ -17,9 +17,9 @@ that of the probe mean (the quadrature error for steps < d is not in it, but bra
   they bracket the probe's exact value (Gauss above, Radau below: sqrt's even derivatives are
   negative, its odd ones positive). ``erank_est_lo`` / ``erank_est_hi`` are the eranks of the
   two rules' probe means (for erank the bracket is observed on every spectrum tested, to
-  about 2e-4 relative, not proven: docs/metrics.md); ``erank_est`` uses, per probe, the mean of the two rules' (S1, S2). Spectra with mass
-  near 0 (products of transformer Jacobians: LayerNorm null directions) are where the Gauss rule
-  alone overestimates most.
+  about 2e-4 relative, not proven: docs/metrics.md); ``erank_est`` uses, per probe, the mean
+  of the two rules' (S1, S2). Spectra with mass near 0 (products of transformer Jacobians:
+  LayerNorm null directions) are where the Gauss rule alone overestimates most.
 - surviving = #{sigma_i >= tau sigma_1} = tr 1[A >= tau^2 sigma_1^2], sigma_1^2 taken as the
   largest Ritz value over the probes (Lanczos finds the top of the spectrum first). A step
   function converges slowly under Gauss quadrature (on MiniLM-L6 end-to-end Jacobians, d = 384,
