@@ -365,6 +365,11 @@ COMMUNITIES = SectionSchema("communities", (
     _communities("gain_coupling_pvalue", "float", "its two-sided p-value"),
     _communities("gain_coupling_pvalue_adj", "float", _ADJ + "gain_coupling_pvalue (family: "
                  "every row)"),
+    _communities("mean_log_gain_se_bound", "float", "upper bound of mean_log_gain's standard "
+                 "error: the mean of its units' log_gain_se (0 where exact)"),
+    _communities("mean_log_gain_init_se_bound", "float", "the same for mean_log_gain_init"),
+    _communities("amplification_se_bound", "float", "the same for amplification, from the "
+                 "units' errors of ||Delta J e_i||^2"),
 ), key_columns=("layer",))
 
 REINIT_TEST = SectionSchema("reinit_test", (

@@ -26,6 +26,13 @@ Definitions (float64; one row per layer x community of the ``units`` table):
   under the same permutations. A community of every unit of the layer has no null (NaN).
 - ``amplification``: ||Delta J Pi_C||_F^2 / |C| = mean over C of ||Delta J e_i||^2
   (:func:`spectral_hooks.metrics.topology.community_amplification`).
+- ``*_se_bound`` (``mean_log_gain``, ``mean_log_gain_init``, ``amplification``): an upper
+  bound of the standard error of a mean over the community's units where those are
+  matrix-free estimates, from the units table's ``<column>_se``: the mean of the units'
+  standard errors (the standard deviation of a sum is at most the sum of theirs, whatever
+  their correlation: the units' estimates share probes). For ``amplification`` the units'
+  errors of ||Delta J e_i||^2, 2 g_i se(g_i) (se(g_i)^2 where g_i is 0). 0 where the units
+  are exact; NaN where the units table has no standard errors.
 - ``gain_coupling_rho``, ``gain_coupling_pvalue``: Spearman correlation of bridge score and
   log_gain over the community's units (NaN below 3 units or for a constant side).
 - ``*_adj``: Benjamini-Hochberg over every (layer, community) row of the table, one family per
@@ -56,7 +63,8 @@ COMMUNITY_COLUMNS = ["layer", "community", "layer_type", "n_units", "mean_log_ga
                      "mean_log_gain_null", "mean_log_gain_null_sd", "gain_pvalue",
                      "gain_pvalue_adj", "mean_log_gain_init", "gain_init_pvalue",
                      "gain_init_pvalue_adj", "amplification", "gain_coupling_rho",
-                     "gain_coupling_pvalue", "gain_coupling_pvalue_adj"]
+                     "gain_coupling_pvalue", "gain_coupling_pvalue_adj", "mean_log_gain_se_bound",
+                     "mean_log_gain_init_se_bound", "amplification_se_bound"]
 _NEEDED = ("layer", "unit", "community", "bridge_score", "amplification", "log_gain",
            "log_gain_init")
 
@@ -73,8 +81,10 @@ def _shuffled_means(values: np.ndarray, perms: np.ndarray, members: np.ndarray) 
 
 
 def _rows(layer: int, layer_type: str, labels, gain, gain0, amp, bridge, perms,
-          n_shuffles: int) -> list[dict]:
+          n_shuffles: int, errors: tuple) -> list[dict]:
     rows, d = [], len(labels)
+    gain_se, gain0_se, amp_se = errors
+    amp_sq_se = np.where(amp > 0, 2 * amp * amp_se, amp_se ** 2)  # of ||Delta J e_i||^2
     for c in np.unique(labels):
         members = np.flatnonzero(labels == c)
         observed = float(gain[members].mean())
@@ -93,8 +103,19 @@ def _rows(layer: int, layer_type: str, labels, gain, gain0, amp, bridge, perms,
             mean_log_gain_init=observed0,
             gain_init_pvalue=empirical_pvalues(observed0, null0)[2],
             amplification=float((amp[members] ** 2).mean()),
-            gain_coupling_rho=rho, gain_coupling_pvalue=p))
+            gain_coupling_rho=rho, gain_coupling_pvalue=p,
+            mean_log_gain_se_bound=float(gain_se[members].mean()),
+            mean_log_gain_init_se_bound=float(gain0_se[members].mean()),
+            amplification_se_bound=float(amp_sq_se[members].mean())))
     return rows
+
+
+def _errors(df: pd.DataFrame, column: str) -> np.ndarray:
+    """The units' standard errors of ``column`` (NaN where the table has none)."""
+    name = f"{column}_se"
+    if name not in df.columns:
+        return np.full(len(df), np.nan)
+    return df[name].to_numpy(dtype=np.float64)
 
 
 def community_table(units: pd.DataFrame, *, n_shuffles: int = 1000, seed: int = 0
@@ -124,8 +145,11 @@ def community_table(units: pd.DataFrame, *, n_shuffles: int = 1000, seed: int = 
             gain = df[column].to_numpy(dtype=np.float64)
             gain0 = (df[column0].to_numpy(dtype=np.float64) if column0 in df.columns
                      else np.full(d, np.nan))
+            block = layer_type == "block"
+            errors = (_errors(df, column), _errors(df, column0),
+                      _errors(df, "amplification") if block else np.full(d, np.nan))
             rows.extend(_rows(int(cast(int, layer)), layer_type, labels, gain, gain0,
-                              amp if layer_type == "block" else np.full(d, np.nan), bridge,
-                              perms, n_shuffles))
+                              amp if block else np.full(d, np.nan), bridge, perms, n_shuffles,
+                              errors))
     table = pd.DataFrame(rows, columns=[c for c in COMMUNITY_COLUMNS if not c.endswith("_adj")])
     return cast(pd.DataFrame, with_adjusted(table, COMMUNITY_PVALUES)[COMMUNITY_COLUMNS])

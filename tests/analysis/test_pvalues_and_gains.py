@@ -122,3 +122,6 @@ def test_matrix_free_unit_gains_carry_standard_errors_covering_jacfwd(case):
     assert np.isfinite(z).all()
     assert np.mean(np.abs(z) <= 4) >= 0.98, np.sort(np.abs(z))[-5:]
     assert np.mean(np.abs(z) <= 2) >= 0.85
+    block = report.communities.query("layer_type == 'block'")
+    assert (block["mean_log_gain_se_bound"] > 0).all() and (block["amplification_se_bound"] > 0).all()
+    assert (dense_report.communities["mean_log_gain_se_bound"] == 0).all()

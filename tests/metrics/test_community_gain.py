@@ -10,7 +10,7 @@ from scipy import stats
 
 from spectral_hooks.linalg import DenseOperator
 from spectral_hooks.metrics.community_gain import COMMUNITY_COLUMNS, community_table
-from spectral_hooks.metrics.topology import log_gain, topology_tables
+from spectral_hooks.metrics.topology import amplification, log_gain, topology_tables
 
 pytest.importorskip("networkx")
 
@@ -53,6 +53,42 @@ def _units(d=60, seed=0):
     return pd.DataFrame({"layer": 2, "unit": np.arange(d), "community": labels,
                          "bridge_score": bridge, "amplification": rng.uniform(0.5, 1, d),
                          "log_gain": gain, "log_gain_init": rng.normal(0.0, 0.3, d)})
+
+
+def test_community_error_bounds_cover_the_spread_of_estimated_means():
+    """Matrix-free unit gains share their probes, so their errors correlate; the communities'
+    ``*_se_bound`` (the mean of the units' standard errors) bounds the standard error of the
+    community mean whatever the correlation: over 30 seeds the community means spread by less
+    than the bound (the mean bound, with 20% room for the spread's own sampling error), the
+    bound is not vacuous (under 10x the spread), and it is 0 where the units are exact."""
+    g = torch.Generator().manual_seed(5)
+    d = 30
+    J = torch.eye(d, dtype=torch.float64) * torch.linspace(0.5, 2.0, d, dtype=torch.float64) \
+        + 0.3 * torch.randn(d, d, generator=g, dtype=torch.float64)
+    labels = np.repeat([0, 1, 2], d // 3)
+
+    def table(norms, amp):
+        units = pd.DataFrame({"layer": 0, "unit": np.arange(d), "community": labels,
+                              "bridge_score": np.linspace(0, 1, d),
+                              "amplification": amp.value.numpy(),
+                              "amplification_se": amp.std_error.numpy(),
+                              "log_gain": norms.value.numpy(),
+                              "log_gain_se": norms.std_error.numpy(),
+                              "log_gain_init": np.nan})
+        return community_table(units, n_shuffles=0)
+
+    eye = torch.eye(d, dtype=torch.float64)
+    runs = [table(log_gain(DenseOperator(J), n_samples=32, seed=seed),
+                  amplification(DenseOperator(J - eye), n_samples=32, seed=seed))
+            for seed in range(30)]
+    for column in ("mean_log_gain", "amplification"):
+        spread = np.std([r[column].to_numpy() for r in runs], axis=0, ddof=1)
+        bound = np.mean([r[f"{column}_se_bound"].to_numpy() for r in runs], axis=0)
+        assert (spread <= 1.2 * bound).all() and (bound < 10 * spread).all(), (column, spread,
+                                                                                 bound)
+    exact = table(log_gain(J, dense=True), amplification(J - eye, dense=True))
+    assert (exact[["mean_log_gain_se_bound", "amplification_se_bound"]] == 0).all().all()
+    assert exact["mean_log_gain_init_se_bound"].isna().all()
 
 
 def test_community_table_against_a_direct_computation():
