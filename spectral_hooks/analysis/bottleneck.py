@@ -16,11 +16,12 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import pandas as pd
 
-from ..errors import OptionError, fallback
+from ..errors import ConvergenceWarning, OptionError, fallback
 from ..metrics.bottleneck import (
     bottleneck_table,
     end_to_end_table,
@@ -93,7 +94,31 @@ def bottleneck_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFram
     if options.reinit:
         init = JacobianView(init_subject(subject, seed=o.init_seed), o)
         frames.append(variant_table(init, "init"))
-    return pd.concat(frames, ignore_index=True)
+    table = pd.concat(frames, ignore_index=True)
+    _warn_wide_quadrature(table, o.bottleneck_steps)
+    return table
+
+
+#: the quadrature bracket of erank_est is "wide" where its half-width exceeds this many of its
+#: Monte Carlo standard errors: the quadrature, not the probes, then limits the estimate
+WIDE_BRACKET_SE = 2.0
+
+
+def _warn_wide_quadrature(table: pd.DataFrame, steps: int) -> None:
+    """One ConvergenceWarning naming the rows whose erank_est bracket is wide."""
+    if "erank_est_lo" not in table.columns:
+        return
+    half = (table["erank_est_hi"] - table["erank_est_lo"]) / 2
+    wide = table[half > WIDE_BRACKET_SE * table["erank_est_se"]]
+    if wide.empty:
+        return
+    rows = ", ".join(f"{r.variant} depth {r.depth}" for r in wide.head(6).itertuples())
+    more = f" and {len(wide) - 6} more" if len(wide) > 6 else ""
+    warnings.warn(
+        f"bottleneck: the Lanczos quadrature of erank_est is coarser than its Monte Carlo error "
+        f"at {rows}{more}: [erank_est_lo, erank_est_hi] is wider than +-{WIDE_BRACKET_SE:g} "
+        f"erank_est_se there; raise jacobian bottleneck_steps (now {steps}) to narrow it",
+        ConvergenceWarning, stacklevel=3)
 
 
 def propagation_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame:

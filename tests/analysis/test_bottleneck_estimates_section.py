@@ -6,12 +6,14 @@ errors. Tiny models (d = 32, 2 layers): a few seconds."""
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
 
 import spectral_hooks as sh
-from spectral_hooks.errors import OptionError
+from spectral_hooks.errors import ConvergenceWarning, OptionError
 from spectral_hooks.linalg import effective_rank, surviving
 from spectral_hooks.linearize.end_to_end import end_to_end_jacobians
 from tests.oracles import last_real_position, token_jacobian
@@ -62,3 +64,25 @@ def test_bottleneck_probes_options():
     for bad in ({"bottleneck_probes": 1}, {"bottleneck_probes": -1}, {"bottleneck_steps": 0}):
         with pytest.raises(OptionError):
             sh.JacobianOptions(**bad)
+
+
+def test_a_coarse_quadrature_is_warned_about():
+    """Few Lanczos steps: the erank bracket is wider than the Monte Carlo error, and the
+    analysis says so (ConvergenceWarning naming the rows and bottleneck_steps); with steps = d
+    the quadrature is exact and nothing is said."""
+    model = make_model("gpt2")
+    with sh.instrument(model) as probe, torch.no_grad():
+        model(torch.randint(1, 100, (1, 6), generator=torch.Generator().manual_seed(0)))
+    d = probe.anatomy.d_model
+    options = {"k": 4, "bottleneck_k": K, "bottleneck_dense": False, "bottleneck_probes": 32,
+               "ablations": (), "progress": False}
+    with pytest.warns(ConvergenceWarning, match="bottleneck_steps \\(now 2\\)"):
+        coarse = probe.analyze(power=False, bottleneck=True,
+                               jacobian={**options, "bottleneck_steps": 2}).bottleneck
+    half = (coarse.erank_est_hi - coarse.erank_est_lo) / 2
+    assert (half > 2 * coarse.erank_est_se).any()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        exact = probe.analyze(power=False, bottleneck=True,
+                              jacobian={**options, "bottleneck_steps": d}).bottleneck
+    assert (exact.erank_est_hi == exact.erank_est_lo).all()
