@@ -35,6 +35,8 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
+from ..errors import OptionError
+
 __all__ = ["lanczos_quadrature", "GaussRule"]
 
 #: steps between the host's reads of whether a column is still alive: a column that broke down
@@ -68,8 +70,11 @@ class GaussRule:
         T = _tridiagonal(self.alphas, self.betas)
         theta, U = torch.linalg.eigh(T)
         m = theta.numel()
-        gap = theta[0] - end
-        if self.exact or float(gap) <= AT_END * float(theta.abs().max().clamp(min=1e-300)):
+        gap, scale = float(theta[0]) - end, AT_END * float(theta.abs().max().clamp(min=1e-300))
+        if gap < -scale:
+            raise OptionError("end", end, f"a bound of the spectrum at or below the smallest "
+                              f"node, {float(theta[0]):.6g}", hint="GaussRule.radau")
+        if self.exact or gap <= scale:
             return self.nodes, self.weights
         b = self.betas[m - 1]
         delta = b ** 2 * float((U[m - 1] ** 2 / (theta - end)).sum())

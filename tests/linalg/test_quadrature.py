@@ -68,6 +68,8 @@ def test_gauss_radau_is_exact_to_degree_2m_with_a_node_at_the_end():
         assert math.isclose(float(z @ z) * float((w * nodes ** 6).sum()), want, rel_tol=1e-9)
         gauss = float(z @ z) * float((rule.weights * rule.nodes ** 6).sum())
         assert not math.isclose(gauss, want, rel_tol=1e-6)
+        with pytest.raises(ValueError, match="smallest node"):  # not below the spectrum
+            rule.radau(float(rule.nodes[1]))
 
 
 def _spectra(d: int, seed: int):
