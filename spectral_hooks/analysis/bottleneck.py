@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 import warnings
-from typing import Any
+from typing import Any, Optional
 
 import pandas as pd
 
@@ -30,6 +30,7 @@ from ..metrics.bottleneck import (
 )
 from ..metrics.jacobian import SCHUR_MAX_D
 from .jacobian import JacobianView
+from .option_values import depths_of
 from .options import AnalyzeOptions
 from .reinit import init_subject
 from .subject import Subject
@@ -54,17 +55,28 @@ def variant_table(view: JacobianView, variant: str) -> pd.DataFrame:
     k = min(o.bottleneck_k, d - 2)
     common: dict[str, Any] = dict(k=k, dense=dense, seed=o.seed, n_probes=o.bottleneck_probes,
                   steps=o.bottleneck_steps)
+    depths = _depths(view)
     if variant in ("trained", "init") and not view.subject.anatomy.causal:
-        table = end_to_end_table(view.end_to_end(dense), variant=variant, **common)
+        table = end_to_end_table(view.end_to_end(dense), variant=variant, depths=depths,
+                                 **common)
         table["computation"] = "end_to_end"
         return table
     operators = view.dense_chain() if dense else view.chain()
-    table = bottleneck_table(operators, variant=variant, **common)
+    table = bottleneck_table(operators, variant=variant, depths=depths, **common)
     if variant in ("symmetric", "schur") and view.subject.anatomy.causal:
         table = pd.concat([table, single_layer_ablation_table(
             operators, variant=variant, layers=view.layers, **common)], ignore_index=True)
     table["computation"] = "product"
     return table
+
+
+def _depths(view: JacobianView) -> Optional[list[int]]:
+    """The depths of ``jacobian.bottleneck_depths`` for this stack (None: every depth)."""
+    value, n_layers = view.options.bottleneck_depths, len(view.layers)
+    if isinstance(value, tuple) and value[-1] > n_layers:
+        raise OptionError("jacobian.bottleneck_depths", list(value),
+                          f"depths in 1..{n_layers} (the recorded stack has {n_layers} layers)")
+    return depths_of(value, n_layers)
 
 
 def bottleneck_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping, Sequence, Union
+from typing import Any, Mapping, Optional, Sequence, Union
 
 from ..checks import is_int
 from ..errors import OptionError, OptionTypeError, UnknownOptionError
@@ -84,3 +84,34 @@ def checked_samples(value: Any) -> Union[None, str, tuple[int, ...]]:
         raise OptionError("jacobian.samples", value,
                           'None, "all" or a non-empty list of batch rows (ints >= 0)')
     return tuple(int(x) for x in value)
+
+
+def checked_depths(value: Any) -> Union[None, str, tuple[int, ...]]:
+    """jacobian.bottleneck_depths: None (every depth), "log2" (1, 2, 4, ... and the last) or a
+    non-empty list of depths (ints >= 1; each must be at most the number of layers, checked
+    when the section runs).
+
+    >>> checked_depths([8, 1])
+    (1, 8)
+    """
+    if value is None or value == "log2":
+        return value
+    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not value \
+            or not all(is_int(x) and x >= 1 for x in value):
+        raise OptionError("jacobian.bottleneck_depths", value,
+                          'None, "log2" or a non-empty list of depths (ints >= 1)')
+    return tuple(sorted({int(x) for x in value}))
+
+
+def depths_of(value: Union[None, str, tuple[int, ...]], n_layers: int) -> Optional[list[int]]:
+    """The depths a checked ``bottleneck_depths`` names for ``n_layers`` layers (None: all).
+
+    >>> depths_of("log2", 12)
+    [1, 2, 4, 8, 12]
+    """
+    if value is None:
+        return None
+    if isinstance(value, str):  # "log2" (checked_depths admits no other string)
+        powers = [2 ** i for i in range(n_layers.bit_length()) if 2 ** i < n_layers]
+        return powers + [n_layers]
+    return list(value)

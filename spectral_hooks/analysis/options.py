@@ -21,7 +21,13 @@ from typing import Any, Mapping, Optional, Union
 
 from ..checks import check_bool, check_choice, check_float, check_int
 from ..errors import OptionError, OptionTypeError, UnknownOptionError
-from .option_values import checked_direction, checked_positions, checked_samples, known_options
+from .option_values import (
+    checked_depths,
+    checked_direction,
+    checked_positions,
+    checked_samples,
+    known_options,
+)
 
 ITERATES = ("F", "I+F")
 IDEALISED_ATTENTIONS = ("uniform", "recorded")
@@ -64,6 +70,11 @@ class JacobianOptions:
             and surviving (``erank_est``, ``surviving_est`` and their ``_se``) in matrix-free
             bottleneck rows; 0: no estimates (the top-k ranks only).
         bottleneck_steps: Lanczos steps per probe of those estimates (capped at d_model).
+        bottleneck_depths: the depths l the bottleneck ranks (P_l = J_l ... J_1): None (every
+            one), "log2" (1, 2, 4, ... and the last layer's) or a list of depths. Matrix-free a
+            depth costs about l block products per solver step, O(L^2) over all of them;
+            "log2" ranks log2(L) + 1 depths for under 2L layer-depths (32 layers: 6 depths,
+            63 of 528). The single-layer ablations run at full depth regardless.
         ablations: bottleneck ablations, any of "symmetric", "schur".
         progress: kept for compatibility; ``analyze(progress=...)`` is the switch.
         group_layers: compute the layers' Jacobians together (True: layers of one block
@@ -87,6 +98,7 @@ class JacobianOptions:
     bottleneck_dense: Optional[bool] = None
     bottleneck_probes: int = 16
     bottleneck_steps: int = 48
+    bottleneck_depths: Union[None, str, tuple[int, ...]] = None
     ablations: tuple[str, ...] = ABLATIONS
     progress: Optional[bool] = None
     group_layers: Optional[bool] = None
@@ -105,6 +117,7 @@ class JacobianOptions:
         check_float("jacobian.tol", self.tol, above=0, below=1, allow_none=True)
         object.__setattr__(self, "positions", checked_positions(self.positions))
         object.__setattr__(self, "samples", checked_samples(self.samples))
+        object.__setattr__(self, "bottleneck_depths", checked_depths(self.bottleneck_depths))
         ablations = (self.ablations,) if isinstance(self.ablations, str) else self.ablations
         ablations = tuple(ablations)
         unknown = [a for a in ablations if a not in ABLATIONS]
@@ -138,8 +151,9 @@ class JacobianOptions:
         out["positions"] = list(self.positions) if isinstance(self.positions, tuple) \
             else self.positions
         out["ablations"] = list(self.ablations)
-        if isinstance(self.samples, tuple):
-            out["samples"] = list(self.samples)
+        for name in ("samples", "bottleneck_depths"):
+            if isinstance(getattr(self, name), tuple):
+                out[name] = list(getattr(self, name))
         return out
 
 

@@ -54,7 +54,7 @@ from ..errors import OptionError, OptionTypeError
 
 __all__ = ["bottleneck_table", "end_to_end_table", "single_layer_ablation_table",
            "propagation_table", "VARIANTS", "BOTTLENECK_COLUMNS", "PROPAGATION_COLUMNS",
-           "RANK_ESTIMATE_COLUMNS", "ALL_LAYERS"]
+           "RANK_ESTIMATE_COLUMNS", "ALL_LAYERS", "selected_depths"]
 
 VARIANTS = ("trained", "init", "symmetric", "schur")
 BOTTLENECK_COLUMNS = ("variant", "ablated_layer", "depth", "erank", "participation_ratio",
@@ -140,8 +140,9 @@ def _columns(dense: bool, n_probes: int) -> list[str]:
 def bottleneck_table(operators: Sequence[_Op], *, k: int = 32, variant: str = "trained",
                      dense: bool = False, seed: int = 0, tau: float = 1e-2,
                      method: str = "lanczos", tol: float = 1e-8, n_probes: int = 16,
-                     steps: int = 48) -> pd.DataFrame:
-    """Ranks of the cumulative products P_l = J_l ... J_1, one row per depth l = 1..L.
+                     steps: int = 48, depths: Optional[Sequence[int]] = None) -> pd.DataFrame:
+    """Ranks of the cumulative products P_l = J_l ... J_1, one row per depth l = 1..L (or per
+    depth of ``depths``: matrix-free, the others cost nothing).
 
     >>> A = torch.zeros(6, 6, dtype=torch.float64); A[0, 0], A[1, 1] = 1.0, 0.5
     >>> row = bottleneck_table([A, A], dense=True).iloc[1]  # P_2 = diag(1, 0.25, 0, ...)
@@ -169,6 +170,7 @@ def bottleneck_table(operators: Sequence[_Op], *, k: int = 32, variant: str = "t
         _check_schur(operators, d, what)
         operators = [schur_diagonal(cast(Tensor, o).to(torch.float64)) for o in operators]
         dense = True
+    wanted = selected_depths(depths, len(operators), what)
     start = _count(operators)
     rows = []
     if dense:
@@ -178,8 +180,9 @@ def bottleneck_table(operators: Sequence[_Op], *, k: int = 32, variant: str = "t
         P = torch.eye(d, dtype=torch.float64, device=mats[0].device)
         for depth, M in enumerate(mats, start=1):
             P = M @ P
-            rows.append(_rank_row(variant, depth, torch.linalg.svdvals(P), tau, False,
-                                  _count(operators) - start))
+            if depth in wanted:
+                rows.append(_rank_row(variant, depth, torch.linalg.svdvals(P), tau, False,
+                                      _count(operators) - start))
         return pd.DataFrame(rows, columns=list(BOTTLENECK_COLUMNS))
     check_int("k", k, minimum=1, maximum=d, accepted=f"an int with 1 <= k <= d = {d}", hint=what)
     ops = [_as_op(o) for o in operators]
@@ -188,11 +191,29 @@ def bottleneck_table(operators: Sequence[_Op], *, k: int = 32, variant: str = "t
     P: Optional[_Op] = None
     for depth, o in enumerate(ops, start=1):
         P = o if P is None else o @ P
+        if depth not in wanted:  # composing is free: only products cost
+            continue
         res = svds(P, k, method=method, tol=tol, seed=seed + depth, return_vectors=False)
         est = _estimates(P, n_probes, steps, seed + depth, tau)
         rows.append({**_rank_row(variant, depth, res.S, tau, k < d, _count(operators) - start),
                      **est})
     return pd.DataFrame(rows, columns=_columns(False, n_probes))
+
+
+def selected_depths(depths: Optional[Sequence[int]], n_layers: int, what: str) -> set[int]:
+    """The depths to rank: every one of 1..n_layers (None), or those of ``depths``.
+
+    >>> sorted(selected_depths([4, 1], 6, "example"))
+    [1, 4]
+    """
+    if depths is None:
+        return set(range(1, n_layers + 1))
+    want = f"a non-empty list of depths in 1..{n_layers}"
+    if isinstance(depths, (str, bytes)) or not isinstance(depths, Sequence) or not depths:
+        raise OptionTypeError("depths", depths, want, hint=what)
+    for depth in depths:
+        check_int("depths", depth, minimum=1, maximum=n_layers, accepted=want, hint=what)
+    return {int(depth) for depth in depths}
 
 
 def _check_schur(operators: Sequence[_Op], d: int, what: str) -> None:
@@ -281,8 +302,9 @@ def _single_layer_dense(operators: Sequence[_Op], variant: str, layers: list[int
 def end_to_end_table(products: Sequence[_Op], *, k: int = 32, variant: str = "trained",
                      dense: bool = False, seed: int = 0, tau: float = 1e-2,
                      method: str = "lanczos", tol: float = 1e-8, n_probes: int = 16,
-                     steps: int = 48) -> pd.DataFrame:
-    """The ranks of :func:`bottleneck_table` from the end-to-end Jacobians P_1, ..., P_L
+                     steps: int = 48, depths: Optional[Sequence[int]] = None) -> pd.DataFrame:
+    """The ranks of :func:`bottleneck_table` (at ``depths``, all by default) from the end-to-end
+    Jacobians P_1, ..., P_L
     themselves (``linearize.end_to_end``: exact for bidirectional models, where the product of
     per-position blocks is not P_l); matrix-free, with the SLQ estimates of
     :func:`bottleneck_table` (``n_probes``, ``steps``; seed ``seed + depth``).
@@ -295,8 +317,11 @@ def end_to_end_table(products: Sequence[_Op], *, k: int = 32, variant: str = "tr
     d = _dims(products, what)
     _check_probes(n_probes, steps, what)
     check_choice("variant", variant, ("trained", "init"), hint=what)
+    wanted = selected_depths(depths, len(products), what)
     rows = []
     for depth, P in enumerate(products, start=1):
+        if depth not in wanted:
+            continue
         est: dict = {}
         if dense:
             s, truncated = torch.linalg.svdvals(_as_dense(P)), False

@@ -86,3 +86,31 @@ def test_a_coarse_quadrature_is_warned_about():
         exact = probe.analyze(power=False, bottleneck=True,
                               jacobian={**options, "bottleneck_steps": d}).bottleneck
     assert (exact.erank_est_hi == exact.erank_est_lo).all()
+
+
+def test_bottleneck_depths_option():
+    """``bottleneck_depths`` keeps the full table's rows at those depths (matrix-free, every
+    variant), refuses depths beyond the recorded stack, and is stored as a list."""
+    model = make_model("gpt2")
+    with sh.instrument(model) as probe, torch.no_grad():
+        model(torch.randint(1, 100, (1, 6), generator=torch.Generator().manual_seed(0)))
+    options = {"k": 4, "bottleneck_k": K, "bottleneck_dense": False, "bottleneck_probes": 4,
+               "bottleneck_steps": 8, "ablations": ("symmetric",), "progress": False}
+    full = probe.analyze(power=False, bottleneck=True, jacobian=options).bottleneck
+    some = probe.analyze(power=False, bottleneck=True,
+                         jacobian={**options, "bottleneck_depths": [2]}).bottleneck
+    every_layer = some[some.ablated_layer == -1]
+    assert every_layer["depth"].tolist() == [2, 2]  # trained and symmetric, depth 2 only
+    keys = ["variant", "ablated_layer", "depth"]
+    merged = full.merge(some, on=keys, suffixes=("", "_some"))
+    assert len(merged) == len(some)
+    np.testing.assert_allclose(merged["erank_est_some"], merged["erank_est"], rtol=1e-10)
+    np.testing.assert_allclose(merged["sigma_max_some"], merged["sigma_max"], rtol=1e-8)
+    with pytest.raises(OptionError, match="bottleneck_depths"):
+        probe.analyze(power=False, bottleneck=True,
+                      jacobian={**options, "bottleneck_depths": [3]}).bottleneck
+    assert sh.JacobianOptions(bottleneck_depths=[2, 1]).to_dict()["bottleneck_depths"] == [1, 2]
+    assert sh.JacobianOptions(bottleneck_depths="log2").bottleneck_depths == "log2"
+    for bad in ("all", [0], [], 1.5):
+        with pytest.raises(OptionError):
+            sh.JacobianOptions(bottleneck_depths=bad)

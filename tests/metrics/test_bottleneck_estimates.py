@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
@@ -120,3 +121,35 @@ def test_minilm_erank_bracket_covers_the_dense_erank_at_the_defaults(minilm):
         assert row.erank_est_lo <= row.erank_est <= row.erank_est_hi
         assert row.erank_est_lo - 4 * row.erank_est_se <= erank \
             <= row.erank_est_hi + 4 * row.erank_est_se, (row.depth, erank)
+
+
+def test_selected_depths_are_the_full_tables_rows_for_less():
+    """``depths`` ranks only those depths: the same rows as the full table (seeds are per
+    depth), matrix-free for fewer block products (composing the skipped depths is free)."""
+    from spectral_hooks.linalg import LinearOperator
+
+    d, L = 24, 4
+    Js = _chain(d, L, seed=6)
+
+    def counted():
+        return [LinearOperator((d, d), matvec=lambda x, J=J: J @ x, rmatvec=lambda y, J=J: J.T @ y,
+                               matmat=lambda X, J=J: J @ X, rmatmat=lambda Y, J=J: J.T @ Y,
+                               dtype=torch.float64, device="cpu") for J in Js]
+    full_ops, some_ops = counted(), counted()
+    full = bottleneck_table(full_ops, k=6, n_probes=4, steps=8, seed=1)
+    some = bottleneck_table(some_ops, k=6, n_probes=4, steps=8, seed=1, depths=[4, 2])
+    assert some["depth"].tolist() == [2, 4]
+    columns = [c for c in full.columns if c != "n_matvecs"]
+    for depth in (2, 4):
+        a = full[full.depth == depth][columns].reset_index(drop=True)
+        b = some[some.depth == depth][columns].reset_index(drop=True)
+        pd.testing.assert_frame_equal(a, b, check_exact=False, rtol=1e-10)
+    assert sum(o.n_matvecs for o in some_ops) < 0.8 * sum(o.n_matvecs for o in full_ops)
+    dense = bottleneck_table(Js, dense=True, depths=[3])
+    assert dense["depth"].tolist() == [3]
+    assert dense.erank.iloc[0] == pytest.approx(bottleneck_table(Js, dense=True).erank.iloc[2])
+    e2e = end_to_end_table([Js[0], Js[1] @ Js[0]], dense=True, depths=[2])
+    assert e2e["depth"].tolist() == [2]
+    for bad in ([0], [L + 1], [], "2"):
+        with pytest.raises(ValueError):
+            bottleneck_table(Js, dense=True, depths=bad)
