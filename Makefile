@@ -78,6 +78,7 @@ bench-full: $(STAMP)
 	$(BENCH) benchmarks/gpu.py $(GPU_FORM)
 	$(BENCH) benchmarks/recording_vs_tlens.py
 	$(BENCH) benchmarks/recording_cost.py
+	$(BENCH) benchmarks/bottleneck_depths.py
 
 clean:
 	rm -rf $(VENV) spectral_report site
