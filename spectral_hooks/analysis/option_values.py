@@ -79,11 +79,16 @@ def checked_samples(value: Any) -> Union[None, str, tuple[int, ...]]:
     """
     if value is None or value == "all":
         return value
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not value \
-            or not all(is_int(x) and x >= 0 for x in value):
+    if not _int_list(value, minimum=0):
         raise OptionError("jacobian.samples", value,
                           'None, "all" or a non-empty list of batch rows (ints >= 0)')
     return tuple(int(x) for x in value)
+
+
+def _int_list(value: Any, *, minimum: int) -> bool:
+    """Is ``value`` a non-empty list (not a string) of ints >= ``minimum``?"""
+    return (not isinstance(value, (str, bytes)) and isinstance(value, Sequence) and bool(value)
+            and all(is_int(x) and x >= minimum for x in value))
 
 
 def checked_depths(value: Any) -> Union[None, str, tuple[int, ...]]:
@@ -96,8 +101,7 @@ def checked_depths(value: Any) -> Union[None, str, tuple[int, ...]]:
     """
     if value is None or value == "log2":
         return value
-    if isinstance(value, (str, bytes)) or not isinstance(value, Sequence) or not value \
-            or not all(is_int(x) and x >= 1 for x in value):
+    if not _int_list(value, minimum=1):
         raise OptionError("jacobian.bottleneck_depths", value,
                           'None, "log2" or a non-empty list of depths (ints >= 1)')
     return tuple(sorted({int(x) for x in value}))
