@@ -47,6 +47,7 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import host_bound  # noqa: E402
+from jsonl import append_jsonl  # noqa: E402
 from launch_budget import HBM, LAUNCH, SYNC  # noqa: E402
 
 K = 16
@@ -156,10 +157,7 @@ def main() -> None:
         rows = rows + [proj]
     else:
         print("one depth: no projection (a L + b L^2 needs two)")
-    if args.out:
-        with open(args.out, "a") as f:
-            for row in rows:
-                f.write(json.dumps(row) + "\n")
+    append_jsonl(args.out, rows)
 
 
 if __name__ == "__main__":

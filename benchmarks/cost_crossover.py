@@ -37,6 +37,7 @@ for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_v, "1")
 
 import torch  # noqa: E402
+from jsonl import append_jsonl  # noqa: E402
 
 #: arm -> (group_layers, CPU_FLOP_BOUND_N while it runs)
 ARMS = {"groups+blocks": (True, 10 ** 9), "alone+single": (False, 0),
@@ -131,9 +132,7 @@ def main() -> None:
     for d in args.widths:
         for row in measure(d, args.arms, args.rounds, args.dense):
             print(json.dumps(row), flush=True)
-            if args.out:
-                with open(args.out, "a") as f:
-                    f.write(json.dumps(row) + "\n")
+            append_jsonl(args.out, [row])
 
 
 if __name__ == "__main__":

@@ -59,6 +59,7 @@ for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_v, "1")
 
 import torch  # noqa: E402
+from jsonl import append_jsonl  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
 
 #: name -> (d, heads, kv heads, MLP width, layers, tokens)
@@ -381,9 +382,7 @@ def main() -> None:
         arms = ("on", "off") if args.rule == "both" else (args.rule,)
         for row in measure(name, args.device, args.rounds, args.check, arms):
             print(json.dumps(row), flush=True)
-            if args.out:
-                with open(args.out, "a") as f:
-                    f.write(json.dumps(row) + "\n")
+            append_jsonl(args.out, [row])
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_v, "1")
 
 import torch  # noqa: E402
+from jsonl import append_jsonl  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, record_function  # noqa: E402
 
 K, TOL = 16, 1e-8
@@ -366,10 +367,7 @@ def main() -> None:
     if args.proxy:
         rows: list = []
         proxy_counts(rows)
-        if args.out:
-            with open(args.out, "a") as f:
-                for r in rows:
-                    f.write(json.dumps(r) + "\n")
+        append_jsonl(args.out, rows)
         return
     widths = [1024] if args.quick else args.widths
     shapes = [("cpu default (1 column)", dict(materialize=False)), ("block_size=32", dict(block_size=32)),
@@ -378,10 +376,7 @@ def main() -> None:
     for d in widths:
         eigs_counts(d, args.tokens_4096 if d == 4096 else args.tokens, shapes, rows,
                     section=(d == 1024 and not args.quick))
-    if args.out:
-        with open(args.out, "a") as f:
-            for r in rows:
-                f.write(json.dumps(r) + "\n")
+    append_jsonl(args.out, rows)
 
 
 if __name__ == "__main__":
