@@ -17,7 +17,7 @@
 from __future__ import annotations
 
 import warnings
-from typing import Any, Optional
+from typing import Any
 
 import pandas as pd
 
@@ -55,7 +55,7 @@ def variant_table(view: JacobianView, variant: str) -> pd.DataFrame:
     k = min(o.bottleneck_k, d - 2)
     common: dict[str, Any] = dict(k=k, dense=dense, seed=o.seed, n_probes=o.bottleneck_probes,
                   steps=o.bottleneck_steps)
-    depths = _depths(view)
+    depths = depths_of(o.bottleneck_depths, len(view.layers))
     if variant in ("trained", "init") and not view.subject.anatomy.causal:
         table = end_to_end_table(view.end_to_end(dense), variant=variant, depths=depths,
                                  **common)
@@ -68,15 +68,6 @@ def variant_table(view: JacobianView, variant: str) -> pd.DataFrame:
             operators, variant=variant, layers=view.layers, **common)], ignore_index=True)
     table["computation"] = "product"
     return table
-
-
-def _depths(view: JacobianView) -> Optional[list[int]]:
-    """The depths of ``jacobian.bottleneck_depths`` for this stack (None: every depth)."""
-    value, n_layers = view.options.bottleneck_depths, len(view.layers)
-    if isinstance(value, tuple) and value[-1] > n_layers:
-        raise OptionError("jacobian.bottleneck_depths", list(value),
-                          f"depths in 1..{n_layers} (the recorded stack has {n_layers} layers)")
-    return depths_of(value, n_layers)
 
 
 def bottleneck_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame:

@@ -108,7 +108,8 @@ def checked_depths(value: Any) -> Union[None, str, tuple[int, ...]]:
 
 
 def depths_of(value: Union[None, str, tuple[int, ...]], n_layers: int) -> Optional[list[int]]:
-    """The depths a checked ``bottleneck_depths`` names for ``n_layers`` layers (None: all).
+    """The depths a checked ``bottleneck_depths`` names for ``n_layers`` layers (None: all);
+    an OptionError for a depth beyond them.
 
     >>> depths_of("log2", 12)
     [1, 2, 4, 8, 12]
@@ -118,4 +119,7 @@ def depths_of(value: Union[None, str, tuple[int, ...]], n_layers: int) -> Option
     if isinstance(value, str):  # "log2" (checked_depths admits no other string)
         powers = [2 ** i for i in range(n_layers.bit_length()) if 2 ** i < n_layers]
         return powers + [n_layers]
+    if value[-1] > n_layers:  # sorted by checked_depths
+        raise OptionError("jacobian.bottleneck_depths", list(value),
+                          f"depths in 1..{n_layers} (the recorded stack has {n_layers} layers)")
     return list(value)
