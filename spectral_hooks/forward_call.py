@@ -5,8 +5,9 @@
     (0, 1)
 
 A :class:`ForwardCall` lives while the model runs: which application of each (possibly shared)
-module this is, what was captured, each block's replayable call. The keyword names it reads
-(inputs, mask, KV caches) are anatomy facts (``anatomy.calls``).
+module this is, what was captured, each block's replayable call (a block call's arguments:
+``block_arguments.py``). The keyword names it reads (inputs, mask, KV caches) are anatomy facts
+(``anatomy.calls``).
 """
 
 from __future__ import annotations
@@ -18,13 +19,21 @@ from operator import is_
 from typing import Any, Callable, Iterable, NamedTuple, Optional, cast
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from .anatomy import Anatomy
-from .anatomy.calls import CACHE_KWARGS, MASK_KWARG, MODEL_INPUT_KWARGS
+from .anatomy.calls import MODEL_INPUT_KWARGS
 from .anatomy.patterns import pattern_capture
+from .block_arguments import (
+    CACHE_NAMES,
+    cache_length,
+    kept_block_kwargs,
+    padding_mask,
+    replayable_call,
+    without_cache_args,
+)
 from .errors import OptionError, OptionTypeError, RecordingError, UnsupportedModelError
-from .recording import CAPTURES, POINTS, BlockCall, map_tensors, suspended
+from .recording import CAPTURES, POINTS, suspended
 from .recording.points import capture_points, layer_list
 
 log: logging.Logger = logging.getLogger(__name__)
@@ -87,35 +96,7 @@ def first_tensor(output: Any) -> Tensor:
 
 
 _NOT_THERE = repeat(object())  # dict.get's default for every key: never one of its values
-_CACHE_TYPES: dict[type, bool] = {}  # type -> a KV cache (HF Cache objects), checked once per type
-_CACHE_NAMES = frozenset(CACHE_KWARGS)
 _INPUT_RANK = {name: i for i, name in enumerate(MODEL_INPUT_KWARGS)}
-
-
-def is_cache(value: Any) -> bool:
-    """True for a KV cache object (anything with ``get_seq_length``: HF Cache classes)."""
-    kind = type(value)
-    found = _CACHE_TYPES.get(kind)
-    if found is None:
-        found = _CACHE_TYPES[kind] = hasattr(kind, "get_seq_length")
-    return found
-
-
-def cache_length(kwargs: dict[str, Any]) -> int:
-    """Positions already in a KV cache passed to the model or to a block (0: a fresh call)."""
-    for name in CACHE_KWARGS:
-        value = kwargs.get(name)
-        if value is None or isinstance(value, (Tensor, bool)):
-            continue
-        if is_cache(value):  # HF Cache objects
-            return int(value.get_seq_length())
-        past_keys = getattr(value, "past_keys", None)  # TL3 per-block cache entry
-        if isinstance(past_keys, Tensor):
-            return int(past_keys.shape[1])
-        mask = getattr(value, "previous_attention_mask", None)  # TL3 whole-model cache
-        if isinstance(mask, Tensor):
-            return int(mask.shape[-1])
-    return 0
 
 
 WRITTEN_WARNING = ("forward call not recorded: a recorded state was written in place after it "
@@ -134,96 +115,9 @@ class StoreMode:
         self.copies = True
 
 
-def without_caches(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """``kwargs`` without the KV cache ones (by name, or any cache object)."""
-    return {k: v for k, v in kwargs.items() if k not in CACHE_KWARGS and not is_cache(v)}
-
-
 def in_backward() -> bool:
     """True while autograd runs a backward pass (gradient-checkpointing recomputation)."""
     return torch._C._current_graph_task_id() != -1
-
-
-def padding_mask(kwargs: dict[str, Any]) -> Optional[Tensor]:
-    """The [batch, pos] padding mask a model was called with (``attention_mask``), or None."""
-    mask = kwargs.get(MASK_KWARG)
-    return mask if isinstance(mask, Tensor) and mask.ndim == 2 else None
-
-
-def block_arguments(block: nn.Module, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """A block call's arguments by name (BERT's layers take the mask positionally); the
-    keyword arguments alone where the signature does not bind them."""
-    try:
-        return dict(inspect.signature(block.forward).bind_partial(*args, **kwargs).arguments)
-    except TypeError:
-        return kwargs
-
-
-def block_padding_mask(kwargs: dict[str, Any], *, causal: bool) -> Optional[Tensor]:
-    """The [batch, pos] padding mask behind the mask a *block* was called with, for a call that
-    bypassed the model's forward (sentence-transformers calls ``model.forward`` directly, TL3's
-    generate calls the blocks): a 2-D mask as is; a 4-D one ([batch, 1 or heads, query, key],
-    boolean "may attend" or additive 0 / -inf) read at its diagonal, since every real token
-    attends to itself and a padding key is masked for every query. A causal row that attends
-    to a later key is a padding row the model unmasked whole (transformers does so for rows
-    with nothing to attend to). None where no mask was given or the call continues a cache.
-
-        >>> allowed = torch.tensor([[[[0, 0, 0], [0, 1, 0], [0, 1, 1]]]], dtype=torch.bool)
-        >>> block_padding_mask({"attention_mask": allowed}, causal=True).tolist()
-        [[0, 1, 1]]
-    """
-    mask = kwargs.get(MASK_KWARG)
-    if not isinstance(mask, Tensor) or mask.ndim not in (2, 4):
-        return None
-    if mask.ndim == 2:
-        return mask
-    allowed = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
-    allowed = allowed[:, 0]
-    q, k = allowed.shape[-2:]
-    if q == 1 and k > 1 and not causal:  # one row broadcast over the queries (BERT's eager mask)
-        return allowed[:, 0].long()
-    if q != k:
-        return None  # a cached continuation: its padding is the cache's, not this call's
-    real = allowed.diagonal(dim1=-2, dim2=-1)
-    if causal:
-        real = real & ~allowed.triu(diagonal=1).any(-1)
-    return real.long()
-
-
-def replayable_call(args: tuple[Any, ...], kwargs: dict[str, Any], hidden: Tensor,
-                    keep: Optional[Callable[[Tensor], Tensor]], *,
-                    hidden_kwarg: str, kept_kwargs: Optional[dict[str, Any]] = None) -> BlockCall:
-    """A block's call with its residual input replaced by ``hidden`` (as the probe stored it),
-    the other tensors kept by ``keep`` (None: as they are, references), KV caches dropped,
-    use_cache off. ``hidden_kwarg``: the keyword of the residual input when it is not passed
-    positionally. ``kept_kwargs``: :func:`kept_block_kwargs` of ``kwargs``, when known."""
-    if kept_kwargs is None:
-        kept_kwargs = kept_block_kwargs(kwargs, keep)
-    if not args:
-        return BlockCall(args, {**kept_kwargs, hidden_kwarg: hidden}, False,
-                         hidden_kwarg=hidden_kwarg)
-    if len(args) == 1:
-        return BlockCall((hidden,), kept_kwargs, True, hidden_kwarg=hidden_kwarg)
-    rest = without_cache_args(args)[1:]
-    if keep is not None:
-        rest = map_tensors(rest, keep)
-    return BlockCall((hidden,) + rest, kept_kwargs, True, hidden_kwarg=hidden_kwarg)
-
-
-def without_cache_args(args: tuple[Any, ...]) -> tuple[Any, ...]:
-    """A block call's positional arguments with its KV caches (after the first) as None."""
-    return (args[0],) + tuple([None if is_cache(a) else a for a in args[1:]])
-
-
-def kept_block_kwargs(kwargs: dict[str, Any],
-                      keep: Optional[Callable[[Tensor], Tensor]] = None) -> dict[str, Any]:
-    """A block call's keyword arguments as a replay takes them: KV caches dropped, use_cache
-    off, tensors kept by ``keep`` (None: references)."""
-    kept = {k: v for k, v in kwargs.items()
-            if k not in _CACHE_NAMES and not _CACHE_TYPES.get(type(v), False) and not is_cache(v)}
-    if "use_cache" in kept:
-        kept["use_cache"] = False
-    return kept if keep is None else map_tensors(kept, keep)
 
 
 def verified(anatomy: Anatomy, call: "ForwardCall", output: Any, *,
@@ -340,7 +234,7 @@ class ForwardCall:
             raise RecordingError("a list of strings is padded inside the model, so the probe "
                                  "cannot tell padding from tokens: pass tokens "
                                  "(model.to_tokens(...)) and attention_mask= instead")
-        continues = not _CACHE_NAMES.isdisjoint(bound) and cache_length(bound) > 0
+        continues = not CACHE_NAMES.isdisjoint(bound) and cache_length(bound) > 0
         if ids is not None and ids.ndim == 1:
             ids = ids[None]
         return cls(mask, continues=continues, token_ids=ids)
@@ -452,7 +346,7 @@ class ForwardCall:
         noted = self.noted_blocks
         for i, entry in enumerate(noted):
             kwargs = entry[4]
-            for name in kwargs.keys() & _CACHE_NAMES:
+            for name in kwargs.keys() & CACHE_NAMES:
                 del kwargs[name]
             args = entry[3]
             if len(args) > 1:

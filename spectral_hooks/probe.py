@@ -24,6 +24,7 @@ from typing import Any, Iterable, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
+from . import block_arguments as ba
 from . import forward_call as fc
 from .analysis import AnalysisCache, AnalyzeOptions, Subject, analyze
 from .analysis.distributed import analyze_distributed
@@ -186,11 +187,11 @@ class Probe:
                       and not torch.compiler.is_compiling())
         if not call.continues:
             if self._references and not grad:
-                call.inputs = (args, fc.without_caches(kwargs))
+                call.inputs = (args, ba.without_caches(kwargs))
             else:
                 keep = self.recording.keep
                 call.inputs = (map_tensors(tuple(args), keep),
-                               map_tensors(fc.without_caches(kwargs), keep))
+                               map_tensors(ba.without_caches(kwargs), keep))
 
     def _end_call(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         call, self._call = self._call, None
@@ -281,10 +282,10 @@ class Probe:
                 if module is not self._first_block or fc.in_backward():
                     return  # outside a model forward: e.g. checkpoint recomputation in backward
                 # the model's forward was bypassed (TL3 generate() calls the blocks directly)
-                mask = fc.block_padding_mask(fc.block_arguments(module, args, kwargs),
+                mask = ba.block_padding_mask(ba.block_arguments(module, args, kwargs),
                                              causal=self.anatomy.causal)
                 self._call = call = fc.ForwardCall(mask, implicit=True,
-                                                   continues=fc.cache_length(kwargs) > 0)
+                                                   continues=ba.cache_length(kwargs) > 0)
                 if not self._implicit_end:
                     self._register(self._last_block, self._end_implicit_call)
                     self._implicit_end = True

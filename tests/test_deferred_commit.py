@@ -81,7 +81,8 @@ def test_closing_a_call_drops_its_caches_by_name_and_by_position():
     arguments stay, and the commit still drops a cache passed under any other name."""
     from transformers import DynamicCache
 
-    from spectral_hooks.forward_call import ForwardCall, kept_block_kwargs
+    from spectral_hooks.block_arguments import kept_block_kwargs
+    from spectral_hooks.forward_call import ForwardCall
 
     cache, mask = DynamicCache(), torch.ones(1, 4)
     call = ForwardCall(None, continues=False)

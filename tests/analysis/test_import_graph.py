@@ -18,7 +18,7 @@ RANKS = {
     "metrics": 1, "recording": 1, "anatomy": 1, "report": 1,
     "linearize": 3, "steering": 3,
     "analysis": 4,
-    "forward_call": 5, "probe": 5, "encoder_decoder": 5,
+    "forward_call": 5, "block_arguments": 5, "probe": 5, "encoder_decoder": 5,
     "": 6,  # the package face, spectral_hooks/__init__.py
     "cli": 7, "integrations": 7,
 }
