@@ -103,9 +103,12 @@ def final_check(batch: OpBatch, V: Tensor, members: List[int], out: List[dict],
     fresh_residuals(batch, members, out, real)
 
 
-def fresh_residuals(batch: OpBatch, members: List[int], out: List[dict], real: bool) -> None:
+def fresh_residuals(batch: OpBatch, members: List[int], out: List[dict], real: bool, *,
+                    width: int = 0) -> None:
     """st["resid"] = ||A x - theta x|| / |theta| with fresh matvecs, for unit vectors st["x"];
-    an exact zero (|theta| <= ZETA ||A||) becomes 0 and its residual is ||A x|| / ||A||."""
+    an exact zero (|theta| <= ZETA ||A||) becomes 0 and its residual is ||A x|| / ||A||.
+    ``width``: apply at least that many columns (zero-padded), e.g. the width whose batched
+    product the operators have already built."""
     B, n = batch.B, batch.shape[0]
     # every member's checked values on the host in one read (their imaginary parts decide
     # which columns a conjugate pair shares)
@@ -119,7 +122,7 @@ def fresh_residuals(batch: OpBatch, members: List[int], out: List[dict], real: b
         theta, x = st["theta"][:st["kw"]], st["x"]
         # a conjugate pair shares A Re x, A Im x
         cols[b] = _real_basis(x, theta, [t.imag for t in values[b]]) if real else x
-    c = max(X.shape[1] for X in cols.values())
+    c = max(width, *(X.shape[1] for X in cols.values()))
     X = torch.zeros(B, n, c, dtype=batch.wdtype, device=batch.device)
     for b, Xb in cols.items():
         X[b, :, :Xb.shape[1]] = Xb.to(X.dtype)

@@ -49,8 +49,10 @@ def test_auto_materialises_a_batched_operator_and_equals_the_oracle():
     op = _Counting(A)
     res = eigs(op, 6, tol=1e-10, materialize="auto")
     assert op.widths[:3] == [128, 128, 44]  # the identity, WIDTH columns an application
-    assert len(op.widths) == 4  # then one check of the returned pairs: no Krylov step on it
-    assert res.n_matvecs == 300 + op.widths[-1]
+    # then one check of the returned pairs, zero-padded to the width the operator has built:
+    # no Krylov step on it
+    assert len(op.widths) == 4 and op.widths[3] == materialize.WIDTH
+    assert res.n_matvecs == 300 + materialize.WIDTH
     assert set_distance(res.values, top_by_modulus(vals, res.values.shape[-1])) < 1e-8
     assert bool(res.converged) and float(res.residuals.max()) <= 1e-10
     Ax = A.to(torch.complex128) @ res.vectors
@@ -130,6 +132,20 @@ def test_the_rule_only_for_batched_cpu_operators_up_to_dense_max():
     assert not pays(768, 96, hint=None) and not pays(768, 96, hint=1)
     assert not pays(768, 96, device="meta")  # an accelerator: not measured, Krylov
     assert not pays(3000, 500)  # beyond DENSE_MAX
+
+
+def test_the_check_of_the_pairs_reuses_the_width_the_matrix_was_built_at():
+    # a batched-JVP operator traces (and checks) a graph per product width: the fresh
+    # products of the returned pairs run at the materialising width, not a narrower new one
+    A, _ = make_matrix(300, [2.0, 1.8 + 0.5j, 1.6, -1.55], bulk_radius=1.2, seed=1)
+    for n, hint in ((300, 32), (40, 32), (300, None)):
+        op = _Counting(A[:n, :n], hint=hint)
+        eigs(op, 6, tol=1e-10, materialize=True)
+        built = set(op.widths[:-1])
+        if hint:  # the pairs' columns zero-padded to min(WIDTH, n)
+            assert op.widths[-1] == min(materialize.WIDTH, n) == max(built)
+        else:  # a plain operator pays for its columns alone: no padding
+            assert op.widths[-1] <= 7
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
