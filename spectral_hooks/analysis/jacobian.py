@@ -327,8 +327,11 @@ class JacobianView:
                                     sample=o.sample, position=self.anchor)
 
     def dense_chain(self) -> list[Tensor]:
-        """The dense J_l of every analysed layer at the default position, in layer order."""
-        return [self.dense(layer, self.anchor) for layer in self.bar(self.layers, "dense Jacobians")]
+        """The dense J_l of every analysed layer at the default position, in layer order
+        (computed once: every variant of the bottleneck reads it, and the progress display
+        shows its layers once)."""
+        return self._memo(("dense_chain", self.anchor), lambda: [
+            self.dense(layer, self.anchor) for layer in self.bar(self.layers, "dense Jacobians")])
 
     def amplification(self, layer: int) -> UnitNorms:
         """Per-unit amplification of J - I of block ``layer`` at the default position (exact

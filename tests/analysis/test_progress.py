@@ -38,6 +38,20 @@ def test_plain_lines_per_layer_without_a_terminal(probe, capsys, monkeypatch):
     assert "/8 units" in lines[0]  # power, spectra, jacobian, trends x 2 layers
 
 
+def test_each_layer_of_a_stage_is_shown_once(probe, capsys, monkeypatch):
+    # the bottleneck's variants (trained, symmetric, schur) share the dense chain: its layers
+    # are computed and shown once per model, the trained one's and the re-initialised one's
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
+    report = probe.analyze(power=False, jacobian=False, bottleneck=True, reinit=True)
+    report.bottleneck
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("spectral_hooks:")]
+    assert [ln.split(":")[1].strip() for ln in lines] == [
+        f"bottleneck dense Jacobians ({model}) layer {layer}"
+        for model in ("trained", "init") for layer in (0, 1)]
+    done = [int(ln.split(": ")[-1].split("/")[0]) for ln in lines]
+    assert done == list(range(done[0], done[0] + 4))
+
+
 @pytest.mark.parametrize("how", ["option", "jacobian_option", "env"])
 def test_switched_off(probe, capsys, monkeypatch, how):
     options = {"jacobian": {"k": 2, "dense": False}}
