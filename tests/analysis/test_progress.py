@@ -33,9 +33,13 @@ def test_plain_lines_per_layer_without_a_terminal(probe, capsys, monkeypatch):
     report = probe.analyze(jacobian={"k": 2, "dense": False})
     _read_all(report)
     lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("spectral_hooks:")]
-    assert [ln.split(":")[1].strip() for ln in lines] == [
-        "jacobian Jacobian spectra (trained) layer 0", "jacobian Jacobian spectra (trained) layer 1"]
+    stages = [ln.split(":")[1].strip() for ln in lines]
+    assert stages[stages.index("jacobian Jacobian spectra (trained) layer 0") + 1] == \
+        "jacobian Jacobian spectra (trained) layer 1"
+    # a section without a per-layer loop says when it is done; the last line reads 8/8
+    assert {"power done", "spectra done", "trends done"} <= set(stages)
     assert "/8 units" in lines[0]  # power, spectra, jacobian, trends x 2 layers
+    assert lines[-1].split(": ")[-1].startswith("8/8 units")
 
 
 def test_each_layer_of_a_stage_is_shown_once(probe, capsys, monkeypatch):
