@@ -10,8 +10,9 @@
 Every section counts ``n_layers`` units (twice that when it also analyses the re-initialised
 model; ``times[name]`` times that for a section analysing several models, reinit_test).
 A section with a per-layer loop advances one unit per layer it finishes; any other
-section advances all its units when it ends ("done": a log's last line reads total/total). A section computed while another one runs (trends
-reads the Jacobian rows) counts inside the outer one, never twice.
+section advances all its units when it ends ("done": a log's last line reads total/total). A
+section computed while another one runs (trends reads the Jacobian rows) counts inside the
+outer one, never twice.
 
 Where it goes: on a terminal, one tqdm bar, opened when a section starts and closed when it ends
 (so no stale bar stays on screen between lazily read sections); elsewhere (a log file, CI), one
