@@ -9,6 +9,7 @@ Example::
     True
 """
 
+from .chains import ChainProducts
 from .estimators import (
                          column_norms_sq,
                          diagonal,
@@ -27,7 +28,7 @@ from .results import EigResult, Estimate, SvdResult
 from .svd import svds
 
 __all__ = [
-    "LinearOperator", "DenseOperator", "IdentityOperator", "aslinearoperator",
+    "LinearOperator", "DenseOperator", "IdentityOperator", "aslinearoperator", "ChainProducts",
     "LowRankOperator", "lowrank_eig", "merge_shared_factors",
     "Operator", "BatchGroup", "BatchMember",
     "eigs", "svds", "EigResult", "SvdResult", "Estimate",

@@ -24,11 +24,15 @@ composed operator (each matvec of P_l costs l block matvecs); ``erank``,
 spectrum (``truncated=True`` unless k = d: ``surviving`` = min(exact, k), ``stable_rank`` and
 ``participation_ratio`` are lower bounds), and ``n_probes`` > 0 adds the SLQ estimates of the
 full-spectrum erank and surviving with their standard errors (``RANK_ESTIMATE_COLUMNS``,
-``metrics.rank_estimates``).
+``metrics.rank_estimates``). The estimates of every depth (every ablated layer) run in
+lockstep: the products are members of one ``linalg.ChainProducts``, so a Lanczos step of all
+of them is one sweep down and one up the chain, L sequential block applications each, where
+the depths one at a time took l for every depth l (the same columns in all).
 """
 
 from __future__ import annotations
 
+import itertools
 from typing import Optional, Sequence, TypeAlias, cast
 
 import pandas as pd
@@ -37,6 +41,7 @@ from torch import Tensor
 from torch.profiler import record_function
 
 from spectral_hooks.linalg import (
+    ChainProducts,
     DenseOperator,
     LinearOperator,
     effective_rank,
@@ -47,7 +52,11 @@ from spectral_hooks.linalg import (
 )
 from spectral_hooks.metrics.jacobian import SCHUR_MAX_D, schur_diagonal, symmetric_part
 from spectral_hooks.metrics.nulls import gamma_null
-from spectral_hooks.metrics.rank_estimates import RANK_ESTIMATE_COLUMNS, rank_estimates
+from spectral_hooks.metrics.rank_estimates import (
+    RANK_ESTIMATE_COLUMNS,
+    rank_estimates,
+    rank_estimates_of,
+)
 
 from ..checks import check_choice, check_int, check_type
 from ..errors import OptionError, OptionTypeError
@@ -188,16 +197,33 @@ def bottleneck_table(operators: Sequence[_Op], *, k: int = 32, variant: str = "t
     ops = [_as_op(o) for o in operators]
     if variant == "symmetric":
         ops = [symmetric_part(o) for o in ops]
-    P: Optional[_Op] = None
-    for depth, o in enumerate(ops, start=1):
-        P = o if P is None else o @ P
-        if depth not in wanted:  # composing is free: only products cost
-            continue
-        res = svds(P, k, method=method, tol=tol, seed=seed + depth, return_vectors=False)
-        est = _estimates(P, n_probes, steps, seed + depth, tau)
-        rows.append({**_rank_row(variant, depth, res.S, tau, k < d, _count(operators) - start),
-                     **est})
+    depths = sorted(wanted)  # only the products of these depths cost
+    rows = _matrix_free_rows([ops[:depth] for depth in depths], operators, variant, k=k,
+                             seeds=[seed + depth for depth in depths], depths=depths, tau=tau,
+                             method=method, tol=tol, n_probes=n_probes, steps=steps)
     return pd.DataFrame(rows, columns=_columns(False, n_probes))
+
+
+def _matrix_free_rows(chains: list[list[LinearOperator]], operators: Sequence[_Op],
+                      variant: str, *, k: int, seeds: list[int], depths: list[int], tau: float,
+                      method: str, tol: float, n_probes: int, steps: int,
+                      ablated: Optional[list[int]] = None) -> list[dict]:
+    """One row per chain (P = its factors' product, the first applied first): the top-k
+    singular values by ``svds``, one chain at a time, then the SLQ estimates of every chain
+    in lockstep, one sweep through the shared factors a step (``linalg.chains``).
+    ``n_matvecs``: the applications of ``operators`` spent on the rows so far."""
+    family = ChainProducts(chains, counted=[o for o in operators if isinstance(o, LinearOperator)])
+    d = family.n
+    spectra = [svds(P, k, method=method, tol=tol, seed=s, return_vectors=False).S
+               for P, s in zip(family.members, seeds)]
+    estimates: list[dict] = [{} for _ in chains]
+    if n_probes:
+        estimates = rank_estimates_of(family.members, n_probes=n_probes, steps=steps,
+                                      seeds=seeds, tau=tau)
+    spent = itertools.accumulate(family.spent)
+    return [{**_rank_row(variant, depth, S, tau, k < d, n,
+                         ablated_layer=ALL_LAYERS if ablated is None else ablated[j]), **est}
+            for j, (depth, S, n, est) in enumerate(zip(depths, spectra, spent, estimates))]
 
 
 def selected_depths(depths: Optional[Sequence[int]], n_layers: int, what: str) -> set[int]:
@@ -268,16 +294,13 @@ def single_layer_ablation_table(operators: Sequence[_Op], *, variant: str,
     if dense:
         return _single_layer_dense(operators, variant, layers, tau)
     check_int("k", k, minimum=1, maximum=d, accepted=f"an int with 1 <= k <= d = {d}", hint=what)
-    rows, ops, start = [], [_as_op(o) for o in operators], _count(operators)
-    for m, layer in enumerate(layers):
-        chain = ops[:m] + [cast(LinearOperator, _ablated(ops[m], variant, dense=False))] + ops[m + 1:]
-        P = chain[0]
-        for o in chain[1:]:
-            P = o @ P
-        res = svds(P, k, method=method, tol=tol, seed=seed + m, return_vectors=False)
-        est = _estimates(P, n_probes, steps, seed + m, tau)
-        rows.append({**_rank_row(variant, len(ops), res.S, tau, k < d,
-                                 _count(operators) - start, ablated_layer=layer), **est})
+    ops = [_as_op(o) for o in operators]
+    chains = [ops[:m] + [cast(LinearOperator, _ablated(ops[m], variant, dense=False))] + ops[m + 1:]
+              for m in range(len(ops))]
+    rows = _matrix_free_rows(chains, operators, variant, k=k,
+                             seeds=[seed + m for m in range(len(ops))],
+                             depths=[len(ops)] * len(ops), tau=tau, method=method, tol=tol,
+                             n_probes=n_probes, steps=steps, ablated=layers)
     return pd.DataFrame(rows, columns=_columns(False, n_probes))
 
 

@@ -45,19 +45,21 @@ True
 
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Union
+from typing import Sequence, Union
 
 import torch
 from torch import Tensor
 from torch.profiler import record_function
 
 from spectral_hooks.linalg import DenseOperator, LinearOperator, lanczos_quadrature
+from spectral_hooks.linalg.batch import OpBatch
 from spectral_hooks.linalg.quadrature import GaussRule
 
 from ..checks import check_float, check_int
 
-__all__ = ["rank_estimates", "RANK_ESTIMATE_COLUMNS"]
+__all__ = ["rank_estimates", "rank_estimates_of", "RANK_ESTIMATE_COLUMNS"]
 
 #: the keys of :func:`rank_estimates`
 RANK_ESTIMATE_COLUMNS = ("erank_est", "erank_est_se", "erank_est_lo", "erank_est_hi",
@@ -72,28 +74,83 @@ def rank_estimates(P: Union[Tensor, LinearOperator], *, n_probes: int = 16, step
     module docstring: SLQ on P^T P, ``n_probes`` Rademacher probes, ``steps`` Lanczos steps,
     ``steps`` capped at d). Cost: n_probes x steps products with P and with P^T.
     Keys: ``RANK_ESTIMATE_COLUMNS``."""
+    return rank_estimates_of([P], n_probes=n_probes, steps=steps, seeds=[seed], tau=tau)[0]
+
+
+def rank_estimates_of(operators: Sequence[Union[Tensor, LinearOperator]], *, n_probes: int = 16,
+                      steps: int = 48, seeds: Sequence[int], tau: float = 1e-2) -> list[dict]:
+    """:func:`rank_estimates` of each operator (one shape; operator i with seed ``seeds[i]``:
+    the same probes, the same estimates up to rounding), their Lanczos runs in lockstep: a step
+    is one product of the batch and one of its adjoint. Operators of one
+    :class:`~spectral_hooks.linalg.chains.ChainProducts` (the end-to-end products of a stack)
+    are then applied in one sweep through their shared factors, not one chain after another.
+    Runs of at most BASIS_BYTES of Lanczos basis at a time.
+
+    >>> from spectral_hooks.linalg import effective_rank
+    >>> s = torch.tensor([4.0, 2.0, 1.0, 0.5], dtype=torch.float64)
+    >>> est = rank_estimates_of([torch.diag(s), torch.diag(2 * s)], n_probes=2, steps=4,
+    ...                         seeds=[0, 1])           # 4 steps on d = 4: exact quadrature
+    >>> [abs(e["erank_est"] - float(effective_rank(s))) < 1e-9 for e in est]
+    [True, True]
+    """
     check_int("n_probes", n_probes, minimum=2, hint="rank_estimates")
     check_int("steps", steps, minimum=1, hint="rank_estimates")
     check_float("tau", tau, above=0, below=1, hint="rank_estimates")
-    op = P if isinstance(P, LinearOperator) else DenseOperator(
-        torch.as_tensor(P).detach().to(torch.float64))
-    d = op.shape[1]
-    g = torch.Generator().manual_seed(int(seed))
-    Z = (torch.randint(0, 2, (d, n_probes), generator=g) * 2 - 1).to(torch.float64)
+    if len(seeds) != len(operators):
+        raise ValueError(f"rank_estimates_of: {len(seeds)} seeds for {len(operators)} operators")
+    ops = [P if isinstance(P, LinearOperator) else DenseOperator(
+        torch.as_tensor(P).detach().to(torch.float64)) for P in operators]
+    if not ops:
+        return []
+    d = ops[0].shape[1]
+    steps = min(int(steps), d)
+    per_op = (steps + 1) * d * n_probes * 8  # float64 basis bytes
+    chunk = max(1, BASIS_BYTES // per_op)
+    out: list[dict] = []
+    for i in range(0, len(ops), chunk):
+        out += _lockstep(ops[i:i + chunk], list(seeds[i:i + chunk]), n_probes, steps, tau)
+    return out
 
-    def apply(X: Tensor) -> Tensor:  # on the operator's device: no host copy a step
-        return op.rmatmat(op.matmat(X.to(op.dtype))).to(torch.float64)
+
+#: at most this many bytes of Lanczos basis at once (a run of several operators holds
+#: steps + 1 vectors of d float64 numbers for each of its n_probes x operators columns)
+BASIS_BYTES = 2 ** 29
+
+
+def _lockstep(ops: list[LinearOperator], seeds: list[int], n_probes: int, steps: int,
+              tau: float) -> list[dict]:
+    batch = OpBatch(ops, what="rank_estimates")
+    d, B, s = ops[0].shape[1], len(ops), n_probes
+    Z = torch.cat([_probes(d, s, seed) for seed in seeds], dim=1)  # [d, B s]: op b's block b
+    every = [True] * B
+
+    def apply(X: Tensor) -> Tensor:  # on the operators' device: no host copy a step
+        Xb = X.reshape(d, B, s).permute(1, 0, 2)
+        Y = batch.apply(Xb, every, check=False)
+        W = batch.apply(Y, every, adjoint=True, check=False)
+        return W.real.permute(1, 0, 2).reshape(d, B * s).to(torch.float64)
 
     def nonfinite() -> Exception:
-        op.caller_checks_finite = False  # the operator's own tests name the part at fault
-        return op.nonfinite_error() or FloatingPointError(
-            f"rank_estimates: a product of {op!r} (or of its adjoint) holds NaN or Inf")
+        for op in ops:  # the operators' own tests name the part at fault
+            op.caller_checks_finite = False
+            err = op.nonfinite_error()
+            if err is not None:
+                return err
+        return FloatingPointError(f"rank_estimates: a product of {batch.names} (or of an "
+                                  "adjoint) holds NaN or Inf")
 
-    with op.checked_by_caller():  # the quadrature tests the products on the device
-        rules = lanczos_quadrature(apply, Z.to(op.device), min(int(steps), d),
-                                   nonfinite=nonfinite)
+    with contextlib.ExitStack() as stack:  # the quadrature tests the products on the device
+        for op in ops:
+            stack.enter_context(op.checked_by_caller())
+        rules = lanczos_quadrature(apply, Z.to(batch.device), steps, nonfinite=nonfinite)
     with record_function("spectral_hooks.host"):  # the rules are host tensors
-        return _from_rules(rules, d, tau)
+        return [_from_rules(rules[b * s:(b + 1) * s], d, tau) for b in range(B)]
+
+
+def _probes(d: int, n_probes: int, seed: int) -> Tensor:
+    """[d, n_probes] Rademacher probes drawn from ``seed``."""
+    g = torch.Generator().manual_seed(int(seed))
+    return (torch.randint(0, 2, (d, n_probes), generator=g) * 2 - 1).to(torch.float64)
 
 
 def _sums(d: int, nodes: Tensor, weights: Tensor) -> tuple[float, float]:

@@ -139,11 +139,18 @@ def test_selected_depths_are_the_full_tables_rows_for_less():
     full = bottleneck_table(full_ops, k=6, n_probes=4, steps=8, seed=1)
     some = bottleneck_table(some_ops, k=6, n_probes=4, steps=8, seed=1, depths=[4, 2])
     assert some["depth"].tolist() == [2, 4]
-    columns = [c for c in full.columns if c != "n_matvecs"]
+    # the same probes per depth; the depths' Lanczos runs go in lockstep (one sweep through
+    # the chain a step), so other depths in the run change the rounding only. The Gauss-Radau
+    # rule at 0 (erank_est_lo, and erank_est, the midpoint) amplifies it where a Ritz value
+    # nears 0 (its bordered system is then near singular): 1e-6 there, far below the se
+    radau = ["erank_est", "erank_est_lo", "erank_est_se"]
+    columns = [c for c in full.columns if c not in ("n_matvecs", *radau)]
     for depth in (2, 4):
-        a = full[full.depth == depth][columns].reset_index(drop=True)
-        b = some[some.depth == depth][columns].reset_index(drop=True)
-        pd.testing.assert_frame_equal(a, b, check_exact=False, rtol=1e-10)
+        a = full[full.depth == depth].reset_index(drop=True)
+        b = some[some.depth == depth].reset_index(drop=True)
+        pd.testing.assert_frame_equal(a[columns], b[columns], check_exact=False, rtol=1e-10)
+        pd.testing.assert_frame_equal(a[radau], b[radau], check_exact=False, rtol=1e-6)
+        assert float((a.erank_est - b.erank_est).abs().max()) < 1e-3 * float(a.erank_est_se.min())
     assert sum(o.n_matvecs for o in some_ops) < 0.8 * sum(o.n_matvecs for o in full_ops)
     dense = bottleneck_table(Js, dense=True, depths=[3])
     assert dense["depth"].tolist() == [3]

@@ -1,0 +1,154 @@
+"""Products of operator chains that share factors, applied in one sweep.
+
+Example::
+
+    >>> import torch
+    >>> from spectral_hooks.linalg import DenseOperator, svds
+    >>> g = torch.Generator().manual_seed(0)
+    >>> A, B = (DenseOperator(torch.randn(8, 8, generator=g, dtype=torch.float64))
+    ...         for _ in range(2))
+    >>> P1, P2 = ChainProducts([[A], [A, B]]).members     # P1 = A, P2 = B A
+    >>> X = torch.randn(8, 3, dtype=torch.float64, generator=g)
+    >>> torch.allclose(P2.matmat(X), B.matmat(A.matmat(X)))
+    True
+    >>> res = svds([P1, P2], 2)          # in lockstep: every step, one sweep through A then B
+    >>> res.S.shape
+    torch.Size([2, 2])
+
+The end-to-end products of a stack, P_l = J_l ... J_1 for every depth l, pass through the
+same factors: applied one by one, a step of a solver on all of them costs 1 + 2 + ... + L
+sequential factor applications. As a :class:`~spectral_hooks.linalg.protocols.BatchGroup`
+(``matmat_all``), one sweep through the factors serves every product: at position i, the
+columns of every chain that has a factor there are applied in one call, per distinct factor
+(chains whose i-th factor differs, e.g. one ablated layer, get one call per factor). L
+sequential applications instead of L(L+1)/2, with the same columns in all (on an accelerator,
+where an application costs its launches, that is the time; on a CPU the FLOPs are the same).
+Each member is also a plain :class:`~spectral_hooks.linalg.LinearOperator` (its own chain,
+factor by factor), and ``n_matvecs`` of every factor counts the columns applied, as the
+separate products would.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from .operators import LinearOperator, _block_hint
+
+__all__ = ["ChainProducts"]
+
+
+class ChainProducts:
+    """The products of ``chains`` (chain j = [A_1, ..., A_l], A_1 applied first: P_j = A_l
+    ... A_1), as one :class:`~spectral_hooks.linalg.protocols.BatchGroup` whose ``members``
+    are LinearOperators (module doc). ``counted``: the operators whose ``n_matvecs`` measure
+    the work (default: the factors); :attr:`spent` [j] is the part of it done for chain j."""
+
+    def __init__(self, chains: Sequence[Sequence[LinearOperator]], *,
+                 counted: Optional[Sequence[LinearOperator]] = None) -> None:
+        self.chains: List[List[LinearOperator]] = [list(chain) for chain in chains]
+        if not self.chains or any(not chain for chain in self.chains):
+            raise ValueError("ChainProducts: needs at least one chain, and no empty chain")
+        first = self.chains[0][0]
+        n = first.shape[1]
+        for chain in self.chains:
+            for op in chain:
+                if not isinstance(op, LinearOperator):
+                    raise TypeError(f"ChainProducts: factors must be LinearOperators, got {op!r}")
+                if op.shape != (n, n) or op.device != first.device:
+                    raise ValueError(f"ChainProducts: every factor must be {n} x {n} on "
+                                     f"{first.device}, got {op!r}")
+        self.factors: List[LinearOperator] = list({id(o): o for c in self.chains for o in c}
+                                                  .values())
+        self.counted = self.factors if counted is None else list(counted)
+        self.size = len(self.chains)
+        self.n = n
+        self.device = first.device
+        self.dtype = first.dtype
+        for op in self.factors:
+            self.dtype = torch.promote_types(self.dtype, op.dtype)
+        self.spent = [0] * self.size
+        self.members = [_ChainMember(self, j) for j in range(self.size)]
+
+    def matmat_all(self, X: Tensor) -> Tensor:
+        """X [size, n, c] -> [size, n, c]: slot j is P_j X[j] (one sweep, A_1 first)."""
+        return self._sweep(X, adjoint=False)
+
+    def rmatmat_all(self, X: Tensor) -> Tensor:
+        """X [size, n, c] -> [size, n, c]: slot j is P_j^H X[j] (one sweep, the last factor
+        of the longest chain first)."""
+        return self._sweep(X, adjoint=True)
+
+    def _sweep(self, X: Tensor, adjoint: bool) -> Tensor:
+        cur = list(X.to(self.dtype).unbind(0))
+        c = X.shape[-1]
+        longest = max(len(chain) for chain in self.chains)
+        for i in (range(longest - 1, -1, -1) if adjoint else range(longest)):
+            for op, js in self._at(i):
+                X_i = torch.cat([cur[j] for j in js], dim=1) if len(js) > 1 else cur[js[0]]
+                Y_i = self._apply(op, X_i, adjoint, js)
+                for j, Y in zip(js, Y_i.split(c, dim=1)):
+                    cur[j] = Y
+        return torch.stack(cur)
+
+    def _at(self, i: int) -> List[Tuple[LinearOperator, List[int]]]:
+        """The distinct factors at position i, each with the chains that apply it there."""
+        groups: Dict[int, Tuple[LinearOperator, List[int]]] = {}
+        for j, chain in enumerate(self.chains):
+            if i < len(chain):
+                groups.setdefault(id(chain[i]), (chain[i], []))[1].append(j)
+        return list(groups.values())
+
+    def _apply(self, op: LinearOperator, X: Tensor, adjoint: bool, js: List[int]) -> Tensor:
+        """op (op^H) X, its work shared out equally among chains ``js`` (equal columns). The
+        group's caller tests every product for NaN / Inf (``linalg.batch``, or the
+        quadrature on the device), so the factor may skip its own test (a host sync)."""
+        before = sum(o.n_matvecs for o in self.counted)
+        was = op.caller_checks_finite
+        op.caller_checks_finite = True
+        try:
+            Xo = X.to(op.dtype) if X.dtype != op.dtype else X
+            Y = op.rmatmat(Xo) if adjoint else op.matmat(Xo)
+        finally:
+            op.caller_checks_finite = was
+        share = (sum(o.n_matvecs for o in self.counted) - before) / len(js)
+        for j in js:
+            self.spent[j] += int(round(share))
+        return Y.to(self.dtype) if Y.dtype != self.dtype else Y
+
+    def chain_product(self, j: int, X: Tensor, adjoint: bool) -> Tensor:
+        """Chain j alone, factor by factor (its member's own product)."""
+        chain = self.chains[j]
+        out = X
+        for op in (reversed(chain) if adjoint else chain):
+            out = self._apply(op, out, adjoint, [j])
+        return out
+
+
+class _ChainMember(LinearOperator):
+    """Slot j of a :class:`ChainProducts`: P_j as a LinearOperator (alone: its chain factor
+    by factor; in a solver's batch with other slots: their sweeps)."""
+
+    def __init__(self, group: ChainProducts, j: int) -> None:
+        chain = group.chains[j]
+        parts = tuple({id(o): o for o in chain}.values())
+
+        def mm(X: Tensor) -> Tensor:
+            return group.chain_product(j, X, adjoint=False)
+
+        def rmm(X: Tensor) -> Tensor:
+            return group.chain_product(j, X, adjoint=True)
+
+        adjoint = all(o._rmatvec or o._rmatmat for o in chain)
+        names = [o.name for o in reversed(chain)]
+        name = " @ ".join(names) if len(names) <= 3 else \
+            f"{names[0]} @ ... @ {names[-1]} ({len(names)} factors)"
+        super().__init__((group.n, group.n), matvec=lambda x: mm(x[:, None])[:, 0], matmat=mm,
+                         rmatvec=(lambda y: rmm(y[:, None])[:, 0]) if adjoint else None,
+                         rmatmat=rmm if adjoint else None, dtype=group.dtype,
+                         device=group.device, name=name, block_size=_block_hint(*chain),
+                         parts=parts)
+        self.batch_group = group
+        self.batch_index = j

@@ -1,0 +1,129 @@
+"""ChainProducts: products of operator chains sharing factors, applied in one sweep. Checked
+against the dense float64 products, by counted factor calls, and through the solvers."""
+
+import numpy as np
+import pytest
+import torch
+
+from spectral_hooks.linalg import ChainProducts, DenseOperator, LinearOperator, svds
+from spectral_hooks.metrics.bottleneck import bottleneck_table, single_layer_ablation_table
+from spectral_hooks.metrics.rank_estimates import rank_estimates, rank_estimates_of
+
+
+class _Counting(LinearOperator):
+    """A dense factor that counts its calls (sequential applications) and columns."""
+
+    def __init__(self, A):
+        self.calls = 0
+
+        def mm(X):
+            self.calls += 1
+            return A @ X
+
+        def rmm(Y):
+            self.calls += 1
+            return A.T @ Y
+        super().__init__(tuple(A.shape), matvec=lambda x: mm(x[:, None])[:, 0], matmat=mm,
+                         rmatvec=lambda y: rmm(y[:, None])[:, 0], rmatmat=rmm,
+                         dtype=A.dtype, device=A.device)
+
+
+def _factors(d=12, L=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.eye(d, dtype=torch.float64) + torch.randn(d, d, generator=g,
+                                                            dtype=torch.float64) / 3
+            for _ in range(L)]
+
+
+def _dense(chain):
+    P = torch.eye(chain[0].shape[0], dtype=torch.float64)
+    for M in chain:
+        P = M @ P
+    return P
+
+
+def test_sweeps_equal_the_dense_products_and_their_adjoints():
+    Js = _factors()
+    ops = [_Counting(J) for J in Js]
+    ablated = DenseOperator(0.5 * (Js[1] + Js[1].T))
+    chains = [ops[:1], ops[:3], ops, [ops[0], ablated, *ops[2:]]]
+    mats = [Js[:1], Js[:3], Js, [Js[0], 0.5 * (Js[1] + Js[1].T), *Js[2:]]]
+    family = ChainProducts(chains)
+    X = torch.randn(4, 12, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    want = torch.stack([_dense(m) @ X[j] for j, m in enumerate(mats)])
+    torch.testing.assert_close(family.matmat_all(X), want, rtol=1e-13, atol=1e-13)
+    want_t = torch.stack([_dense(m).T @ X[j] for j, m in enumerate(mats)])
+    torch.testing.assert_close(family.rmatmat_all(X), want_t, rtol=1e-13, atol=1e-13)
+    for j, member in enumerate(family.members):  # each member alone: its own chain
+        torch.testing.assert_close(member.matmat(X[j]), want[j], rtol=1e-13, atol=1e-13)
+        torch.testing.assert_close(member.rmatmat(X[j]), want_t[j], rtol=1e-13, atol=1e-13)
+
+
+def test_one_call_per_factor_and_position_where_separate_products_take_one_per_chain_factor():
+    Js = _factors(L=5)
+    ops = [_Counting(J) for J in Js]
+    family = ChainProducts([ops[:depth] for depth in range(1, 6)])
+    X = torch.randn(5, 12, 3, dtype=torch.float64)
+    family.matmat_all(X)
+    assert [o.calls for o in ops] == [1] * 5  # 5 sequential applications, not 1+2+...+5 = 15
+    # the columns are those of the separate products: factor i serves the 5 - i chains through it
+    assert [o.n_matvecs for o in ops] == [3 * (5 - i) for i in range(5)]
+    assert sum(family.spent) == sum(o.n_matvecs for o in ops)
+    assert family.spent == [3 * depth for depth in range(1, 6)]  # each chain's own share
+    family.rmatmat_all(X)
+    assert [o.calls for o in ops] == [2] * 5
+
+
+def test_svds_of_the_members_in_lockstep_equals_the_dense_singular_values():
+    Js = _factors(d=20, L=3, seed=2)
+    family = ChainProducts([[DenseOperator(J) for J in Js][:depth] for depth in (1, 2, 3)])
+    res = svds(family.members, 4, tol=1e-12)
+    for j, depth in enumerate((1, 2, 3)):
+        s = torch.linalg.svdvals(_dense(Js[:depth]))[:4]
+        torch.testing.assert_close(res.S[j], s, rtol=1e-10, atol=0)
+
+
+def test_estimates_in_lockstep_are_the_separate_runs():
+    Js = _factors(d=24, L=4, seed=3)
+    Js[2][:, 0] = 0  # rank-deficient: a singular value exactly 0 from depth 3 on
+    family = ChainProducts([[DenseOperator(J) for J in Js][:depth] for depth in range(1, 5)])
+    seeds = [7, 8, 9, 10]
+    together = rank_estimates_of(family.members, n_probes=6, steps=10, seeds=seeds)
+    for member, seed, got in zip(family.members, seeds, together):
+        alone = rank_estimates(member, n_probes=6, steps=10, seed=seed)
+        for key, value in alone.items():
+            # the Gauss-Radau rule at 0 amplifies rounding next to a Ritz value near 0 (see
+            # test_bottleneck_estimates): 1e-6 relative there, far below the standard error
+            rtol = 1e-6 if key in ("erank_est", "erank_est_lo", "erank_est_se") else 1e-10
+            assert got[key] == pytest.approx(value, rel=rtol, abs=1e-12), key
+
+
+def test_the_bottleneck_estimates_cost_two_sweeps_a_lanczos_step():
+    d, L, steps = 16, 4, 6
+    Js = _factors(d=d, L=L, seed=4)
+
+    def calls(n_probes, table, **kw):
+        ops = [_Counting(J) for J in Js]
+        table(ops, k=3, n_probes=n_probes, steps=steps, seed=0, **kw)
+        return sum(o.calls for o in ops)
+    # trained, every depth: the estimates' Lanczos steps on P_l^T P_l for l = 1..4 take one
+    # sweep down and one up the chain a step (2 L calls), not 2 (1 + 2 + 3 + 4)
+    assert calls(2, bottleneck_table) - calls(0, bottleneck_table) == steps * 2 * L
+    # one-layer ablations (each a chain of L factors, one replaced by its symmetric part, which
+    # applies the factor and its transpose): per sweep L calls plus the 2 of each ablated factor
+    slq = calls(2, single_layer_ablation_table, variant="symmetric") - calls(
+        0, single_layer_ablation_table, variant="symmetric")
+    assert slq == steps * 2 * (L + 2 * L)
+    assert slq < steps * 2 * L * (L + 1)  # one chain at a time: L + 1 calls per chain
+
+
+def test_bad_chains_are_refused():
+    A = DenseOperator(torch.eye(3, dtype=torch.float64))
+    with pytest.raises(ValueError, match="at least one chain"):
+        ChainProducts([])
+    with pytest.raises(ValueError, match="no empty chain"):
+        ChainProducts([[A], []])
+    with pytest.raises(ValueError, match="3 x 3"):
+        ChainProducts([[A, DenseOperator(torch.ones(3, 4, dtype=torch.float64))]])
+    with pytest.raises(TypeError, match="LinearOperators"):
+        ChainProducts([[A, np.eye(3)]])
