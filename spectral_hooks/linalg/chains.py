@@ -84,20 +84,30 @@ class ChainProducts:
     def _sweep(self, X: Tensor, adjoint: bool) -> Tensor:
         cur = list(X.to(self.dtype).unbind(0))
         c = X.shape[-1]
+        live = self._live(X)
         longest = max(len(chain) for chain in self.chains)
         for i in (range(longest - 1, -1, -1) if adjoint else range(longest)):
-            for op, js in self._at(i):
+            for op, js in self._at(i, live):
                 X_i = torch.cat([cur[j] for j in js], dim=1) if len(js) > 1 else cur[js[0]]
                 Y_i = self._apply(op, X_i, adjoint, js)
                 for j, Y in zip(js, Y_i.split(c, dim=1)):
                     cur[j] = Y
         return torch.stack(cur)
 
-    def _at(self, i: int) -> List[Tuple[LinearOperator, List[int]]]:
-        """The distinct factors at position i, each with the chains that apply it there."""
+    def _live(self, X: Tensor) -> List[bool]:
+        """The slots to apply: on the CPU those with a nonzero block (a solver passes zeros
+        for members it no longer runs; one read skips their FLOPs), elsewhere all (a read is
+        a device sync there, and a launch costs more than the FLOPs)."""
+        if X.device.type != "cpu":
+            return [True] * self.size
+        return (X.reshape(self.size, -1) != 0).any(dim=1).tolist()
+
+    def _at(self, i: int, live: List[bool]) -> List[Tuple[LinearOperator, List[int]]]:
+        """The distinct factors at position i, each with the live chains that apply it
+        there."""
         groups: Dict[int, Tuple[LinearOperator, List[int]]] = {}
         for j, chain in enumerate(self.chains):
-            if i < len(chain):
+            if live[j] and i < len(chain):
                 groups.setdefault(id(chain[i]), (chain[i], []))[1].append(j)
         return list(groups.values())
 

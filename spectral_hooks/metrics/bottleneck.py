@@ -209,13 +209,14 @@ def _matrix_free_rows(chains: list[list[LinearOperator]], operators: Sequence[_O
                       method: str, tol: float, n_probes: int, steps: int,
                       ablated: Optional[list[int]] = None) -> list[dict]:
     """One row per chain (P = its factors' product, the first applied first): the top-k
-    singular values by ``svds``, one chain at a time, then the SLQ estimates of every chain
-    in lockstep, one sweep through the shared factors a step (``linalg.chains``).
-    ``n_matvecs``: the applications of ``operators`` spent on the rows so far."""
+    singular values of every chain by one ``svds`` run in lockstep (start block from
+    ``seeds[0]``), then their SLQ estimates in lockstep (chain j's probes from ``seeds[j]``),
+    each step one sweep through the shared factors (``linalg.chains``). ``n_matvecs``: the
+    applications of ``operators`` spent on the rows so far."""
     family = ChainProducts(chains, counted=[o for o in operators if isinstance(o, LinearOperator)])
     d = family.n
-    spectra = [svds(P, k, method=method, tol=tol, seed=s, return_vectors=False).S
-               for P, s in zip(family.members, seeds)]
+    spectra = list(svds(family.members, k, method=method, tol=tol, seed=seeds[0],
+                        return_vectors=False).S)
     estimates: list[dict] = [{} for _ in chains]
     if n_probes:
         estimates = rank_estimates_of(family.members, n_probes=n_probes, steps=steps,

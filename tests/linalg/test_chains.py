@@ -117,6 +117,22 @@ def test_the_bottleneck_estimates_cost_two_sweeps_a_lanczos_step():
     assert slq < steps * 2 * L * (L + 1)  # one chain at a time: L + 1 calls per chain
 
 
+def test_the_bottleneck_top_k_runs_the_depths_in_lockstep():
+    d, L = 16, 4
+    Js = _factors(d=d, L=L, seed=5)
+    ops = [_Counting(J) for J in Js]
+    table = bottleneck_table(ops, k=3, n_probes=0, seed=0)
+    together = sum(o.calls for o in ops)
+    ops = [_Counting(J) for J in Js]
+    alone = ChainProducts([ops[:depth] for depth in range(1, L + 1)]).members
+    for P in alone:  # the same products one depth at a time: l calls a product at depth l
+        svds(P, 3, tol=1e-8, seed=0)
+    assert together < 0.6 * sum(o.calls for o in ops)
+    for depth in range(1, L + 1):  # and the same top-k
+        s = torch.linalg.svdvals(_dense(Js[:depth]))
+        assert table.sigma_max.iloc[depth - 1] == pytest.approx(float(s[0]), rel=1e-10)
+
+
 def test_bad_chains_are_refused():
     A = DenseOperator(torch.eye(3, dtype=torch.float64))
     with pytest.raises(ValueError, match="at least one chain"):
