@@ -4,8 +4,11 @@ counted on the CPU proxy at several depths, and its projection to the Llama-3-8B
 The section at the 8B shape (d = 4096 > ``SCHUR_MAX_D``) runs matrix-free: for every depth l the
 top-k singular values of P_l = J_l ... J_1 (``svds``) and the SLQ rank estimates of P_l, the
 same for the symmetric ablation, the symmetric ablation of one layer at a time at full depth,
-and the propagation table. Every application of P_l is l block applications in sequence, so
-the section's sequential applications grow with the square of the depth. This script runs
+and the propagation table. Every application of P_l is l block applications in sequence;
+the depths (and the ablated layers) run in lockstep, one sweep through the chain serving all
+of them (``linalg.chains``), so the sequential applications grow linearly with the depth and
+the columns an application carries with the number of chains (before 2026-12-07 the depths
+ran one after another: quadratic). This script runs
 exactly that path on a host-bound proxy shaped as ``host_bound.py``'s (Llama, GQA 4/1, MLP
 3.5 d, 64 tokens, one thread; ``jacobian={"bottleneck_dense": False, "ablations":
 ("symmetric",)}``, the path d > 1024 takes by default) at a few depths, and counts per run:
@@ -50,9 +53,13 @@ import host_bound  # noqa: E402
 from jsonl import append_jsonl  # noqa: E402
 from launch_budget import HBM, LAUNCH, SYNC  # noqa: E402
 
+from spectral_hooks.linearize.engine import DENSE_WIDTH  # noqa: E402
+
 K = 16
 #: the Llama-3-8B shape's depth and one block's float64 weights (218 M parameters)
 DEPTH_8B, BLOCK_BYTES_8B = 32, 218e6 * 8
+#: columns of one pass of a block's widest traced JVP graph
+PASS = DENSE_WIDTH
 
 
 def section(probe):
@@ -96,27 +103,48 @@ def run(d: int, depth: int, device: str = "cpu") -> dict:
 
 
 def fit(rows: list[dict], key: str) -> tuple[float, float]:
-    """(a, b) of key ~ a L + b L^2, least squares over the rows' depths."""
+    """(a, b) >= 0 of key ~ a L + b L^2, least squares over the rows' depths (a count cannot
+    shrink with depth: where the free fit gives a negative term, the best one-term fit)."""
     L = torch.tensor([float(r["layers"]) for r in rows], dtype=torch.float64)
-    y = torch.tensor([float(r[key]) for r in rows], dtype=torch.float64)
+    y = torch.tensor([float(r[key]) for r in rows], dtype=torch.float64)[:, None]
     A = torch.stack([L, L * L], dim=1)
-    a, b = torch.linalg.lstsq(A, y[:, None]).solution[:, 0].tolist()
-    return a, b
+    best, best_err = (0.0, 0.0), float("inf")
+    for cols in ([0, 1], [0], [1]):
+        sol = torch.linalg.lstsq(A[:, cols], y).solution[:, 0]
+        if bool((sol < 0).any()):
+            continue
+        coef = [0.0, 0.0]
+        for c, v in zip(cols, sol.tolist()):
+            coef[c] = v
+        err = float((A @ torch.tensor(coef, dtype=torch.float64)[:, None] - y).norm())
+        if err < best_err - 1e-9 * float(y.norm()):
+            best, best_err = (coef[0], coef[1]), err
+    return best
 
 
 def projection(rows: list[dict]) -> dict:
-    """The section at the 8B shape from the fitted counts and the launch model."""
+    """The section at the 8B shape from the fitted counts and the launch model.
+
+    Since the depths run in lockstep (``linalg.chains``), an application carries the columns
+    of every depth through that block: at L = 32 up to 16 probes x 64 chains, where the proxy's
+    L <= 4 never passes one 128-column graph pass. So the operator's launches are projected
+    per pass: passes <= applications + block_matvecs / PASS (each application rounds its
+    columns up to whole passes), each costing the proxy's operator ops per application (one
+    pass there), plus the solvers' own ops; weights are read once a pass."""
     at = {}
-    for key in ("applications", "solver_ops", "total_ops", "syncs"):
+    for key in ("applications", "solver_ops", "total_ops", "syncs", "block_matvecs"):
         a, b = fit(rows, key)
         at[key] = a * DEPTH_8B + b * DEPTH_8B ** 2
         at[f"{key}_fit"] = [a, b]
-    launches = at["total_ops"]
-    weights = at["applications"] * BLOCK_BYTES_8B / HBM
+    per_pass = sum((r["total_ops"] - r["solver_ops"]) / r["applications"] for r in rows) / len(rows)
+    passes = at["applications"] + at["block_matvecs"] / PASS
+    launches = passes * per_pass + at["solver_ops"]
+    weights = passes * BLOCK_BYTES_8B / HBM
     seconds = launches * LAUNCH + at["syncs"] * SYNC + weights
-    # each application one CUDA-graph replay (linearize.cuda_graphs) instead of its ops
-    replayed = (at["applications"] + at["solver_ops"]) * LAUNCH + at["syncs"] * SYNC + weights
+    # each pass one CUDA-graph replay (linearize.cuda_graphs) instead of its ops
+    replayed = (passes + at["solver_ops"]) * LAUNCH + at["syncs"] * SYNC + weights
     return dict(what="projected at Llama-3-8B (L = 32), H200 launch model", **at,
+                passes=passes, ops_per_pass=per_pass, launches=launches,
                 launch_s=launches * LAUNCH, sync_s=at["syncs"] * SYNC, weights_s=weights,
                 seconds=seconds, seconds_replayed=replayed)
 
@@ -124,10 +152,11 @@ def projection(rows: list[dict]) -> dict:
 def report(proj: dict) -> str:
     a, b = proj["applications_fit"]
     return (f"per depth L: applications ~ {a:.1f} L + {b:.1f} L^2; at L = {DEPTH_8B}: "
-            f"{proj['applications']:,.0f} applications, {proj['total_ops']:,.0f} launches, "
+            f"{proj['applications']:,.0f} applications, <= {proj['passes']:,.0f} graph passes "
+            f"({proj['block_matvecs']:,.0f} block columns), {proj['launches']:,.0f} launches, "
             f"{proj['syncs']:,.0f} syncs -> {proj['seconds']:,.0f} s projected (launches "
             f"{proj['launch_s']:,.0f} s, syncs {proj['sync_s']:,.0f} s, weights "
-            f"{proj['weights_s']:,.0f} s); with every application one CUDA-graph replay "
+            f"{proj['weights_s']:,.0f} s); with every pass one CUDA-graph replay "
             f"{proj['seconds_replayed']:,.0f} s")
 
 
