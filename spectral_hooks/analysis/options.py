@@ -71,10 +71,11 @@ class JacobianOptions:
             bottleneck rows; 0: no estimates (the top-k ranks only).
         bottleneck_steps: Lanczos steps per probe of those estimates (capped at d_model).
         bottleneck_depths: the depths l the bottleneck ranks (P_l = J_l ... J_1): None (every
-            one), "log2" (1, 2, 4, ... and the last layer's) or a list of depths. Matrix-free a
-            depth costs about l block products per solver step, O(L^2) over all of them;
-            "log2" ranks log2(L) + 1 depths for under 2L layer-depths (32 layers: 6 depths,
-            63 of 528). The single-layer ablations run at full depth regardless.
+            one), "log2" (1, 2, 4, ... and the last layer's) or a list of depths. Matrix-free
+            the depths run in lockstep, one sweep of L block products per solver step for all
+            of them, a depth adding l columns to it: "log2" ranks log2(L) + 1 depths for under
+            2L layer-depths of columns (32 layers: 6 depths, 63 of 528). The single-layer
+            ablations run at full depth regardless.
         ablations: bottleneck ablations, any of "symmetric", "schur".
         progress: kept for compatibility; ``analyze(progress=...)`` is the switch.
         group_layers: compute the layers' Jacobians together (True: layers of one block
