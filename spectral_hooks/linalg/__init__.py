@@ -22,7 +22,7 @@ from .krylov import eigs
 from .lowrank import LowRankOperator, lowrank_eig, merge_shared_factors
 from .operators import DenseOperator, IdentityOperator, LinearOperator, aslinearoperator
 from .protocols import BatchGroup, BatchMember, Operator
-from .quadrature import lanczos_quadrature
+from .quadrature import gram_quadrature, lanczos_quadrature
 from .ranks import effective_rank, participation_ratio, stable_rank, surviving
 from .results import EigResult, Estimate, SvdResult
 from .svd import svds
@@ -33,6 +33,6 @@ __all__ = [
     "Operator", "BatchGroup", "BatchMember",
     "eigs", "svds", "EigResult", "SvdResult", "Estimate",
     "hutchinson_trace", "hutchpp_trace", "frobenius_sq", "trace_of_square", "diagonal",
-    "column_norms_sq", "lanczos_quadrature",
+    "column_norms_sq", "lanczos_quadrature", "gram_quadrature",
     "effective_rank", "participation_ratio", "stable_rank", "surviving",
 ]

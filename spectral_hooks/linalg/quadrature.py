@@ -29,15 +29,18 @@ still alive) and once at the end (the tridiagonal matrices, solved on the host).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
 
 from ..errors import OptionError
+from .batch import OpBatch
+from .operators import LinearOperator
 
-__all__ = ["lanczos_quadrature", "GaussRule"]
+__all__ = ["lanczos_quadrature", "gram_quadrature", "GaussRule"]
 
 #: steps between the host's reads of whether a column is still alive: a column that broke down
 #: costs at most this many idle steps; a column alive to the end costs none
@@ -144,6 +147,59 @@ def lanczos_quadrature(apply: Callable[[Tensor], Tensor], Z: Tensor, steps: int,
         out.append(GaussRule(theta.clamp(min=0.0), U[0] ** 2, m < steps or m >= d, A[:m, c],
                              B[:m, c]))
     return out
+
+
+def gram_quadrature(operators: Sequence[LinearOperator], probes: Sequence[Tensor], steps: int,
+                    *, what: str = "gram_quadrature") -> list[list[GaussRule]]:
+    """Per operator P_i (one shape [m, d], each with an adjoint) and each column of its
+    ``probes[i]`` [d, s] (float64): the :class:`GaussRule` of ``steps`` Lanczos steps on
+    P_i^H P_i, all of them in lockstep (:func:`lanczos_quadrature` on every column at once: a
+    step is one product of the batch and one of its adjoint; operators of one
+    :class:`~spectral_hooks.linalg.protocols.BatchGroup`, e.g. a
+    :class:`~spectral_hooks.linalg.ChainProducts`, are applied together). A NaN / Inf product
+    raises the operators' own error (naming the part at fault) or a FloatingPointError
+    naming them.
+
+    >>> import torch
+    >>> from spectral_hooks.linalg import DenseOperator
+    >>> P = torch.diag(torch.tensor([3.0, 1.0, 0.0], dtype=torch.float64))
+    >>> rules = gram_quadrature([DenseOperator(P)], [torch.ones(3, 1, dtype=torch.float64)], 3)
+    >>> [round(float(x), 12) for x in rules[0][0].nodes], rules[0][0].exact
+    ([0.0, 1.0, 9.0], True)
+    """
+    if len(probes) != len(operators) or not operators:
+        raise ValueError(f"{what}: {len(probes)} probe blocks for {len(operators)} operators")
+    batch = OpBatch(list(operators), what=what)
+    batch.need_adjoint()
+    d, B = batch.shape[1], batch.B
+    widths = {int(Z.shape[1]) for Z in probes}
+    if len(widths) != 1 or any(Z.shape[0] != d for Z in probes):
+        raise ValueError(f"{what}: every probe block must be [{d}, s] with one s, got "
+                         f"{[tuple(Z.shape) for Z in probes]}")
+    s = widths.pop()
+    every = [True] * B
+
+    def apply(X: Tensor) -> Tensor:  # on the operators' device: no host copy a step
+        Xb = X.reshape(d, B, s).permute(1, 0, 2)
+        Y = batch.apply(Xb, every, check=False)
+        W = batch.apply(Y, every, adjoint=True, check=False)
+        return W.real.permute(1, 0, 2).reshape(d, B * s).to(torch.float64)
+
+    def nonfinite() -> Exception:
+        for op in operators:  # the operators' own tests name the part at fault
+            op.caller_checks_finite = False
+            err = op.nonfinite_error()
+            if err is not None:
+                return err
+        return FloatingPointError(f"{what}: a product of {batch.names} (or of an adjoint) "
+                                  "holds NaN or Inf")
+
+    Z = torch.cat([Zi.to(torch.float64) for Zi in probes], dim=1)  # [d, B s]: block i, P_i's
+    with contextlib.ExitStack() as stack:  # the quadrature tests the products on the device
+        for op in operators:
+            stack.enter_context(op.checked_by_caller())
+        rules = lanczos_quadrature(apply, Z.to(batch.device), steps, nonfinite=nonfinite)
+    return [rules[i * s:(i + 1) * s] for i in range(B)]
 
 
 def _tridiagonal(alphas: Tensor, betas: Tensor) -> Tensor:

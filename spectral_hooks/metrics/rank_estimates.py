@@ -45,7 +45,6 @@ True
 
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import Sequence, Union
 
@@ -53,9 +52,8 @@ import torch
 from torch import Tensor
 from torch.profiler import record_function
 
-from spectral_hooks.linalg import DenseOperator, LinearOperator, lanczos_quadrature
-from spectral_hooks.linalg.batch import OpBatch
-from spectral_hooks.linalg.quadrature import GaussRule
+from spectral_hooks.linalg import DenseOperator, LinearOperator
+from spectral_hooks.linalg.quadrature import GaussRule, gram_quadrature
 
 from ..checks import check_float, check_int
 
@@ -119,32 +117,11 @@ BASIS_BYTES = 2 ** 29
 
 def _lockstep(ops: list[LinearOperator], seeds: list[int], n_probes: int, steps: int,
               tau: float) -> list[dict]:
-    batch = OpBatch(ops, what="rank_estimates")
-    d, B, s = ops[0].shape[1], len(ops), n_probes
-    Z = torch.cat([_probes(d, s, seed) for seed in seeds], dim=1)  # [d, B s]: op b's block b
-    every = [True] * B
-
-    def apply(X: Tensor) -> Tensor:  # on the operators' device: no host copy a step
-        Xb = X.reshape(d, B, s).permute(1, 0, 2)
-        Y = batch.apply(Xb, every, check=False)
-        W = batch.apply(Y, every, adjoint=True, check=False)
-        return W.real.permute(1, 0, 2).reshape(d, B * s).to(torch.float64)
-
-    def nonfinite() -> Exception:
-        for op in ops:  # the operators' own tests name the part at fault
-            op.caller_checks_finite = False
-            err = op.nonfinite_error()
-            if err is not None:
-                return err
-        return FloatingPointError(f"rank_estimates: a product of {batch.names} (or of an "
-                                  "adjoint) holds NaN or Inf")
-
-    with contextlib.ExitStack() as stack:  # the quadrature tests the products on the device
-        for op in ops:
-            stack.enter_context(op.checked_by_caller())
-        rules = lanczos_quadrature(apply, Z.to(batch.device), steps, nonfinite=nonfinite)
+    d = ops[0].shape[1]
+    rules = gram_quadrature(ops, [_probes(d, n_probes, seed) for seed in seeds], steps,
+                            what="rank_estimates")
     with record_function("spectral_hooks.host"):  # the rules are host tensors
-        return [_from_rules(rules[b * s:(b + 1) * s], d, tau) for b in range(B)]
+        return [_from_rules(r, d, tau) for r in rules]
 
 
 def _probes(d: int, n_probes: int, seed: int) -> Tensor:

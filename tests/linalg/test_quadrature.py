@@ -161,3 +161,33 @@ def test_rank_estimates_name_a_nonfinite_operator():
     with pytest.raises(FloatingPointError, match="broken"):
         rank_estimates(op, n_probes=2, steps=6)
     assert not op.caller_checks_finite
+
+
+def test_gram_quadrature_in_lockstep_is_each_operators_own_and_exact_at_d_steps():
+    from spectral_hooks.linalg import DenseOperator, gram_quadrature
+
+    g = torch.Generator().manual_seed(11)
+    mats = [torch.randn(9, 7, generator=g, dtype=torch.float64) for _ in range(3)]
+    probes = [torch.randn(7, 2, generator=g, dtype=torch.float64) for _ in range(3)]
+    together = gram_quadrature([DenseOperator(M) for M in mats], probes, 7)
+    for M, Z, rules in zip(mats, probes, together):
+        alone = lanczos_quadrature(lambda X, M=M: M.T @ (M @ X), Z, 7)
+        evals, evecs = torch.linalg.eigh(M.T @ M)
+        for col, (a, b) in enumerate(zip(rules, alone)):
+            torch.testing.assert_close(a.nodes, b.nodes, rtol=1e-10, atol=1e-10)
+            assert a.exact and b.exact  # d = 7 steps: the Krylov space is exhausted
+            # exact quadrature: z^T f(A) z / ||z||^2 for f = sqrt, against eigh
+            z = Z[:, col] / Z[:, col].norm()
+            want = float(((evecs.T @ z) ** 2 * evals.clamp(min=0).sqrt()).sum())
+            assert float((a.weights * a.nodes.sqrt()).sum()) == pytest.approx(want, rel=1e-9)
+
+
+def test_gram_quadrature_refuses_mismatched_probes():
+    from spectral_hooks.linalg import DenseOperator, gram_quadrature
+
+    op = DenseOperator(torch.eye(4, dtype=torch.float64))
+    with pytest.raises(ValueError, match="probe blocks"):
+        gram_quadrature([op, op], [torch.ones(4, 1, dtype=torch.float64)], 2)
+    with pytest.raises(ValueError, match=r"\[4, s\]"):
+        gram_quadrature([op, op], [torch.ones(4, 1, dtype=torch.float64),
+                                   torch.ones(4, 2, dtype=torch.float64)], 2)
