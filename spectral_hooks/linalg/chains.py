@@ -20,7 +20,9 @@ same factors: applied one by one, a step of a solver on all of them costs 1 + 2 
 sequential factor applications. As a :class:`~spectral_hooks.linalg.protocols.BatchGroup`
 (``matmat_all``), one sweep through the factors serves every product: at position i, the
 columns of every chain that has a factor there are applied in one call, per distinct factor
-(chains whose i-th factor differs, e.g. one ablated layer, get one call per factor). L
+(chains whose i-th factor differs, e.g. one ablated layer, get one call per factor; a factor
+(J + J^H) / 2 that names J as ``hermitian_part_of`` rides on J's call there, plus one call of
+J^H for its own columns). L
 sequential applications instead of L(L+1)/2, with the same columns in all (on an accelerator,
 where an application costs its launches, that is the time; on a CPU the FLOPs are the same).
 Each member is also a plain :class:`~spectral_hooks.linalg.LinearOperator` (its own chain,
@@ -87,11 +89,22 @@ class ChainProducts:
         live = self._live(X)
         longest = max(len(chain) for chain in self.chains)
         for i in (range(longest - 1, -1, -1) if adjoint else range(longest)):
-            for op, js in self._at(i, live):
-                X_i = torch.cat([cur[j] for j in js], dim=1) if len(js) > 1 else cur[js[0]]
-                Y_i = self._apply(op, X_i, adjoint, js)
-                for j, Y in zip(js, Y_i.split(c, dim=1)):
+            groups = self._at(i, live)
+            here = {id(op) for op, _ in groups}
+            halves = {id(_base(op)): js for op, js in groups if _base(op) is not None}
+            for op, js in groups:
+                if _base(op) is not None and id(_base(op)) in here:
+                    continue  # a Hermitian part: served by its base factor's call below
+                part = halves.get(id(op), [])
+                every = js + part
+                X_i = torch.cat([cur[j] for j in every], dim=1) if len(every) > 1 else cur[every[0]]
+                Y_i = self._apply(op, X_i, adjoint, every)
+                for j, Y in zip(every, Y_i.split(c, dim=1)):
                     cur[j] = Y
+                if part:  # (op + op^H) / 2 for those chains: the other half
+                    Y_p = self._apply(op, X_i[:, len(js) * c:], not adjoint, part)
+                    for j, Y in zip(part, Y_p.split(c, dim=1)):
+                        cur[j] = 0.5 * (cur[j] + Y)
         return torch.stack(cur)
 
     def _live(self, X: Tensor) -> List[bool]:
@@ -135,6 +148,13 @@ class ChainProducts:
         for op in (reversed(chain) if adjoint else chain):
             out = self._apply(op, out, adjoint, [j])
         return out
+
+
+def _base(op: LinearOperator) -> Optional[LinearOperator]:
+    """J where ``op`` is (J + J^H) / 2 and says so (``hermitian_part_of``, set by
+    ``metrics.schur.symmetric_part``), else None."""
+    base = getattr(op, "hermitian_part_of", None)
+    return base if isinstance(base, LinearOperator) else None
 
 
 class _ChainMember(LinearOperator):

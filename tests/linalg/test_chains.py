@@ -59,6 +59,27 @@ def test_sweeps_equal_the_dense_products_and_their_adjoints():
         torch.testing.assert_close(member.rmatmat(X[j]), want_t[j], rtol=1e-13, atol=1e-13)
 
 
+def test_a_symmetric_part_rides_on_its_factors_call():
+    from spectral_hooks.metrics.schur import symmetric_part
+
+    Js = _factors(L=3, seed=8)
+    ops = [_Counting(J) for J in Js]
+    sym = symmetric_part(ops[1])
+    family = ChainProducts([ops, [ops[0], sym, ops[2]], [ops[0], sym]])
+    mats = [Js, [Js[0], 0.5 * (Js[1] + Js[1].T), Js[2]], [Js[0], 0.5 * (Js[1] + Js[1].T)]]
+    X = torch.randn(3, 12, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(9))
+    got, got_t = family.matmat_all(X), family.rmatmat_all(X)
+    for j, m in enumerate(mats):
+        torch.testing.assert_close(got[j], _dense(m) @ X[j], rtol=1e-13, atol=1e-13)
+        torch.testing.assert_close(got_t[j], _dense(m).T @ X[j], rtol=1e-13, atol=1e-13)
+    # position 1: one call of J_2 for all three chains, one of J_2^T for the two ablated ones
+    assert ops[1].calls == 2 * 2 and ops[1].n_matvecs == 2 * (3 + 2) * 4
+    # alone, the symmetric part is a plain operator: both halves of its own
+    sym_alone = symmetric_part(DenseOperator(Js[1]))
+    torch.testing.assert_close(ChainProducts([[sym_alone]]).matmat_all(X[:1])[0],
+                               0.5 * (Js[1] + Js[1].T) @ X[0], rtol=1e-13, atol=1e-13)
+
+
 def test_one_call_per_factor_and_position_where_separate_products_take_one_per_chain_factor():
     Js = _factors(L=5)
     ops = [_Counting(J) for J in Js]
@@ -109,11 +130,12 @@ def test_the_bottleneck_estimates_cost_two_sweeps_a_lanczos_step():
     # trained, every depth: the estimates' Lanczos steps on P_l^T P_l for l = 1..4 take one
     # sweep down and one up the chain a step (2 L calls), not 2 (1 + 2 + 3 + 4)
     assert calls(2, bottleneck_table) - calls(0, bottleneck_table) == steps * 2 * L
-    # one-layer ablations (each a chain of L factors, one replaced by its symmetric part, which
-    # applies the factor and its transpose): per sweep L calls plus the 2 of each ablated factor
+    # one-layer ablations (each a chain of L factors, one replaced by its symmetric part): the
+    # ablated chain's columns ride on the factor's call at its position, plus one call of the
+    # transpose for them: 2 calls a position
     slq = calls(2, single_layer_ablation_table, variant="symmetric") - calls(
         0, single_layer_ablation_table, variant="symmetric")
-    assert slq == steps * 2 * (L + 2 * L)
+    assert slq == steps * 2 * (2 * L)
     assert slq < steps * 2 * L * (L + 1)  # one chain at a time: L + 1 calls per chain
 
 
