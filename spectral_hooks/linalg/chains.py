@@ -91,7 +91,10 @@ class ChainProducts:
         for i in (range(longest - 1, -1, -1) if adjoint else range(longest)):
             groups = self._at(i, live)
             here = {id(op) for op, _ in groups}
-            halves = {id(_base(op)): js for op, js in groups if _base(op) is not None}
+            halves: Dict[int, List[int]] = {}  # J -> the chains applying (J + J^H) / 2 here
+            for op, js in groups:
+                if _base(op) is not None:
+                    halves.setdefault(id(_base(op)), []).extend(js)
             for op, js in groups:
                 if _base(op) is not None and id(_base(op)) in here:
                     continue  # a Hermitian part: served by its base factor's call below

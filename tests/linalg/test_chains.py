@@ -74,6 +74,12 @@ def test_a_symmetric_part_rides_on_its_factors_call():
         torch.testing.assert_close(got_t[j], _dense(m).T @ X[j], rtol=1e-13, atol=1e-13)
     # position 1: one call of J_2 for all three chains, one of J_2^T for the two ablated ones
     assert ops[1].calls == 2 * 2 and ops[1].n_matvecs == 2 * (3 + 2) * 4
+    # two symmetric parts of one factor at one position: both ride on its call
+    twin = ChainProducts([[ops[0], symmetric_part(ops[1])], [ops[0], symmetric_part(ops[1])],
+                          [ops[0], ops[1]]])
+    half = 0.5 * (Js[1] + Js[1].T) @ Js[0]
+    torch.testing.assert_close(twin.matmat_all(X)[:2], torch.stack([half @ X[0], half @ X[1]]),
+                               rtol=1e-13, atol=1e-13)
     # alone, the symmetric part is a plain operator: both halves of its own
     sym_alone = symmetric_part(DenseOperator(Js[1]))
     torch.testing.assert_close(ChainProducts([[sym_alone]]).matmat_all(X[:1])[0],
