@@ -164,7 +164,8 @@ def gram_quadrature(operators: Sequence[LinearOperator], probes: Sequence[Tensor
     >>> from spectral_hooks.linalg import DenseOperator
     >>> P = torch.diag(torch.tensor([3.0, 1.0, 0.0], dtype=torch.float64))
     >>> rules = gram_quadrature([DenseOperator(P)], [torch.ones(3, 1, dtype=torch.float64)], 3)
-    >>> [round(float(x), 12) for x in rules[0][0].nodes], rules[0][0].exact
+    >>> (rule,) = rules.pop()  # P's rules: one per probe column
+    >>> [round(float(x), 12) for x in rule.nodes], rule.exact
     ([0.0, 1.0, 9.0], True)
     """
     if len(probes) != len(operators) or not operators:
