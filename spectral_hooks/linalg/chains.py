@@ -37,7 +37,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from .operators import LinearOperator, _block_hint
+from .operators import LinearOperator, block_hint
 
 __all__ = ["ChainProducts"]
 
@@ -127,13 +127,15 @@ class ChainProducts:
                 groups.setdefault(id(chain[i]), (chain[i], []))[1].append(j)
         return list(groups.values())
 
-    def _apply(self, op: LinearOperator, X: Tensor, adjoint: bool, js: List[int]) -> Tensor:
-        """op (op^H) X, its work shared out equally among chains ``js`` (equal columns). The
-        group's caller tests every product for NaN / Inf (``linalg.batch``, or the
-        quadrature on the device), so the factor may skip its own test (a host sync)."""
+    def _apply(self, op: LinearOperator, X: Tensor, adjoint: bool, js: List[int], *,
+               checked: bool = True) -> Tensor:
+        """op (op^H) X, its work shared out equally among chains ``js`` (equal columns).
+        ``checked``: the caller tests the product for NaN / Inf (a sweep: the solvers test
+        what ``matmat_all`` returns, ``linalg.batch`` or the quadrature on the device), so
+        the factor may skip its own test (a host sync); else the factor keeps its setting."""
         before = sum(o.n_matvecs for o in self.counted)
         was = op.caller_checks_finite
-        op.caller_checks_finite = True
+        op.caller_checks_finite = was or checked
         try:
             Xo = X.to(op.dtype) if X.dtype != op.dtype else X
             Y = op.rmatmat(Xo) if adjoint else op.matmat(Xo)
@@ -145,11 +147,13 @@ class ChainProducts:
         return Y.to(self.dtype) if Y.dtype != self.dtype else Y
 
     def chain_product(self, j: int, X: Tensor, adjoint: bool) -> Tensor:
-        """Chain j alone, factor by factor (its member's own product)."""
+        """Chain j alone, factor by factor (its member's own product: the factors test
+        their products themselves unless the member's caller does, ``caller_checks_finite``
+        reaching them as its parts)."""
         chain = self.chains[j]
         out = X
         for op in (reversed(chain) if adjoint else chain):
-            out = self._apply(op, out, adjoint, [j])
+            out = self._apply(op, out, adjoint, [j], checked=False)
         return out
 
 
@@ -174,14 +178,14 @@ class _ChainMember(LinearOperator):
         def rmm(X: Tensor) -> Tensor:
             return group.chain_product(j, X, adjoint=True)
 
-        adjoint = all(o._rmatvec or o._rmatmat for o in chain)
+        adjoint = all(o.has_adjoint for o in chain)
         names = [o.name for o in reversed(chain)]
         name = " @ ".join(names) if len(names) <= 3 else \
             f"{names[0]} @ ... @ {names[-1]} ({len(names)} factors)"
         super().__init__((group.n, group.n), matvec=lambda x: mm(x[:, None])[:, 0], matmat=mm,
                          rmatvec=(lambda y: rmm(y[:, None])[:, 0]) if adjoint else None,
                          rmatmat=rmm if adjoint else None, dtype=group.dtype,
-                         device=group.device, name=name, block_size=_block_hint(*chain),
+                         device=group.device, name=name, block_size=block_hint(*chain),
                          parts=parts)
         self.batch_group = group
         self.batch_index = j

@@ -158,8 +158,13 @@ class LinearOperator:
             )
         return y
 
+    @property
+    def has_adjoint(self) -> bool:
+        """Whether A^H can be applied (an ``rmatvec`` or ``rmatmat`` was given)."""
+        return self._rmatvec is not None or self._rmatmat is not None
+
     def _need_adjoint(self) -> None:
-        if self._rmatvec is None and self._rmatmat is None:
+        if not self.has_adjoint:
             raise NotImplementedError(
                 f"{self!r} has no rmatvec/rmatmat, but the adjoint A^H is needed here"
             )
@@ -266,7 +271,8 @@ def _result_dtype(a: LinearOperator, b: LinearOperator) -> torch.dtype:
     return torch.promote_types(a.dtype, b.dtype)
 
 
-def _block_hint(*ops: LinearOperator) -> Optional[int]:
+def block_hint(*ops: LinearOperator) -> Optional[int]:
+    """The block-size hint of a composite of ``ops``: the widest of theirs, or None."""
     hints = [o.block_size for o in ops if o.block_size is not None]
     return max(hints) if hints else None
 
@@ -300,7 +306,7 @@ class _Product(LinearOperator):
                 f"(shapes {A.shape} and {B.shape})"
             )
         _check_device(A, B, "compose")
-        has_adj = (A._rmatvec or A._rmatmat) and (B._rmatvec or B._rmatmat)
+        has_adj = A.has_adjoint and B.has_adjoint
         super().__init__(
             (A.shape[0], B.shape[1]),
             matvec=lambda x: A.matvec(B.matvec(x)),
@@ -308,7 +314,7 @@ class _Product(LinearOperator):
             rmatvec=(lambda y: B.rmatvec(A.rmatvec(y))) if has_adj else None,
             rmatmat=(lambda Y: B.rmatmat(A.rmatmat(Y))) if has_adj else None,
             dtype=_result_dtype(A, B), device=A.device, name=f"({A.name} @ {B.name})",
-            block_size=_block_hint(A, B), parts=(A, B),
+            block_size=block_hint(A, B), parts=(A, B),
         )
 
 
@@ -317,7 +323,7 @@ class _Sum(LinearOperator):
         if A.shape != B.shape:
             raise ValueError(f"cannot add {A!r} and {B!r}: shapes {A.shape} and {B.shape} differ")
         _check_device(A, B, "add")
-        has_adj = (A._rmatvec or A._rmatmat) and (B._rmatvec or B._rmatmat)
+        has_adj = A.has_adjoint and B.has_adjoint
         op = "+" if sign > 0 else "-"
         super().__init__(
             A.shape,
@@ -326,13 +332,13 @@ class _Sum(LinearOperator):
             rmatvec=(lambda y: A.rmatvec(y) + sign * B.rmatvec(y)) if has_adj else None,
             rmatmat=(lambda Y: A.rmatmat(Y) + sign * B.rmatmat(Y)) if has_adj else None,
             dtype=_result_dtype(A, B), device=A.device, name=f"({A.name} {op} {B.name})",
-            block_size=_block_hint(A, B), parts=(A, B),
+            block_size=block_hint(A, B), parts=(A, B),
         )
 
 
 class _Scaled(LinearOperator):
     def __init__(self, A: LinearOperator, alpha) -> None:
-        has_adj = A._rmatvec or A._rmatmat
+        has_adj = A.has_adjoint
         calpha = (alpha.conjugate() if isinstance(alpha, complex)
                   else alpha.conj() if isinstance(alpha, Tensor) else alpha)
         dtype = A.dtype

@@ -161,6 +161,30 @@ def test_the_bottleneck_top_k_runs_the_depths_in_lockstep():
         assert table.sigma_max.iloc[depth - 1] == pytest.approx(float(s[0]), rel=1e-10)
 
 
+def test_a_member_alone_leaves_the_finite_tests_to_its_factors():
+    # a sweep's products are tested by the solver that asked for them; a member applied on
+    # its own is not, so its factors keep their own NaN / Inf tests
+    seen = []
+
+    class Spy(LinearOperator):
+        def __init__(self, A):
+            def mm(X):
+                seen.append(self.caller_checks_finite)
+                return A @ X
+            super().__init__(tuple(A.shape), matvec=lambda x: mm(x[:, None])[:, 0],
+                             matmat=mm, rmatmat=lambda Y: A.T @ Y, dtype=A.dtype,
+                             device=A.device)
+
+    factor = Spy(torch.eye(4, dtype=torch.float64))
+    family = ChainProducts([[factor], [factor, factor]])
+    family.members[1].matmat(torch.ones(4, 2, dtype=torch.float64))
+    assert seen == [False, False]
+    with family.members[1].checked_by_caller():  # a caller that tests: the factors may skip
+        family.members[1].matmat(torch.ones(4, 2, dtype=torch.float64))
+    family.matmat_all(torch.ones(2, 4, 2, dtype=torch.float64))
+    assert seen[2:] == [True, True, True, True] and not factor.caller_checks_finite
+
+
 def test_bad_chains_are_refused():
     A = DenseOperator(torch.eye(3, dtype=torch.float64))
     with pytest.raises(ValueError, match="at least one chain"):
