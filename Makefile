@@ -79,6 +79,7 @@ bench-full: $(STAMP)
 	$(BENCH) benchmarks/recording_vs_tlens.py
 	$(BENCH) benchmarks/recording_cost.py
 	$(BENCH) benchmarks/bottleneck_depths.py
+	$(BENCH) benchmarks/bottleneck_end_to_end.py
 
 clean:
 	rm -rf $(VENV) spectral_report site

@@ -130,3 +130,35 @@ def test_one_layer_ablation_matrix_free_and_absent_for_bidirectional():
     np.testing.assert_allclose(free.erank, exact.erank, rtol=1e-8)
     table = _recorded("bert").analyze(power=False, bottleneck=True).bottleneck
     assert set(table.ablated_layer) == {-1}  # the product is not P_L there: no per-layer rows
+
+
+def test_bidirectional_depths_share_each_sweep_and_equal_the_dense_ranks(monkeypatch):
+    """The end-to-end operators of every depth are one chain of full-sequence block
+    Jacobians: one product of all depths runs each block once (L calls, not 1 + ... + L), and
+    the matrix-free table in lockstep equals the dense singular values (k = d)."""
+    from spectral_hooks.linearize.function import BlockFunction
+    from spectral_hooks.metrics.bottleneck import end_to_end_table
+
+    probe = _recorded("albert")  # 3 layers, one shared block at three linearisation points
+    L = probe.anatomy.n_layers
+    P = end_to_end_jacobians(probe.anatomy, probe.recording)
+    ops = end_to_end_operators(probe.anatomy, probe.recording)
+    d = P.shape[-1]
+    calls = []
+    full = BlockFunction.full
+    monkeypatch.setattr(BlockFunction, "full", lambda fn, H: calls.append(fn.layer) or full(fn, H))
+    X = torch.randn(L, d, 3, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    together = ops[0].batch_group.matmat_all(X)
+    assert sorted(calls) == list(range(L))
+    calls.clear()
+    alone = [op.matmat(x) for op, x in zip(ops, X)]
+    assert len(calls) == L * (L + 1) // 2
+    for l in range(L):
+        torch.testing.assert_close(together[l], P[l] @ X[l], rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(alone[l], P[l] @ X[l], rtol=1e-10, atol=1e-12)
+    free = end_to_end_table(ops, k=d, n_probes=0, tol=1e-12)
+    exact = end_to_end_table(list(P), dense=True)
+    for column in ("erank", "stable_rank", "participation_ratio", "sigma_max"):
+        np.testing.assert_allclose(free[column], exact[column], rtol=1e-8)
+    assert (free.surviving == exact.surviving).all()
+    assert free.n_matvecs.is_monotonic_increasing and free.n_matvecs.iloc[0] > 0

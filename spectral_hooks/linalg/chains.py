@@ -45,41 +45,45 @@ __all__ = ["ChainProducts"]
 class ChainProducts:
     """The products of ``chains`` (chain j = [A_1, ..., A_l], A_1 applied first: P_j = A_l
     ... A_1), as one :class:`~spectral_hooks.linalg.protocols.BatchGroup` whose ``members``
-    are LinearOperators (module doc). ``counted``: the operators whose ``n_matvecs`` measure
-    the work (default: the factors); :attr:`spent` [j] is the part of it done for chain j."""
+    are LinearOperators (module doc). Factors may be rectangular where they compose (A_{i+1}
+    takes A_i's output); every product is m x n. ``counted``: the operators whose
+    ``n_matvecs`` measure the work (default: the factors); :attr:`spent` [j] is the part of it
+    done for chain j. ``names``: the members' names (default: from their factors)."""
 
     def __init__(self, chains: Sequence[Sequence[LinearOperator]], *,
-                 counted: Optional[Sequence[LinearOperator]] = None) -> None:
+                 counted: Optional[Sequence[LinearOperator]] = None,
+                 names: Optional[Sequence[str]] = None) -> None:
         self.chains: List[List[LinearOperator]] = [list(chain) for chain in chains]
         if not self.chains or any(not chain for chain in self.chains):
             raise ValueError("ChainProducts: needs at least one chain, and no empty chain")
+        for op in (o for chain in self.chains for o in chain):
+            if not isinstance(op, LinearOperator):
+                raise TypeError(f"ChainProducts: factors must be LinearOperators, got {op!r}")
         first = self.chains[0][0]
-        n = first.shape[1]
+        m, n = self.chains[0][-1].shape[0], first.shape[1]
         for chain in self.chains:
-            for op in chain:
-                if not isinstance(op, LinearOperator):
-                    raise TypeError(f"ChainProducts: factors must be LinearOperators, got {op!r}")
-                if op.shape != (n, n) or op.device != first.device:
-                    raise ValueError(f"ChainProducts: every factor must be {n} x {n} on "
-                                     f"{first.device}, got {op!r}")
+            _check_chain(chain, (m, n), first.device)
+        if names is not None and len(names) != len(self.chains):
+            raise ValueError(f"ChainProducts: {len(names)} names for {len(self.chains)} chains")
         self.factors: List[LinearOperator] = list({id(o): o for c in self.chains for o in c}
                                                   .values())
         self.counted = self.factors if counted is None else list(counted)
         self.size = len(self.chains)
-        self.n = n
+        self.m, self.n = m, n
         self.device = first.device
         self.dtype = first.dtype
         for op in self.factors:
             self.dtype = torch.promote_types(self.dtype, op.dtype)
         self.spent = [0] * self.size
-        self.members = [_ChainMember(self, j) for j in range(self.size)]
+        self.members = [_ChainMember(self, j, None if names is None else names[j])
+                        for j in range(self.size)]
 
     def matmat_all(self, X: Tensor) -> Tensor:
-        """X [size, n, c] -> [size, n, c]: slot j is P_j X[j] (one sweep, A_1 first)."""
+        """X [size, n, c] -> [size, m, c]: slot j is P_j X[j] (one sweep, A_1 first)."""
         return self._sweep(X, adjoint=False)
 
     def rmatmat_all(self, X: Tensor) -> Tensor:
-        """X [size, n, c] -> [size, n, c]: slot j is P_j^H X[j] (one sweep, the last factor
+        """X [size, m, c] -> [size, n, c]: slot j is P_j^H X[j] (one sweep, the last factor
         of the longest chain first)."""
         return self._sweep(X, adjoint=True)
 
@@ -157,6 +161,21 @@ class ChainProducts:
         return out
 
 
+def _check_chain(chain: List[LinearOperator], shape: Tuple[int, int],
+                 device: torch.device) -> None:
+    """Each factor a LinearOperator on ``device`` taking the previous one's output; the
+    chain's product of ``shape`` (m, n)."""
+    rows = shape[1]
+    for op in chain:
+        if op.shape[1] != rows or op.device != device:
+            raise ValueError(f"ChainProducts: a factor must take {rows} rows on {device} "
+                             f"(the previous factor's output), got {op!r}")
+        rows = op.shape[0]
+    if rows != shape[0]:
+        raise ValueError(f"ChainProducts: every product must be {shape[0]} x {shape[1]}, got "
+                         f"one of {rows} x {shape[1]} ending in {chain[-1]!r}")
+
+
 def _base(op: LinearOperator) -> Optional[LinearOperator]:
     """J where ``op`` is (J + J^H) / 2 and says so (``hermitian_part_of``, set by
     ``metrics.schur.symmetric_part``), else None."""
@@ -168,7 +187,7 @@ class _ChainMember(LinearOperator):
     """Slot j of a :class:`ChainProducts`: P_j as a LinearOperator (alone: its chain factor
     by factor; in a solver's batch with other slots: their sweeps)."""
 
-    def __init__(self, group: ChainProducts, j: int) -> None:
+    def __init__(self, group: ChainProducts, j: int, name: Optional[str]) -> None:
         chain = group.chains[j]
         parts = tuple({id(o): o for o in chain}.values())
 
@@ -180,9 +199,10 @@ class _ChainMember(LinearOperator):
 
         adjoint = all(o.has_adjoint for o in chain)
         names = [o.name for o in reversed(chain)]
-        name = " @ ".join(names) if len(names) <= 3 else \
-            f"{names[0]} @ ... @ {names[-1]} ({len(names)} factors)"
-        super().__init__((group.n, group.n), matvec=lambda x: mm(x[:, None])[:, 0], matmat=mm,
+        if name is None:
+            name = " @ ".join(names) if len(names) <= 3 else \
+                f"{names[0]} @ ... @ {names[-1]} ({len(names)} factors)"
+        super().__init__((group.m, group.n), matvec=lambda x: mm(x[:, None])[:, 0], matmat=mm,
                          rmatvec=(lambda y: rmm(y[:, None])[:, 0]) if adjoint else None,
                          rmatmat=rmm if adjoint else None, dtype=group.dtype,
                          device=group.device, name=name, block_size=block_hint(*chain),

@@ -20,9 +20,10 @@ full sequence (each with its own recorded mask, positions and rotary inputs), so
 model's other positions carry the perturbation back to p; P_l is read at row p of block l's
 output. For a causal model this equals the product J_l^(p) ... J_1^(p) of per-position blocks
 (rows before p do not depend on row p); for a bidirectional one the product of diagonal blocks
-is not the end-to-end Jacobian. ``end_to_end_operators`` gives the same maps matrix-free
-(matvec = JVP, rmatvec = VJP through the stack; a matmat / rmatmat of k columns is one forward
-with the k tangents / cotangents batched by ``torch.vmap``).
+is not the end-to-end Jacobian. ``end_to_end_operators`` gives the same maps matrix-free, as
+products of one chain of full-sequence block Jacobians (matvec = JVP, rmatvec = VJP through the
+stack, block by block; k columns are one forward of each block with the k tangents /
+cotangents batched by ``torch.vmap``); solved together, all depths share each sweep.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import torch
 from torch import Tensor
 
 from ..errors import RecordingError, fallback
-from ..linalg import LinearOperator
+from ..linalg import ChainProducts, LinearOperator
 from .function import REPLAY_ERRORS, block_function, math_sdpa
 
 if TYPE_CHECKING:
@@ -41,6 +42,11 @@ if TYPE_CHECKING:
     from ..recording import Recording
 
 __all__ = ["end_to_end_jacobians", "end_to_end_operators"]
+
+#: Columns one vmapped JVP / VJP of a block carries at most: solved together, every depth's
+#: columns pass through the first block, and each carries [T, d] activations and [h, T, T]
+#: attention scores, so a call is cut into chunks no wider than one depth's block of columns.
+COLUMN_CHUNK = 64
 
 
 def _stack(anatomy: Anatomy, recording: Recording, layers: Sequence[int], sample: int, position: int):
@@ -78,29 +84,63 @@ def end_to_end_jacobians(anatomy: Anatomy, recording: Recording, *, layers: Sequ
 
 def end_to_end_operators(anatomy: Anatomy, recording: Recording, *, layers: Sequence[int] | None = None,
                          sample: int = 0, position: int = -1) -> list[LinearOperator]:
-    """P_1, ..., P_L as matrix-free operators (JVP / VJP through the first l blocks)."""
+    """P_1, ..., P_L as matrix-free operators: the members of one ``linalg.ChainProducts``
+    (P_l = R F_l ... F_1 S: S puts a [d] tangent at row p of the sequence, F_i is block i's
+    Jacobian on the full sequence, linearised where the stack's own forward puts it, R reads
+    row p). Alone, a product is a JVP / VJP through its first l blocks; solved together (one
+    ``svds`` of the list), every step is one sweep through the stack for all depths, so the
+    sequential block applications grow as L, not L^2. ``n_matvecs`` of the blocks (the group's
+    ``counted``) counts the block applications, a column each."""
     layers = list(recording.layers if layers is None else layers)
-    fns, outputs = _stack(anatomy, recording, layers, sample, position)
-    x0 = fns[0].x0[0]
-    d = x0.shape[0]
+    fns, _ = _stack(anatomy, recording, layers, sample, position)
+    first = fns[0]
+    x0 = first.x0[0]
+    d, width = x0.shape[0], first._base.shape[0]
+    row = first.rows[0]
+    inputs = [first._base + first._scatter @ x0[None]]
+    with math_sdpa(), torch.no_grad():
+        for fn in fns[:-1]:
+            inputs.append(fn.full(inputs[-1]))
+    blocks = [_sequence_jacobian(fn, H) for fn, H in zip(fns, inputs)]
+    rows = slice(row * d, (row + 1) * d)
 
-    def make(depth: int) -> LinearOperator:
-        def g(x: Tensor) -> Tensor:
-            return outputs(x, depth)[-1]
+    def scatter(X: Tensor) -> Tensor:  # [d, c] -> [width * d, c]: X at row p, zeros elsewhere
+        Z = X.new_zeros(width * d, X.shape[1])
+        Z[rows] = X
+        return Z
 
-        def matmat(V: Tensor) -> Tensor:  # [d, k]: one forward, the k tangents batched
-            with math_sdpa():
-                return _vmapped(lambda v: torch.func.jvp(g, (x0,), (v,))[1], V.to(x0.dtype))
+    def read(Y: Tensor) -> Tensor:  # [width * d, c] -> [d, c]: row p
+        return Y[rows]
 
-        def rmatmat(U: Tensor) -> Tensor:  # [d, k]: one forward and one batched backward
-            with math_sdpa():
-                pullback = torch.func.vjp(g, x0)[1]
-                return _vmapped(lambda u: pullback(u)[0], U.to(x0.dtype))
-        return LinearOperator((d, d), matvec=lambda v: matmat(v[:, None])[:, 0],
-                              rmatvec=lambda u: rmatmat(u[:, None])[:, 0], matmat=matmat,
-                              rmatmat=rmatmat, dtype=x0.dtype, device=x0.device,
-                              name=f"P[depth {depth}, end to end]")
-    return [make(depth) for depth in range(1, len(fns) + 1)]
+    S = LinearOperator((width * d, d), matmat=scatter, rmatmat=read, matvec=lambda x: scatter(
+        x[:, None])[:, 0], rmatvec=lambda y: y[rows], dtype=x0.dtype, device=x0.device,
+        name=f"row {row} into the sequence")
+    R = LinearOperator((d, width * d), matmat=read, rmatmat=scatter, matvec=lambda y: y[rows],
+                       rmatvec=lambda x: scatter(x[:, None])[:, 0], dtype=x0.dtype,
+                       device=x0.device, name=f"row {row} of the sequence")
+    depths = range(1, len(fns) + 1)
+    return ChainProducts([[S, *blocks[:depth], R] for depth in depths], counted=blocks,
+                         names=[f"P[depth {depth}, end to end]" for depth in depths]).members
+
+
+def _sequence_jacobian(fn, H: Tensor) -> LinearOperator:
+    """Block ``fn``'s Jacobian on the whole [T, d] sequence at input H, on flattened [T d]
+    columns (JVP / VJP, the columns batched by ``torch.vmap`` in chunks of COLUMN_CHUNK)."""
+    T, d = H.shape
+
+    def matmat(V: Tensor) -> Tensor:
+        with math_sdpa():
+            return _vmapped(lambda v: torch.func.jvp(fn.full, (H,), (v.view(T, d),))[1]
+                            .reshape(-1), V.to(H.dtype))
+
+    def rmatmat(U: Tensor) -> Tensor:
+        with math_sdpa():
+            pullback = torch.func.vjp(fn.full, H)[1]
+            return _vmapped(lambda u: pullback(u.view(T, d))[0].reshape(-1), U.to(H.dtype))
+    return LinearOperator((T * d, T * d), matvec=lambda v: matmat(v[:, None])[:, 0],
+                          rmatvec=lambda u: rmatmat(u[:, None])[:, 0], matmat=matmat,
+                          rmatmat=rmatmat, dtype=H.dtype, device=H.device,
+                          name=f"J[block {fn.layer}, whole sequence]")
 
 
 def _vmapped(f, X: Tensor) -> Tensor:
@@ -110,7 +150,7 @@ def _vmapped(f, X: Tensor) -> Tensor:
     if X.shape[1] == 1:
         return f(X[:, 0])[:, None]
     try:
-        return torch.vmap(f, in_dims=1, out_dims=1)(X)
+        return torch.vmap(f, in_dims=1, out_dims=1, chunk_size=COLUMN_CHUNK)(X)
     except REPLAY_ERRORS as err:
         fallback("linearize.end_to_end_no_vmap",
                  f"torch.vmap over the end-to-end JVP/VJP failed ({err}): columns applied one "

@@ -27,7 +27,9 @@ full-spectrum erank and surviving with their standard errors (``RANK_ESTIMATE_CO
 ``metrics.rank_estimates``). The estimates of every depth (every ablated layer) run in
 lockstep: the products are members of one ``linalg.ChainProducts``, so a Lanczos step of all
 of them is one sweep down and one up the chain, L sequential block applications each, where
-the depths one at a time took l for every depth l (the same columns in all).
+the depths one at a time took l for every depth l (the same columns in all). The end-to-end
+Jacobians of a bidirectional stack (``end_to_end_table``) run the same way: they are chains
+of full-sequence block Jacobians between a row's scatter and its read.
 """
 
 from __future__ import annotations
@@ -54,7 +56,6 @@ from spectral_hooks.metrics.jacobian import SCHUR_MAX_D, schur_diagonal, symmetr
 from spectral_hooks.metrics.nulls import gamma_null
 from spectral_hooks.metrics.rank_estimates import (
     RANK_ESTIMATE_COLUMNS,
-    rank_estimates,
     rank_estimates_of,
 )
 
@@ -134,13 +135,6 @@ def _check_probes(n_probes: int, steps: int, what: str) -> None:
     check_int("steps", steps, minimum=1, hint=what)
 
 
-def _estimates(P: LinearOperator, n_probes: int, steps: int, seed: int, tau: float) -> dict:
-    """The SLQ estimates of the full-spectrum erank and surviving of P (none: n_probes 0)."""
-    if not n_probes:
-        return {}
-    return rank_estimates(P, n_probes=n_probes, steps=steps, seed=seed, tau=tau)
-
-
 def _columns(dense: bool, n_probes: int) -> list[str]:
     extra: tuple[str, ...] = RANK_ESTIMATE_COLUMNS if not dense and n_probes else ()
     return [*BOTTLENECK_COLUMNS, *extra]
@@ -204,7 +198,7 @@ def bottleneck_table(operators: Sequence[_Op], *, k: int = 32, variant: str = "t
     return pd.DataFrame(rows, columns=_columns(False, n_probes))
 
 
-def _matrix_free_rows(chains: list[list[LinearOperator]], operators: Sequence[_Op],
+def _matrix_free_rows(chains: list[list[LinearOperator]], counted: Sequence[_Op],
                       variant: str, *, k: int, seeds: list[int], depths: list[int], tau: float,
                       method: str, tol: float, n_probes: int, steps: int,
                       ablated: Optional[list[int]] = None) -> list[dict]:
@@ -212,8 +206,8 @@ def _matrix_free_rows(chains: list[list[LinearOperator]], operators: Sequence[_O
     singular values of every chain by one ``svds`` run in lockstep (start block from
     ``seeds[0]``), then their SLQ estimates in lockstep (chain j's probes from ``seeds[j]``),
     each step one sweep through the shared factors (``linalg.chains``). ``n_matvecs``: the
-    applications of ``operators`` spent on the rows so far."""
-    family = ChainProducts(chains, counted=[o for o in operators if isinstance(o, LinearOperator)])
+    applications of the operators among ``counted`` spent on the rows so far."""
+    family = ChainProducts(chains, counted=[o for o in counted if isinstance(o, LinearOperator)])
     d = family.n
     spectra = list(svds(family.members, k, method=method, tol=tol, seed=seeds[0],
                         return_vectors=False).S)
@@ -331,7 +325,9 @@ def end_to_end_table(products: Sequence[_Op], *, k: int = 32, variant: str = "tr
     Jacobians P_1, ..., P_L
     themselves (``linearize.end_to_end``: exact for bidirectional models, where the product of
     per-position blocks is not P_l); matrix-free, with the SLQ estimates of
-    :func:`bottleneck_table` (``n_probes``, ``steps``; seed ``seed + depth``).
+    :func:`bottleneck_table` (``n_probes``, ``steps``; seed ``seed + depth``), every depth in
+    lockstep (one ``svds`` and one quadrature; products from one ``linalg.ChainProducts``,
+    as ``linearize.end_to_end`` makes them, share each sweep through their common factors).
 
     >>> P = [torch.diag(torch.tensor([1.0, 0.5, 0.0])).double()] * 2
     >>> end_to_end_table(P, dense=True)["surviving"].tolist()
@@ -342,22 +338,33 @@ def end_to_end_table(products: Sequence[_Op], *, k: int = 32, variant: str = "tr
     _check_probes(n_probes, steps, what)
     check_choice("variant", variant, ("trained", "init"), hint=what)
     wanted = selected_depths(depths, len(products), what)
+    if not dense:
+        check_int("k", k, minimum=1, maximum=d, accepted=f"an int with 1 <= k <= d = {d}",
+                  hint=what)
+        chains, counted = _chains_of(products)
+        picked = sorted(wanted)
+        rows = _matrix_free_rows([chains[depth - 1] for depth in picked], counted, variant, k=k,
+                                 seeds=[seed + depth for depth in picked], depths=picked,
+                                 tau=tau, method=method, tol=tol, n_probes=n_probes,
+                                 steps=steps)
+        return pd.DataFrame(rows, columns=_columns(False, n_probes))
     rows = []
     for depth, P in enumerate(products, start=1):
-        if depth not in wanted:
-            continue
-        est: dict = {}
-        if dense:
-            s, truncated = torch.linalg.svdvals(_as_dense(P)), False
-        else:
-            check_int("k", k, minimum=1, maximum=d, accepted=f"an int with 1 <= k <= d = {d}",
-                      hint=what)
-            op = _as_op(P)
-            s = svds(op, k, method=method, tol=tol, seed=seed + depth, return_vectors=False).S
-            truncated = k < d
-            est = _estimates(op, n_probes, steps, seed + depth, tau)
-        rows.append({**_rank_row(variant, depth, s, tau, truncated, _count(products)), **est})
-    return pd.DataFrame(rows, columns=_columns(dense, n_probes))
+        if depth in wanted:
+            s = torch.linalg.svdvals(_as_dense(P))
+            rows.append(_rank_row(variant, depth, s, tau, False, _count(products)))
+    return pd.DataFrame(rows, columns=_columns(True, n_probes))
+
+
+def _chains_of(products: Sequence[_Op]) -> tuple[list[list[LinearOperator]], list[_Op]]:
+    """The factor chains of ``products`` and the operators that count their work: those of
+    their ``linalg.ChainProducts`` where all are its members (``linearize.end_to_end``: the
+    depths then share each sweep through the stack), else each product its own chain."""
+    groups = {id(getattr(P, "batch_group", None)) for P in products}
+    group = getattr(products[0], "batch_group", None)
+    if len(groups) == 1 and isinstance(group, ChainProducts):
+        return [group.chains[P.batch_index] for P in products], group.counted
+    return [[_as_op(P)] for P in products], list(products)
 
 
 def propagation_table(operators: Sequence[_Op], *, start_layer: int = 0,

@@ -191,7 +191,42 @@ def test_bad_chains_are_refused():
         ChainProducts([])
     with pytest.raises(ValueError, match="no empty chain"):
         ChainProducts([[A], []])
-    with pytest.raises(ValueError, match="3 x 3"):
+    with pytest.raises(ValueError, match="take 3 rows"):
         ChainProducts([[A, DenseOperator(torch.ones(3, 4, dtype=torch.float64))]])
+    wide = DenseOperator(torch.ones(4, 3, dtype=torch.float64))
+    with pytest.raises(ValueError, match="every product must be 3 x 3"):
+        ChainProducts([[A], [A, wide]])
+    with pytest.raises(ValueError, match="1 names for 2 chains"):
+        ChainProducts([[A], [A, A]], names=["one"])
     with pytest.raises(TypeError, match="LinearOperators"):
         ChainProducts([[A, np.eye(3)]])
+
+
+def test_rectangular_factors_that_compose():
+    """Chains in and out of a wider space (a row scattered into a sequence, blocks on the
+    sequence, the row read back: the end-to-end Jacobians of a bidirectional stack) equal the
+    dense products, forward and adjoint, and share the calls of their common factors."""
+    g = torch.Generator().manual_seed(5)
+    d, wide = 3, 7
+    S = torch.zeros(wide, d, dtype=torch.float64)
+    S[2:5] = torch.eye(d, dtype=torch.float64)
+    Fs = [torch.randn(wide, wide, generator=g, dtype=torch.float64) for _ in range(3)]
+    scatter, read = DenseOperator(S), DenseOperator(S.T)
+    blocks = [DenseOperator(F) for F in Fs]
+    family = ChainProducts([[scatter, *blocks[:depth], read] for depth in (1, 2, 3)],
+                           counted=blocks, names=["P1", "P2", "P3"])
+    assert [P.name for P in family.members] == ["P1", "P2", "P3"]
+    assert all(P.shape == (d, d) for P in family.members)
+    X = torch.randn(3, d, 2, generator=g, dtype=torch.float64)
+    want, dense = [], torch.eye(wide, dtype=torch.float64)
+    for F in Fs:
+        dense = F @ dense
+        want.append(S.T @ dense @ S)
+    for j, P in enumerate(want):
+        torch.testing.assert_close(family.matmat_all(X)[j], P @ X[j], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(family.rmatmat_all(X)[j], P.T @ X[j], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(family.members[j].matmat(X[j]), P @ X[j])
+    before = [F.n_matvecs for F in blocks]
+    family.matmat_all(X)
+    # F_1 carries the columns of all three chains in one call, F_3 those of the longest only
+    assert [F.n_matvecs - b for F, b in zip(blocks, before)] == [6, 4, 2]
