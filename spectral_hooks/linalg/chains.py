@@ -75,8 +75,8 @@ class ChainProducts:
         for op in self.factors:
             self.dtype = torch.promote_types(self.dtype, op.dtype)
         self.spent = [0] * self.size
-        self.members = [_ChainMember(self, j, None if names is None else names[j])
-                        for j in range(self.size)]
+        self.members: List[LinearOperator] = [
+            _ChainMember(self, j, None if names is None else names[j]) for j in range(self.size)]
 
     def matmat_all(self, X: Tensor) -> Tensor:
         """X [size, n, c] -> [size, m, c]: slot j is P_j X[j] (one sweep, A_1 first)."""

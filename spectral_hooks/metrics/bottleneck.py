@@ -356,15 +356,15 @@ def end_to_end_table(products: Sequence[_Op], *, k: int = 32, variant: str = "tr
     return pd.DataFrame(rows, columns=_columns(True, n_probes))
 
 
-def _chains_of(products: Sequence[_Op]) -> tuple[list[list[LinearOperator]], list[_Op]]:
+def _chains_of(products: Sequence[_Op]) -> tuple[list[list[LinearOperator]], Sequence[_Op]]:
     """The factor chains of ``products`` and the operators that count their work: those of
     their ``linalg.ChainProducts`` where all are its members (``linearize.end_to_end``: the
     depths then share each sweep through the stack), else each product its own chain."""
     groups = {id(getattr(P, "batch_group", None)) for P in products}
     group = getattr(products[0], "batch_group", None)
     if len(groups) == 1 and isinstance(group, ChainProducts):
-        return [group.chains[P.batch_index] for P in products], group.counted
-    return [[_as_op(P)] for P in products], list(products)
+        return [group.chains[getattr(P, "batch_index")] for P in products], group.counted
+    return [[_as_op(P)] for P in products], products
 
 
 def propagation_table(operators: Sequence[_Op], *, start_layer: int = 0,
