@@ -45,13 +45,44 @@ def start_vectors(batch: OpBatch, v0: Optional[Tensor], gen: torch.Generator) ->
 
 
 def order(theta: Tensor, which: str) -> Tensor:
-    """Permutation sorting Ritz values by ``which``, conjugate pairs adjacent, +imag first."""
-    mod, re, im = theta.abs(), theta.real, theta.imag
+    """Permutation sorting Ritz values by ``which``, conjugate pairs adjacent, +imag first.
+
+    The keys are computed from (re, |im|), so the two members of a pair get bitwise equal
+    keys (``Tensor.abs`` of a complex tensor need not: its vectorised and scalar lanes round
+    differently), and each +imag value is followed by its conjugate even where several pairs
+    tie (a permutation matrix's i, i, -i, -i).
+    """
+    re, im = theta.real, theta.imag.abs()
+    scale = torch.maximum(re.abs().amax(), im.amax()).clamp(min=torch.finfo(re.dtype).tiny) \
+        if theta.numel() else re.new_ones(())
+    r, i = re / scale, im / scale
+    mod = torch.sqrt(r * r + i * i)  # rounded alike in every lane (no complex abs)
     primary = {"LM": -mod, "LR": -re, "SM": mod}[which]
     idx = torch.arange(theta.shape[0], device=theta.device)
-    for key in (-im, -re, -im.abs(), primary):  # least significant first, stable sorts
+    for key in (-theta.imag, -re, -im, primary):  # least significant first, stable sorts
         idx = idx[torch.sort(key[idx], stable=True).indices]
-    return idx
+    return _pairs_adjacent(theta, idx)
+
+
+def _pairs_adjacent(theta: Tensor, idx: Tensor) -> Tensor:
+    """``idx`` with each +imag value's exact conjugate moved right after it (one host read;
+    a real matrix's eig returns its pairs as exact conjugates)."""
+    values = theta[idx].tolist()
+    perm = idx.tolist()
+    taken = [False] * len(perm)
+    out = []
+    for a, v in enumerate(values):
+        if taken[a]:
+            continue
+        taken[a] = True
+        out.append(perm[a])
+        if v.imag > 0:
+            partner = next((b for b in range(a + 1, len(values))
+                            if not taken[b] and values[b] == v.conjugate()), None)
+            if partner is not None:
+                taken[partner] = True
+                out.append(perm[partner])
+    return torch.tensor(out, dtype=idx.dtype, device=idx.device)
 
 
 def key(theta: Tensor, which: str) -> Tensor:
@@ -232,4 +263,7 @@ def validate(batch: OpBatch, k: int, which: str, tol: float, ncv: Optional[int],
             bs, ncv = 1, min(n, max(3 * k, 20, min(6 * k, NCV_WIDE)))
     if not (k + 2 <= ncv <= n):
         raise OptionError("ncv", ncv, f"an int with k + 2 = {k + 2} <= ncv <= n = {n}")
-    return ncv, max(1, min(bs, n - ncv))
+    # a block wider than the room beyond the wanted set leaves the space no Krylov depth (the
+    # block, not its products, fills it) and the probe nothing to check with: found wrong
+    # top-k sets reported converged (block >= ncv), so at most (ncv - k) / 2 columns
+    return ncv, max(1, min(bs, n - ncv, (ncv - k) // 2))

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import TYPE_CHECKING, Optional, Sequence
+from typing import TYPE_CHECKING, Optional, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -100,6 +100,9 @@ def svds(op: LinearOperator | Sequence[LinearOperator] | Tensor, k: int, *,
     gen = torch.Generator().manual_seed(int(seed))
     if method == "randomized":
         U, S, V, conv = _randomized(batch, k, n_oversamples, n_iter, tol, gen)
+    elif mr < n:  # wide: bidiagonalise the tall A^H, whose right space m columns can fill
+        V, S, U, conv = _lanczos(_Adjoint(batch), k, ncv, block_size, max_restarts, tol, gen,
+                                 device_path)
     else:
         U, S, V, conv = _lanczos(batch, k, ncv, block_size, max_restarts, tol, gen,
                                  device_path)
@@ -137,6 +140,30 @@ def _randomized(batch: OpBatch, k: int, p: int, n_iter: int, tol: float, gen):
     return U, S, V, conv
 
 
+class _Adjoint:
+    """A batch's adjoints A^H as the batch :func:`_lanczos` reads. Golub-Kahan starts its
+    right block in the operator's column space; for a wide A (m < n) that is R^n, which the
+    m-dimensional left space cannot fill, so its Ritz triplets never become exact and a
+    restart keeps up to m of the n directions. On A^H the start lies in R^m, and
+    ``ncv = m`` spans it."""
+
+    def __init__(self, batch: OpBatch) -> None:
+        self._batch = batch
+        self.B, self.wdtype, self.device, self.ops = batch.B, batch.wdtype, batch.device, batch.ops
+        self.shape = batch.shape[::-1]
+
+    def apply(self, X: Tensor, mask: Sequence[bool], *, adjoint: bool = False,
+              check: bool = True) -> Tensor:
+        return self._batch.apply(X, mask, adjoint=not adjoint, check=check)
+
+    def nonfinite(self, b: int, adjoint: bool = False) -> FloatingPointError:
+        return self._batch.nonfinite(b, not adjoint)
+
+
+#: what the Lanczos steps apply: the operators, or their adjoints (a wide batch)
+_Batch = Union[OpBatch, _Adjoint]
+
+
 def orthonormal_block(Q: Tensor, W: Tensor) -> Tensor:
     """Orthonormal columns orthogonal to Q [B, n, j] (orthonormal) whose span holds W [B, n, c]'s
     part off Q, without a host sync: three passes of block Gram-Schmidt, each followed by a QR.
@@ -161,7 +188,7 @@ def orthonormal_block(Q: Tensor, W: Tensor) -> Tensor:
     return W
 
 
-def _default_block(batch: OpBatch, k: int, device_path: bool = False) -> int:
+def _default_block(batch: _Batch, k: int, device_path: bool = False) -> int:
     """Columns per application: 1 where an application costs FLOPs (``cost.flop_bound``: the
     CPU at a large width), else the operators' ``block_size`` hint (batched-JVP operators carry
     one) capped at k, else min(k, BLOCK)."""
@@ -173,7 +200,7 @@ def _default_block(batch: OpBatch, k: int, device_path: bool = False) -> int:
     return max(1, min(k, BLOCK))
 
 
-def _shape(batch: OpBatch, k: int, ncv: Optional[int], block_size: Optional[int],
+def _shape(batch: _Batch, k: int, ncv: Optional[int], block_size: Optional[int],
            device_path: bool = False) -> tuple:
     """(b, m, r): block width, subspace size (a multiple of b) and the size kept at a restart
     (m - r a multiple of b, r >= k). The default subspace, max(4k, 20, k + 4b), gives a cycle
@@ -187,8 +214,9 @@ def _shape(batch: OpBatch, k: int, ncv: Optional[int], block_size: Optional[int]
         raise OptionError("block_size", block_size, "a positive int or None")
     if ncv is not None:
         check_int("ncv", ncv)
-        if not (k <= ncv <= dmin):
-            raise OptionError("ncv", ncv, f"an int with k = {k} <= ncv <= min(m, n) = {dmin}")
+        if not (k < ncv <= dmin or k == ncv == dmin):  # ncv = k leaves no room to expand
+            raise OptionError("ncv", ncv, f"an int with k = {k} < ncv <= min(m, n) = {dmin} "
+                              "(or ncv = k = min(m, n))")
     b = _default_block(batch, k, device_path) if block_size is None else block_size
     while b > 1:  # the widest block up to b that leaves room for a block space
         m0 = max(4 * k, 20, k + 4 * b) if ncv is None else ncv
@@ -201,12 +229,12 @@ def _shape(batch: OpBatch, k: int, ncv: Optional[int], block_size: Optional[int]
     return 1, m, max(k, min(m - 1, k + (m - k) // 2))
 
 
-def _lanczos(batch: OpBatch, k: int, ncv: Optional[int], block_size: Optional[int],
+def _lanczos(batch: _Batch, k: int, ncv: Optional[int], block_size: Optional[int],
              max_restarts: int, tol: float, gen, device_path: bool = False):
     """Block Golub-Kahan-Lanczos bidiagonalisation with thick restarts (module doc)."""
     B, (mr, n), dt, dev = batch.B, batch.shape, batch.wdtype, batch.device
     b, m, r = _shape(batch, k, ncv, block_size, device_path)
-    full = m >= min(mr, n)  # the space spans everything: its Ritz triplets are exact
+    full = m >= n  # the right space spans R^n: its Ritz triplets are exact
     V = torch.zeros(B, n, m + b, dtype=dt, device=dev)
     U = torch.zeros(B, mr, m, dtype=dt, device=dev)
     AV = torch.zeros(B, mr, m, dtype=dt, device=dev)
@@ -257,7 +285,7 @@ def _lanczos(batch: OpBatch, k: int, ncv: Optional[int], block_size: Optional[in
     return outU, outS, outV, torch.tensor(conv, device=dev)
 
 
-def _expand(batch: OpBatch, V: Tensor, U: Tensor, AV: Tensor, p: int, m: int, b: int,
+def _expand(batch: _Batch, V: Tensor, U: Tensor, AV: Tensor, p: int, m: int, b: int,
             running: list) -> Tensor:
     """Block steps j = p, p + b, .. < m: AV_j = A V_j, U_j = orth(AV_j off U), V_{j+b} =
     orth(A^H U_j off V). No host sync (NaN / Inf reach the projected matrix and the estimates,
@@ -313,7 +341,7 @@ def _restart(V: Tensor, U: Tensor, AV: Tensor, P: Tensor, Q: Tensor, m: int, r: 
     AV[:, :, r:] = 0
 
 
-def _fresh_residuals(batch: OpBatch, Uk: Tensor, Sk: Tensor, Vk: Tensor, mask: list) -> Tensor:
+def _fresh_residuals(batch: _Batch, Uk: Tensor, Sk: Tensor, Vk: Tensor, mask: list) -> Tensor:
     """max_i max(||A v_i - s_i u_i||, ||A^H u_i - s_i v_i||) / s_1 per member, from fresh
     products (two applications of k columns); +inf for members not in ``mask``."""
     s = Sk.to(Uk.dtype).unsqueeze(1)

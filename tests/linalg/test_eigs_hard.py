@@ -191,3 +191,54 @@ def test_block_mode_host_syncs_are_per_cycle_not_per_step():
     applications = res.n_matvecs / 8
     assert bool(res.converged)
     assert syncs <= 0.5 * applications, (syncs, applications)
+
+
+@pytest.mark.parametrize("n", [6, 8, 12])
+def test_permutation_matrices_tied_conjugate_pairs(n):
+    """Every eigenvalue on the unit circle, complex ones repeated (i, i, -i, -i): the pairs
+    must stay adjacent through the sort, or the real Schur basis and the check split them
+    (found by fuzzing: a shape error from deep inside on eigs(P, 3), default options)."""
+    for seed in range(6):
+        P = torch.eye(n, dtype=torch.float64)[
+            torch.randperm(n, generator=torch.Generator().manual_seed(seed))]
+        for k in (1, 3, n - 2):
+            res = eigs(P, k)
+            assert bool(res.converged)
+            torch.testing.assert_close(res.values.abs(), torch.ones_like(res.values.real))
+            x = res.vectors
+            assert float((P.to(x.dtype) @ x - x * res.values).norm(dim=0).max()) < 1e-8
+
+
+def test_a_conjugate_pair_whose_moduli_differ_in_the_last_bit():
+    """``Tensor.abs`` of a complex tensor rounds its vectorised and scalar lanes differently:
+    the two members of a pair got different moduli, sorted -imag first, and the restart split
+    the pair (a shape error; Gaussian 10 x 10, k = 3, ncv = 5). The order now keys on
+    (re, |im|) and puts each conjugate right after its +imag member."""
+    from spectral_hooks.linalg.eigs_parts import order
+
+    t = torch.tensor([3 + 1j, 3 - 1j, 0.04, -1.8138171642451433 + 1.7275608623898204j,
+                      -1.8138171642451433 - 1.7275608623898204j], dtype=torch.complex128)
+    idx = order(t, "LM").tolist()
+    assert idx == [0, 1, 3, 4, 2]
+    assert order(torch.tensor([1j, 1j, -1j, -1j]), "LM").tolist() == [0, 2, 1, 3]
+    A = torch.randn(10, 10, dtype=torch.float64, generator=torch.Generator().manual_seed(13))
+    res = eigs(A, 3, ncv=5)
+    assert bool(res.converged)
+    assert hc.multiset_error(res.values, hc.dense_top(A, res.values.shape[0]), 1.0) < 1e-8
+
+
+def test_a_block_wider_than_the_room_beyond_k_is_narrowed():
+    """block_size 32 with ncv = 5 (or the device path's default block with a small ncv) left
+    the space no Krylov depth: a wrong top-k reported converged (rank-1 n = 100, LR; a
+    symmetric 17 x 17, k = 5, ncv = 7). The block is now at most (ncv - k) / 2 columns."""
+    g = torch.Generator().manual_seed(1)
+    u, v = (torch.randn(100, 1, generator=g, dtype=torch.float64) for _ in range(2))
+    res = eigs(-u @ v.T, 1, which="LR", ncv=5, block_size=32)
+    assert bool(res.converged)
+    torch.testing.assert_close(res.values.real, -(v.T @ u).reshape(1))
+    for seed in range(10):
+        X = torch.randn(17, 17, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+        res = eigs(X + X.T, 5, ncv=7, device_path=True)
+        want = torch.linalg.eigvalsh(X + X.T).abs().sort(descending=True).values[:5]
+        assert bool(res.converged)
+        torch.testing.assert_close(res.values.abs().sort(descending=True).values, want)

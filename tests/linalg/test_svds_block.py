@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from spectral_hooks.errors import OptionError
 from spectral_hooks.linalg import DenseOperator, svds
 from spectral_hooks.linalg.svd import orthonormal_block
 
@@ -94,3 +95,30 @@ def test_orthonormal_block_turns_a_column_in_the_span_into_a_new_direction():
     # the part of W off Q lies in span(X)
     off = W - Q @ (Q.mH @ W)
     assert float(torch.linalg.matrix_norm(off - X @ (X.mH @ off)).max()) < 1e-12
+
+
+@pytest.mark.parametrize("block_size", [None, 1, 4])
+@pytest.mark.parametrize("shape", [(3, 10), (8, 40), (20, 100)])
+def test_wide_operators_are_bidiagonalised_through_their_adjoint(block_size, shape):
+    """A wide A (m < n): the m-dimensional left space cannot hold the right start block's
+    directions, so the space was taken for exact at ncv = m and a singular value could be
+    missed with converged=True (found by fuzzing: 8 x 40, k = 3). Every triplet against the
+    dense SVD, alone and in a batch."""
+    g = torch.Generator().manual_seed(140)
+    A = torch.randn(*shape, generator=g, dtype=torch.float64)
+    for k in (1, 3):
+        res = svds(A, k, block_size=block_size, tol=1e-10)
+        assert bool(res.converged)
+        _check(A, res, k, 1e-10)
+    both = svds([DenseOperator(A), DenseOperator(2 * A)], 3, block_size=block_size)
+    s = torch.linalg.svdvals(A)[:3]
+    torch.testing.assert_close(both.S, torch.stack([s, 2 * s]), rtol=1e-8, atol=1e-12)
+    assert both.U.shape == (2, shape[0], 3) and both.Vh.shape == (2, 3, shape[1])
+
+
+def test_a_subspace_no_wider_than_k_is_refused_unless_it_is_everything():
+    A = torch.randn(12, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(OptionError, match="k = 2 < ncv"):
+        svds(A, 2, ncv=2)
+    res = svds(A[:, :3], 3, ncv=3)  # k = ncv = min(m, n): the whole space, exact
+    torch.testing.assert_close(res.S, torch.linalg.svdvals(A[:, :3]))
