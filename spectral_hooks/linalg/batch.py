@@ -38,7 +38,8 @@ class OpBatch:
             self.is_complex = op.is_complex()
             self.device = op.device
             self.wdtype = torch.complex128 if self.is_complex else torch.float64
-            self.dense = op.reshape(-1, *self.shape).to(self.wdtype)
+            # the solvers are not differentiable: a tensor that requires grad is read as data
+            self.dense = op.detach().reshape(-1, *self.shape).to(self.wdtype)
             self.B = self.dense.shape[0]
             self.names = [f"dense matrix #{b}" for b in range(self.B)]
         elif isinstance(op, LinearOperator) or (

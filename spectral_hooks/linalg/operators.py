@@ -152,11 +152,23 @@ class LinearOperator:
         return x
 
     def _check_out(self, y: Tensor, shape: tuple, what: str) -> Tensor:
+        if not isinstance(y, Tensor):
+            raise TypeError(f"{self!r}.{what} returned {type(y).__name__}, not a torch.Tensor")
         if tuple(y.shape) != shape:
             raise ValueError(
                 f"{self!r}.{what} returned shape {tuple(y.shape)}, expected {shape}"
             )
+        if y.is_complex() and not self.dtype.is_complex:
+            raise TypeError(f"{self!r}.{what} returned a complex tensor for a real operand: "
+                            "declare the operator's dtype complex (e.g. torch.complex128)")
         return y
+
+    def _real_on_complex(self, apply: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
+        """A real operator on a complex operand: A Re x + i A Im x (two applications)."""
+        return torch.complex(apply(x.real.contiguous()), apply(x.imag.contiguous()))
+
+    def _splits(self, x: Tensor) -> bool:
+        return x.is_complex() and not self.dtype.is_complex
 
     @property
     def has_adjoint(self) -> bool:
@@ -174,6 +186,8 @@ class LinearOperator:
         """A x for x of shape [n]; returns [m]."""
         m, n = self.shape
         self._check_in(x, n, "matvec", 1)
+        if self._splits(x):
+            return self._real_on_complex(self.matvec, x)
         self.n_matvecs += 1
         return self._check_out(self._matvec(x), (m,), "matvec")
 
@@ -182,6 +196,8 @@ class LinearOperator:
         m, n = self.shape
         self._check_in(y, m, "rmatvec", 1)
         self._need_adjoint()
+        if self._splits(y):
+            return self._real_on_complex(self.rmatvec, y)
         self.n_matvecs += 1
         if self._rmatvec is None:
             return self._check_out(self._rmatmat(y[:, None])[:, 0], (n,), "rmatvec")  # pyright: ignore[reportOptionalCall]
@@ -196,6 +212,8 @@ class LinearOperator:
         """A X for X of shape [n, k]; returns [m, k] (k applications)."""
         m, n = self.shape
         self._check_in(X, n, "matmat", 2)
+        if self._splits(X):
+            return self._real_on_complex(self.matmat, X)
         k = X.shape[1]
         self.n_matvecs += k
         if self._matmat is not None:
@@ -209,6 +227,8 @@ class LinearOperator:
         m, n = self.shape
         self._check_in(Y, m, "rmatmat", 2)
         self._need_adjoint()
+        if self._splits(Y):
+            return self._real_on_complex(self.rmatmat, Y)
         k = Y.shape[1]
         self.n_matvecs += k
         if self._rmatmat is not None:
@@ -372,6 +392,10 @@ class DenseOperator(LinearOperator):
             raise ValueError(
                 f"DenseOperator expects a 2-D matrix, got shape {tuple(matrix.shape)}"
             )
+        if not (matrix.is_floating_point() or matrix.is_complex()):
+            raise TypeError(f"DenseOperator expects a floating or complex matrix, got dtype "
+                            f"{matrix.dtype} (an integer matrix would round every Krylov "
+                            "vector to integers): convert it, e.g. matrix.double()")
         self.matrix = matrix
         Mh = matrix.mH
         super().__init__(

@@ -149,5 +149,12 @@ def fresh_residuals(batch: OpBatch, members: List[int], out: List[dict], real: b
         theta = torch.where(zero, torch.zeros_like(theta), theta)
         st["theta"] = torch.cat([theta, st["theta"][st["kw"]:]])
         st.pop("imag", None)  # exact zeros changed theta: a later restart reads it afresh
-        r = torch.linalg.vector_norm(Ax - x * theta, dim=0)
-        st["resid"] = torch.where(zero, r / scale, r / theta.abs().clamp(min=1e-300))
+        # relative before the norm: the squares of a tiny operator's residuals underflow (every
+        # check passed at 1e-170); an exact zero is measured against ||A|| (the zero operator:
+        # 0). Where the products' squares overflow (||A|| ~ 1e160 and up) the Krylov norms did
+        # too, so the result stays unconverged (inf) rather than checked in other units
+        denom = torch.where(zero, scale.expand_as(theta.real), theta.abs()).clamp(min=1e-300)
+        r = torch.linalg.vector_norm((Ax - x * theta) / denom.to(x.dtype), dim=0)
+        fits = torch.isfinite(scale) & torch.isfinite(torch.linalg.vector_norm(Ax - x * theta,
+                                                                              dim=0))
+        st["resid"] = torch.where(fits, r, torch.full_like(r, float("inf")))

@@ -132,11 +132,11 @@ def _randomized(batch: OpBatch, k: int, p: int, n_iter: int, tol: float, gen):
     Ub, S, Vh = torch.linalg.svd(Bt.mH, full_matrices=False)
     U, S, V = Q @ Ub[:, :, :k], S[:, :k], Vh[:, :k, :].mH
     AV = batch.apply(V, mask)
-    res = torch.linalg.vector_norm(AV - U * S.unsqueeze(1), dim=1)
-    conv = (res <= tol * S[:, :1].clamp(min=1e-300)).all(dim=1)
+    s1 = S[:, :1].clamp(min=1e-300).unsqueeze(1).to(AV.dtype)  # relative before the norm
+    res = torch.linalg.vector_norm((AV - U * S.unsqueeze(1)) / s1, dim=1)
+    conv = (res <= tol).all(dim=1)
     if not bool(conv.all()):
-        logger.info("svds(randomized): max residual %.2e > tol * s_1", float(
-            (res / S[:, :1].clamp(min=1e-300)).max()))
+        logger.info("svds(randomized): max residual %.2e > tol * s_1", float(res.max()))
     return U, S, V, conv
 
 
@@ -317,13 +317,18 @@ def _project(U: Tensor, AV: Tensor, Zperp: Tensor, m: int, b: int, k: int,
     Bm = U.mH @ AV
     B, n = Bm.shape[0], Zperp.shape[1]
     both = torch.cat([Bm.reshape(B, -1), Zperp.reshape(B, -1)], 1).cpu()  # the one copy
-    host, Zh = both[:, :m * m].reshape(B, m, m), both[:, m * m:].reshape(B, n, b)
     finite = torch.isfinite(both).all(1)
-    P, S, Qh = torch.linalg.svd(torch.where(finite[:, None, None], host, 0))
-    est = torch.linalg.vector_norm(torch.where(finite[:, None, None], Zh, 0)
-                                   @ P[:, m - b:m, :k], dim=1)  # [B, k]
+    both = torch.where(finite[:, None], both, 0)
+    # each member at a power-of-two scale (exact) near 1: the estimates' squares can neither
+    # underflow nor overflow however small or large the operator
+    scale = torch.exp2(torch.floor(torch.log2(both.abs().amax(1).clamp(min=1e-300))))[:, None]
+    both = both / scale
+    host, Zh = both[:, :m * m].reshape(B, m, m), both[:, m * m:].reshape(B, n, b)
+    P, S, Qh = torch.linalg.svd(host)
+    est = torch.linalg.vector_norm(Zh @ P[:, m - b:m, :k], dim=1)  # [B, k]
     tol_s1 = torch.tensor(tol_int, dtype=S.dtype)[:, None] * S[:, :1].clamp(min=1e-300)
     flags = torch.stack([(est <= tol_s1).all(1), finite], 1).tolist()  # host: no sync
+    S = S * scale.to(S.dtype)
     dev = Bm.device  # host to device without a sync
     return (P.to(dev, non_blocking=True), S.to(dev, non_blocking=True),
             Qh.mH.to(dev, non_blocking=True), flags)
@@ -345,10 +350,13 @@ def _fresh_residuals(batch: _Batch, Uk: Tensor, Sk: Tensor, Vk: Tensor, mask: li
     """max_i max(||A v_i - s_i u_i||, ||A^H u_i - s_i v_i||) / s_1 per member, from fresh
     products (two applications of k columns); +inf for members not in ``mask``."""
     s = Sk.to(Uk.dtype).unsqueeze(1)
-    left = torch.linalg.vector_norm(batch.apply(Vk, mask, check=False) - Uk * s, dim=1)
-    right = torch.linalg.vector_norm(batch.apply(Uk, mask, adjoint=True, check=False) - Vk * s,
-                                     dim=1)
-    r = torch.maximum(left, right).amax(1) / Sk[:, 0].clamp(min=1e-300)
+    # relative before the norm: squares of an operator's scale can under/overflow (at 1e-170
+    # every residual read 0, a wrong spectrum converged)
+    s1 = Sk[:, :1].clamp(min=1e-300).unsqueeze(1).to(Uk.dtype)
+    left = torch.linalg.vector_norm((batch.apply(Vk, mask, check=False) - Uk * s) / s1, dim=1)
+    right = torch.linalg.vector_norm(
+        (batch.apply(Uk, mask, adjoint=True, check=False) - Vk * s) / s1, dim=1)
+    r = torch.maximum(left, right).amax(1)
     r = torch.where(torch.isfinite(r), r, torch.full_like(r, float("inf")))
     keep = torch.tensor(mask).to(r.device, non_blocking=True)
     return torch.where(keep, r, torch.full_like(r, float("inf")))

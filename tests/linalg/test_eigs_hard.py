@@ -242,3 +242,20 @@ def test_a_block_wider_than_the_room_beyond_k_is_narrowed():
         want = torch.linalg.eigvalsh(X + X.T).abs().sort(descending=True).values[:5]
         assert bool(res.converged)
         torch.testing.assert_close(res.values.abs().sort(descending=True).values, want)
+
+
+def test_the_zero_operator_and_extreme_scales():
+    """The zero matrix: every eigenvalue 0, converged (its check divided 0 by 0). A 1e-200
+    operator converges to its own spectrum (squares of its residuals underflow: relative
+    before the norm); at 1e200 the Krylov norms overflow and the result is unconverged, not
+    checked in other units."""
+    res = eigs(torch.zeros(40, 40, dtype=torch.float64), 2)
+    assert bool(res.converged) and res.values.abs().max() == 0
+    A = torch.randn(50, 50, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    want = torch.linalg.eigvals(A).abs().sort(descending=True).values[:4]
+    tiny = eigs(A * 1e-200, 4)
+    assert bool(tiny.converged)
+    torch.testing.assert_close(tiny.values.abs() / 1e-200, want, rtol=1e-10, atol=0)
+    with pytest.warns(ConvergenceWarning):
+        huge = eigs(A * 1e200, 4)
+    assert not bool(huge.converged)

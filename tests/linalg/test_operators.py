@@ -101,3 +101,43 @@ def test_finite_checks_reach_a_composites_parts_and_its_error_names_the_part_at_
     err = composite.nonfinite_error()
     assert isinstance(err, FloatingPointError) and str(err) == f"{bad!r} returned NaN or Inf"
     assert (good @ good).nonfinite_error() is None
+
+
+def test_real_operators_take_complex_operands_in_complex_composites():
+    """1j * A and A + A_complex are complex operators over a real part: the real part gets
+    A Re x + i A Im x (it crashed with a dtype error inside matmul, found by fuzzing), and
+    eigs / svds of the composites equal the dense oracle."""
+    from spectral_hooks.linalg import eigs, svds
+
+    g = torch.Generator().manual_seed(0)
+    A = torch.randn(12, 12, generator=g, dtype=torch.float64)
+    Z = torch.randn(12, 3, generator=g, dtype=torch.complex128)
+    op = DenseOperator(A)
+    torch.testing.assert_close(op.matmat(Z), A.to(Z.dtype) @ Z)
+    torch.testing.assert_close(op.rmatvec(Z[:, 0]), A.T.to(Z.dtype) @ Z[:, 0])
+    for composite, dense in ((1j * op, 1j * A), (op + DenseOperator(A.to(torch.complex128)),
+                                                 2 * A.to(torch.complex128))):
+        torch.testing.assert_close(composite.matmat(Z), dense @ Z)
+        res = eigs(composite, 3)
+        want = torch.linalg.eigvals(dense)
+        want = want[want.abs().argsort(descending=True)][:3]
+        assert bool(res.converged)
+        torch.testing.assert_close(res.values.abs(), want.abs())
+        torch.testing.assert_close(svds(composite, 2).S, torch.linalg.svdvals(dense)[:2])
+
+
+def test_bad_operands_and_products_are_named():
+    with pytest.raises(TypeError, match="floating or complex matrix"):
+        DenseOperator(torch.ones(3, 3, dtype=torch.int64))
+    liar = LinearOperator((3, 3), matvec=lambda x: x * 1j, dtype=torch.float64, device="cpu")
+    with pytest.raises(TypeError, match="complex tensor for a real operand"):
+        liar.matvec(torch.ones(3, dtype=torch.float64))
+
+
+def test_a_tensor_that_requires_grad_is_read_as_data():
+    from spectral_hooks.linalg import eigs, svds
+
+    W = torch.randn(12, 12, dtype=torch.float64, generator=torch.Generator().manual_seed(1),
+                    requires_grad=True)
+    torch.testing.assert_close(eigs(W, 2).values, eigs(W.detach(), 2).values)
+    torch.testing.assert_close(svds(W, 2).S, torch.linalg.svdvals(W.detach())[:2])

@@ -122,3 +122,17 @@ def test_a_subspace_no_wider_than_k_is_refused_unless_it_is_everything():
         svds(A, 2, ncv=2)
     res = svds(A[:, :3], 3, ncv=3)  # k = ncv = min(m, n): the whole space, exact
     torch.testing.assert_close(res.S, torch.linalg.svdvals(A[:, :3]))
+
+
+@pytest.mark.parametrize("scale", [1e-200, 1e-170, 1e150, 1e200])
+def test_scale_does_not_decide_convergence(scale):
+    """The squares of a 1e-170 operator's residuals underflow to 0: every test passed and a
+    wrong spectrum came back converged (found by fuzzing). Residuals and estimates are now
+    relative before their norms."""
+    A = torch.randn(50, 50, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    res = svds(A * scale, 3)
+    assert bool(res.converged)
+    torch.testing.assert_close(res.S / scale, torch.linalg.svdvals(A)[:3], rtol=1e-10, atol=0)
+    quick = svds(A * scale, 3, method="randomized")  # 4 power steps: not converged at 1e-10
+    assert not bool(quick.converged)
+    assert bool(svds(A * scale, 3, method="randomized", tol=1e-1).converged)
