@@ -16,7 +16,7 @@ from typing import List, Optional
 import torch
 from torch import Tensor
 
-from ..checks import check_has_data, check_int
+from ..checks import check_float, check_has_data, check_int
 from ..errors import ConvergenceWarning, OptionError
 from .batch import OpBatch
 from .results import EigResult
@@ -37,7 +37,13 @@ def start_vectors(batch: OpBatch, v0: Optional[Tensor], gen: torch.Generator) ->
             what = tuple(v0.shape) if isinstance(v0, Tensor) else type(v0).__name__
             raise OptionError("v0", what, f"a tensor [..., {n}]")
         check_has_data("v0", v0)
-        start = v0.to(dev, dt).expand(*batch.batch_shape, n).reshape(B, n).clone()
+        try:
+            start = v0.to(dev, dt).expand(*batch.batch_shape, n).reshape(B, n).clone()
+        except RuntimeError:
+            raise OptionError("v0", tuple(v0.shape), f"a tensor [{n}] or one that broadcasts to "
+                              f"the batch {[*batch.batch_shape, n]}") from None
+        if not bool(torch.isfinite(start).all()):
+            raise OptionError("v0", "a vector with NaN or Inf", "a finite start vector")
     norms = torch.linalg.vector_norm(start, dim=1, keepdim=True)
     if not bool((norms > 0).all()):
         raise OptionError("v0", "a zero vector", "a non-zero start vector")
@@ -253,8 +259,8 @@ def validate(batch: OpBatch, k: int, which: str, tol: float, ncv: Optional[int],
                           hint="for the full spectrum use dense torch.linalg.eig")
     if which not in _WHICH:
         raise OptionError("which", which, f"one of {_WHICH}")
-    if not (tol > 0):
-        raise OptionError("tol", tol, "a float > 0")
+    check_float("tol", tol, above=0.0)
+    check_int("ncv", ncv, allow_none=True)
     if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
         raise OptionError("max_restarts", max_restarts, "an int >= 0")
     if ncv is None:

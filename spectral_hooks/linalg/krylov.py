@@ -213,7 +213,7 @@ def eigs(op: LinearOperator | Sequence[LinearOperator] | Tensor, k: int, *,
     for n instead of ~400 columns). Returns an :class:`EigResult` (module doc: guarantees).
     """
     batch = OpBatch(op, what="eigs")
-    check_int("seed", seed)
+    check_int("seed", seed, minimum=-2 ** 63, maximum=2 ** 64 - 1)  # torch.Generator's range
     if not (isinstance(materialize, bool) or (isinstance(materialize, str)
                                                and materialize == "auto")):
         raise OptionTypeError("materialize", materialize, 'True, False or "auto" (by cost)')

@@ -50,7 +50,7 @@ from typing import TYPE_CHECKING, Optional, Sequence, Union
 import torch
 from torch import Tensor
 
-from ..checks import check_int
+from ..checks import check_float, check_int
 from ..errors import ConvergenceWarning, OptionError
 from .batch import OpBatch
 from .cost import flop_bound
@@ -88,15 +88,15 @@ def svds(op: LinearOperator | Sequence[LinearOperator] | Tensor, k: int, *,
     batch.need_adjoint()
     mr, n = batch.shape
     check_int("k", k)
-    check_int("seed", seed)
+    check_int("seed", seed, minimum=-2 ** 63, maximum=2 ** 64 - 1)  # torch.Generator's range
     check_int("n_iter", n_iter, minimum=0)
     check_int("n_oversamples", n_oversamples, minimum=0)
+    check_int("max_restarts", max_restarts, minimum=0)
     if not (1 <= k <= min(mr, n)):
         raise OptionError("k", k, f"an int with 1 <= k <= min(m, n) = {min(mr, n)}")
     if method not in METHODS:
         raise OptionError("method", method, f"one of {METHODS}")
-    if not (tol > 0):
-        raise OptionError("tol", tol, "a float > 0")
+    check_float("tol", tol, above=0.0)
     gen = torch.Generator().manual_seed(int(seed))
     if method == "randomized":
         U, S, V, conv = _randomized(batch, k, n_oversamples, n_iter, tol, gen)
