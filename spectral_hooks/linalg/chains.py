@@ -112,6 +112,10 @@ class ChainProducts:
                     Y_p = self._apply(op, X_i[:, len(js) * c:], not adjoint, part)
                     for j, Y in zip(part, Y_p.split(c, dim=1)):
                         cur[j] = 0.5 * (cur[j] + Y)
+        rows = self.n if adjoint else self.m
+        for j, running in enumerate(live):
+            if not running:  # a slot the solver no longer runs: zeros of the product's shape
+                cur[j] = X.new_zeros(rows, c, dtype=self.dtype)
         return torch.stack(cur)
 
     def _live(self, X: Tensor) -> List[bool]:
@@ -141,7 +145,7 @@ class ChainProducts:
         was = op.caller_checks_finite
         op.caller_checks_finite = was or checked
         try:
-            Xo = X.to(op.dtype) if X.dtype != op.dtype else X
+            Xo = X.to(_operand_dtype(X, op)) if X.dtype != op.dtype else X
             Y = op.rmatmat(Xo) if adjoint else op.matmat(Xo)
         finally:
             op.caller_checks_finite = was
@@ -159,6 +163,16 @@ class ChainProducts:
         for op in (reversed(chain) if adjoint else chain):
             out = self._apply(op, out, adjoint, [j], checked=False)
         return out
+
+
+def _operand_dtype(X: Tensor, op: LinearOperator) -> torch.dtype:
+    """The factor's precision, complex where X is: a real factor applies itself to both parts
+    of a complex block (cast to real, a chain with a complex factor lost its imaginary parts
+    after it, and a solver's residuals agreed with the wrong product)."""
+    if X.is_complex() and not op.dtype.is_complex:
+        return torch.complex64 if op.dtype in (torch.float16, torch.bfloat16, torch.float32) \
+            else torch.complex128
+    return op.dtype
 
 
 def _check_chain(chain: List[LinearOperator], shape: Tuple[int, int],

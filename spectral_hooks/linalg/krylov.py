@@ -198,7 +198,8 @@ def eigs(op: LinearOperator | Sequence[LinearOperator] | Tensor, k: int, *,
     needs fewer matvecs on a clustered top spectrum (a Llama d=1024 block Jacobian, k=16:
     430 at 48, 365 at 64, 310 at 96); in block mode max(3k, 20, 2k + 7b), and block mode
     falls back to b = 1 where that leaves no room for a block, ncv + b > n; a given
-    ``ncv`` narrows the block to at most (ncv - k) / 2 and n - ncv columns). ``v0``: start
+    ``ncv`` narrows the block to at most (ncv - k) / 2 and n - ncv columns; one below k + 8
+    is raised to min(n, k + 8), so that the verification probe gets several steps). ``v0``: start
     vector [n] or [..., n]; random (``seed``) otherwise. ``block_size``: columns per operator
     application (block Krylov, see the module doc); default by device (module doc,
     "Device-aware defaults"): on the CPU 1, the classic method (fewest matvecs); on an

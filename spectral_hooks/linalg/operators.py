@@ -67,8 +67,10 @@ class LinearOperator:
             raise ValueError(f"LinearOperator shape must be (m, n) with m, n >= 1, got {shape}")
         if not callable(matvec):
             raise TypeError("LinearOperator needs a callable matvec")
-        if not isinstance(dtype, torch.dtype):
-            raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
+        if not isinstance(dtype, torch.dtype) or not (dtype.is_floating_point or
+                                                      dtype.is_complex):
+            raise TypeError(f"dtype must be a floating or complex torch.dtype, got {dtype!r} "
+                            "(the solvers' Krylov vectors are in this precision)")
         self.shape = shape
         self.dtype = dtype
         self.device = torch.device(device)
@@ -206,7 +208,10 @@ class LinearOperator:
     def _columns(self, fn: Callable[[Tensor], Tensor], X: Tensor) -> Tensor:
         if self._vectorized:
             return torch.vmap(fn, in_dims=1, out_dims=1)(X)
-        return torch.stack([fn(X[:, j]) for j in range(X.shape[1])], dim=1)
+        columns = [fn(X[:, j]) for j in range(X.shape[1])]
+        for y in columns[:1]:
+            self._check_out(y, (y.shape[0] if isinstance(y, Tensor) else 0,), "matvec")
+        return torch.stack(columns, dim=1)
 
     def matmat(self, X: Tensor) -> Tensor:
         """A X for X of shape [n, k]; returns [m, k] (k applications)."""

@@ -230,3 +230,34 @@ def test_rectangular_factors_that_compose():
     family.matmat_all(X)
     # F_1 carries the columns of all three chains in one call, F_3 those of the longest only
     assert [F.n_matvecs - b for F, b in zip(blocks, before)] == [6, 4, 2]
+
+
+def test_complex_factors_among_real_ones_and_wide_products():
+    """Found by fuzzing: a complex factor after a real one lost its imaginary parts at the next
+    real factor (cast to real; svds then converged to the wrong product's values), and wide
+    products (m != n) crashed when a slot was idle (zeros: it kept its input's shape)."""
+    g = torch.Generator().manual_seed(0)
+    F = torch.randn(4, 6, generator=g, dtype=torch.float64)
+    C = torch.randn(4, 4, generator=g, dtype=torch.complex128)
+    L = torch.randn(6, 4, generator=g, dtype=torch.float64)
+    family = ChainProducts([[DenseOperator(F), DenseOperator(L)],
+                            [DenseOperator(F), DenseOperator(C), DenseOperator(L)]])
+    P2 = L.to(C.dtype) @ C @ F.to(C.dtype)
+    X = torch.randn(6, 2, generator=g, dtype=torch.float64)
+    torch.testing.assert_close(family.members[1].matmat(X), P2 @ X.to(C.dtype))
+    res = svds(family.members, 2)
+    assert bool(res.converged.all())
+    torch.testing.assert_close(res.S[1], torch.linalg.svdvals(P2)[:2])
+    torch.testing.assert_close(res.S[0], torch.linalg.svdvals(L @ F)[:2])
+
+    W = torch.randn(3, 8, generator=g, dtype=torch.float64)
+    I3 = torch.randn(3, 3, generator=g, dtype=torch.float64)
+    wide = ChainProducts([[DenseOperator(W)], [DenseOperator(W), DenseOperator(I3)]])
+    Z = torch.randn(2, 8, 2, generator=g, dtype=torch.float64)
+    Z[0] = 0
+    out = wide.matmat_all(Z)
+    assert out.shape == (2, 3, 2) and not out[0].any()
+    torch.testing.assert_close(out[1], I3 @ W @ Z[1])
+    res = svds(wide.members, 2)
+    torch.testing.assert_close(res.S, torch.stack([torch.linalg.svdvals(W)[:2],
+                                                   torch.linalg.svdvals(I3 @ W)[:2]]))

@@ -259,3 +259,17 @@ def test_the_zero_operator_and_extreme_scales():
     with pytest.warns(ConvergenceWarning):
         huge = eigs(A * 1e200, 4)
     assert not bool(huge.converged)
+
+
+def test_a_small_ncv_still_leaves_the_probe_room():
+    """ncv = k + 2 left the verification probe one or two Arnoldi steps: a conjugate pair was
+    returned converged in place of a larger real eigenvalue (found by fuzzing). A given ncv
+    below k + PROBE_ROOM now works at k + PROBE_ROOM (at most n)."""
+    for n, seed, k, which, ncv in ((8, 25, 1, "LR", 4), (8, 25, 2, "LR", 4), (20, 27, 1, "LM", 3)):
+        A = torch.randn(n, n, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+        res = eigs(A, k, which=which, ncv=ncv)
+        ev = torch.linalg.eigvals(A)
+        key = (lambda z: z.real) if which == "LR" else (lambda z: z.abs())
+        want = key(ev).sort(descending=True).values[:res.values.shape[0]]
+        assert bool(res.converged)
+        torch.testing.assert_close(key(res.values).sort(descending=True).values, want)

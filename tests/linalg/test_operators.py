@@ -141,3 +141,15 @@ def test_a_tensor_that_requires_grad_is_read_as_data():
                     requires_grad=True)
     torch.testing.assert_close(eigs(W, 2).values, eigs(W.detach(), 2).values)
     torch.testing.assert_close(svds(W, 2).S, torch.linalg.svdvals(W.detach())[:2])
+
+
+def test_a_matvec_that_returns_no_tensor_and_an_integer_dtype_are_named():
+    from spectral_hooks.linalg import eigs
+
+    B = torch.randn(12, 12, dtype=torch.float64)
+    for bad in (lambda x: (B @ x).numpy(), lambda x: None):
+        op = LinearOperator((12, 12), matvec=bad, dtype=torch.float64, device="cpu")
+        with pytest.raises(TypeError, match="not a torch.Tensor"):
+            eigs(op, 2)
+    with pytest.raises(TypeError, match="floating or complex torch.dtype"):
+        LinearOperator((3, 3), matvec=lambda x: x, dtype=torch.int64, device="cpu")
