@@ -225,7 +225,11 @@ def _shape(batch: _Batch, k: int, ncv: Optional[int], block_size: Optional[int],
             r = m - b * max(1, (m - k) // (2 * b))
             return b, m, r
         b //= 2
-    m = min(dmin, max(2 * k + 1, 20)) if ncv is None else ncv
+    m = max(2 * k + 1, 20) if ncv is None else ncv
+    if ncv is None and 2 * m >= dmin:
+        # the whole space: exact in one pass. A part of more than half of it found only some
+        # copies of a repeated top value (30 x 120, k = 8: seven of ten, converged=True)
+        m = dmin
     return 1, m, max(k, min(m - 1, k + (m - k) // 2))
 
 

@@ -136,3 +136,19 @@ def test_scale_does_not_decide_convergence(scale):
     quick = svds(A * scale, 3, method="randomized")  # 4 power steps: not converged at 1e-10
     assert not bool(quick.converged)
     assert bool(svds(A * scale, 3, method="randomized", tol=1e-1).converged)
+
+
+@pytest.mark.parametrize("kw", [{}, {"block_size": 4}, {"device_path": True}])
+def test_every_copy_of_a_repeated_top_value(kw):
+    """Singular values 5 (x10), 2 (x10), 1 (x10) of a 30 x 120 matrix: a Krylov space of 20
+    of the 30 directions found seven copies of 5, then 2, converged=True (found by fuzzing).
+    Where the default space is over half the whole, the whole is taken: exact."""
+    g = torch.Generator().manual_seed(0)
+    s = torch.tensor([5.0] * 10 + [2.0] * 10 + [1.0] * 10, dtype=torch.float64)
+    U = torch.linalg.qr(torch.randn(30, 30, generator=g, dtype=torch.float64)).Q
+    V = torch.linalg.qr(torch.randn(120, 30, generator=g, dtype=torch.float64)).Q
+    A = U @ torch.diag(s) @ V.T
+    for k in (3, 8, 12):
+        res = svds(A, k, **kw)
+        assert bool(res.converged)
+        torch.testing.assert_close(res.S, s[:k], rtol=1e-10, atol=1e-10)
