@@ -8,10 +8,10 @@ DOC = (ROOT / "docs" / "reliability.md").read_text()
 
 
 def test_every_named_test_exists():
-    named = re.findall(r"`(?:tests/reliability/)?(test_\w+\.py)(?:::(\w+))?`", DOC)
+    named = re.findall(r"`(tests/\w+/)?(test_\w+\.py)(?:::(\w+))?`", DOC)
     assert len(named) >= 15
-    for filename, name in named:
-        source = (ROOT / "tests" / "reliability" / filename).read_text()
+    for folder, filename, name in named:
+        source = (ROOT / (folder or "tests/reliability/") / filename).read_text()
         if name:
             assert f"def {name}(" in source, f"{filename}::{name} named in the doc is missing"
     for short in re.findall(r"`::(\w+)`", DOC):
