@@ -162,7 +162,9 @@ def test_section_groups_by_the_cost_rule_unless_told(monkeypatch):
     assert not together() and together(group_layers=True)
     probe.invalidate()
     alone = probe.analyze(power=False, progress=False, jacobian=opts).jacobian
-    assert alone.n_matvecs.sum() < grouped.n_matvecs.sum()  # single-vector svds: fewer columns
+    # single-vector svds takes no more columns than the block method (at d = 32 and k = 4 both
+    # take svd.py's whole space, exact in one pass, so the same number)
+    assert alone.n_matvecs.sum() <= grouped.n_matvecs.sum()
     for col in ["top_eig_abs", f"frac_complex_top{k}", f"mean_abs_angle_top{k}",
                 f"self_alignment_top{k}", "sym_energy", "commutator"]:
         assert alone[col].to_list() == pytest.approx(grouped[col].to_list(), rel=1e-7, abs=1e-9)
