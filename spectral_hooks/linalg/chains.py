@@ -170,8 +170,7 @@ def _operand_dtype(X: Tensor, op: LinearOperator) -> torch.dtype:
     of a complex block (cast to real, a chain with a complex factor lost its imaginary parts
     after it, and a solver's residuals agreed with the wrong product)."""
     if X.is_complex() and not op.dtype.is_complex:
-        return torch.complex64 if op.dtype in (torch.float16, torch.bfloat16, torch.float32) \
-            else torch.complex128
+        return torch.promote_types(op.dtype, torch.complex64)
     return op.dtype
 
 

@@ -154,7 +154,7 @@ def fresh_residuals(batch: OpBatch, members: List[int], out: List[dict], real: b
         # 0). Where the products' squares overflow (||A|| ~ 1e160 and up) the Krylov norms did
         # too, so the result stays unconverged (inf) rather than checked in other units
         denom = torch.where(zero, scale.expand_as(theta.real), theta.abs()).clamp(min=1e-300)
-        r = torch.linalg.vector_norm((Ax - x * theta) / denom.to(x.dtype), dim=0)
-        fits = torch.isfinite(scale) & torch.isfinite(torch.linalg.vector_norm(Ax - x * theta,
-                                                                              dim=0))
+        diff = Ax - x * theta
+        r = torch.linalg.vector_norm(diff / denom.to(x.dtype), dim=0)
+        fits = torch.isfinite(scale) & torch.isfinite(torch.linalg.vector_norm(diff, dim=0))
         st["resid"] = torch.where(fits, r, torch.full_like(r, float("inf")))

@@ -61,7 +61,7 @@ def _stack(anatomy: Anatomy, recording: Recording, layers: Sequence[int], sample
 
     def outputs(x: Tensor, depth: int) -> list[Tensor]:
         """Rows p of blocks 1..depth's outputs, the input's row p replaced by x [d]."""
-        H = first._base + first._scatter @ x[None]
+        H = first.sequence(x[None])
         rows = []
         for fn in fns[:depth]:
             H = fn.full(H)
@@ -95,9 +95,9 @@ def end_to_end_operators(anatomy: Anatomy, recording: Recording, *, layers: Sequ
     fns, _ = _stack(anatomy, recording, layers, sample, position)
     first = fns[0]
     x0 = first.x0[0]
-    d, width = x0.shape[0], first._base.shape[0]
+    d, width = x0.shape[0], first.hidden.shape[1]
     row = first.rows[0]
-    inputs = [first._base + first._scatter @ x0[None]]
+    inputs = [first.sequence(x0[None])]
     with math_sdpa(), torch.no_grad():
         for fn in fns[:-1]:
             inputs.append(fn.full(inputs[-1]))
@@ -115,9 +115,7 @@ def end_to_end_operators(anatomy: Anatomy, recording: Recording, *, layers: Sequ
     S = LinearOperator((width * d, d), matmat=scatter, rmatmat=read, matvec=lambda x: scatter(
         x[:, None])[:, 0], rmatvec=lambda y: y[rows], dtype=x0.dtype, device=x0.device,
         name=f"row {row} into the sequence")
-    R = LinearOperator((d, width * d), matmat=read, rmatmat=scatter, matvec=lambda y: y[rows],
-                       rmatvec=lambda x: scatter(x[:, None])[:, 0], dtype=x0.dtype,
-                       device=x0.device, name=f"row {row} of the sequence")
+    R = S.T  # the read of row p
     depths = range(1, len(fns) + 1)
     return ChainProducts([[S, *blocks[:depth], R] for depth in depths], counted=blocks,
                          names=[f"P[depth {depth}, end to end]" for depth in depths]).members

@@ -201,9 +201,13 @@ class BlockFunction:
             out = torch.func.functional_call(self.block, self.params, args, kwargs)
         return first_output(out)[0]
 
+    def sequence(self, X: Tensor) -> Tensor:
+        """The block's full [L, d] input: the recorded one with rows ``positions`` replaced by
+        X [m, d]."""
+        return self._base + self._scatter @ X
+
     def __call__(self, X: Tensor) -> Tensor:
-        H = self._base + self._scatter @ X
-        return self.full(H).index_select(0, self.positions)
+        return self.full(self.sequence(X)).index_select(0, self.positions)
 
 
 def _working_dtype(dtype: torch.dtype, like: Tensor) -> Callable[[Tensor], Tensor]:
