@@ -152,3 +152,49 @@ def test_every_copy_of_a_repeated_top_value(kw):
         res = svds(A, k, **kw)
         assert bool(res.converged)
         torch.testing.assert_close(res.S, s[:k], rtol=1e-10, atol=1e-10)
+
+
+def _with_copies(m, n, copies, at, seed, dtype=torch.float64):
+    """An m x n matrix whose singular values are 6 .. 0.1 with ``copies`` extra copies of the
+    ``at``-th; returns it and its singular values."""
+    g = torch.Generator().manual_seed(seed)
+    r = min(m, n)
+    s = torch.linspace(6, 0.1, r - copies, dtype=torch.float64)
+    s = torch.cat([s, s[at].repeat(copies)]).sort(descending=True).values
+    U = torch.linalg.qr(torch.randn(m, r, generator=g, dtype=dtype)).Q
+    V = torch.linalg.qr(torch.randn(n, r, generator=g, dtype=dtype)).Q
+    return (U * s.to(dtype)) @ V.mH, s
+
+
+def test_the_probe_finds_copies_for_each_member_of_a_batch():
+    """A batch of one matrix with 30 copies of its second value and one with distinct values,
+    one column a step: the first member's probe finds a rival and is solved again on the
+    complement of what it found; both members hold the oracle's triplets (and the second its
+    own answer, as solved alone)."""
+    A, _ = _with_copies(120, 100, 30, 1, seed=1)
+    C = _matrix(120, 100, 0.97, seed=2)
+    res = svds([DenseOperator(A), DenseOperator(C)], 10, block_size=1)
+    assert res.converged.all()
+    for j, M in enumerate((A, C)):
+        _check(M, type(res)(U=res.U[j], S=res.S[j], Vh=res.Vh[j], n_matvecs=0,
+                            converged=res.converged[j]), 10, 1e-10)
+    alone = svds(C, 10, block_size=1)
+    torch.testing.assert_close(res.S[1], alone.S, rtol=1e-10, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.complex128])
+def test_the_probe_in_a_small_complement_takes_the_whole_space(dtype):
+    """ncv = 30 of 48 with k = 16 leaves a complement of 32, too small for a part of it: a
+    member with a rival is solved in the whole space (exact), complex operators too."""
+    A, s = _with_copies(60, 48, 20, 0, seed=3, dtype=dtype)
+    res = svds(A, 16, block_size=2, ncv=30)
+    assert bool(res.converged)
+    _check(A, res, 16, 1e-10)
+
+
+def test_wide_operators_are_probed_through_their_adjoint():
+    A, _ = _with_copies(90, 300, 25, 2, seed=4)
+    res = svds(A.T.contiguous(), 12, block_size=1)  # 300 x 90: tall, the probe on A^H
+    _check(A.T, res, 12, 1e-10)
+    res = svds(A, 12, block_size=1)
+    _check(A, res, 12, 1e-10)
