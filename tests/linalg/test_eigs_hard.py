@@ -273,3 +273,17 @@ def test_a_small_ncv_still_leaves_the_probe_room():
         want = key(ev).sort(descending=True).values[:res.values.shape[0]]
         assert bool(res.converged)
         torch.testing.assert_close(key(res.values).sort(descending=True).values, want)
+
+
+@pytest.mark.parametrize("seed", [171, 183])
+def test_a_probe_still_moving_after_its_cycles_widens_the_space(seed):
+    """Gaussian 100 x 100, k = 4, ncv 12: the top moduli crowd (10.53, 9.98, 9.87 ...). The
+    probe's leading Ritz value was still climbing (9.82 with residual 2.1, against a k-th of
+    9.87) when its PROBE_MAX_CYCLES ran out, and the set without 9.98 was returned, converged
+    (3 of 300 seeds). Now a probe that neither settles nor finds a rival in its cycles widens
+    the Krylov space and probes on."""
+    A = torch.randn(100, 100, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    res = eigs(A, 4, ncv=6, seed=seed)
+    want = torch.linalg.eigvals(A).abs().sort(descending=True).values[:4]
+    assert bool(res.converged)
+    torch.testing.assert_close(res.values.abs().sort(descending=True).values[:4], want)
