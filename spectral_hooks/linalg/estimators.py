@@ -82,8 +82,17 @@ def _check_n(n_samples: int, what: str, minimum: int = 1) -> None:
 def _mean(samples: Tensor, n_matvecs: int) -> Estimate:
     """Mean and standard error over the last dimension (samples)."""
     s = samples.shape[-1]
-    val = samples.mean(-1)
-    se = samples.std(-1, correction=1) / s ** 0.5 if s > 1 else torch.full_like(val, float("nan"))
+    # each row at an exact power-of-two scale near 1: the deviations' squares (and the sum) can
+    # neither underflow nor overflow (at 1e-300 the std error read 0, at 1e150 inf)
+    peak = samples.abs().amax(-1, keepdim=True)
+    usable = torch.isfinite(peak) & (peak > 0)
+    scale = torch.where(usable, torch.exp2(torch.floor(torch.log2(peak.clamp(min=1e-300)))),
+                        torch.ones_like(peak))
+    x = samples / scale
+    scale = scale.squeeze(-1)
+    val = x.mean(-1) * scale
+    se = (x.std(-1, correction=1) / s ** 0.5 * scale if s > 1
+          else torch.full(val.shape, float("nan"), dtype=scale.dtype, device=val.device))
     if val.ndim == 0:
         return Estimate(val.item(), se.item(), n_matvecs)
     return Estimate(val, se, n_matvecs)

@@ -196,6 +196,13 @@ def gram_quadrature(operators: Sequence[LinearOperator], probes: Sequence[Tensor
                                   "holds NaN or Inf")
 
     Z = torch.cat([Zi.to(torch.float64) for Zi in probes], dim=1)  # [d, B s]: block i, P_i's
+    norms = Z.norm(dim=0)  # (probes are drawn on the host: no sync)
+    bad = ~(torch.isfinite(norms) & (norms > 0))
+    if bool(bad.any()):
+        i, c = divmod(int(bad.nonzero()[0, 0]), s)
+        raise ValueError(f"{what}: probes[{i}] column {c} is "
+                         f"{'zero' if norms[i * s + c] == 0 else 'not finite'}; a quadrature "
+                         "starts from a nonzero, finite vector")
     with contextlib.ExitStack() as stack:  # the quadrature tests the products on the device
         for op in operators:
             stack.enter_context(op.checked_by_caller())

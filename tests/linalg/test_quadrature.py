@@ -191,3 +191,8 @@ def test_gram_quadrature_refuses_mismatched_probes():
     with pytest.raises(ValueError, match=r"\[4, s\]"):
         gram_quadrature([op, op], [torch.ones(4, 1, dtype=torch.float64),
                                    torch.ones(4, 2, dtype=torch.float64)], 2)
+    with pytest.raises(ValueError, match=r"probes\[1\] column 1 is zero"):
+        gram_quadrature([op, op], [torch.ones(4, 2, dtype=torch.float64),
+                                   torch.tensor([[1.0, 0.0]] * 4, dtype=torch.float64)], 2)
+    with pytest.raises(ValueError, match=r"probes\[0\] column 0 is not finite"):
+        gram_quadrature([op], [torch.full((4, 1), float("nan"), dtype=torch.float64)], 2)

@@ -1,3 +1,5 @@
+import math
+
 import pytest
 import torch
 
@@ -64,3 +66,22 @@ def test_error_shrinks_like_inverse_sqrt():
                      for i in range(40)) / 40
     ratio = err[16] / err[256]  # ideal sqrt(256 / 16) = 4
     assert 2.5 < ratio < 6.5
+
+
+@pytest.mark.parametrize("scale", [1e-300, 2.0 ** -1000, 1e150, 1e300])
+def test_estimates_and_std_errors_scale_with_the_operator(scale):
+    """The std error of an operator at 1e-300 read 0 (the deviations' squares underflowed: an
+    estimate that called itself exact) and at 1e150 inf; each estimator's value and std error
+    scale with the operator (a power of two exactly, others to rounding)."""
+    A = torch.randn(40, 40, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    for estimator, kw in ((hutchinson_trace, dict(n_samples=64)), (diagonal, dict(n_samples=64)),
+                          (hutchpp_trace, dict(n_matvecs=30)), (trace_of_square, dict(n_samples=64)),
+                          (frobenius_sq, dict(n_samples=64))):
+        power = 2 if estimator in (trace_of_square, frobenius_sq) else 1
+        if abs(power * math.log10(scale)) > 300:
+            continue  # the value itself is not a float64
+        base, scaled = estimator(A, **kw), estimator(A * scale, **kw)
+        for got, want in ((scaled.value, base.value), (scaled.std_error, base.std_error)):
+            got, want = (torch.as_tensor(x, dtype=torch.float64) for x in (got, want))
+            assert bool(torch.isfinite(got).all()) and bool((got != 0).all())
+            torch.testing.assert_close(got / scale ** power, want, rtol=1e-12, atol=0)
