@@ -102,6 +102,10 @@ class OpBatch:
                 return err
         return FloatingPointError(f"{self.what}: operator {self.names[b]} returned NaN or Inf")
 
+    def own_dtype(self, b: int) -> torch.dtype:
+        """Member b's own dtype (the working one for a dense tensor, which is converted)."""
+        return self.ops[b].dtype if self.ops is not None else self.wdtype
+
     def apply(self, X: Tensor, mask: Sequence[bool], *, adjoint: bool = False,
               check: bool = True) -> Tensor:
         """A_b X_b (or A_b^H X_b) for members with mask[b]; other rows are zero.

@@ -155,15 +155,29 @@ def unreachable(b: int, st: dict, best: List[float], stale: List[int],
     return stale[b] >= _STALE or tol_int[b] / 10 < 10 * _EPS
 
 
-def why(name: str, st: dict, tol: float, max_restarts: int) -> str:
-    """Why operator ``name`` did not converge: its unmet criteria, in one line for the
-    convergence warning.
+def below_precision(dtype: torch.dtype, tol: float) -> Optional[str]:
+    """Why an operator of ``dtype`` may miss ``tol``: its own rounding, where tol is near or
+    below it (None otherwise)."""
+    eps = torch.finfo(dtype).eps
+    if tol >= 1e3 * eps:
+        return None
+    return (f"tol={tol:g} is near or below what a {dtype} operator computes (eps {eps:.1e}): "
+            f"ask for tol >= {1e3 * eps:.0e}, or give a float64 operator")
+
+
+def why(name: str, st: dict, tol: float, max_restarts: int,
+        dtype: torch.dtype = torch.float64) -> str:
+    """Why operator ``name`` (of ``dtype``) did not converge: its unmet criteria, in one line
+    for the convergence warning.
     """
     why = []
     if st["nconv"] < st["kw"]:
         why.append(f"only {st['nconv']} of {st['kw']} Ritz pairs reached tol={tol:g}")
     if not bool((st["resid"] <= tol).all()):
         why.append(f"max explicit residual {float(st['resid'].max()):.2e} > tol={tol:g}")
+        hint = below_precision(dtype, tol)
+        if hint:
+            why.append(hint)
     if not st["gap_ok"]:
         why.append("the k-th Ritz value is not separated from the next one")
     if st.get("stalled"):

@@ -291,7 +291,7 @@ def _solve(batch: OpBatch, k: int, which: str, tol: float, max_restarts: int, m:
             st, done[b] = out[b], True
             st["verified"] = st["converged"] = met[b]  # pyright: ignore[reportOptionalSubscript]
             if not st["converged"]:  # pyright: ignore[reportOptionalSubscript]
-                unconverged.append(why(batch.names[b], st, tol, max_restarts))  # pyright: ignore[reportArgumentType]
+                unconverged.append(why(batch.names[b], st, tol, max_restarts, batch.own_dtype(b)))  # pyright: ignore[reportArgumentType]
 
     if m > DENSE_SHARE * n:
         finish(list(range(B)))
@@ -389,7 +389,7 @@ def _solve(batch: OpBatch, k: int, which: str, tol: float, max_restarts: int, m:
                     restarts[b] += 1
                 elif restarts[b] >= max_restarts:
                     done[b] = True
-                    unconverged.append(why(batch.names[b], st, tol, max_restarts))
+                    unconverged.append(why(batch.names[b], st, tol, max_restarts, batch.own_dtype(b)))
                 elif unreachable(b, st, best, stale, tol_int):
                     # the explicit residual no longer improves as the internal tolerance is
                     # tightened (rounding in the operator, or eigenvalues so ill-conditioned
@@ -399,7 +399,7 @@ def _solve(batch: OpBatch, k: int, which: str, tol: float, max_restarts: int, m:
                         finish([b])
                     else:
                         done[b], st["stalled"] = True, True
-                        unconverged.append(why(batch.names[b], st, tol, max_restarts))
+                        unconverged.append(why(batch.names[b], st, tol, max_restarts, batch.own_dtype(b)))
                 else:  # estimates said converged, fresh matvecs disagree: tighten and go on
                     tol_int[b] /= 10.0
                     if logger.isEnabledFor(logging.DEBUG):  # (the read is a sync)

@@ -45,6 +45,7 @@ from typing import List
 
 from .batch import OpBatch
 from .dense import DENSE_MAX, matrices
+from .eigs_parts import below_precision
 from .schur_restart import fresh_residuals
 
 logger = logging.getLogger("spectral_hooks.linalg.krylov")
@@ -105,9 +106,10 @@ def recheck(batch: OpBatch, out: List[dict], tol: float) -> List[str]:
         st = out[b]
         ok = bool((st["resid"] <= tol).all())
         if st["converged"] and not ok:
+            cause = (below_precision(batch.own_dtype(b), tol)
+                     or "the operator is not linear to working precision")
             why.append(f"{batch.names[b]}: max residual {float(st['resid'].max()):.2e} > "
                        f"tol={tol:g} with fresh products of the operator, though its "
-                       "materialised matrix met tol (the operator is not linear to working "
-                       "precision)")
+                       f"materialised matrix met tol ({cause})")
         st["converged"] = st["converged"] and ok
     return why

@@ -72,6 +72,7 @@ from ..checks import check_float, check_int
 from ..errors import ConvergenceWarning, OptionError
 from .batch import OpBatch
 from .cost import flop_bound
+from .eigs_parts import below_precision
 from .krylov import PROBE_MAX_CYCLES, PROBE_REACH, PROBE_TOL
 from .results import SvdResult
 
@@ -310,6 +311,10 @@ def _verified(batch: _Batch, k: int, ncv: Optional[int], block_size: Optional[in
     if not all(conv):
         message = (f"svds(lanczos) did not converge after max_restarts={max_restarts}: max "
                    f"residual {max(resid):.2e} > tol={tol:g} (relative to s_1)")
+        coarsest = max((o.dtype for o in batch.ops or []), key=lambda d: torch.finfo(d).eps,
+                       default=torch.float64)
+        hint = below_precision(coarsest, tol)
+        message += f"; {hint}" if hint else ""
         logger.warning("%s", message)
         warnings.warn(message, ConvergenceWarning, stacklevel=4)
     return U, S, V, torch.tensor(conv, device=batch.device)

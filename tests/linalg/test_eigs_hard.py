@@ -287,3 +287,21 @@ def test_a_probe_still_moving_after_its_cycles_widens_the_space(seed):
     want = torch.linalg.eigvals(A).abs().sort(descending=True).values[:4]
     assert bool(res.converged)
     torch.testing.assert_close(res.values.abs().sort(descending=True).values[:4], want)
+
+
+@pytest.mark.parametrize("solver", ["eigs", "eigs_materialised", "svds"])
+def test_a_tol_below_the_operators_precision_is_named_as_the_cause(solver):
+    """A float32 operator asked for tol 1e-12 ends unconverged, rightly; the warning used to
+    blame the operator ("not linear to working precision") instead of the tol (fuzzing)."""
+    from spectral_hooks.errors import ConvergenceWarning
+    from spectral_hooks.linalg import DenseOperator, svds
+
+    A = DenseOperator(torch.randn(40, 40, generator=torch.Generator().manual_seed(0)))
+    with pytest.warns(ConvergenceWarning, match=r"tol=1e-12 is near or below what a "
+                      r"torch.float32 operator computes") as record:
+        if solver == "svds":
+            res = svds(A, 3, tol=1e-12)
+        else:
+            res = eigs(A, 3, tol=1e-12, materialize=solver == "eigs_materialised")
+    assert not bool(res.converged)
+    assert not any("not linear" in str(w.message) for w in record)
