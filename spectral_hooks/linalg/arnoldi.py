@@ -9,6 +9,7 @@ j + bs).
 
 from __future__ import annotations
 
+import functools
 from typing import List
 
 import torch
@@ -16,7 +17,45 @@ from torch import Tensor
 
 from .batch import OpBatch
 
-__all__ = ["extend"]
+__all__ = ["extend", "revive_lost"]
+
+#: a column's part off a basis at most this many eps of the column is rounding: a lost column
+LOST = 64
+
+
+def revive_lost(P: Tensor, size: Tensor) -> Tensor:
+    """P [..., n, c]: columns' parts off an orthonormal basis; ``size`` [..., 1, c]: the
+    columns' largest entries before. Where a part is at rounding level (<= LOST eps of its
+    column, or zero), a generic direction at that level is added, so the QR that follows makes
+    up a direction that the next Gram-Schmidt pass can take off the basis. QR's own made-up
+    column for an exact zero is a unit vector e_i, which can lie in the basis: then every pass
+    returned e_i again, a "new" basis vector inside the old basis (3 x 3 rank-1 factors in a
+    lockstep chain: svds' U lost orthogonality, 0.6% off, unconverged). No host sync.
+
+    Example::
+
+        >>> Q = torch.eye(3, dtype=torch.float64)[:, :2]   # e_1, e_2
+        >>> P = torch.zeros(3, 1, dtype=torch.float64)     # a product with no part off Q
+        >>> X = torch.linalg.qr(revive_lost(P, torch.ones(1, 1, dtype=torch.float64))).Q
+        >>> X = torch.linalg.qr(X - Q @ (Q.mH @ X)).Q
+        >>> round(abs(float(X[2, 0])), 12)                  # e_3, not e_1
+        1.0
+    """
+    real = P.real.dtype if P.is_complex() else P.dtype
+    floor = (size * (LOST * torch.finfo(real).eps)).clamp(min=1e-290)
+    lost = P.abs().amax(-2, keepdim=True) <= floor  # (max-abs: no square to overflow)
+    G = _generic(*P.shape[-2:]).to(P.device, real, non_blocking=True)
+    return torch.where(lost, P + floor * G, P)
+
+
+@functools.lru_cache(maxsize=16)
+def _generic(n: int, c: int) -> Tensor:
+    """n x c unit columns in no particular subspace (a fixed quasi-random pattern), on the
+    host: one copy a use on an accelerator, no kernels to build them."""
+    i = torch.arange(1, n + 1, dtype=torch.float64).unsqueeze(-1)
+    j = torch.arange(1, c + 1, dtype=torch.float64)
+    G = torch.cos(0.7548776662466927 * i * j + 0.5698402909980532 * i * i + j)
+    return G / torch.linalg.vector_norm(G, dim=0)
 
 
 def extend(batch: OpBatch, V: Tensor, Hb: Tensor, p: List[int], done: List[bool], m: int,
@@ -175,7 +214,8 @@ def _orthonormalise_chunk(member: tuple, j: int, c: int, bs: int, W: Tensor) -> 
     host sync.
 
     A product (nearly) in the span of the basis (an invariant subspace, e.g. the range of a
-    rank-deficient operator) leaves a column of Q1 that QR made up from rounding; a third
+    rank-deficient operator) leaves a column of Q1 made up from rounding (:func:`revive_lost`
+    where it vanishes); a third
     Gram-Schmidt pass and QR on Q2 make it an orthonormal direction off the basis, and its
     coupling (the diagonal of R, below rounding) stays as computed: continuing with it is the
     random restart of a breakdown, with no branch on the host. W = O C + Q3 R exactly as
@@ -187,9 +227,10 @@ def _orthonormalise_chunk(member: tuple, j: int, c: int, bs: int, W: Tensor) -> 
     if W.dtype != V.dtype:
         W = W.to(V.dtype)
     C1 = OH @ W
-    Q1, R1 = torch.linalg.qr(torch.addmm(W, O, C1, alpha=-1))
-    C2 = OH @ Q1
-    Q2, R2 = torch.linalg.qr(torch.addmm(Q1, O, C2, alpha=-1))
+    size = W.abs().amax(0, keepdim=True)
+    Q1, R1 = torch.linalg.qr(revive_lost(torch.addmm(W, O, C1, alpha=-1), size))
+    C2 = OH @ Q1  # (a second revival catches columns QR made up for W's own dependencies)
+    Q2, R2 = torch.linalg.qr(revive_lost(torch.addmm(Q1, O, C2, alpha=-1), torch.ones_like(size)))
     C3 = OH @ Q2
     Q3, R3 = torch.linalg.qr(torch.addmm(Q2, O, C3, alpha=-1))
     R21 = R2 @ R1

@@ -70,6 +70,7 @@ from torch import Tensor
 
 from ..checks import check_float, check_int
 from ..errors import ConvergenceWarning, OptionError
+from .arnoldi import revive_lost
 from .batch import OpBatch
 from .cost import flop_bound
 from .eigs_parts import below_precision
@@ -218,9 +219,10 @@ def orthonormal_block(Q: Tensor, W: Tensor) -> Tensor:
     part off Q, without a host sync: three passes of block Gram-Schmidt, each followed by a QR.
 
     Where W has no part off Q in some direction (an invariant subspace, a rank-deficient
-    operator), the QR makes a column up from rounding (or a unit vector); the next pass turns it
-    into a direction off Q. So the result is always c orthonormal columns orthogonal to Q (c <=
-    n - j), with no breakdown branch read on the host.
+    operator), the QR makes a column up from rounding (:func:`~.arnoldi.revive_lost` where it
+    vanishes); the next pass turns it into a direction off Q. So the result is always c
+    orthonormal columns orthogonal to Q (c <= n - j), with no breakdown branch read on the
+    host.
 
     Example::
 
@@ -230,9 +232,12 @@ def orthonormal_block(Q: Tensor, W: Tensor) -> Tensor:
         >>> float((Q.mH @ X).abs().max()) < 1e-12, float((X.mH @ X - torch.eye(4)).abs().max()) < 1e-12
         (True, True)
     """
-    for _ in range(3):
+    size = W.abs().amax(-2, keepdim=True)
+    for i in range(3):
         if Q.shape[-1]:
             W = W - Q @ (Q.mH @ W)
+            if i < 2:  # the second catches columns QR made up for W's own dependencies
+                W = revive_lost(W, size if i == 0 else torch.ones_like(size))
         W = torch.linalg.qr(W).Q
     return W
 

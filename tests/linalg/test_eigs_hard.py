@@ -305,3 +305,23 @@ def test_a_tol_below_the_operators_precision_is_named_as_the_cause(solver):
             res = eigs(A, 3, tol=1e-12, materialize=solver == "eigs_materialised")
     assert not bool(res.converged)
     assert not any("not linear" in str(w.message) for w in record)
+
+
+@pytest.mark.parametrize("W", ["zero", "in_the_basis", "twice_one_column"])
+def test_band_arnoldi_takes_a_vanished_product_off_the_basis(W):
+    """A product with no part off the basis (an invariant subspace of a rank-deficient
+    operator): QR makes up e_1 for an exactly zero column, and where e_1 is in the basis every
+    Gram-Schmidt pass returned it again. The new basis vectors must be orthonormal and off the
+    basis (arnoldi.revive_lost)."""
+    from spectral_hooks.linalg.arnoldi import _orthonormalise_chunk
+
+    n, bs, j, c = 4, 2, 0, 2
+    V = torch.zeros(n, j + bs + c, dtype=torch.float64)
+    V[:, :2] = torch.eye(n, dtype=torch.float64)[:, :2]  # e_1, e_2
+    Hb = torch.zeros(j + bs + c, j + c, dtype=torch.float64)
+    products = {"zero": torch.zeros(n, c, dtype=torch.float64),
+                "in_the_basis": 1e-19 * V[:, :2].clone(),
+                "twice_one_column": torch.tensor([[1.0, 1.0], [0, 0], [0, 0], [0, 0]],
+                                                 dtype=torch.float64)}[W]
+    _orthonormalise_chunk((V, Hb), j, c, bs, products)
+    assert float((V.T @ V - torch.eye(n)).abs().max()) < 1e-12

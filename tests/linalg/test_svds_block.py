@@ -198,3 +198,45 @@ def test_wide_operators_are_probed_through_their_adjoint():
     _check(A.T, res, 12, 1e-10)
     res = svds(A, 12, block_size=1)
     _check(A, res, 12, 1e-10)
+
+
+def test_a_product_with_no_part_off_the_basis_gets_a_direction_off_it():
+    """QR makes up e_1 for an exactly zero column. Where e_1 lies in the basis, every pass
+    returned e_1 again: a "new" basis vector inside the old basis."""
+    Q = torch.eye(3, dtype=torch.float64)[:, :2].unsqueeze(0)   # e_1, e_2
+    for W in (1e-19 * Q[:, :, :1], torch.zeros(1, 3, 1, dtype=torch.float64)):
+        X = orthonormal_block(Q, W)
+        assert float((Q.mH @ X).abs().max()) < 1e-12
+        assert abs(float(X[0, 2, 0])) == pytest.approx(1.0)
+
+
+def test_rank_one_factors_in_a_lockstep_chain():
+    """Four 3 x 3 factors of ranks 1, 2, 1, 1 (a fuzz draw), products of depth 1-4 in
+    lockstep, k = 2: depth 3's left basis took e_1 twice (the case above) and came back 0.6%
+    off, unconverged; the same product alone converged."""
+    from spectral_hooks.linalg import ChainProducts
+
+    Js = torch.tensor([
+        [[-0.11451524017913754, -0.10012229749527664, -0.014659167119256612],
+         [-6.374958742535913e-05, -5.573716779896139e-05, -8.160624336028333e-06],
+         [-0.16215561758722813, -0.1417749546628165, -0.02075764146168642]],
+        [[-0.2610581483477477, -0.11126580389812542, 0.22073477948490514],
+         [0.18764269904017725, 0.1635835039506712, -0.04465290907566357],
+         [0.5774259581605284, 1.1716881419182241, 0.7738687460027759]],
+        [[-0.017728481799410934, -0.0030891863166121526, 0.011721950833785503],
+         [-0.13401650685393582, -0.02335236394506682, 0.08861079713603627],
+         [0.0761127521057534, 0.013262640026660307, -0.050325230784138]],
+        [[-0.6234447734690797, 0.4446900895472156, -0.4710631154760508],
+         [0.4088277035550507, -0.29160823193956026, 0.3089025041591962],
+         [-0.14317551373422954, 0.10212409299570596, -0.10818071853300291]]],
+        dtype=torch.float64)
+    factors = [DenseOperator(J) for J in Js]
+    chains = ChainProducts([factors[:depth] for depth in range(1, 5)])
+    dense = [torch.linalg.multi_dot(list(Js[:depth].flip(0))) if depth > 1 else Js[0]
+             for depth in range(1, 5)]
+    for seed in range(10):
+        res = svds(chains.members, 2, tol=1e-8, seed=seed)
+        assert bool(res.converged.all()), seed
+        for depth, P in enumerate(dense):
+            s = torch.linalg.svdvals(P)[:2]
+            assert float((res.S[depth] - s).abs().max()) <= 1e-8 * float(s[0]), (seed, depth)
