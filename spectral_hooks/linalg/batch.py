@@ -113,6 +113,11 @@ class OpBatch:
         ``check=False`` skips the NaN / Inf test (a caller that reduces the result anyway
         tests that and calls :meth:`check_finite` itself)."""
         c = X.shape[-1]
+        if self.dense is not None and X.is_complex() and not self.is_complex:
+            # real matrices on a complex block: both parts in one product of 2c columns
+            Xr = torch.view_as_real(X.contiguous()).reshape(self.B, X.shape[1], 2 * c)
+            Yr = self.apply(Xr, mask, adjoint=adjoint, check=check)  # (counts 2c)
+            return torch.view_as_complex(Yr.reshape(self.B, Yr.shape[1], c, 2).contiguous())
         if self.dense is not None:
             M = self.dense.mH if adjoint else self.dense
             if c <= 8 or not all(mask):
@@ -128,23 +133,20 @@ class OpBatch:
                         torch.matmul(M[b], X[b], out=Y[b])
             else:
                 Y = torch.matmul(M, X)
-        elif self.B == 1 and mask[0] and not (X.is_complex() and not self.ops[0].dtype.is_complex):  # pyright: ignore[reportOptionalSubscript]
+        elif self.B == 1 and mask[0]:
             Y = self._one(self.ops[0], X[0], adjoint).unsqueeze(0)  # one operator: no copies  # pyright: ignore[reportOptionalSubscript]
+            self.counts[0] += c if X.is_complex() and not self.ops[0].dtype.is_complex else 0  # pyright: ignore[reportOptionalSubscript]
         else:
             rows = self.shape[1] if adjoint else self.shape[0]
-            Y = torch.zeros(self.B, rows, c, dtype=self.wdtype, device=X.device)
+            Y = torch.zeros(self.B, rows, c, device=X.device,
+                            dtype=torch.complex128 if X.is_complex() else self.wdtype)
             grouped = self._apply_groups(X, Y, mask, adjoint)
             for b, o in enumerate(self.ops):  # pyright: ignore[reportArgumentType]
                 if not mask[b] or b in grouped:
                     continue
-                Xb = X[b]
-                if Xb.is_complex() and not o.dtype.is_complex:
-                    Yb = torch.complex(self._one(o, Xb.real, adjoint),
-                                       self._one(o, Xb.imag, adjoint))
+                Y[b] = self._one(o, X[b], adjoint)
+                if X.is_complex() and not o.dtype.is_complex:
                     self.counts[b] += c  # real and imaginary parts: two applications
-                else:
-                    Yb = self._one(o, Xb, adjoint)
-                Y[b] = Yb
         for b in range(self.B):
             if mask[b]:
                 self.counts[b] += c
@@ -195,8 +197,11 @@ class OpBatch:
         :meth:`apply` or by its caller (on the device, read once per Krylov expansion), so the
         operator is told it may skip its own test (``caller_checks_finite``: a host sync per
         application in ``linearize``'s operators)."""
-        if X.dtype != o.dtype:
-            X = X.to(o.dtype)
+        # a complex operand of a real operator stays complex: the operator applies itself to
+        # both parts (LinearOperator), in its own precision
+        own = torch.promote_types(o.dtype, torch.complex64) if X.is_complex() else o.dtype
+        if X.dtype != own:
+            X = X.to(own)
         with o.checked_by_caller():
             Y = o.rmatmat(X) if adjoint else o.matmat(X)
         wdtype = torch.complex128 if Y.is_complex() or X.is_complex() else torch.float64

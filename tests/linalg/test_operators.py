@@ -153,3 +153,27 @@ def test_a_matvec_that_returns_no_tensor_and_an_integer_dtype_are_named():
             eigs(op, 2)
     with pytest.raises(TypeError, match="floating or complex torch.dtype"):
         LinearOperator((3, 3), matvec=lambda x: x, dtype=torch.int64, device="cpu")
+
+
+@pytest.mark.parametrize("members", [1, 2])
+def test_a_batch_applies_real_operators_to_complex_blocks_and_counts_both_parts(members):
+    """OpBatch leaves the split of a complex block to the real operator itself (A Re X +
+    i A Im X, in the operator's own precision) and counts two applications a column."""
+    from spectral_hooks.linalg.batch import OpBatch
+
+    g = torch.Generator().manual_seed(0)
+    mats = [torch.randn(5, 4, generator=g, dtype=dtype)
+            for dtype in (torch.float64, torch.float32)[:members]]
+    X = torch.randn(members, 4, 3, generator=g, dtype=torch.complex128)
+    dense = torch.stack([M.double() for M in mats])
+    for batch in (OpBatch([DenseOperator(M) for M in mats], what="test"),
+                  OpBatch(dense, what="test")):
+        Y = batch.apply(X, [True] * members)
+        H = batch.apply(Y, [True] * members, adjoint=True)
+        for b, M in enumerate(mats):
+            A = M.to(torch.complex128)
+            tol = 1e-12 if M.dtype == torch.float64 or batch.dense is not None else 1e-5
+            assert Y.dtype == H.dtype == torch.complex128
+            assert float((Y[b] - A @ X[b]).abs().max()) <= tol
+            assert float((H[b] - A.mH @ Y[b]).abs().max()) <= tol
+        assert batch.counts == [12] * members
