@@ -9,7 +9,6 @@ j + bs).
 
 from __future__ import annotations
 
-import functools
 from typing import List
 
 import torch
@@ -48,10 +47,10 @@ def revive_lost(P: Tensor, size: Tensor) -> Tensor:
     return torch.where(lost, P + floor * G, P)
 
 
-@functools.lru_cache(maxsize=16)
 def _generic(n: int, c: int) -> Tensor:
-    """n x c unit columns in no particular subspace (a fixed quasi-random pattern), on the
-    host: one copy a use on an accelerator, no kernels to build them."""
+    """n x c unit columns in no particular subspace (a fixed quasi-random pattern), built on
+    the host (a few small CPU ops, one copy a use on an accelerator, no device kernels).
+    Not cached: the package keeps no module-level caches."""
     i = torch.arange(1, n + 1, dtype=torch.float64).unsqueeze(-1)
     j = torch.arange(1, c + 1, dtype=torch.float64)
     G = torch.cos(0.7548776662466927 * i * j + 0.5698402909980532 * i * i + j)
