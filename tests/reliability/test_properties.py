@@ -91,9 +91,11 @@ def _leave_the_model_unchanged(case):
     batch = inputs(case)
     hooks, weights, reference = count_hooks(model), state_hash(model), hidden(model, batch)
     # Gemma-2's eager sliding-window attention gives a left-padded row NaN, and the next
-    # full-attention layer spreads it (transformers' own model, not ours): such a recording is
-    # refused by analyze, naming the first non-finite point
-    finite = bool(torch.isfinite(reference).all())
+    # full-attention layer spreads it to the real tokens (transformers' own model, not ours):
+    # such a recording is refused by analyze, naming the first non-finite point. A NaN confined
+    # to padding (one layer: no full-attention layer after it) is not read by the analysis.
+    attended = batch["attention_mask"].bool()
+    finite = bool(torch.isfinite(reference[attended]).all())
     with sh.instrument(model) as probe:
         assert _same_bits(hidden(model, batch), reference)  # bit-identical while recording
         if finite:
@@ -115,9 +117,9 @@ def _leave_the_model_unchanged(case):
     u = torch.randn(case.d, dtype=torch.float64, generator=torch.Generator().manual_seed(case.seed))
     with sh.steer(model, u, layer=case.seed % case.n_layers, alpha=0.5):
         steered = hidden(model, batch)
-    assert torch.isfinite(steered.float()).all()
+    assert torch.isfinite(steered[torch.isfinite(reference)]).all()  # no new NaN
     assert count_hooks(model) == hooks and state_hash(model) == weights
-    assert torch.equal(hidden(model, batch), reference)
+    assert _same_bits(hidden(model, batch), reference)
 
 
 @settings(max_examples=150 if FULL else 20, **SETTINGS)
