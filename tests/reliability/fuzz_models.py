@@ -149,6 +149,23 @@ def cases(draw, *, min_d: int = 1, max_d: int = 32, dtypes=DTYPES, norms=tuple(N
                 tied=variant < 2)
 
 
+def every_norm_and_variant(test):
+    """``test`` (a ``@given(case=cases())`` test) with one explicit example for each norm type
+    as a base model, a tied wrapper and an untied wrapper, whatever the drawn examples cover
+    (the derandomized draws change with the test's source)."""
+    from hypothesis import example
+
+    for i, (norm, families) in enumerate(NORMS.items()):
+        family = families[i % len(families)]
+        for wrapper, tied in ((False, True), (True, True), (True, False)):
+            test = example(case=Case(family=family, n_layers=2, n_heads=2,
+                                     kv_heads=1 if family in LLAMA_LIKE else 2,
+                                     head_dim=4, dtype=torch.float32, batch=2, seq=4,
+                                     padding="right", seed=7 + i, norm=norm, wrapper=wrapper,
+                                     tied=tied))(test)
+    return test
+
+
 def state_hash(model: torch.nn.Module) -> str:
     h = hashlib.sha256()
     for name, tensor in model.state_dict().items():

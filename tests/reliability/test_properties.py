@@ -24,6 +24,7 @@ from tests.reliability.fuzz_models import (
     NORMS,
     build,
     cases,
+    every_norm_and_variant,
     hidden,
     inputs,
     state_hash,
@@ -70,8 +71,8 @@ def _check_power(power, case, n_tokens):
 
 
 def test_instrument_analyze_steer_leave_the_model_unchanged():
-    """The property below over 270 cases (1500 full), which cover every norm type both as a
-    base model and as a wrapper with tied and with untied embeddings."""
+    """The property below over 270 drawn cases (1500 full) and one explicit case for every
+    norm type as a base model and as a wrapper with tied and with untied embeddings."""
     DRAWN.clear()
     _leave_the_model_unchanged()
     combos = {(c.norm, c.wrapper, c.tied or not c.wrapper) for c in DRAWN}
@@ -84,6 +85,7 @@ DRAWN: list = []
 
 
 @settings(max_examples=1500 if FULL else 270, **SETTINGS)
+@every_norm_and_variant
 @given(case=cases())
 def _leave_the_model_unchanged(case):
     DRAWN.append(case)
