@@ -3,7 +3,9 @@ ncv, block widths, device path, batches and spectra (Gaussian, symmetric, rank-d
 permutation matrices with tied conjugate pairs, repeated singular values, extreme scales).
 Every run either raises an ``OptionError`` naming a bad option, or returns a result that, where
 it says converged, holds the oracle's top-k (compared by the ``which`` key, so ties and
-conjugate pairs may come in either order). The quick profile runs a few cases of each kind,
+conjugate pairs may come in either order; ``which`` LM, LR and SM) and vectors that meet the
+claim: unit eigenvectors whose fresh residuals are the reported ones, within tol; orthonormal
+singular vectors with both residuals within tol * s_1. The quick profile runs a few cases of each kind,
 ``make test-all`` a thousand; each case is one seed, so a failure reproduces from its id.
 
 The two rounds of fuzzing (2026-12-07) that this file keeps found: conjugate pairs split
@@ -64,7 +66,7 @@ def test_eigs_converged_means_the_oracle_top_k(kind, case):
     g = torch.Generator().manual_seed(1000 * KINDS.index(kind) + case)
     n = int(torch.randint(4, 90, (1,), generator=g))
     k = int(torch.randint(1, max(2, n - 2), (1,), generator=g))
-    which = ("LM", "LR")[case % 2]
+    which = ("LM", "LR", "SM")[(case // 3) % 3]
     options = dict(which=which, seed=case)
     if case % 3 == 1:
         options["ncv"] = int(torch.randint(k + 2, n + 1, (1,), generator=g))
@@ -83,6 +85,13 @@ def test_eigs_converged_means_the_oracle_top_k(kind, case):
     got = _top(res.values, which, k)
     want = _top(torch.linalg.eigvals(A), which, k)
     assert float((got - want).abs().max()) <= 1e-6 * scale, (n, k, options)
+    # the vectors are eigenvectors to the reported residuals, and those meet tol
+    V, lam = res.vectors, res.values
+    assert V is not None
+    assert float((torch.linalg.vector_norm(V, dim=0) - 1).abs().max()) <= 1e-10
+    fresh = torch.linalg.vector_norm(A.to(V.dtype) @ V - V * lam, dim=0)
+    assert bool((fresh <= 1e-9 * scale + 10 * res.residuals * lam.abs()).all()), (n, k, options)
+    assert float(res.residuals.max()) <= 1e-10, (n, k, options)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -104,10 +113,21 @@ def test_svds_converged_means_the_oracle_top_k(kind, case):
             return
     s = torch.linalg.svdvals(A)[:k]
     scale = float(s[0]) or 1.0
-    for got, factor, ok in zip(res.S.reshape(-1, k), (1, 2), res.converged.reshape(-1)):
+    U, Vh = res.U.reshape(-1, m, k), res.Vh.reshape(-1, k, n)
+    for i, (got, factor, ok) in enumerate(zip(res.S.reshape(-1, k), (1, 2),
+                                              res.converged.reshape(-1))):
         if bool(ok):
             assert float((got - factor * s).abs().max()) <= 1e-8 * factor * scale, (m, n, k,
                                                                                      options)
+            # converged means both residuals <= tol * s_1 and orthonormal vectors
+            Af = factor * A
+            right = torch.linalg.vector_norm(Af @ Vh[i].mH - U[i] * got, dim=0)
+            left = torch.linalg.vector_norm(Af.mH @ U[i] - Vh[i].mH * got, dim=0)
+            tol = 1e-10 * factor * scale + 1e-12 * factor * scale
+            assert float(torch.maximum(right, left).max()) <= 10 * tol, (m, n, k, options)
+            eye = torch.eye(k, dtype=U.dtype)
+            assert float((U[i].mH @ U[i] - eye).abs().max()) <= 1e-8, (m, n, k, options)
+            assert float((Vh[i] @ Vh[i].mH - eye).abs().max()) <= 1e-8, (m, n, k, options)
 
 
 @pytest.mark.parametrize("block_size", [1, 3, None])
