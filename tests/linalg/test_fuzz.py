@@ -1,12 +1,14 @@
 """Seeded fuzz of ``eigs`` and ``svds`` against dense float64 oracles: random shapes, k, which,
 ncv, block widths, device path, batches and spectra (Gaussian, symmetric, rank-deficient,
-permutation matrices with tied conjugate pairs, repeated singular values, extreme scales).
+permutation matrices with tied conjugate pairs, repeated singular values, extreme scales,
+complex and Hermitian).
 Every run either raises an ``OptionError`` naming a bad option, or returns a result that, where
 it says converged, holds the oracle's top-k (compared by the ``which`` key, so ties and
 conjugate pairs may come in either order; ``which`` LM, LR and SM) and vectors that meet the
 claim: unit eigenvectors whose fresh residuals are the reported ones, within tol; orthonormal
-singular vectors with both residuals within tol * s_1. The quick profile runs a few cases of each kind,
-``make test-all`` a thousand; each case is one seed, so a failure reproduces from its id.
+singular vectors with both residuals within tol * s_1. The quick profile runs a few cases of
+each kind, ``make test-all`` a thousand; each case is one seed, so a failure reproduces from
+its id.
 
 The two rounds of fuzzing (2026-12-07) that this file keeps found: conjugate pairs split
 (a shape error from inside), blocks wider than the space, wide ``svds``, tiny scales, repeated
@@ -28,7 +30,7 @@ from ..profiles import FULL
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 CASES = range(1000 if FULL else 12)
 KINDS = ("gauss", "symmetric", "low_rank", "permutation", "repeated", "identity_plus_low_rank",
-         "scaled")
+         "scaled", "complex", "hermitian")
 
 
 def _matrix(kind: str, m: int, n: int, g: torch.Generator) -> torch.Tensor:
@@ -39,6 +41,9 @@ def _matrix(kind: str, m: int, n: int, g: torch.Generator) -> torch.Tensor:
     if kind == "symmetric" and m == n:
         X = randn(n, n)
         return X + X.T
+    if kind in ("complex", "hermitian"):
+        Z = torch.randn(m, n, generator=g, dtype=torch.complex128)
+        return Z + Z.mH if kind == "hermitian" and m == n else Z
     if kind == "low_rank":
         return randn(m, 2) @ randn(2, n)
     if kind == "repeated":  # a third of the values equal, at a random place in the spectrum
