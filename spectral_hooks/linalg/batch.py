@@ -33,6 +33,9 @@ class OpBatch:
             if op.is_meta:
                 raise OptionError("op", f"a tensor on device {op.device}",
                                   f"{what}: a tensor holding data")
+            if op.numel() == 0:
+                raise OptionError("op", f"an empty tensor of shape {tuple(op.shape)}",
+                                  f"{what}: at least one operator of at least 1 x 1")
             self.batch_shape = tuple(op.shape[:-2])
             self.shape = tuple(op.shape[-2:])
             self.is_complex = op.is_complex()

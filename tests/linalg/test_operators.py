@@ -134,6 +134,20 @@ def test_bad_operands_and_products_are_named():
         liar.matvec(torch.ones(3, dtype=torch.float64))
 
 
+@pytest.mark.parametrize("shape", [(0, 5), (5, 0), (0, 0), (3, 0, 5), (0, 4, 4)])
+def test_an_empty_tensor_is_named_not_reshaped(shape):
+    # was a RuntimeError from a reshape inside the batch ("cannot reshape tensor of 0 elements")
+    import re
+
+    from spectral_hooks.errors import OptionError
+    from spectral_hooks.linalg import eigs, svds
+
+    A = torch.zeros(shape, dtype=torch.float64)
+    for solve in (eigs, svds):
+        with pytest.raises(OptionError, match=re.escape(f"empty tensor of shape {shape}")):
+            solve(A, 1)
+
+
 def test_a_tensor_that_requires_grad_is_read_as_data():
     from spectral_hooks.linalg import eigs, svds
 
