@@ -16,7 +16,7 @@ from torch import Tensor
 
 from .batch import OpBatch
 
-__all__ = ["extend", "revive_lost"]
+__all__ = ["extend", "orthonormalise_chunk", "revive_lost"]
 
 #: a column's part off a basis at most this many eps of the column is rounding: a lost column
 LOST = 64
@@ -173,7 +173,7 @@ def _extend_block(batch: OpBatch, V: Tensor, Hb: Tensor, p: List[int], done: Lis
 
     Column j's product is orthogonalised against basis vectors 0 .. j + bs - 1 and becomes
     vector j + bs: per chunk of c columns starting at j, two block Gram-Schmidt passes
-    against vectors 0 .. j + bs - 1 and a QR (:func:`_orthonormalise_chunk`).
+    against vectors 0 .. j + bs - 1 and a QR (:func:`orthonormalise_chunk`).
 
     No host sync per step (issue 24: on a GPU each is a pipeline stall): the NaN / Inf test of
     the products is one test of Hb, read once at the end of the expansion (then it raises,
@@ -196,7 +196,7 @@ def _extend_block(batch: OpBatch, V: Tensor, Hb: Tensor, p: List[int], done: Lis
         for b in range(V.shape[0]):
             if run[b]:
                 cb = min(bs, m - p[b])
-                _orthonormalise_chunk(members[b], p[b], cb, bs,
+                orthonormalise_chunk(members[b], p[b], cb, bs,
                                       AX[b] if cb == c else AX[b, :, :cb])
                 p[b] += cb
     # NaN / Inf in a product reaches its column of Hb (every entry of O^H W is a sum over all
@@ -206,7 +206,7 @@ def _extend_block(batch: OpBatch, V: Tensor, Hb: Tensor, p: List[int], done: Lis
         raise batch.nonfinite((~finite).tolist().index(True))
 
 
-def _orthonormalise_chunk(member: tuple, j: int, c: int, bs: int, W: Tensor) -> None:
+def orthonormalise_chunk(member: tuple, j: int, c: int, bs: int, W: Tensor) -> None:
     """Place the products W = A V[:, j:j+c] as basis vectors j+bs .. j+bs+c-1 (block
     Gram-Schmidt twice against vectors 0 .. j+bs-1, each pass followed by a QR), without a
     host sync.

@@ -142,7 +142,7 @@ from .schur_restart import final_check, inject, restart, same_set
 if TYPE_CHECKING:
     from .operators import LinearOperator
 
-__all__ = ["eigs"]
+__all__ = ["eigs", "probe_settled"]
 
 logger: logging.Logger = logging.getLogger(__name__)
 _STALL = 40  # restarts without convergence before the Krylov space is enlarged
@@ -163,7 +163,7 @@ PROBE_MAX_CYCLES = 8
 TEST_EVERY = 8
 
 
-def _probe_settled(st: dict, kth: float) -> bool:
+def probe_settled(st: dict, kth: float) -> bool:
     """Has the probe's leading Ritz value settled (module doc)? ``kth``: the key of the
     checked k-th value. Reads only numbers ritz() has on the host (no sync)."""
     if st["lead"] is None:
@@ -331,11 +331,11 @@ def _solve(batch: OpBatch, k: int, which: str, tol: float, max_restarts: int, m:
                 margin = 1e-8 * abs(kth_prev[b]) if kth_prev[b] else tol * st["scale"]
                 rival = bool(((part > 1e-8) & (wanted > kth_prev[b] + margin)).any())
                 if not end and (rival or kw != kw_prev[b]
-                                or not _probe_settled(st, kth_prev[b])):
+                                or not probe_settled(st, kth_prev[b])):
                     probing[b] = True  # mid-cycle only a settled probe ends; a rival is
                     continue           # judged at the end of the cycle, as before
                 if not rival and kw == kw_prev[b]:
-                    if _probe_settled(st, kth_prev[b]):
+                    if probe_settled(st, kth_prev[b]):
                         done[b] = True  # the checked result from before the probe stands
                         continue
                     # the probe's leading Ritz value is still moving: a missed eigenvalue

@@ -311,15 +311,15 @@ def test_probe_settles_when_its_leading_value_cannot_reach_the_kth_within_two_re
     # 0.9808: one residual would have written it off (0.9816 > 0.9808 only just), two must not.
     # A Llama d=1024 block: leading 11.093, estimate 0.0996, k-th 11.327 (lambda_17 = 11.125 is
     # the true next one): settled there, ~30 matvecs before the fixed 1e-3 test would be.
-    from spectral_hooks.linalg.krylov import PROBE_REACH, _probe_settled
+    from spectral_hooks.linalg.krylov import PROBE_REACH, probe_settled
 
     def st(key, est):
         return dict(lead=(key, est), scale=1.0)
 
     assert PROBE_REACH >= 2
-    assert not _probe_settled(st(0.965056, 1.65e-2), 0.980807)
-    assert _probe_settled(st(11.0933, 0.0996), 11.3272)
-    assert not _probe_settled(st(11.1097, 0.127), 11.3272)     # within reach: keep going
-    assert _probe_settled(st(11.1097, 1e-3 * 11.1), 11.2)      # settled in place
-    assert not _probe_settled(st(11.1097, 1.0), 11.2)          # no cycle budget settles it
-    assert _probe_settled(dict(lead=None, scale=1.0), 11.2)    # nothing beyond the set
+    assert not probe_settled(st(0.965056, 1.65e-2), 0.980807)
+    assert probe_settled(st(11.0933, 0.0996), 11.3272)
+    assert not probe_settled(st(11.1097, 0.127), 11.3272)     # within reach: keep going
+    assert probe_settled(st(11.1097, 1e-3 * 11.1), 11.2)      # settled in place
+    assert not probe_settled(st(11.1097, 1.0), 11.2)          # no cycle budget settles it
+    assert probe_settled(dict(lead=None, scale=1.0), 11.2)    # nothing beyond the set

@@ -313,7 +313,7 @@ def test_band_arnoldi_takes_a_vanished_product_off_the_basis(W):
     operator): QR makes up e_1 for an exactly zero column, and where e_1 is in the basis every
     Gram-Schmidt pass returned it again. The new basis vectors must be orthonormal and off the
     basis (arnoldi.revive_lost)."""
-    from spectral_hooks.linalg.arnoldi import _orthonormalise_chunk
+    from spectral_hooks.linalg.arnoldi import orthonormalise_chunk
 
     n, bs, j, c = 4, 2, 0, 2
     V = torch.zeros(n, j + bs + c, dtype=torch.float64)
@@ -323,5 +323,5 @@ def test_band_arnoldi_takes_a_vanished_product_off_the_basis(W):
                 "in_the_basis": 1e-19 * V[:, :2].clone(),
                 "twice_one_column": torch.tensor([[1.0, 1.0], [0, 0], [0, 0], [0, 0]],
                                                  dtype=torch.float64)}[W]
-    _orthonormalise_chunk((V, Hb), j, c, bs, products)
+    orthonormalise_chunk((V, Hb), j, c, bs, products)
     assert float((V.T @ V - torch.eye(n)).abs().max()) < 1e-12

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 import transformers as tf
+from hypothesis import example
 from hypothesis import strategies as st
 
 FULL = os.environ.get("SPECTRAL_HOOKS_FULL") == "1"
@@ -153,8 +154,6 @@ def every_norm_and_variant(test):
     """``test`` (a ``@given(case=cases())`` test) with one explicit example for each norm type
     as a base model, a tied wrapper and an untied wrapper, whatever the drawn examples cover
     (the derandomized draws change with the test's source)."""
-    from hypothesis import example
-
     for i, (norm, families) in enumerate(NORMS.items()):
         family = families[i % len(families)]
         for wrapper, tied in ((False, True), (True, True), (True, False)):
