@@ -22,7 +22,7 @@ residual.
 
 from __future__ import annotations
 
-from typing import Callable, List
+from typing import Callable, Dict, List
 
 import torch
 from torch import Tensor
@@ -70,14 +70,16 @@ def matrices(batch: OpBatch, mask: List[bool], width: int = _CHUNK) -> Tensor:
     return A
 
 
-def dense_members(batch: OpBatch, members: List[int], out: List[dict], k: int, which: str,
-                  real: bool, order: Callable) -> None:
-    """Fill out[b] for each member b from a dense eig of its materialised operator."""
+def dense_members(batch: OpBatch, members: List[int], k: int, which: str, real: bool,
+                  order: Callable[[Tensor, str], Tensor]) -> Dict[int, dict]:
+    """Each member's state (member b -> its dict) from a dense eig of its materialised
+    operator, checked with fresh products."""
     A = matrices(batch, [b in members for b in range(batch.B)])
     rows = torch.tensor(members, device=A.device)
     theta, Y = torch.linalg.eig(A[rows])  # one batched eig of every member's matrix
     scales = torch.linalg.vector_norm(A[rows], dim=1).amax(dim=1)
     got = []
+    out: Dict[int, dict] = {}
     for i in range(len(members)):
         idx = order(theta[i], which)
         got.append((theta[i][idx], Y[i][:, idx]))
@@ -91,3 +93,4 @@ def dense_members(batch: OpBatch, members: List[int], out: List[dict], k: int, w
         out[b] = dict(theta=th, x=x, kw=kw, nconv=kw, gap_ok=True, dense=True,
                       scale=host[1][i])
     fresh_residuals(batch, members, out, real)
+    return out

@@ -24,7 +24,6 @@ from .schur_restart import ZETA
 
 logger = logging.getLogger("spectral_hooks.linalg.krylov")
 _EPS = torch.finfo(torch.float64).eps
-_STALE = 3  # failed explicit checks in a row that do not halve the residual: unreachable
 
 
 def start_vectors(batch: OpBatch, v0: Optional[Tensor], gen: torch.Generator) -> Tensor:
@@ -141,18 +140,6 @@ def ritz(Hb: Tensor, s: int, bs: int, k: int, which: str, real: bool, tol: float
     return dict(theta=theta.to(dev, non_blocking=True), Y=Y.to(dev, non_blocking=True),
                 est=est.to(dev, non_blocking=True), kw=kw, gap_ok=gap_ok,
                 nconv=sum(conv[:kw]), m=s, scale=scale, imag=imag, lead=lead)
-
-
-def unreachable(b: int, st: dict, best: List[float], stale: List[int],
-                tol_int: List[float]) -> bool:
-    """A failed explicit check: is tol out of reach (the attained residual stopped improving
-    over _STALE tightenings of the internal tolerance, or that would go below rounding)?"""
-    r = float(st["resid"].max())
-    if r < 0.5 * best[b]:
-        best[b], stale[b] = r, 0
-    else:
-        stale[b] += 1
-    return stale[b] >= _STALE or tol_int[b] / 10 < 10 * _EPS
 
 
 def below_precision(dtype: torch.dtype, tol: float) -> Optional[str]:

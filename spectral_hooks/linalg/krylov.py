@@ -113,7 +113,8 @@ spectrum of a small matrix use ``torch.linalg.eig``.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, List, Literal, Optional, Sequence, Union
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, List, Literal, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -130,7 +131,6 @@ from .eigs_parts import (
     order,
     ritz,
     start_vectors,
-    unreachable,
     validate,
     warn_unconverged,
     why,
@@ -146,6 +146,7 @@ __all__ = ["eigs", "probe_settled"]
 
 logger: logging.Logger = logging.getLogger(__name__)
 _STALL = 40  # restarts without convergence before the Krylov space is enlarged
+_STALE = 3  # failed explicit checks in a row that do not halve the residual: unreachable
 
 
 #: a probe ends when its leading Ritz value (the first beyond the checked set) has a residual
@@ -174,10 +175,9 @@ def probe_settled(st: dict, kth: float) -> bool:
     return est <= PROBE_TOL * max(abs(lead), 1e-12 * st["scale"])
 
 
-def _within(out: list, members: List[int], tol: float) -> dict:
-    """Member -> every fresh residual <= tol, for all ``members`` in one host read."""
-    met = torch.stack([(out[b]["resid"] <= tol).all() for b in members]).tolist()
-    return dict(zip(members, met))
+def _within(states: List[dict], tol: float) -> List[bool]:
+    """Is every fresh residual <= tol, for each of ``states``, in one host read."""
+    return torch.stack([(st["resid"] <= tol).all() for st in states]).tolist()
 
 
 def eigs(op: LinearOperator | Sequence[LinearOperator] | Tensor, k: int, *,
@@ -231,19 +231,20 @@ def eigs(op: LinearOperator | Sequence[LinearOperator] | Tensor, k: int, *,
         m, bs = validate(dense, k, which, tol, ncv, max_restarts,
                          block_size_for(dense, block_size, device_path))
         out, unconverged = _run(dense, k, which, tol, max_restarts, m, bs, start, gen)
-        unconverged += recheck(batch, out, tol)  # pyright: ignore[reportArgumentType]
+        unconverged += recheck(batch, out, tol)
     else:
         out, unconverged = _run(batch, k, which, tol, max_restarts, m, bs, start, gen)
     warn_unconverged(unconverged, max_restarts)
-    return assemble(batch, out, return_vectors)  # pyright: ignore[reportArgumentType]
+    return assemble(batch, out, return_vectors)
 
 
 def _run(batch: OpBatch, k: int, which: str, tol: float, max_restarts: int, m: int, bs: int,
-         start: Tensor, gen: torch.Generator) -> tuple:
+         start: Tensor, gen: torch.Generator) -> Tuple[List[dict], List[str]]:
     """The iteration for ``batch``: in lockstep, or member by member (``one_at_a_time``)."""
     if not one_at_a_time(batch):
         return _solve(batch, k, which, tol, max_restarts, m, bs, start, gen)
-    out, unconverged = [], []
+    out: List[dict] = []
+    unconverged: List[str] = []
     for b in range(batch.B):
         member = batch.member(b)
         got, reasons = _solve(member, k, which, tol, max_restarts, m, bs, start[b:b + 1], gen)
@@ -254,175 +255,277 @@ def _run(batch: OpBatch, k: int, which: str, tol: float, max_restarts: int, m: i
 
 
 def _solve(batch: OpBatch, k: int, which: str, tol: float, max_restarts: int, m: int, bs: int,
-           start: Tensor, gen: torch.Generator) -> tuple:
+           start: Tensor, gen: torch.Generator) -> Tuple[List[dict], List[str]]:
     """The iteration for every member of ``batch`` in lockstep, from unit start vectors
     [B, n]; returns (one state dict per member, why each unconverged member ended)."""
-    B, n, dev, dt = batch.B, batch.shape[0], batch.device, batch.wdtype
-    real = not batch.is_complex
+    return _Lockstep(batch, k, which, tol, max_restarts, m, bs, start, gen).run()
 
-    def randn(*shape: int) -> Tensor:
-        return torch.randn(*shape, generator=gen, dtype=torch.float64).to(dev, dt)
 
-    V = torch.zeros(B, n, m + bs, dtype=dt, device=dev)
-    Hb = torch.zeros(B, m + bs, m, dtype=dt, device=dev)
-    V[:, :, 0] = start
-    if bs > 1:  # the start block: v0 and bs - 1 random orthonormal columns
-        Q = torch.linalg.qr(torch.cat([V[:, :, :1], randn(B, n, bs - 1)], 2)).Q
-        V[:, :, :bs] = Q * torch.sgn(Q[:, :, :1].mH @ V[:, :, :1])  # column 0 stays v0
+@dataclass(eq=False)
+class _Probe:
+    """A verification probe in progress (module doc): the checked set it tests."""
 
-    p = [0] * B
-    done = [False] * B
-    restarts = [0] * B
-    tol_int = [float(tol)] * B
-    out: List[Optional[dict]] = [None] * B
-    probing = [False] * B   # the current cycle is a verification probe (see module doc)
-    kw_prev = [0] * B       # size of the checked wanted set the probe is testing
-    probe_cycles = [0] * B  # extra cycles of the current probe
-    kth_prev = [0.0] * B    # and the key of its k-th value
-    rivalled: List[Optional[Tensor]] = [None] * B  # a checked set a probe has challenged
-    best = [float("inf")] * B  # best explicit residual of a check that failed
-    stale = [0] * B            # failed checks in a row that did not halve it
-    unconverged: List[str] = []  # why each member that ended unconverged did
+    kw: int          # the size of the checked wanted set
+    kth: float       # the key of its k-th value
+    cycles: int = 0  # extra cycles while its leading Ritz value still moves
 
-    def finish(members: List[int]) -> None:  # dense eig of the materialised operators
-        dense_members(batch, members, out, k, which, real, order)  # pyright: ignore[reportArgumentType]
-        met = _within(out, members, tol)
-        for b in members:
-            st, done[b] = out[b], True
-            st["verified"] = st["converged"] = met[b]  # pyright: ignore[reportOptionalSubscript]
-            if not st["converged"]:  # pyright: ignore[reportOptionalSubscript]
-                unconverged.append(why(batch.names[b], st, tol, max_restarts, batch.own_dtype(b)))  # pyright: ignore[reportArgumentType]
 
-    if m > DENSE_SHARE * n:
-        finish(list(range(B)))
-    every = TEST_EVERY if bs == 1 else 0
-    while not all(done):
-        # single-vector mode extends TEST_EVERY steps at a time: a probe is tested then (a
-        # small eig of H, no matvec) and ends as soon as it settles
-        t = min(m, min(p[b] for b in range(B) if not done[b]) + every) if every else m
-        before = list(p)
-        size = extend(batch, V, Hb, p, done, t, bs, randn, stop_at=k + 2 if bs == 1 else 0)
-        checks = []
-        grow = False
-        host = None
-        for b in range(B):
-            if done[b] or (bs == 1 and before[b] >= t):  # (a member ahead waits)
+@dataclass(eq=False)
+class _Member:
+    """One operator's iteration state in a lockstep run."""
+
+    b: int               # its index in the batch
+    tol_int: float       # the Ritz tests' tolerance (tightened when fresh products refute them)
+    p: int = 0           # basis columns multiplied so far
+    done: bool = False
+    restarts: int = 0
+    result: Optional[dict] = None      # the last checked (or dense) state: what eigs returns
+    probe: Optional[_Probe] = None     # the current cycle is a verification probe
+    rivalled: Optional[Tensor] = None  # a checked set a probe has challenged
+    best: float = float("inf")         # best explicit residual of a check that failed
+    stale: int = 0                     # failed checks in a row that did not halve it
+
+    def unreachable(self, st: dict) -> bool:
+        """A failed explicit check: is tol out of reach (the attained residual stopped
+        improving over _STALE tightenings of the internal tolerance, or that would go below
+        rounding)?"""
+        r = float(st["resid"].max())
+        if r < 0.5 * self.best:
+            self.best, self.stale = r, 0
+        else:
+            self.stale += 1
+        return self.stale >= _STALE or self.tol_int / 10 < 10 * torch.finfo(torch.float64).eps
+
+    def checked(self) -> dict:
+        """The member's result (set once its first check, or the dense eig, has run)."""
+        assert self.result is not None, "a member ended without a result"
+        return self.result
+
+
+def _rival(st: dict, probe: _Probe, which: str, tol: float) -> bool:
+    """Does a Ritz value of the probe's space beat the checked k-th value outright, with a
+    wanted Ritz vector reaching into the probe's block (ties, as among exact zeros, are no
+    rival)? The probe's own Ritz values are unconverged after one short cycle, so their
+    residual bounds say little; for a normal operator a rival proves a missed eigenvalue, as
+    Ritz values lie in the convex hull of the deflated operator's spectrum."""
+    kw = st["kw"]
+    wanted = key(st["theta"][:kw], which)
+    part = st["Y"][probe.kw:, :kw].abs().amax(dim=0)
+    margin = 1e-8 * abs(probe.kth) if probe.kth else tol * st["scale"]
+    return bool(((part > 1e-8) & (wanted > probe.kth + margin)).any())
+
+
+class _Lockstep:
+    """Restarted Krylov-Schur for every member of a batch in lockstep (module doc): the
+    shared basis V [B, n, m + bs] and projected matrices Hb [B, m + bs, m], one
+    :class:`_Member` per operator. A cycle: extend every running member's space, test the
+    members whose cycle ended (and probes, mid-cycle), check the passed ones with fresh
+    products, enlarge the space if a probe or a stall asks for it."""
+
+    def __init__(self, batch: OpBatch, k: int, which: str, tol: float, max_restarts: int,
+                 m: int, bs: int, start: Tensor, gen: torch.Generator) -> None:
+        self.batch, self.k, self.which, self.tol = batch, k, which, tol
+        self.max_restarts, self.m, self.bs, self.gen = max_restarts, m, bs, gen
+        self.n, self.real = batch.shape[0], not batch.is_complex
+        B, n, dev, dt = batch.B, self.n, batch.device, batch.wdtype
+        self.V = torch.zeros(B, n, m + bs, dtype=dt, device=dev)
+        self.Hb = torch.zeros(B, m + bs, m, dtype=dt, device=dev)
+        self.V[:, :, 0] = start
+        if bs > 1:  # the start block: v0 and bs - 1 random orthonormal columns
+            Q = torch.linalg.qr(torch.cat([self.V[:, :, :1], self.randn(B, n, bs - 1)], 2)).Q
+            self.V[:, :, :bs] = Q * torch.sgn(Q[:, :, :1].mH @ self.V[:, :, :1])  # v0 stays
+        self.members = [_Member(b, float(tol)) for b in range(B)]
+        self.unconverged: List[str] = []  # why each member that ended unconverged did
+        self.grow = False  # this cycle asks for a wider space
+
+    def randn(self, *shape: int) -> Tensor:
+        """Gaussian entries from the run's generator, on the batch's device and dtype."""
+        return torch.randn(*shape, generator=self.gen, dtype=torch.float64).to(
+            self.batch.device, self.batch.wdtype)
+
+    def running(self) -> List[_Member]:
+        return [mb for mb in self.members if not mb.done]
+
+    def run(self) -> Tuple[List[dict], List[str]]:
+        """Iterate until every member is done; (each member's result, the reasons)."""
+        if self.m > DENSE_SHARE * self.n:
+            self.finish(self.members)
+        while self.running():
+            self.grow = False
+            tested = self.expand()
+            host = self.Hb.cpu() if tested else None  # every projected matrix in one copy
+            checks = []
+            for mb, size, end in tested:
+                assert host is not None
+                st = ritz(host[mb.b], size, self.bs, self.k, self.which, self.real, mb.tol_int,
+                          device=self.batch.device)
+                if self.test(mb, st, end):
+                    checks.append(mb)
+            if checks:
+                self.check(checks)
+            if self.grow and self.running():
+                self.enlarge()
+        return [mb.checked() for mb in self.members], self.unconverged
+
+    def expand(self) -> List[Tuple[_Member, int, bool]]:
+        """Extend every running member's space: to ncv columns, or in single-vector mode
+        TEST_EVERY steps at a time (a probe is tested then: a small eig of H, no matvec, and
+        ends as soon as it settles). Returns the members to test now: (member, its size, its
+        cycle ended: the space is full, or invariant after a breakdown)."""
+        running, bs, m = self.running(), self.bs, self.m
+        t = min(m, min(mb.p for mb in running) + TEST_EVERY) if bs == 1 else m
+        p = [mb.p for mb in self.members]
+        size = extend(self.batch, self.V, self.Hb, p, [mb.done for mb in self.members], t, bs,
+                      self.randn, stop_at=self.k + 2 if bs == 1 else 0)
+        tested = []
+        for mb in running:
+            if bs == 1 and mb.p >= t:  # (a member ahead waits)
                 continue
-            end = size[b] >= m or size[b] < t  # the space is full, or invariant (breakdown)
-            if bs == 1:
-                p[b] = size[b]
-            if not end and (not probing[b] or size[b] < k + 2):
-                continue  # mid-cycle tests are for probes only (see TEST_EVERY)
-            if host is None:  # every member's projected matrix in one copy a cycle
-                host = Hb.cpu()
-            st = ritz(host[b], size[b], bs, k, which, real, tol_int[b], device=dev)
-            theta, Y, kw = st["theta"], st["Y"], st["kw"]
-            passed = st["nconv"] == kw and st["gap_ok"]
-            if probing[b]:
-                probing[b] = False
-                # The probe's own Ritz values are unconverged after one short cycle, so their
-                # residual bounds say little; what counts is whether one of them beats the
-                # checked k-th value outright (ties, as among exact zeros, are no rival): then
-                # a wanted Ritz vector has a component in the probe block (for a normal
-                # operator this proves a missed eigenvalue, as Ritz values lie in the convex
-                # hull of the deflated operator's spectrum).
-                wanted = key(theta[:kw], which)
-                part = Y[kw_prev[b]:, :kw].abs().amax(dim=0)
-                margin = 1e-8 * abs(kth_prev[b]) if kth_prev[b] else tol * st["scale"]
-                rival = bool(((part > 1e-8) & (wanted > kth_prev[b] + margin)).any())
-                if not end and (rival or kw != kw_prev[b]
-                                or not probe_settled(st, kth_prev[b])):
-                    probing[b] = True  # mid-cycle only a settled probe ends; a rival is
-                    continue           # judged at the end of the cycle, as before
-                if not rival and kw == kw_prev[b]:
-                    if probe_settled(st, kth_prev[b]):
-                        done[b] = True  # the checked result from before the probe stands
-                        continue
-                    # the probe's leading Ritz value is still moving: a missed eigenvalue
-                    # may be climbing towards the k-th (a second copy of a semisimple one
-                    # sits at the edge of a cluster): restart thick, keeping the checked set
-                    # and the probe's best vectors, and look again
-                    probe_cycles[b] += 1
-                    if probe_cycles[b] >= PROBE_MAX_CYCLES:
-                        # still moving after PROBE_MAX_CYCLES: the space is too small to tell
-                        # (ncv 12 on a Gaussian's clustered top: accepting here returned a
-                        # wrong set, converged); widen it and probe on
-                        grow, probe_cycles[b] = True, 0
-                    probing[b] = True
-                    restart(b, st, V, Hb, p, st["m"], bs, real)
-                    restarts[b] += 1
-                    continue
-                # the probe saw a rival of the k-th value: iterate on with the probe's vectors
-                # in the basis (and, single-vector mode, a wider space)
-                grow = grow or bs == 1
-                logger.debug("eigs: %s probe found a Ritz value beyond the k-th",
-                             batch.names[b])
-            elif not passed and restarts[b] % _STALL == _STALL - 1:  # stagnation: widen too
-                grow = True
-            if passed or restarts[b] >= max_restarts:
-                checks.append(b)
-                out[b] = st
+            mb.p = size[mb.b] if bs == 1 else p[mb.b]
+            end = size[mb.b] >= m or size[mb.b] < t
+            # mid-cycle tests are for probes only (see TEST_EVERY)
+            if end or (mb.probe is not None and size[mb.b] >= self.k + 2):
+                tested.append((mb, size[mb.b], end))
+        return tested
+
+    def test(self, mb: _Member, st: dict, end: bool) -> bool:
+        """The Ritz tests of one member (a probe's, mid-cycle too); True when its state is to
+        be checked with fresh products, else it has restarted, or ended, or goes on."""
+        passed = st["nconv"] == st["kw"] and st["gap_ok"]
+        if mb.probe is not None:
+            if self.judge_probe(mb, st, end):
+                return False
+        elif not passed and mb.restarts % _STALL == _STALL - 1:  # stagnation: widen too
+            self.grow = True
+        if passed or mb.restarts >= self.max_restarts:
+            mb.result = st
+            return True
+        self.restart(mb, st)
+        return False
+
+    def judge_probe(self, mb: _Member, st: dict, end: bool) -> bool:
+        """A probe's verdict: True when it is over for this cycle (it goes on, restarted
+        thick or mid-cycle, or its checked result stands); False when it saw a rival of the
+        k-th value, and the member iterates on with the probe's vectors in its basis (and,
+        single-vector mode, a wider space)."""
+        probe, mb.probe = mb.probe, None
+        assert probe is not None
+        rival = _rival(st, probe, self.which, self.tol)
+        same = st["kw"] == probe.kw
+        if not end and (rival or not same or not probe_settled(st, probe.kth)):
+            mb.probe = probe  # mid-cycle only a settled probe ends; a rival is judged at the
+            return True       # end of the cycle
+        if not rival and same:
+            if probe_settled(st, probe.kth):
+                mb.done = True  # the checked result from before the probe stands
+                return True
+            # the probe's leading Ritz value is still moving: a missed eigenvalue may be
+            # climbing towards the k-th (a second copy of a semisimple one sits at the edge of
+            # a cluster): restart thick, keeping the checked set and the probe's best vectors,
+            # and look again
+            probe.cycles += 1
+            if probe.cycles >= PROBE_MAX_CYCLES:
+                # still moving after PROBE_MAX_CYCLES: the space is too small to tell (ncv 12
+                # on a Gaussian's clustered top: accepting here returned a wrong set,
+                # converged); widen it and probe on
+                self.grow, probe.cycles = True, 0
+            mb.probe = probe
+            self.restart(mb, st)
+            return True
+        self.grow = self.grow or self.bs == 1
+        logger.debug("eigs: %s probe found a Ritz value beyond the k-th", self.batch.names[mb.b])
+        return False
+
+    def restart(self, mb: _Member, st: dict, keep: Optional[int] = None) -> None:
+        """Krylov-Schur restart of ``mb`` from its Ritz state ``st`` (schur_restart)."""
+        mb.p = restart(mb.b, st, self.V, self.Hb, st["m"], self.bs, self.real, keep=keep)
+        mb.restarts += 1
+
+    def check(self, checks: List[_Member]) -> None:
+        """Fresh products for the members whose Ritz tests passed (or whose restart budget
+        ran out), and each one's next step."""
+        states = {mb.b: mb.checked() for mb in checks}
+        final_check(self.batch, self.V, list(states), states, self.real)
+        for mb, met in zip(checks, _within(list(states.values()), self.tol)):
+            self.after_check(mb, mb.checked(), met)
+
+    def after_check(self, mb: _Member, st: dict, met: bool) -> None:
+        """One member after its check: done, a verification probe, the dense eig, or on
+        with a tighter internal tolerance."""
+        within_budget = mb.restarts < self.max_restarts
+        ok = met and st["nconv"] == st["kw"] and st["gap_ok"]
+        st["verified"] = st["converged"] = ok and within_budget
+        if st["verified"] and same_set(st, mb.rivalled, self.tol):
+            # a probe challenged this very set (as a multiset), the iteration went on with the
+            # rival's vectors in its basis, and the rival did not converge into the top k: it
+            # was a Ritz value of the non-normal deflated operator
+            mb.done = True
+        elif ok and within_budget:
+            self.start_probe(mb, st)
+        elif not within_budget:
+            self.give_up(mb, st)
+        elif mb.unreachable(st):
+            # the explicit residual no longer improves as the internal tolerance is tightened
+            # (rounding in the operator, or eigenvalues so ill-conditioned that Ritz vectors
+            # wander): the dense eig where n allows, else end honestly with the residual
+            # attained
+            if self.n <= DENSE_MAX:
+                self.finish([mb])
             else:
-                restart(b, st, V, Hb, p, st["m"], bs, real)
-                restarts[b] += 1
-        if checks:
-            final_check(batch, V, checks, out, real)  # pyright: ignore[reportArgumentType]
-            met = _within(out, checks, tol)
-            for b in checks:
-                st = out[b]
-                ok = met[b] and st["nconv"] == st["kw"] and st["gap_ok"]
-                st["verified"] = ok and restarts[b] < max_restarts
-                st["converged"] = st["verified"]
-                if st["verified"] and same_set(st, rivalled[b], tol):
-                    # a probe challenged this very set (as a multiset), the iteration went on
-                    # with the rival's vectors in its basis, and the rival did not converge
-                    # into the top k: it was a Ritz value of the non-normal deflated operator
-                    done[b] = True
-                elif ok and restarts[b] < max_restarts:
-                    # probe: keep only the checked wanted set (Q), restart from a fresh random
-                    # vector orthogonal to it; the result stands unless the probe beats it
-                    restart(b, st, V, Hb, p, st["m"], bs, real, keep=st["kw"])
-                    inject(b, V, Hb, st["kw"], bs, randn)
-                    probing[b], kw_prev[b], probe_cycles[b] = True, st["kw"], 0
-                    kth_prev[b] = float(key(st["theta"], which)[st["kw"] - 1])
-                    rivalled[b] = st["theta"][:st["kw"]].clone()
-                    restarts[b] += 1
-                elif restarts[b] >= max_restarts:
-                    done[b] = True
-                    unconverged.append(why(batch.names[b], st, tol, max_restarts, batch.own_dtype(b)))
-                elif unreachable(b, st, best, stale, tol_int):
-                    # the explicit residual no longer improves as the internal tolerance is
-                    # tightened (rounding in the operator, or eigenvalues so ill-conditioned
-                    # that Ritz vectors wander): the dense eig where n allows, else end
-                    # honestly with the residual attained
-                    if n <= DENSE_MAX:
-                        finish([b])
-                    else:
-                        done[b], st["stalled"] = True, True
-                        unconverged.append(why(batch.names[b], st, tol, max_restarts, batch.own_dtype(b)))
-                else:  # estimates said converged, fresh matvecs disagree: tighten and go on
-                    tol_int[b] /= 10.0
-                    if logger.isEnabledFor(logging.DEBUG):  # (the read is a sync)
-                        logger.debug("eigs: %s explicit residual %.2e > tol; tightening to "
-                                     "%.1e", batch.names[b], float(st["resid"].max()),
-                                     tol_int[b])
-                    restart(b, st, V, Hb, p, st["m"], bs, real)
-                    restarts[b] += 1
-        if grow and not all(done):
-            # A failed probe means the Krylov space was too small to see the whole top of a
-            # clustered spectrum (the case where restarted Arnoldi converges to a wrong set):
-            # enlarge it, keeping every member's current decomposition; past DENSE_SHARE of
-            # n, the dense eig of the operator is cheaper (and bounded): switch to it.
-            # at most n - bs: the residual block must stay orthogonal to the basis
-            m2 = min(n - bs, m + max(m // 2, k))
-            if m2 > DENSE_SHARE * n:
-                logger.debug("eigs: Krylov space would reach %d of n=%d: dense eig", m2, n)
-                finish([b for b in range(B) if not done[b]])
-                continue
-            logger.debug("eigs: Krylov space enlarged, ncv %d -> %d", m, m2)
-            V2 = torch.zeros(B, n, m2 + bs, dtype=dt, device=dev)
-            H2 = torch.zeros(B, m2 + bs, m2, dtype=dt, device=dev)
-            V2[:, :, :m + bs] = V
-            H2[:, :m + bs, :m] = Hb
-            V, Hb, m = V2, H2, m2
-    return out, unconverged
+                st["stalled"] = True
+                self.give_up(mb, st)
+        else:  # estimates said converged, fresh matvecs disagree: tighten and go on
+            mb.tol_int /= 10.0
+            if logger.isEnabledFor(logging.DEBUG):  # (the read is a sync)
+                logger.debug("eigs: %s explicit residual %.2e > tol; tightening to %.1e",
+                             self.batch.names[mb.b], float(st["resid"].max()), mb.tol_int)
+            self.restart(mb, st)
+
+    def start_probe(self, mb: _Member, st: dict) -> None:
+        """Verification probe: keep only the checked wanted set (Q), restart from a fresh
+        random vector orthogonal to it; the result stands unless the probe beats it."""
+        kw = st["kw"]
+        mb.p = restart(mb.b, st, self.V, self.Hb, st["m"], self.bs, self.real, keep=kw)
+        inject(mb.b, self.V, self.Hb, kw, self.bs, self.randn)
+        mb.probe = _Probe(kw, float(key(st["theta"], self.which)[kw - 1]))
+        mb.rivalled = st["theta"][:kw].clone()
+        mb.restarts += 1
+
+    def give_up(self, mb: _Member, st: dict) -> None:
+        """End ``mb`` unconverged, saying why."""
+        mb.done = True
+        self.unconverged.append(why(self.batch.names[mb.b], st, self.tol, self.max_restarts,
+                                    self.batch.own_dtype(mb.b)))
+
+    def finish(self, members: List[_Member]) -> None:
+        """End ``members`` with the dense eig of their materialised operators (dense.py)."""
+        got = dense_members(self.batch, [mb.b for mb in members], self.k, self.which,
+                            self.real, order)
+        met = _within([got[mb.b] for mb in members], self.tol)
+        for mb, ok in zip(members, met):
+            st = mb.result = got[mb.b]
+            mb.done = True
+            st["verified"] = st["converged"] = ok
+            if not ok:
+                self.unconverged.append(why(self.batch.names[mb.b], st, self.tol,
+                                            self.max_restarts, self.batch.own_dtype(mb.b)))
+
+    def enlarge(self) -> None:
+        """A failed probe means the Krylov space was too small to see the whole top of a
+        clustered spectrum (the case where restarted Arnoldi converges to a wrong set):
+        enlarge it, keeping every member's current decomposition; past DENSE_SHARE of n, the
+        dense eig of the operator is cheaper (and bounded): switch to it."""
+        n, m, bs = self.n, self.m, self.bs
+        # at most n - bs: the residual block must stay orthogonal to the basis
+        m2 = min(n - bs, m + max(m // 2, self.k))
+        if m2 > DENSE_SHARE * n:
+            logger.debug("eigs: Krylov space would reach %d of n=%d: dense eig", m2, n)
+            self.finish(self.running())
+            return
+        logger.debug("eigs: Krylov space enlarged, ncv %d -> %d", m, m2)
+        B, dt, dev = self.batch.B, self.V.dtype, self.V.device
+        V2 = torch.zeros(B, n, m2 + bs, dtype=dt, device=dev)
+        H2 = torch.zeros(B, m2 + bs, m2, dtype=dt, device=dev)
+        V2[:, :, :m + bs] = self.V
+        H2[:, :m + bs, :m] = self.Hb
+        self.V, self.Hb, self.m = V2, H2, m2

@@ -100,7 +100,7 @@ def recheck(batch: OpBatch, out: List[dict], tol: float) -> List[str]:
     # reuses that graph instead of tracing and checking a narrower one (GPT-2-small: ~1 s
     # once, ~15 ms a layer)
     width = min(WIDTH, batch.shape[0]) if _batched(batch) else 0
-    fresh_residuals(batch, members, out, not batch.is_complex, width=width)
+    fresh_residuals(batch, members, dict(enumerate(out)), not batch.is_complex, width=width)
     why = []
     for b in members:
         st = out[b]

@@ -6,7 +6,7 @@ See the module doc of :mod:`spectral_hooks.linalg.krylov` for the method these s
 from __future__ import annotations
 
 import logging
-from typing import List, Optional
+from typing import List, Mapping, Optional
 
 import torch
 from torch import Tensor
@@ -33,10 +33,11 @@ def _real_basis(Y: Tensor, theta: Tensor, imag: Optional[list] = None) -> Tensor
     return torch.cat([Y.real, Y.imag], dim=1)[:, cols]
 
 
-def restart(b: int, st: dict, V: Tensor, Hb: Tensor, p: List[int], m: int, bs: int,
-             real: bool, keep: Optional[int] = None) -> None:
+def restart(b: int, st: dict, V: Tensor, Hb: Tensor, m: int, bs: int, real: bool,
+            keep: Optional[int] = None) -> int:
     """Krylov-Schur restart of member b onto the invariant subspace of the kept Ritz values
-    (the residual block, vectors m .. m + bs - 1, moves to keep .. keep + bs - 1)."""
+    (the residual block, vectors m .. m + bs - 1, moves to keep .. keep + bs - 1); returns
+    the kept size (the member's columns now multiplied)."""
     theta, Y, nconv, kw = st["theta"], st["Y"], st["nconv"], st["kw"]
     if keep is None:
         keep = max(kw, nconv + max(1, int((m - nconv) * _KEEP)))
@@ -60,7 +61,7 @@ def restart(b: int, st: dict, V: Tensor, Hb: Tensor, p: List[int], m: int, bs: i
     Hb[b] = 0
     Hb[b, :keep, :keep] = S
     Hb[b, keep:keep + bs, :keep] = R @ W
-    p[b] = keep
+    return keep
 
 
 def inject(b: int, V: Tensor, Hb: Tensor, kw: int, bs: int, randn) -> None:
@@ -92,7 +93,7 @@ def same_set(st: dict, previous: Optional[Tensor], tol: float) -> bool:
     return True
 
 
-def final_check(batch: OpBatch, V: Tensor, members: List[int], out: List[dict],
+def final_check(batch: OpBatch, V: Tensor, members: List[int], out: Mapping[int, dict],
                 real: bool) -> None:
     """Residuals of the wanted Ritz pairs of each member (its space: st["m"] columns)."""
     for b in members:
@@ -103,9 +104,10 @@ def final_check(batch: OpBatch, V: Tensor, members: List[int], out: List[dict],
     fresh_residuals(batch, members, out, real)
 
 
-def fresh_residuals(batch: OpBatch, members: List[int], out: List[dict], real: bool, *,
-                    width: int = 0) -> None:
-    """st["resid"] = ||A x - theta x|| / |theta| with fresh matvecs, for unit vectors st["x"];
+def fresh_residuals(batch: OpBatch, members: List[int], out: Mapping[int, dict], real: bool,
+                    *, width: int = 0) -> None:
+    """st["resid"] = ||A x - theta x|| / |theta| with fresh matvecs, for unit vectors st["x"]
+    (``out[b]``: member b's state, for each of ``members``);
     an exact zero (|theta| <= ZETA ||A||) becomes 0 and its residual is ||A x|| / ||A||.
     ``width``: apply at least that many columns (zero-padded), e.g. the width whose batched
     product the operators have already built."""
