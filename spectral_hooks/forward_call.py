@@ -80,6 +80,21 @@ def output_points(anatomy: Anatomy, capture: tuple[str, ...]) -> list[tuple[Any,
     return points
 
 
+def absent_points(anatomy: Anatomy, capture: tuple[str, ...], layers: Iterable[int]
+                  ) -> dict[tuple[str, int], str]:
+    """(point, layer) -> why: the module-output points of ``capture`` that ``layers`` lack
+    (``attn_out`` of a layer without attention: a Mamba or convolution layer of a hybrid)."""
+    absent = {}
+    for point in POINTS:
+        if point.name != "attn_out" or point.name not in capture:
+            continue
+        for layer in layers:
+            part = anatomy.layers[layer]
+            if getattr(part, cast(str, point.anatomy_attr)) is None:
+                absent[(point.name, layer)] = f"{part.describe()}, with no attention output"
+    return absent
+
+
 def application_orders(anatomy: Anatomy, attr: str) -> dict[Any, Any]:
     """module id -> (module, [layer indices in application order]) for ``LayerParts.attr``."""
     orders: dict = {}

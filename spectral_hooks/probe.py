@@ -65,8 +65,9 @@ class Probe:
             raise OptionError("store", store, f"one of {STORES}")
         check_float_dtype("dtype", dtype, allow_none=True)
         self.layers: tuple[int, ...] = fc.recorded_layers(self.anatomy, layers)
-        self.recording: Recording = Recording(n_layers=self.anatomy.n_layers, layers=self.layers,
-                                              capture=capture, store=store, dtype=dtype)
+        self.recording: Recording = Recording(
+            n_layers=self.anatomy.n_layers, layers=self.layers, capture=capture, store=store,
+            dtype=dtype, absent=fc.absent_points(self.anatomy, capture, self.layers))
         self._handles: list = []
         self._call: Optional[fc.ForwardCall] = None
         # stores copies until a call shows that nothing writes a recorded state in place;
@@ -98,7 +99,8 @@ class Probe:
         capture = self.recording.capture
         points = fc.output_points(self.anatomy, capture)  # may refuse: before any hook
         self._bind = fc.ModelCallBinder(inspect.signature(root.forward))
-        self._expected = len(capture) * len(self.layers)  # captured (point, layer) pairs a call holds
+        # captured (point, layer) pairs a call holds (attn_out: only where a layer has attention)
+        self._expected = len(capture) * len(self.layers) - len(self.recording.absent)
         self._register(root, self._begin_call, pre=True)
         self._register(root, self._end_call)
         last_block, self._first_block = parts[-1].block, parts[0].block

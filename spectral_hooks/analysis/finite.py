@@ -56,7 +56,7 @@ def _tensors(recording: Recording, layer: int, sample: Optional[int]) -> Iterato
             found = None if sample is None else _block_input(recording, layer, sample)
             if found is not None:
                 yield capture, found[0][None], found[1][None], sample
-        elif capture in recording.capture:
+        elif recording.has(capture, layer):
             x = recording.tensor(capture, layer)
             yield capture, x, recording.mask.to(x.device) != 0, 0
 

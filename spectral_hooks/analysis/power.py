@@ -31,7 +31,7 @@ from torch import Tensor
 from ..anatomy.weights import LayerFactors, LayerOperators, layer_matrices, layer_operators
 from ..errors import OptionError
 from ..linalg import LinearOperator
-from ..metrics.power import power_table
+from ..metrics.power import power_columns, power_table
 from ..metrics.spectrum import (
     BATCHED_EIG_DEVICES,
     LayerSpectrum,
@@ -55,14 +55,14 @@ def layer_matrices_of(subject: Subject, *, fold_norm: bool, on_device: bool = Fa
     where it has float64 and batched eig, metrics.spectrum.BATCHED_EIG_DEVICES), computed once
     per state of the weights."""
     device = torch.device("cpu")
-    if on_device:
-        weight = subject.anatomy.layers[0].output_weights()
+    if on_device and subject.anatomy.ov_layers:
+        weight = subject.anatomy.layers[subject.anatomy.ov_layers[0]].output_weights()
         if weight.device.type in BATCHED_EIG_DEVICES:
             device = weight.device
 
     def compute() -> Tensor:
         F = layer_matrices(subject.anatomy, fold_norm=fold_norm, device=device)
-        check_layer_matrices_finite(F, subject.layers)
+        check_layer_matrices_finite(F, subject.power_layers)
         return F
     return subject.memo(("F", fold_norm, str(device)), compute)
 
@@ -132,20 +132,23 @@ class PowerLayers:
 
 def power_matrices_of(subject: Subject, options: AnalyzeOptions) -> Union[Tensor, PowerLayers]:
     """What the power view's spectra are computed from: the dense F_t stack (float64, on the
-    model's device where it has batched eig) where every layer's route
-    (``metrics.spectrum.power_route``) is "dense", else a :class:`PowerLayers` (no d x d
-    matrix formed for a "factored" or "krylov" layer)."""
+    model's device where it has batched eig) where every layer has an OV map and takes the
+    "dense" route (``metrics.spectrum.power_route``), else a :class:`PowerLayers` (no d x d
+    matrix formed for a "factored" or "krylov" layer; a layer without an OV map never read)."""
     po = options.power_options
     d = subject.anatomy.d_model
     operators = subject.memo(("F_operators", options.fold_norm), lambda: layer_operators(
         subject.anatomy, fold_norm=options.fold_norm))
     if po.full is None:
         widths = subject.memo(("F_widths",), lambda: [
-            operators.inner_width(t) for t in range(subject.anatomy.n_layers)])
+            operators.inner_width(t) for t in subject.anatomy.ov_layers])
     else:
-        widths = [d] * subject.anatomy.n_layers  # the route does not depend on them
-    if all(power_route(d, r, full=po.full, top_k=po.k) == "dense" for r in widths):
+        widths = [d]  # the route does not depend on them
+    every_layer = len(subject.anatomy.ov_layers) == subject.anatomy.n_layers
+    if every_layer and all(power_route(d, r, full=po.full, top_k=po.k) == "dense"
+                           for r in widths):
         return layer_matrices_of(subject, fold_norm=options.fold_norm, on_device=True)
+    # a hybrid stack's layers without an OV map are never read: one operator per layer
     return subject.memo(("F_power_layers", options.fold_norm, po.full, po.k),
                         lambda: PowerLayers(operators, full=po.full, k=po.k))
 
@@ -191,9 +194,16 @@ def power_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame:
         if po.reference_layer is not None and not -L <= po.reference_layer < L:
             raise OptionError("power.reference_layer", po.reference_layer,
                               f"a layer index in [-{L}, {L})")
+        layers = subject.power_layers
+        if not layers:  # no softmax attention in the recorded layers (a Mamba-2 stack)
+            empty = pd.DataFrame(columns=list(power_columns(direction=direction is not None)))
+            return empty.assign(**{f"{name}_adj": pd.Series(dtype=float) for name in PVALUES})
+        reference = po.reference_layer
+        if reference is None and subject.anatomy.ov_layers[-1] != L - 1:
+            reference = subject.anatomy.ov_layers[-1]  # the last layer with an OV map
         table = power_table(F, subject.tokens("resid_pre"), subject.tokens("resid_post"),
-                            iterate=options.iterate, layers=list(subject.layers),
-                            reference_layer=po.reference_layer, direction=direction,
+                            iterate=options.iterate, layers=list(layers),
+                            reference_layer=reference, direction=direction,
                             real_tol=REAL_TOL, **spectrum_options(subject, options))
         return with_adjusted(table, PVALUES)
     return subject.memo(("power", options.iterate, options.fold_norm,

@@ -20,7 +20,7 @@ from typing import cast
 import pandas as pd
 from torch import Tensor
 
-from ..metrics.power import spectra_table
+from ..metrics.power import SPECTRA_COLUMNS, spectra_table
 from .options import AnalyzeOptions
 from .power import power_matrices_of, spectrum_options
 from .subject import Subject
@@ -31,9 +31,11 @@ def spectra_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame:
     share of them in a distributed analysis (``subject.share``)."""
     def compute() -> pd.DataFrame:
         # the metrics take either form: [L, d, d] or a stack of layer operators (duck-typed)
+        layers = subject.share_of(subject.anatomy.ov_layers)
+        if not layers:  # no layer with an OV map (a Mamba-2 stack)
+            return pd.DataFrame(columns=list(SPECTRA_COLUMNS))
         F = cast(Tensor, power_matrices_of(subject, options))
-        return spectra_table(F, iterate=options.iterate,
-                             layers=subject.share_of(range(F.shape[0])),
+        return spectra_table(F, iterate=options.iterate, layers=layers,
                              **spectrum_options(subject, options))
     return subject.memo(("spectra", options.iterate, options.fold_norm,
                          options.power_options), compute)

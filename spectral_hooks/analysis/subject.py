@@ -61,6 +61,13 @@ class Subject:
         """The recorded layers (this rank's share of them in a distributed analysis)."""
         return self.share_of(self.recording.layers)
 
+    @property
+    def power_layers(self) -> tuple[int, ...]:
+        """The recorded layers (this rank's share) that have an OV map: the power view's
+        layers (a hybrid stack's Mamba or linear-attention layers have none)."""
+        ov = set(self.anatomy.ov_layers)
+        return tuple(layer for layer in self.layers if layer in ov)
+
     def share_of(self, layers: Iterable[int]) -> tuple[int, ...]:
         """``layers`` (all, or this rank's share of them: every world-th from rank)."""
         layers = tuple(layers)
@@ -80,7 +87,7 @@ class Subject:
         rec = self.recording
         if not self.keeps_tokens or capture not in rec.capture:
             return [None] * self.anatomy.n_layers
-        return [rec.tokens(capture, layer) if layer in rec.layers else None
+        return [rec.tokens(capture, layer) if rec.has(capture, layer) else None
                 for layer in range(self.anatomy.n_layers)]
 
     def shared_groups(self) -> list[tuple[int, ...]]:

@@ -27,6 +27,8 @@ from ..checks import checked_layer
 from ..errors import MissingWeightsError, UnsupportedModelError
 from .calls import HF_CALLS, BlockCallConvention
 from .heads import HeadWeights
+from .mixers import POWER_MIXERS
+from .mixers import describe as describe_mixer
 
 __all__ = ["Anatomy", "LayerParts", "FamilyInfo", "NORM_PLACEMENTS", "config_int",
            "config_layer_kinds", "fresh_model", "get_path"]
@@ -56,8 +58,8 @@ class LayerParts:
 
     index: int
     block: nn.Module
-    attention: nn.Module
-    attn_out_module: nn.Module
+    attention: Optional[nn.Module]
+    attn_out_module: Optional[nn.Module]
     value: Optional[HeadWeights] = None
     output: Optional[HeadWeights] = None
     attn_norm: Optional[nn.Module] = None
@@ -67,13 +69,30 @@ class LayerParts:
     pattern_hook: Optional[nn.Module] = None
     cross_value: Optional[HeadWeights] = None
     cross_output: Optional[HeadWeights] = None
+    mixer: Optional[str] = None
+    mlp: Optional[str] = None
+
+    @property
+    def has_ov_map(self) -> bool:
+        """Whether the layer has softmax attention with readable W_V and W_O (an OV map
+        F = W_O W_V: the power view covers it; see :mod:`.mixers`)."""
+        return (self.value is not None and self.output is not None
+                and (self.mixer is None or self.mixer in POWER_MIXERS))
+
+    def describe(self) -> str:
+        """What the layer is, for messages: "layer 0 is a state_space mixer (Mamba2Mixer)"."""
+        return f"layer {self.index} is {describe_mixer(self.block, self.mixer)}"
 
     def _require(self, part: Optional[HeadWeights], what: str) -> HeadWeights:
+        if self.mixer is not None and self.mixer not in POWER_MIXERS:
+            raise MissingWeightsError(
+                f"{self.describe()}: it has no softmax attention, so no attention {what} "
+                "projection and no OV map (the power view and steering need one)")
         if part is None:
             raise MissingWeightsError(
                 f"layer {self.index}: no attention {what} projection found in "
-                f"{type(self.attention).__name__}; register an anatomy for this model "
-                "(spectral_hooks.register_anatomy) to use weight-based metrics"
+                f"{type(self.attention or self.block).__name__}; register an anatomy for this "
+                "model (spectral_hooks.register_anatomy) to use weight-based metrics"
             )
         return part
 
@@ -185,6 +204,39 @@ class Anatomy:
     def n_layers(self) -> int:
         """The number of blocks of the stack."""
         return len(self.layers)
+
+    @property
+    def ov_layers(self) -> tuple[int, ...]:
+        """The layers with an OV map (softmax attention: the power view's layers)."""
+        return tuple(part.index for part in self.layers if part.has_ov_map)
+
+    def without_ov_map(self, layers: Optional[tuple[int, ...]] = None) -> Optional[str]:
+        """One line saying which of ``layers`` (default: all) have no OV map and why, or None
+        where every one has one."""
+        chosen = range(self.n_layers) if layers is None else layers
+        missing = [self.layers[t] for t in chosen if not self.layers[t].has_ov_map]
+        if not missing:
+            return None
+        kinds: dict[str, list[int]] = {}
+        for part in missing:
+            kinds.setdefault(describe_mixer(part.block, part.mixer), []).append(part.index)
+        what = "; ".join(f"{'layer' if len(ix) == 1 else 'layers'} "
+                         f"{', '.join(map(str, ix))}: {kind}" for kind, ix in kinds.items())
+        return (f"no power rows for {what}: no softmax attention, so no OV map F = W_O W_V "
+                "(the power view's theory assumes row-stochastic mixing)")
+
+    def replay_kind(self, layer: int) -> tuple[Any, ...]:
+        """What makes two blocks of one class compute differently beyond their weights: the
+        mixer and MLP kinds, the attention type (``layer_kinds``: sliding window or full) and
+        whether the layer applies rotary embeddings (``config.no_rope_layers``, SmolLM3).
+        Blocks of different replay kinds never share a traced graph or a layer group."""
+        part = self.layers[layer]
+        kind = self.layer_kinds[layer] if self.layer_kinds is not None else None
+        text = getattr(self.config, "text_config", None) or self.config
+        no_rope = getattr(text, "no_rope_layers", None)
+        rope = no_rope[layer] if isinstance(no_rope, (list, tuple)) and layer < len(no_rope) \
+            else None
+        return (part.mixer, part.mlp, kind, rope)
 
     @property
     def tokenizer(self) -> Any:

@@ -1,5 +1,6 @@
 """Decoders whose parts are plain paths: GPT-J, OPT, Phi, Phi3, StableLM, Cohere, Granite,
-Starcoder2, Nemotron, GPT-BigCode.
+Starcoder2, Nemotron, GPT-BigCode, SmolLM3 (NoPE layers), Cohere2 and EXAONE 4 (sliding and
+full layers; EXAONE 4 normalises each sublayer's output, as OLMo2).
 
 All are pre-norm, causal and call their attention core through HF's AttentionInterface.
 Parallel blocks (attention and MLP both read one norm of the residual and add to it):
@@ -61,6 +62,21 @@ STABLELM = register(HFFamily(
 STARCODER2 = register(HFFamily(
     name="starcoder2", tested_by="tests/families/test_decoders.py",
     model_types=("starcoder2",), **_LLAMA_PATHS))
+
+SMOLLM3 = register(HFFamily(
+    name="smollm3", tested_by="tests/families/test_hybrid.py", attention_type="RoPE / NoPE layers",
+    model_types=("smollm3",), **_LLAMA_PATHS, norm_upcasts=True))
+
+COHERE2 = register(HFFamily(
+    name="cohere2", tested_by="tests/families/test_hybrid.py",
+    attention_type="sliding/full alternating", model_types=("cohere2",), **_LLAMA_PATHS,
+    norm_upcasts=True))
+
+EXAONE4 = register(HFFamily(
+    name="exaone4", tested_by="tests/families/test_hybrid.py",
+    attention_type="sliding/full alternating", model_types=("exaone4",),
+    **{**_LLAMA_PATHS, "attn_out": "post_attention_layernorm", "attn_norm": None,
+       "norm_placement": "sublayer_post"}, norm_upcasts=True))
 
 COHERE = register(HFFamily(
     name="cohere", tested_by="tests/families/test_decoders.py",

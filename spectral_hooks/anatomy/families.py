@@ -21,6 +21,7 @@ from . import (  # noqa: F401
     gpt2,
     gpt_neo,
     gpt_neox,
+    hybrid,
     llama,
     modernbert,
     moe,

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+import torch
 from torch import Tensor, nn
 
 from ..errors import UnsupportedModelError
@@ -143,3 +144,44 @@ def output_heads(module: nn.Module, n_heads: int, d_head: int) -> HeadWeights:
         return effective_bias(module)
 
     return HeadWeights(read=read, to_param=to_param, bias=bias, module=module)
+
+
+def latent_value_heads(attention: nn.Module, n_heads: int) -> HeadWeights:
+    """Multi-head latent attention's values (DeepSeek-V2/V3) as W_V^h [H, v_head_dim, d_model].
+
+    The values come through a compressed latent: c = kv_a_layernorm(kv_a_proj_with_mqa(x)[:r])
+    (r = ``kv_lora_rank``; the rest of that projection is the shared rotary key), then
+    ``kv_b_proj`` lays out per head [k_nope (qk_nope_head_dim) | v (v_head_dim)]. So
+    W_V^h = W_b[h, v rows] diag(g) W_a[:r], with g the latent norm's gain; like the norm feeding
+    attention, the latent RMSNorm's per-token 1/rms scale is not part of the matrix.
+
+        >>> import torch
+        >>> from transformers import DeepseekV3Config
+        >>> from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3Attention
+        >>> config = DeepseekV3Config(hidden_size=32, num_attention_heads=4, q_lora_rank=16,
+        ...     kv_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=4, v_head_dim=8)
+        >>> latent_value_heads(DeepseekV3Attention(config, 0), 4).read().shape
+        torch.Size([4, 8, 32])
+    """
+    a_proj, b_proj = attention.kv_a_proj_with_mqa, attention.kv_b_proj
+    norm = attention.kv_a_layernorm
+    rank, nope = int(attention.kv_lora_rank), int(attention.qk_nope_head_dim)
+    v_dim = int(attention.v_head_dim)
+    if not isinstance(a_proj, nn.Module) or not isinstance(b_proj, nn.Module):
+        raise UnsupportedModelError(f"{type(attention).__name__}: no latent projections")
+
+    def rows(w: Tensor) -> Tensor:  # kv_b's value rows, per head
+        return w.reshape(n_heads, nope + v_dim, *w.shape[1:])[:, nope:]
+
+    def read() -> Tensor:
+        latent = column_weight(a_proj)[:rank]                         # [r, d]
+        gain = effective_weight(norm) if isinstance(norm, nn.Module) else None
+        if gain is not None:
+            latent = gain.to(latent.dtype)[:, None] * latent
+        return torch.einsum("hvr,rd->hvd", rows(column_weight(b_proj)), latent)
+
+    def bias() -> Optional[Tensor]:
+        b = effective_bias(b_proj)
+        return None if b is None else rows(b)
+
+    return HeadWeights(read=read, bias=bias, module=b_proj)

@@ -17,7 +17,8 @@ from torch import nn
 from ..errors import UnsupportedModelError
 from .base import Anatomy, FamilyInfo, LayerParts, config_int, config_layer_kinds, get_path
 from .calls import HF_CALLS, BlockCallConvention
-from .heads import output_heads, value_heads
+from .heads import latent_value_heads, output_heads, value_heads
+from .mixers import mixer_kind, mlp_kind
 from .registry import register_anatomy
 
 
@@ -133,7 +134,7 @@ def _dims(config, d_model_fallback: int, heads: Optional[str] = None
         raise UnsupportedModelError(
             f"cannot read the number of attention heads from {type(config).__name__}")
     n_kv = n_heads if heads else config_int(config, "num_key_value_heads") or n_heads
-    d_head = config_int(config, "head_dim") or d_model // n_heads
+    d_head = config_int(config, "v_head_dim", "head_dim") or d_model // n_heads
     return d_model, n_heads, n_kv, d_head
 
 
@@ -161,6 +162,8 @@ def _projections(family: HFFamily, block: nn.Module, n_heads: int, n_kv: int, d_
         value = value_heads(v_mod, n_heads, d_head, fused_groups=n_kv)
     elif family.qkv == "separate":
         value = value_heads(v_mod, n_heads, d_head)
+    elif family.qkv == "latent":
+        value = latent_value_heads(v_mod, n_heads)
     else:
         raise UnsupportedModelError(f"{family.name}: unknown fused qkv layout {family.qkv!r}")
     return value, output_heads(o_mod, n_heads, d_head)
@@ -185,19 +188,23 @@ def build(model: nn.Module, family: HFFamily) -> Anatomy:
     blocks = family.block_order(base) if family.block_order else list(cast(nn.ModuleList, container))
     d_model, n_heads, n_kv, d_head = _dims(config, 0, family.heads)
     n_kv = family.n_kv_heads or n_kv
+    layer_kinds = config_layer_kinds(config, len(blocks))
     layers, seen = [], {}
     for index, block in enumerate(blocks):
-        attention = get_path(block, family.attention)
+        # a family's declared paths exist in the models it names (tests/families); in a
+        # hybrid stack the attention paths exist in its attention layers only
+        mixer = mixer_kind(block, n_heads=n_heads, n_kv_heads=n_kv,
+                           layer_type=layer_kinds[index] if layer_kinds else None)
         value, output = _projections(family, block, n_heads, n_kv, d_head, d_model)
         cross_value, cross_output = _cross_projections(family, block, n_heads, d_head)
         layers.append(LayerParts(
-            # a family's declared paths exist in the models it names (tests/families)
-            index=index, block=block, attention=cast(nn.Module, attention),
-            attn_out_module=cast(nn.Module, get_path(block, family.attn_out)),
+            index=index, block=block, attention=get_path(block, family.attention),
+            attn_out_module=get_path(block, family.attn_out),
             value=value, output=output,
             attn_norm=get_path(block, family.attn_norm),
             norm_weight_offset=family.norm_weight_offset,
             cross_value=cross_value, cross_output=cross_output,
+            mixer=mixer, mlp=mlp_kind(block, mixer),
         ))
         seen.setdefault(id(block), []).append(index)
     shared = tuple(tuple(ix) for ix in seen.values() if len(ix) > 1)
@@ -208,7 +215,7 @@ def build(model: nn.Module, family: HFFamily) -> Anatomy:
         norm_placement=family.norm_placement,
         call_root=cast(nn.Module, get_path(base, family.call_root)) if family.call_root else base,
         final_norm=get_path(base, family.final_norm), shared_groups=shared, config=config,
-        layer_kinds=config_layer_kinds(config, len(layers)), norm_upcasts=family.norm_upcasts,
+        layer_kinds=layer_kinds, norm_upcasts=family.norm_upcasts,
         call_convention=family.call_convention, default_position=family.position(config),
     )
 

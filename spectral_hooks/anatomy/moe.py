@@ -1,4 +1,5 @@
-"""Mixtures of experts: Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE.
+"""Mixtures of experts: Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, gpt-oss, GLM-4.5 (glm4_moe), dots1,
+Phi-MoE.
 
 Llama-style attention (q/k/v/o projections in ``self_attn``, RMSNorms computing in float32)
 followed by a routed MLP: a router scores the experts, the top k run, their outputs are mixed
@@ -47,3 +48,15 @@ MIXTRAL = register(HFFamily(name="mixtral", model_types=("mixtral",), **_MOE))
 QWEN2_MOE = register(HFFamily(name="qwen2_moe", model_types=("qwen2_moe",), **_MOE))
 QWEN3_MOE = register(HFFamily(name="qwen3_moe", model_types=("qwen3_moe",), **_MOE))
 OLMOE = register(HFFamily(name="olmoe", model_types=("olmoe",), **_MOE))
+
+# 2025 releases with grouped-matmul experts: gpt-oss (attention sinks; sliding and full
+# layers), GLM-4.5 and dots1 (dense first layers, then routed + shared experts), Phi-MoE
+# (LayerNorms, which do not upcast).
+GPT_OSS = register(HFFamily(name="gpt_oss", model_types=("gpt_oss",),
+                            **{**_MOE, "attention_type": "sliding/full with sinks; routed experts"}))
+GLM4_MOE = register(HFFamily(name="glm4_moe", model_types=("glm4_moe",),
+                             **{**_MOE, "attention_type": "full; dense, then routed+shared experts"}))
+DOTS1 = register(HFFamily(name="dots1", model_types=("dots1",),
+                          **{**_MOE, "attention_type": "full; dense, then routed+shared experts"}))
+PHIMOE = register(HFFamily(name="phimoe", model_types=("phimoe",),
+                           **{**_MOE, "norm_upcasts": False}))

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from ..checks import check_bool, check_float_dtype
-from ..errors import NonFiniteComputationError, OptionError
+from ..errors import MissingWeightsError, NonFiniteComputationError, OptionError
 from ..linalg import LinearOperator, LowRankOperator, merge_shared_factors
 from ..linalg.lowrank import shared_value_groups
 from .base import Anatomy, LayerParts
@@ -150,6 +150,8 @@ def layer_matrices(model: Union[nn.Module, Anatomy], *, fold_norm: bool = False,
     ``attention="cross"``: F of the cross-attention of a decoder stack (it maps the encoder
     output into the decoder's residual stream), e.g.
     ``layer_matrices(anatomy_of(t5).decoder, attention="cross")``; no ``fold_norm`` then.
+    A layer without an OV map (a hybrid stack's Mamba, linear-attention or convolution layer:
+    ``LayerParts.has_ov_map``) is all NaN: there is no F to give.
 
         >>> from transformers import GPT2Config, GPT2Model
         >>> layer_matrices(GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4))).shape
@@ -159,14 +161,22 @@ def layer_matrices(model: Union[nn.Module, Anatomy], *, fold_norm: bool = False,
     _check_attention(attention, fold_norm)
     anatomy = _anatomy(model)
     cache: dict = {}
-    out = []
+    out: list[Optional[Tensor]] = []
     for part in anatomy.layers:
         key = id(part.block)
+        if attention == "self" and not part.has_ov_map:
+            out.append(None)  # no softmax attention (a hybrid's Mamba layer): NaN below
+            continue
         if key not in cache:
             cache[key] = layer_factors(part, fold_norm=fold_norm, attention=attention,
                                        device=device, dtype=dtype).matrix()
         out.append(cache[key])
-    return torch.stack(out)
+    like = next((F for F in out if F is not None), None)
+    if like is None:
+        raise MissingWeightsError(f"no layer of {anatomy.family} has an OV map: "
+                                  f"{anatomy.without_ov_map()}")
+    return torch.stack([like.new_full(like.shape, float("nan")) if F is None else F
+                        for F in out])
 
 
 def head_weights(anatomy: Anatomy, *, fold_norm: bool = False,

@@ -31,7 +31,7 @@ from torch import Tensor
 from spectral_hooks.linalg.ranks import effective_rank
 from spectral_hooks.metrics.nulls import gamma_null, rho_test
 from spectral_hooks.metrics.spectrum import (
-    DENSE_LIMIT,
+    SPECTRUM_DENSE_MAX_D,
     TOP_K,
     LayerSpectrum,
     check_iterate,
@@ -283,7 +283,7 @@ def power_table(
     iterate: str = "F",
     layers: Sequence[int] | None = None,
     real_tol: float = 1e-9,
-    dense_limit: int = DENSE_LIMIT,
+    dense_limit: int = SPECTRUM_DENSE_MAX_D,
     top_k: int = TOP_K,
     reference_layer: int | None = None,
     direction: Tensor | None = None,
@@ -336,9 +336,14 @@ def power_table(
     return pd.DataFrame(rows, columns=list(power_columns(direction=u is not None)))
 
 
+#: the columns of :func:`spectra_table`
+SPECTRA_COLUMNS = ("source", "layer", "position", "index", "real", "imag", "abs", "truncated",
+                   "converged")
+
+
 def spectra_table(
     F: Float[Tensor, "*L d d"], *, iterate: str = "F", real_tol: float = 1e-9,
-    dense_limit: int = DENSE_LIMIT, top_k: int = TOP_K, layers: Sequence[int] | None = None,
+    dense_limit: int = SPECTRUM_DENSE_MAX_D, top_k: int = TOP_K, layers: Sequence[int] | None = None,
 ) -> pd.DataFrame:
     """Every eigenvalue of every layer matrix, long format, for plotting in the complex plane.
 

@@ -43,6 +43,7 @@ class ActivationCacheView:
         n_layers: int
         layers: tuple[int, ...]
         capture: tuple[str, ...]
+        absent: dict[tuple[str, int], str]
         store: str
         mask: Any
 
@@ -57,7 +58,8 @@ class ActivationCacheView:
         if not self._has_data():
             return []
         points = [p for p in RUN_ORDER if p in self.capture]
-        return [hook_name(p, layer) for layer in self.layers for p in points]
+        return [hook_name(p, layer) for layer in self.layers for p in points
+                if (p, layer) not in self.absent]
 
     def values(self) -> list[Tensor]:
         """The recorded tensors, in the order of :meth:`keys`."""

@@ -109,13 +109,15 @@ class _LayerView:
         return self._recording.tensor(self._capture, layer)
 
     def __len__(self) -> int:
-        return len(self._recording.layers)
+        return len(self.keys())
 
     def __iter__(self) -> Iterator[Tensor]:
-        return (self[layer] for layer in self._recording.layers)
+        return (self[layer] for layer in self.keys())
 
     def keys(self) -> tuple[int, ...]:
-        return self._recording.layers
+        """The recorded layers that have this point (no ``attn_out`` where there is no
+        attention)."""
+        return self._recording.layers_with(self._capture)
 
 
 class Recording(ActivationCacheView):
@@ -130,9 +132,12 @@ class Recording(ActivationCacheView):
     generation: int = 0
 
     def __init__(self, *, n_layers: int, layers: tuple[int, ...], capture: tuple[str, ...],
-                 store: str = "device", dtype: Optional[torch.dtype] = None) -> None:
+                 store: str = "device", dtype: Optional[torch.dtype] = None,
+                 absent: Optional[dict[tuple[str, int], str]] = None) -> None:
         self.n_layers, self.layers, self.capture = n_layers, tuple(layers), tuple(capture)
         self.store, self.dtype = store, dtype
+        #: (capture, layer) -> why that point does not exist there (attn_out of a Mamba layer)
+        self.absent: dict[tuple[str, int], str] = dict(absent or {})
         if store == "stats" and "attn_pattern" in self.capture:
             raise OptionError("store", store, "'device' or 'cpu' with capture 'attn_pattern'",
                               hint="running statistics are kept per token vector, not for "
@@ -304,6 +309,16 @@ class Recording(ActivationCacheView):
         self.generation += 1
         return self
 
+    def has(self, capture: str, layer: int) -> bool:
+        """Whether ``capture`` exists at recorded ``layer`` (``attn_out`` does not at a layer
+        without attention: a Mamba, linear-attention or convolution layer of a hybrid)."""
+        return (capture in self.capture and layer % self.n_layers in self.layers
+                and (capture, layer % self.n_layers) not in self.absent)
+
+    def layers_with(self, capture: str) -> tuple[int, ...]:
+        """The recorded layers where ``capture`` exists (see :meth:`has`)."""
+        return tuple(layer for layer in self.layers if (capture, layer) not in self.absent)
+
     def _layer(self, layer: int) -> int:
         try:  # "blocks.3" and "blocks.3.hook_resid_post" name layer 3
             layer = layer_of(layer)
@@ -355,6 +370,8 @@ class Recording(ActivationCacheView):
         layer = self._layer(layer)
         capture = self._require_data(capture)
         key = (capture, layer)
+        if key in self.absent:
+            raise RecordingError(f"no {capture} at layer {layer}: {self.absent[key]}")
         if key not in self._cache:
             width = max(run.n_positions for run in self._runs)
             if capture == "attn_pattern":
@@ -404,6 +421,8 @@ class Recording(ActivationCacheView):
     def stats(self, capture: str, layer: int) -> RunningStats:
         """Running mean / covariance / count (store='stats'; computed from tensors otherwise)."""
         layer, capture = self._layer(layer), self._per_token(self._capture(capture))
+        if (capture, layer) in self.absent:
+            raise RecordingError(f"no {capture} at layer {layer}: {self.absent[(capture, layer)]}")
         if self.store == "stats":
             if (capture, layer) not in self._stats:
                 raise RecordingError(f"no statistics for {capture} at layer {layer} yet")

@@ -1,0 +1,96 @@
+"""Hybrid stacks and latent attention: Qwen3-Next, Jamba, Granite-4 hybrid, LFM2, Falcon-H1,
+MiniMax, Mamba-2, DeepSeek-V3; and Gemma 3n, refused up front.
+
+Each block is described by its own kind (:mod:`.mixers`): the attention paths below exist in
+the attention layers only; a Mamba, Gated DeltaNet, lightning-attention or short-convolution
+layer has no OV map, so no power rows, and is linearised like any other block by the Jacobian
+view. Routed-expert MLPs (Qwen3-Next, Jamba, Granite-4, MiniMax, DeepSeek-V3) are replayed with
+traceable experts (:func:`.moe.traceable_experts`).
+
+Family facts:
+
+- Qwen3-Next: zero-centred RMSNorm gains (the norm multiplies by 1 + weight).
+- Falcon-H1: attention and a Mamba-2 mixer read the same norm of the residual in parallel; F is
+  the attention's W_O W_V before its muP multipliers (``attention_in_multiplier``,
+  ``attention_out_multiplier``); the mixer's contribution is not in F.
+- MiniMax: the residual add is ``alpha residual + beta sublayer``; F is before beta.
+- Granite-4 hybrid: sublayers are scaled by ``residual_multiplier`` before the add (F before it).
+- LFM2: the final norm is ``embedding_norm``.
+- DeepSeek-V3: multi-head latent attention; W_V^h reads ``kv_b_proj``'s value rows through the
+  latent (:func:`.heads.latent_value_heads`).
+- Gemma 3n: its blocks carry AltUp's parallel residual streams, a [streams, batch, pos, d]
+  tensor, with per-layer inputs and key/value sharing; no residual stream [batch, pos, d]
+  exists to record, so ``instrument`` refuses it in one line.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from .calls import BlockCallConvention
+from .hf import HFFamily, HFPathsAndFinalNorm, register
+from .moe import traceable_experts
+
+_TESTS = "tests/families/test_hybrid.py"
+_EXPERTS = BlockCallConvention(replay_context=traceable_experts)
+_LLAMA_PATHS = HFPathsAndFinalNorm(
+    blocks="layers", attention="self_attn", value="self_attn.v_proj", output="self_attn.o_proj",
+    attn_out="self_attn", attn_norm="input_layernorm", norm_placement="pre", final_norm="norm")
+_NO_SOFTMAX = "attention layers only (none for linear-attention/SSM/conv layers)"
+
+QWEN3_NEXT = register(HFFamily(
+    name="qwen3_next", model_types=("qwen3_next",), **_LLAMA_PATHS, norm_weight_offset=1.0,
+    norm_upcasts=True, call_convention=_EXPERTS, tested_by=_TESTS,
+    attention_type="Gated DeltaNet + full (GQA); routed+shared experts", power_view=_NO_SOFTMAX))
+
+JAMBA = register(HFFamily(
+    name="jamba", model_types=("jamba",), **{**_LLAMA_PATHS, "final_norm": "final_layernorm"},
+    norm_upcasts=True, call_convention=_EXPERTS, tested_by=_TESTS,
+    attention_type="Mamba + full (GQA); dense and routed experts", power_view=_NO_SOFTMAX))
+
+GRANITE_HYBRID = register(HFFamily(
+    name="granitemoehybrid", model_types=("granitemoehybrid",), **_LLAMA_PATHS,
+    norm_upcasts=True, call_convention=_EXPERTS, tested_by=_TESTS,
+    attention_type="Mamba-2 + full (GQA); routed+shared experts", power_view=_NO_SOFTMAX))
+
+LFM2 = register(HFFamily(
+    name="lfm2", model_types=("lfm2",),
+    **{**_LLAMA_PATHS, "output": "self_attn.out_proj", "attn_norm": "operator_norm",
+       "final_norm": "embedding_norm"},
+    norm_upcasts=True, tested_by=_TESTS, attention_type="short conv + full (GQA)",
+    power_view=_NO_SOFTMAX))
+
+FALCON_H1 = register(HFFamily(
+    name="falcon_h1", model_types=("falcon_h1",),
+    **{**_LLAMA_PATHS, "final_norm": "final_layernorm"}, norm_upcasts=True, tested_by=_TESTS,
+    attention_type="attention + Mamba-2 in parallel",
+    power_view="attention part only (the parallel Mamba-2 mixer is outside F)"))
+
+MINIMAX = register(HFFamily(
+    name="minimax", model_types=("minimax",), **_LLAMA_PATHS, norm_upcasts=True,
+    call_convention=_EXPERTS, tested_by=_TESTS,
+    attention_type="lightning (linear) + full (GQA); routed experts", power_view=_NO_SOFTMAX))
+
+MAMBA2 = register(HFFamily(
+    name="mamba2", model_types=("mamba2",), blocks="layers", attention="self_attn",
+    value="self_attn.v_proj", output="self_attn.o_proj", attn_out="self_attn",
+    attn_norm="norm", norm_placement="pre", final_norm="norm_f", norm_upcasts=True,
+    tested_by=_TESTS, attention_type="Mamba-2 (no attention)", power_view="no (no attention)"))
+
+DEEPSEEK_V3 = register(HFFamily(
+    name="deepseek_v3", model_types=("deepseek_v3", "deepseek_v2"),
+    **{**_LLAMA_PATHS, "value": "self_attn"}, qkv="latent", norm_upcasts=True,
+    call_convention=_EXPERTS, tested_by=_TESTS,
+    attention_type="multi-head latent (MLA); dense, then routed+shared experts"))
+
+
+def _altup(config: Any) -> Optional[str]:
+    return ("Gemma 3n's blocks carry AltUp's parallel residual streams (a [streams, batch, "
+            "pos, d] tensor) with per-layer inputs: there is no single residual stream "
+            "[batch, pos, d] to record exactly, so it is not supported")
+
+
+GEMMA3N = register(HFFamily(
+    name="gemma3n", model_types=("gemma3n", "gemma3n_text"), **_LLAMA_PATHS,
+    unsupported=_altup, tested_by=_TESTS, attention_type="AltUp streams (refused)",
+    power_view="no (refused)", jacobian_view="no (refused)"))

@@ -1,0 +1,175 @@
+"""What mixes tokens in each block, and what its MLP is: the one home of layer kinds.
+
+    >>> from transformers import GPT2Config, GPT2Model
+    >>> from spectral_hooks import anatomy_of
+    >>> part = anatomy_of(GPT2Model(GPT2Config(n_layer=1, n_embd=32, n_head=4))).layers[0]
+    >>> part.mixer, part.mlp, part.has_ov_map
+    ('mha', 'dense', True)
+
+A stack may mix kinds (Jamba: Mamba and attention blocks; Qwen3-Next: Gated DeltaNet and
+attention; LFM2: short convolutions and attention; Falcon-H1: attention and a Mamba-2 mixer side
+by side in every block), so every layer is described on its own, by what its block holds:
+
+==================  ====================================================================
+mixer               what the block holds
+==================  ====================================================================
+``mha``             softmax attention, as many key/value heads as query heads
+``gqa``             softmax attention, fewer key/value heads (groups) than query heads
+``mqa``             softmax attention, one key/value head
+``mla``             multi-head latent attention (DeepSeek-V3: keys and values from a
+                    compressed latent, ``kv_a_proj_with_mqa`` then ``kv_b_proj``)
+``linear_attention``  linear attention (Gated DeltaNet, lightning attention): no softmax
+``state_space``     a selective state-space mixer (Mamba, Mamba-2)
+``short_conv``      a gated short convolution (LFM2)
+``attention+ssm``   softmax attention and a state-space mixer in parallel (Falcon-H1)
+==================  ====================================================================
+
+and ``mlp`` is ``dense``, ``routed`` (a router picks experts per token), ``routed+shared``
+(routed experts plus always-on shared experts) or ``none`` (Mamba-2 blocks have no MLP).
+
+Which views apply: the power view needs an OV map (F = W_O W_V of softmax attention, whose
+rows are row-stochastic mixings: the view's theory), so it covers ``mha``/``gqa``/``mqa``/
+``mla`` layers; ``attention+ssm`` layers have one too, but the parallel mixer's contribution is
+outside F (the family table says so). The Jacobian view covers every block whatever its mixer.
+
+Detection reads the block's children by name and class: a state-space mixer holds ``A_log``
+and a ``conv1d`` and is called ``mamba``/``mixer``; Qwen3-Next's Gated DeltaNet is
+``linear_attn``; LFM2's convolution is ``conv``; a config ``layer_types`` entry of
+``"linear_attention"`` marks lightning attention (MiniMax), whose module is ``self_attn``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from torch import nn
+
+__all__ = ["ATTENTION_MIXERS", "MIXERS", "MLPS", "POWER_MIXERS", "attention_child",
+           "mixer_kind", "mixer_module", "mlp_kind", "ssm_child"]
+
+#: softmax-attention mixers (those with an OV map F = W_O W_V)
+ATTENTION_MIXERS = ("mha", "gqa", "mqa", "mla")
+#: every mixer kind, attention first
+MIXERS = ATTENTION_MIXERS + ("linear_attention", "state_space", "short_conv", "attention+ssm")
+#: mixers the power view covers (an OV map; for "attention+ssm" the attention part only)
+POWER_MIXERS = ATTENTION_MIXERS + ("attention+ssm",)
+MLPS = ("dense", "routed", "routed+shared", "none")
+
+_ATTENTION_NAMES = ("self_attn", "attn", "attention", "self_attention")
+_SSM_NAMES = ("mamba", "mixer")
+_LINEAR_ATTENTION_NAMES = ("linear_attn", "linear_attention")
+_CONV_NAMES = ("conv", "short_conv")
+_SHARED_NAMES = ("shared_expert", "shared_experts", "shared_mlp")
+_LINEAR_WORDS = ("Linear", "Lightning", "DeltaNet")
+
+
+def _child(module: nn.Module, names: tuple[str, ...]) -> Optional[nn.Module]:
+    for name in names:
+        child = getattr(module, name, None)
+        if isinstance(child, nn.Module):
+            return child
+    return None
+
+
+def _is_ssm(module: Optional[nn.Module]) -> bool:
+    """A selective state-space mixer: a learned decay ``A_log`` and a causal ``conv1d``."""
+    return module is not None and hasattr(module, "A_log") and hasattr(module, "conv1d")
+
+
+def ssm_child(block: nn.Module) -> Optional[nn.Module]:
+    """The block's state-space mixer (``mamba`` / ``mixer`` holding ``A_log``), or None."""
+    child = _child(block, _SSM_NAMES)
+    return child if _is_ssm(child) else None
+
+
+def attention_child(block: nn.Module) -> Optional[nn.Module]:
+    """The block's (softmax or lightning) attention module, by its usual names, or None."""
+    return _child(block, _ATTENTION_NAMES)
+
+
+def _linear_attention(block: nn.Module, attention: Optional[nn.Module],
+                      layer_type: Optional[str]) -> Optional[nn.Module]:
+    named = _child(block, _LINEAR_ATTENTION_NAMES)
+    if named is not None:
+        return named
+    if attention is not None and (layer_type == "linear_attention" or any(
+            word in type(attention).__name__ for word in _LINEAR_WORDS)):
+        return attention
+    return None
+
+
+def _softmax_kind(attention: nn.Module, n_heads: int, n_kv_heads: int) -> str:
+    if hasattr(attention, "kv_b_proj"):
+        return "mla"
+    if n_kv_heads == 1 and n_heads > 1:
+        return "mqa"
+    return "gqa" if n_kv_heads < n_heads else "mha"
+
+
+def mixer_kind(block: nn.Module, *, n_heads: int, n_kv_heads: int,
+               layer_type: Optional[str] = None) -> Optional[str]:
+    """The kind of ``block``'s token mixer (one of :data:`MIXERS`), or None where the block
+    holds none this module recognises. ``layer_type``: the config's ``layer_types`` entry of
+    the layer, where it states one.
+
+        >>> from torch import nn
+        >>> block = nn.Module(); block.self_attn = nn.Module()
+        >>> mixer_kind(block, n_heads=8, n_kv_heads=2)
+        'gqa'
+    """
+    ssm = ssm_child(block)
+    attention = attention_child(block)
+    if ssm is not None:
+        return "attention+ssm" if attention is not None else "state_space"
+    if _linear_attention(block, attention, layer_type) is not None:
+        return "linear_attention"
+    if attention is not None:
+        return _softmax_kind(attention, n_heads, n_kv_heads)
+    if _child(block, _CONV_NAMES) is not None:
+        return "short_conv"
+    return None
+
+
+def mixer_module(block: nn.Module, mixer: Optional[str]) -> Optional[nn.Module]:
+    """The module that mixes tokens in ``block`` for a ``mixer`` kind (for messages: "layer 0
+    is a Mamba2Mixer"), or None."""
+    if mixer in ("state_space",):
+        return ssm_child(block)
+    if mixer == "linear_attention":
+        return _linear_attention(block, attention_child(block), "linear_attention")
+    if mixer == "short_conv":
+        return _child(block, _CONV_NAMES)
+    return attention_child(block)
+
+
+def _has_experts(module: nn.Module) -> bool:
+    return any("Experts" in type(m).__name__ for m in module.modules())
+
+
+def mlp_kind(block: nn.Module, mixer: Optional[str] = None) -> str:
+    """``block``'s MLP kind (one of :data:`MLPS`): what the block holds besides its token
+    mixer (``mixer``'s module and the attention) and its norms.
+
+        >>> from torch import nn
+        >>> block = nn.Module(); block.mlp = nn.Linear(2, 2)
+        >>> mlp_kind(block)
+        'dense'
+    """
+    mixers = {id(m) for m in (mixer_module(block, mixer), attention_child(block),
+                              ssm_child(block)) if m is not None}
+    rest = [child for child in block.children() if id(child) not in mixers
+            and "Norm" not in type(child).__name__ and any(True for _ in child.parameters())]
+    if not rest:
+        return "none"
+    if not any(_has_experts(child) for child in rest):
+        return "dense"
+    shared = any(_child(child, _SHARED_NAMES) is not None for child in rest) or \
+        _child(block, _SHARED_NAMES) is not None
+    return "routed+shared" if shared else "routed"
+
+
+def describe(block: nn.Module, mixer: Optional[str]) -> str:
+    """``"a state_space mixer (Mamba2Mixer)"``: a layer's kind and module, for messages."""
+    module: Any = mixer_module(block, mixer)
+    name = type(module).__name__ if module is not None else type(block).__name__
+    return f"a {mixer or 'unrecognised'} mixer ({name})"
