@@ -230,12 +230,12 @@ def test_dense_refuses_large_unless_forced():
         with torch.no_grad():
             model(ids)
     import spectral_hooks.linearize as lin
-    old, lin.DENSE_LIMIT = lin.DENSE_LIMIT, 1000
+    old, lin.DENSE_JACOBIAN_MAX = lin.DENSE_JACOBIAN_MAX, 1000
     try:
         with pytest.raises(ValueError, match="force=True"):
             dense_block_jacobian(probe.anatomy, probe.recording, 0, kind="sequence")
     finally:
-        lin.DENSE_LIMIT = old
+        lin.DENSE_JACOBIAN_MAX = old
 
 
 def test_decode_step_only_recording_is_refused():

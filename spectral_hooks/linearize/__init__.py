@@ -91,7 +91,9 @@ __all__ = ["block_jacobian", "jacobian_product", "dense_block_jacobian", "block_
            "StackedJacobians"]
 
 log: logging.Logger = logging.getLogger(__name__)
-DENSE_LIMIT = 4096
+#: Largest side m * d (m positions of width d) of a Jacobian that ``dense_block_jacobian`` forms
+#: without ``force=True``.
+DENSE_JACOBIAN_MAX = 4096
 
 
 def block_jacobian(anatomy: Anatomy, recording: Recording, layer: int, *, sample: int = 0, position: int = -1,
@@ -116,7 +118,10 @@ def block_jacobian(anatomy: Anatomy, recording: Recording, layer: int, *, sample
     fn = block_function(anatomy, recording, layer, sample=sample, position=position, kind=kind,
                         dtype=dtype)
     where = f"p={fn.rows[0]}" if kind == "token" else f"n={len(fn.rows)}"
-    sq = single_query_function(fn) if single_query and kind == "token" and anatomy.causal else None
+    # a recurrent or convolutional mixer carries the earlier tokens in a state, not a KV
+    # cache: its blocks replay the full sequence by design (no fallback)
+    replayable = anatomy.causal and anatomy.layers[fn.layer].kv_cache_only
+    sq = single_query_function(fn) if single_query and kind == "token" and replayable else None
     mode = None if sq is None else ("split" if sq.split else "concat")
     return make_operator(Engine(fn if sq is None else sq, method),
                           f"J[layer {fn.layer}, {kind} {where}]", kind=kind,
@@ -158,9 +163,9 @@ def dense_block_jacobian(anatomy: Anatomy, recording: Recording, layer: int, *, 
     fn = block_function(anatomy, recording, layer, sample=sample, position=position, kind=kind,
                         dtype=dtype)
     m, d = fn.x0.shape
-    if m * d > DENSE_LIMIT and not force:
+    if m * d > DENSE_JACOBIAN_MAX and not force:
         raise OptionError("force", force, "True for a Jacobian this large",
-                          hint=f"the dense Jacobian would be {m * d} x {m * d} (> {DENSE_LIMIT}); "
+                          hint=f"the dense Jacobian would be {m * d} x {m * d} (> {DENSE_JACOBIAN_MAX}); "
                           "pass force=True, or use block_jacobian (matrix-free)")
     try:
         with math_sdpa():

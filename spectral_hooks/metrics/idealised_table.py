@@ -34,7 +34,12 @@ from spectral_hooks.metrics.idealised import (
 from spectral_hooks.metrics.nulls import gamma_null
 from spectral_hooks.metrics.power import alignment, consensus
 from spectral_hooks.metrics.shared_weights import line_angle_deg, subspace_angle_deg
-from spectral_hooks.metrics.spectrum import DENSE_LIMIT, TOP_K, checked_matrices, layer_spectra
+from spectral_hooks.metrics.spectrum import (
+    SPECTRUM_DENSE_MAX_D,
+    TOP_K,
+    checked_matrices,
+    layer_spectra,
+)
 
 __all__ = ["idealised_table", "IDEALISED_COLUMNS"]
 
@@ -141,7 +146,7 @@ def idealised_table(
     keep = sorted(set(range(first, L)) if layers is None else {int(t) % L for t in layers})
     # spectra through the cache power_table uses (the same F object: computed once); one
     # ordering for every spectral column (B_t, rates, rotation, poles)
-    spectra = dict(zip(keep, layer_spectra(F_in, F, keep, iterate, real_tol, DENSE_LIMIT, TOP_K)))
+    spectra = dict(zip(keep, layer_spectra(F_in, F, keep, iterate, real_tol, SPECTRUM_DENSE_MAX_D, TOP_K)))
     rows = []
     for t in range(first, L):
         p_in = torch.cat(X)

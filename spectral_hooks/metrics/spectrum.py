@@ -9,7 +9,7 @@ run in float64 (complex128 for eigenpairs) whatever the input dtype.
 >>> s.lambda1, s.gap_ratio
 ((3+0j), 0.3333333333333333)
 
-Large d (``d > dense_limit``, default 4096): only the ``top_k`` leading eigenpairs are computed,
+Large d (``d > dense_limit``, default SPECTRUM_DENSE_MAX_D = 4096): only the ``top_k`` leading eigenpairs are computed,
 with the project's Krylov solver (:func:`spectral_hooks.linalg.eigs`, which="LM", float64) on F
 (``iterate="F"``) or on the shifted operator I + F (``iterate="I+F"``; eigenvalues of F are
 mu - 1). That is enough for lambda1, lambda2, the gap ratio, B and B2; the spectrum is then
@@ -34,10 +34,12 @@ bump ``_version``). :func:`spectrum` itself never caches (it returns all eigenve
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
 
@@ -64,8 +66,11 @@ __all__ = [
     "check_iterate",
     "check_spectrum_options",
     "checked_matrices",
-    "DENSE_LIMIT",
+    "SPECTRUM_DENSE_MAX_D",
     "TOP_K",
+    "ITERATES",
+    "POWER_THREADS",
+    "power_threads",
     "FACTORED_EXACT_MAX",
     "MATRIX_FREE_D",
     "ROUTES",
@@ -76,28 +81,76 @@ __all__ = [
 # on the name) stay as they were before the split.
 logger: logging.Logger = logging.getLogger("spectral_hooks.metrics.power")
 
-#: Above this d the spectrum of F is truncated to its top-k eigenpairs (Krylov, eigs).
-DENSE_LIMIT = 4096
-#: Default number of leading eigenpairs computed above DENSE_LIMIT (at least 3 are always used).
+#: The power view's orderings: "F" (by |lambda|) or "I+F" (by |1 + lambda|); the one home of
+#: the names (``analysis.options`` checks ``iterate`` against it).
+ITERATES = ("F", "I+F")
+#: Default number of leading eigenpairs the Krylov route computes (at least 3 are always used);
+#: the one home of that default (``PowerOptions.k`` and the training events take it from here).
 TOP_K = 8
-#: Largest inner width r at which a factored F = A B (a ``LowRankOperator``, r < d: grouped-query
-#: layers) gets its full spectrum exactly from the r x r matrix B A instead of its top-k by
-#: Krylov, at about the cost of Krylov's top 8 or less (one core, random init): r = 1024, d = 4096:
-#: 2.1 s against 5.0 s; r = 2048, d = 3584: 7.7 s against 7.2 s (benchmarks/power_factored.py).
-FACTORED_EXACT_MAX = 2048
-#: d_model from which the power view computes F's top-k eigenpairs by Krylov on the thin
-#: products x -> W_O (W_V x) instead of F's dense eig (when F is not thin enough to be exact from
-#: its factors). Measured (benchmarks/results/dense_threshold.md, one thread, random init): the
-#: dense eig takes 0.54x the matrix-free time at d = 1024 and 0.75x at d = 1536, so the two
-#: cross near d = 2000; ``analyze()`` and the training events both switch here.
-MATRIX_FREE_D = 2048
+#: Default ``dense_limit`` of the functions of a formed F (:func:`spectrum`, ``power_table``,
+#: ``spectra_table``): every eigenpair (dense eig) up to this d, the top-k by Krylov above it.
+#: ``analyze()`` and the training events route by :func:`power_route` instead.
+SPECTRUM_DENSE_MAX_D = 4096
 #: How one layer's spectrum is computed: "dense" (the eig of the formed d x d F), "factored" (every
 #: eigenvalue exactly from the r x r matrix of F's thin factors) or "krylov" (the top k by eigs).
 ROUTES = ("dense", "factored", "krylov")
 # Options of linalg.eigs in the top-k path (module-level so tests can shrink max_restarts).
 _EIGS_KW: dict = {"tol": 1e-10, "max_restarts": 1000, "seed": 0}
 
-ITERATES = ("F", "I+F")
+# The route thresholds, set by F's own eig on random-init layers of real shapes, one thread
+# (benchmarks/power_shapes.py, benchmarks/RESULTS.md "Power view at real shapes"):
+#: Largest inner width r at which a factored F = A B (a ``LowRankOperator``, r < d: grouped-query
+#: layers) gets its full spectrum exactly from the r x r matrix B A instead of its top-k by
+#: Krylov, at about the cost of Krylov's top 8 or less (one core, random init, full eig with
+#: eigenvectors): r = 1024, d = 4096: 2.1 s against 5.0 s; r = 2048, d = 3584: 7.7 s against 7.2 s
+#: (benchmarks/power_factored.py).
+FACTORED_EXACT_MAX = 2048
+#: d_model from which the power view computes F's top-k eigenpairs by Krylov instead of every
+#: eigenvalue by the dense eig (when F is not thin enough to be exact from its factors).
+#: (Set from benchmarks/results/dense_threshold.md, block-Jacobian metrics; to be recalibrated on
+#: F's own eig.)
+MATRIX_FREE_D = 2048
+#: The CPU threads the power view's own LAPACK / BLAS calls run on, at most (torch's count is
+#: lowered for one layer's spectrum and restored after; while it is lowered, other Python threads
+#: of the process see it too). Issue 57 measured the power view of 4 GPT-2-medium layers at 4.8 s
+#: on one thread and 4.0 s on two with the machine quiet, 6.9 s and 22.4 s with both cores busy.
+POWER_THREADS = 1
+
+# The values-first eig (every eigenvalue from LAPACK without eigenvectors; the few eigenvectors
+# B and B2 read by inverse iteration), which the full eig backs up:
+#: an inverse-iteration vector x (||x|| = 1) is kept when ||M x - lambda x|| <= this * ||M||_F
+#: (LAPACK's own vectors reach ~1e-15 relative here)
+VECTOR_RESIDUAL_TOL = 1e-10
+#: ... and its eigenvalue lies farther than this * ||M||_F from every other eigenvalue (closer:
+#: repeated to rounding, its eigenvector is whatever LAPACK returns, so the full eig is taken)
+SEPARATION_TOL = 1e-8
+#: the shift of the inverse iteration sits this * ||M||_F off the eigenvalue (the LU is not
+#: singular; each step shrinks the other directions by this / SEPARATION_TOL at least)
+INVERSE_SHIFT = 2.0 ** -44
+#: inverse-iteration steps, then the residual is checked
+INVERSE_STEPS = 3
+
+
+@contextmanager
+def power_threads() -> Iterator[None]:
+    """At most :data:`POWER_THREADS` torch CPU threads inside; the caller's count restored after.
+
+        >>> before = torch.get_num_threads()
+        >>> with power_threads():
+        ...     torch.get_num_threads() <= max(POWER_THREADS, 1)
+        True
+        >>> torch.get_num_threads() == before
+        True
+    """
+    before = torch.get_num_threads()
+    if before <= POWER_THREADS:
+        yield
+        return
+    torch.set_num_threads(POWER_THREADS)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def power_route(d: int, r: int, *, full: bool | None = None, top_k: int = TOP_K) -> str:
@@ -229,18 +282,33 @@ def _eig_sorted(F: Tensor, iterate: str, real_tol: float) -> tuple[Tensor, Tenso
 
 def _tidy(vals: Tensor, vecs: Tensor, iterate: str, real_tol: float) -> tuple[Tensor, Tensor, Tensor]:
     """Snap near-real eigenvalues (and their vectors) to real, make conjugate pairs exact, sort."""
+    vals, tidy_vecs, is_real = _tidy_parts(vals, vecs, iterate, real_tol)
+    assert tidy_vecs is not None
+    return vals, tidy_vecs, is_real
+
+
+def _tidy_values(vals: Tensor, iterate: str, real_tol: float) -> tuple[Tensor, Tensor]:
+    """:func:`_tidy` of eigenvalues alone: (values, is_real), in the same order."""
+    vals, _, is_real = _tidy_parts(vals, None, iterate, real_tol)
+    return vals, is_real
+
+
+def _tidy_parts(vals: Tensor, vecs: Tensor | None, iterate: str, real_tol: float
+                ) -> tuple[Tensor, Tensor | None, Tensor]:
     is_real = vals.imag.abs() <= real_tol * vals.abs()
     vals = torch.where(is_real, vals.real.to(torch.complex128), vals)
-    vecs = vecs.clone()
-    vecs[:, is_real] = _realify(vecs[:, is_real])
+    if vecs is not None:
+        vecs = vecs.clone()
+        vecs[:, is_real] = _realify(vecs[:, is_real])
     pos, neg = (~is_real) & (vals.imag > 0), (~is_real) & (vals.imag < 0)
     if int(pos.sum()) == int(neg.sum()):  # always so for a real matrix; make the pairs exact
         vals = torch.cat([vals[is_real], vals[pos], vals[pos].conj()])
-        vecs = torch.cat([vecs[:, is_real], vecs[:, pos], vecs[:, pos].conj()], dim=1)
+        if vecs is not None:
+            vecs = torch.cat([vecs[:, is_real], vecs[:, pos], vecs[:, pos].conj()], dim=1)
         n_real, n_pairs = int(is_real.sum()), int(pos.sum())
         is_real = torch.arange(n_real + 2 * n_pairs) < n_real
     order = _order(vals, iterate)
-    return vals[order], vecs[:, order], is_real[order]
+    return vals[order], (vecs[:, order] if vecs is not None else None), is_real[order]
 
 
 def _order(vals: Tensor, iterate: str) -> Tensor:
@@ -250,12 +318,128 @@ def _order(vals: Tensor, iterate: str) -> Tensor:
     return torch.from_numpy(np.lexsort((-vals.imag.numpy(), -vals.real.numpy(), -q.abs().numpy())))
 
 
+def _leading_count(is_real: Tensor) -> int:
+    """How many leading positions get eigenvectors on the values-first path: the first three (B
+    and B2 read positions 0 and 1 or 2) and the conjugate partner of a pair among them."""
+    n, j = is_real.numel(), 0
+    while j < min(n, 3):
+        j += 1 if bool(is_real[j]) else 2
+    return min(j, n)
+
+
+def _inverse_vector(M: Tensor, lam: complex, real: bool, scale: float,
+                    gen: torch.Generator) -> Tensor | None:
+    """Unit eigenvector of M [n, n] for its eigenvalue ``lam`` by inverse iteration (float64 for
+    a real ``lam``, complex128 otherwise), or None when ||M x - lam x|| stays above
+    VECTOR_RESIDUAL_TOL * scale (scale: ||M||_F)."""
+    dtype = torch.float64 if real else torch.complex128
+    target = complex(lam.real, 0.0) if real else lam
+    Mx = M.to(dtype)
+    shift = (target.real if real else target) + INVERSE_SHIFT * scale  # off lam: LU not singular
+    LU, pivots, _ = torch.linalg.lu_factor_ex(Mx - shift * torch.eye(M.shape[0], dtype=dtype))
+    x = torch.randn(M.shape[0], dtype=dtype, generator=gen)
+    lam_x = target.real if real else target
+    for _ in range(INVERSE_STEPS):  # every step: a step costs O(n^2) beside the LU's O(n^3)
+        x = torch.linalg.lu_solve(LU, pivots, x[:, None])[:, 0]
+        norm = float(torch.linalg.vector_norm(x))
+        if not math.isfinite(norm) or norm == 0.0:
+            return None
+        x = x / norm
+    residual = float(torch.linalg.vector_norm(Mx @ x - lam_x * x))
+    return x if residual <= VECTOR_RESIDUAL_TOL * scale else None
+
+
+def _leading_vectors(M: Tensor, vals: Tensor, is_real: Tensor,
+                     lift: Callable[[Tensor, complex], Tensor | None] | None = None
+                     ) -> Tensor | None:
+    """Unit eigenvectors (complex128 [., c], c = :func:`_leading_count`) of the leading sorted
+    eigenvalues ``vals`` of M, by inverse iteration, a conjugate pair's second vector the
+    conjugate of its first; ``lift`` maps each to a vector of F (None: refused). None where an
+    eigenvalue lies within SEPARATION_TOL ||M||_F of another (repeated or clustered to rounding:
+    its eigenvector is then whatever LAPACK returns, so the caller takes the full eig) or a
+    residual fails."""
+    scale = float(torch.linalg.matrix_norm(M))
+    gen = torch.Generator().manual_seed(0)
+    count, cols, j = _leading_count(is_real), [], 0
+    while j < count:
+        lam, real = complex(vals[j]), bool(is_real[j])
+        gaps = (vals - vals[j]).abs()
+        gaps[j] = float("inf")
+        if gaps.numel() > 1 and float(gaps.min()) <= SEPARATION_TOL * scale:
+            return None
+        y = _inverse_vector(M, lam, real, scale, gen)
+        x = y if y is None or lift is None else lift(y, lam)
+        if x is None:
+            return None
+        cols.append(x.to(torch.complex128))
+        if not real:
+            cols.append(cols[-1].conj())
+        j += 1 if real else 2
+    return torch.stack(cols, dim=1)
+
+
+def _eig_leading(F: Tensor, iterate: str, real_tol: float) -> tuple[Tensor, Tensor, Tensor]:
+    """Every eigenvalue of F from LAPACK without eigenvectors, tidied and sorted as by
+    :func:`_tidy`, and the eigenvectors of the leading positions only (:func:`_leading_vectors`,
+    [d, c]); the full eig (:func:`_eig_sorted`) where a vector is refused."""
+    vals, is_real = _tidy_values(torch.linalg.eigvals(F), iterate, real_tol)
+    vecs = _leading_vectors(F, vals, is_real)
+    if vecs is None:
+        logger.debug("values-first eig refused a leading vector (d=%d): full eig", F.shape[0])
+        return _eig_sorted(F, iterate, real_tol)
+    return vals, vecs, is_real
+
+
+def _factored_leading(F: LowRankOperator, iterate: str, real_tol: float
+                      ) -> tuple[Tensor, Tensor, Tensor] | None:
+    """:func:`_eig_leading` for a real factored F = A B (r < d): the r eigenvalues of B A from
+    LAPACK without eigenvectors, then d - r zeros, and the leading eigenvectors A y from B A's
+    (each residual checked on F). None where that does not apply (complex factors, r >= d, a
+    zero eigenvalue among the leading three) or a vector is refused."""
+    d, r = F.shape[0], F.rank_bound
+    if F.dtype.is_complex or r >= d:
+        return None
+    A = F.left.detach().to("cpu", torch.float64)
+    B = F.right.detach().to("cpu", torch.float64)
+    BA = B @ A
+    vals_r, real_r = _tidy_values(torch.linalg.eigvals(BA), iterate, real_tol)
+    q_zero = 1.0 if iterate == "I+F" else 0.0  # where the d - r zeros sort
+    if int(((vals_r + q_zero).abs() > q_zero).sum()) < 3:
+        return None
+    scale_F = math.sqrt(max(float(((A.T @ A) * (B @ B.T)).sum()), 0.0))  # ||A B||_F
+
+    def lift(y: Tensor, lam: complex) -> Tensor | None:
+        A_y, B_y = A.to(y.dtype), B.to(y.dtype)
+        x = A_y @ y
+        norm = float(torch.linalg.vector_norm(x))
+        if not norm > 0.0:
+            return None
+        x = x / norm
+        target = lam if y.is_complex() else lam.real
+        residual = float(torch.linalg.vector_norm(A_y @ (B_y @ x) - target * x))
+        return x if residual <= VECTOR_RESIDUAL_TOL * scale_F else None
+
+    vecs = _leading_vectors(BA, vals_r, real_r, lift)
+    if vecs is None:
+        return None
+    all_vals = torch.cat([vals_r, torch.zeros(d - r, dtype=vals_r.dtype)])
+    order = _order(all_vals, iterate)
+    is_real = torch.cat([real_r, torch.ones(d - r, dtype=torch.bool)])
+    return all_vals[order], vecs, is_real[order]
+
+
 def _factored_eig(F: LowRankOperator, iterate: str, real_tol: float, vectors: bool
                   ) -> tuple[Tensor, Tensor, Tensor]:
     """Every eigenpair of a factored F = A B from B A (linalg.lowrank_eig), tidied. Without
     ``vectors`` the null-space basis of B (the zero eigenvalues' vectors, d^2 r to build) is
     skipped unless a zero is among the three leading positions: the vectors returned are
-    then the r others', sorted, of which only the leading ones are used (B, B2)."""
+    then the r others', sorted, of which only the leading ones are used (B, B2); where the
+    factors are real, the values come from LAPACK without eigenvectors and only the leading
+    vectors are computed (:func:`_factored_leading`)."""
+    if not vectors:
+        leading = _factored_leading(F, iterate, real_tol)
+        if leading is not None:
+            return leading
     vals, vecs = lowrank_eig(F, null_space=vectors)
     if vecs.shape[1] == vals.numel():
         return _tidy(vals, vecs, iterate, real_tol)
@@ -298,7 +482,7 @@ def _eig_topk(F: Tensor | LinearOperator, iterate: str, real_tol: float, k: int)
 
 
 def layer_spectrum(
-    F: Tensor | LinearOperator, iterate: str, real_tol: float, dense_limit: int = DENSE_LIMIT,
+    F: Tensor | LinearOperator, iterate: str, real_tol: float, dense_limit: int = SPECTRUM_DENSE_MAX_D,
     top_k: int = TOP_K,
     *, layer: int | None = None, dense_eig: tuple[Tensor, Tensor] | None = None,
     vectors: bool = True, factored_max: int | None = None,
@@ -313,7 +497,22 @@ def layer_spectrum(
 
         >>> layer_spectrum(torch.diag(torch.tensor([3.0, 1.0], dtype=torch.float64)), "F", 1e-9).gap_ratio
         0.3333333333333333
+
+    The dense route without ``vectors`` computes every eigenvalue from LAPACK without
+    eigenvectors and only the leading eigenvectors by inverse iteration (the full eig where one
+    is refused: module constants VECTOR_RESIDUAL_TOL, SEPARATION_TOL); everything runs on at
+    most POWER_THREADS CPU threads (:func:`power_threads`).
     """
+    with power_threads():
+        return _layer_spectrum(F, iterate, real_tol, dense_limit, top_k, layer=layer,
+                               dense_eig=dense_eig, vectors=vectors, factored_max=factored_max)
+
+
+def _layer_spectrum(
+    F: Tensor | LinearOperator, iterate: str, real_tol: float, dense_limit: int, top_k: int,
+    *, layer: int | None, dense_eig: tuple[Tensor, Tensor] | None, vectors: bool,
+    factored_max: int | None,
+) -> LayerSpectrum:
     d = F.shape[-1]
     k = max(int(top_k), 3)  # 3 values always hold lambda1 (maybe a pair) and lambda2
     truncated = d > dense_limit and k <= d - 2  # eigs needs k <= d - 2; tiny d stays dense
@@ -335,8 +534,10 @@ def layer_spectrum(
                 "Ritz estimates with converged=False", k, where, d, iterate)
     elif dense_eig is not None:  # computed already, batched over layers on the device
         vals, vecs, is_real = _tidy(*dense_eig, iterate, real_tol)
-    else:
+    elif vectors:
         vals, vecs, is_real = _eig_sorted(cast(Tensor, F), iterate, real_tol)  # formed above
+    else:  # every eigenvalue, and only the leading eigenvectors
+        vals, vecs, is_real = _eig_leading(cast(Tensor, F), iterate, real_tol)
     shift = 1.0 if iterate == "I+F" else 0.0
     c1 = not bool(is_real[0])
     i2 = 2 if c1 else 1
@@ -438,7 +639,7 @@ def layer_spectra(
 
 def spectrum(
     F: Float[Tensor, "*L d d"], *, iterate: str = "F", real_tol: float = 1e-9,
-    dense_limit: int = DENSE_LIMIT, top_k: int = TOP_K,
+    dense_limit: int = SPECTRUM_DENSE_MAX_D, top_k: int = TOP_K,
 ) -> LayerSpectrum | list[LayerSpectrum]:
     """Eigen-decomposition of a layer matrix (float64), ordered for the power iteration.
 
