@@ -27,7 +27,7 @@ from ..checks import checked_layer
 from ..errors import MissingWeightsError, UnsupportedModelError
 from .calls import HF_CALLS, BlockCallConvention
 from .heads import HeadWeights
-from .mixers import POWER_MIXERS
+from .mixers import ATTENTION_MIXERS, POWER_MIXERS
 from .mixers import describe as describe_mixer
 
 __all__ = ["Anatomy", "LayerParts", "FamilyInfo", "NORM_PLACEMENTS", "config_int",
@@ -78,6 +78,13 @@ class LayerParts:
         F = W_O W_V: the power view covers it; see :mod:`.mixers`)."""
         return (self.value is not None and self.output is not None
                 and (self.mixer is None or self.mixer in POWER_MIXERS))
+
+    @property
+    def kv_cache_only(self) -> bool:
+        """Whether earlier tokens reach this block only through softmax attention's keys and
+        values (so a KV cache can hold them fixed: the Jacobian view's single-query replay);
+        a recurrent state (Mamba, linear attention) or a convolution window carries them too."""
+        return self.mixer is None or self.mixer in ATTENTION_MIXERS
 
     def describe(self) -> str:
         """What the layer is, for messages: "layer 0 is a state_space mixer (Mamba2Mixer)"."""

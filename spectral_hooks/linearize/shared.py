@@ -51,9 +51,11 @@ _MAX_TRACES = 8
 
 def _signature(fn, inputs: List[Tensor], width: int, extra=()) -> tuple:
     # the block's repr names what shapes do not (activation functions, norm epsilons,
-    # dropout): two models' blocks of one class and shape that compute differently do not
-    # share a graph (the per-layer checks would catch it, at the cost of a fallback)
-    return (type(fn.block), repr(fn.block), tuple(fn.params), fn.split, width, fn._p,
+    # dropout), the anatomy's replay kind what the repr does not (a sliding window, NoPE):
+    # blocks of one class and shape that compute differently do not share a graph (the
+    # per-layer checks would catch it, at the cost of a fallback)
+    return (type(fn.block), repr(fn.block), fn.full_fn.replay_kind, tuple(fn.params), fn.split,
+            width, fn._p,
             str(fn._spec), tuple((tuple(t.shape), t.dtype, t.device) for t in inputs), *extra)
 
 
