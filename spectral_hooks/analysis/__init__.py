@@ -50,7 +50,7 @@ from .power import cross_power_section, has_cross_attention, power_section
 from .preflight import TOKEN_COLUMNS, TokenColumnsWarning, preflight
 from .progress import Progress
 from .reinit import init_subject
-from .reinit_test import reinit_test_section
+from .reinit_comparison import reinit_test_section
 from .shared_weights import shared_weights_section
 from .spectra import spectra_section
 from .subject import Subject

@@ -15,8 +15,8 @@ Jacobian's ``sym_energy``, its non-normality (``commutator`` and ``departure_rel
 effective rank of the end-to-end Jacobian through the layer (``erank_end_to_end``: the
 bottleneck's ``erank`` at depth = layer position + 1) of the trained model, against the same
 values in models re-initialised with seeds ``jacobian.init_seed + i``, i < reinit_seeds, on the
-same inputs (metrics/seed_test.py computes the table). Exact (dense J, full spectra) where the
-Jacobian view is (``jacobian.dense``), and the bottleneck exact up to SCHUR_MAX_D
+same inputs (metrics/reinit_comparison.py computes the table). Exact (dense J, full spectra)
+where the Jacobian view is (``jacobian.dense``), and the bottleneck exact up to SCHUR_MAX_D
 (``jacobian.bottleneck_dense``); column ``dense`` says which. One init model is held at a time.
 """
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ..metrics.seed_test import seed_test_table
+from ..metrics.reinit_comparison import seed_test_table
 from . import progress
 from .bottleneck import variant_table
 from .jacobian import JacobianView
@@ -65,7 +65,7 @@ def init_seeds(options: AnalyzeOptions) -> list[int]:
 
 def reinit_test_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame:
     """The ``reinit_test`` table: per metric and layer, the trained value against the
-    re-initialised models' (:func:`~spectral_hooks.metrics.seed_test.seed_test_table`), with a
+    re-initialised models' (:func:`~spectral_hooks.metrics.reinit_comparison.seed_test_table`), with a
     ``dense`` column saying which values are exact. Memoised on ``subject``."""
     o = options.jacobian_options
 
