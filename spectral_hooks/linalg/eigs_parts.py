@@ -22,7 +22,7 @@ from .batch import OpBatch
 from .results import EigResult
 from .schur_restart import ZETA
 
-logger = logging.getLogger("spectral_hooks.linalg.krylov")
+logger: logging.Logger = logging.getLogger(__name__)
 _EPS = torch.finfo(torch.float64).eps
 
 

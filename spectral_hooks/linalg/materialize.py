@@ -48,7 +48,7 @@ from .dense import DENSE_MAX, matrices
 from .eigs_parts import below_precision
 from .schur_restart import fresh_residuals
 
-logger = logging.getLogger("spectral_hooks.linalg.krylov")
+logger: logging.Logger = logging.getLogger(__name__)
 
 #: columns per operator application when materialising a batched operator (a batched JVP
 #: runs near the core's GEMM rate at 128 columns: 0.094-0.122 of a column alone, against

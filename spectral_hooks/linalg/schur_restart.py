@@ -13,7 +13,7 @@ from torch import Tensor
 
 from .batch import OpBatch
 
-logger = logging.getLogger("spectral_hooks.linalg.krylov")
+logger: logging.Logger = logging.getLogger(__name__)
 _KEEP = 0.5  # share of the unconverged part of the space kept at a restart (tuned: 0.3-0.85)
 ZETA = 1e-12  # |theta| <= ZETA ||A||: an exact zero (rounding allows no relative accuracy)
 

@@ -25,8 +25,7 @@ from ..errors import MissingExtraError, OptionError, OptionTypeError
 __all__ = ["UnitGraph", "Communities", "unit_graph", "communities", "modularity",
            "participation", "CONSTANT_RTOL"]
 
-# Named as before the split so that log filters on "spectral_hooks.metrics.topology" still apply.
-logger: logging.Logger = logging.getLogger("spectral_hooks.metrics.topology")
+logger: logging.Logger = logging.getLogger(__name__)
 
 CONSTANT_RTOL = 1e-12  # a unit is constant when its centred norm <= CONSTANT_RTOL * the largest
 

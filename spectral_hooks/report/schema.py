@@ -243,15 +243,6 @@ def _dtype_problem(values: pd.Series, declared: str, present: pd.Series) -> str 
     return f"dtype {dtype} is not {declared}"
 
 
-def schema_doc(schemas: Iterable[SectionSchema]) -> pd.DataFrame:
-    """All the declared columns of several sections, with a ``section`` column first."""
-    frames = [s.doc().assign(section=s.name) for s in schemas]
-    if not frames:
-        return pd.DataFrame(columns=["section", "name", "dtype", "meaning", "anchor", "optional", "nullable"])
-    out = pd.concat(frames, ignore_index=True)
-    return cast(pd.DataFrame, out[["section"] + [c for c in out.columns if c != "section"]])
-
-
 # ---------------------------------------------------------------------- registry
 _KNOWN: dict[str, SectionSchema] = {}
 

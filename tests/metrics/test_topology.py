@@ -135,7 +135,7 @@ def test_signed_leiden_separates_anticorrelated_blocks():
 
 def test_auto_falls_back_to_louvain_with_a_notice(planted_graph, monkeypatch, caplog):
     monkeypatch.setitem(sys.modules, "leidenalg", None)      # import leidenalg -> ImportError
-    with caplog.at_level(logging.WARNING, logger="spectral_hooks.metrics.topology"):
+    with caplog.at_level(logging.WARNING, logger="spectral_hooks.metrics.correlation_graph"):
         C = communities(planted_graph, seed=0)
     assert C.method == "louvain"
     assert any("Louvain" in r.getMessage() for r in caplog.records)
