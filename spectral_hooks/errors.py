@@ -210,7 +210,8 @@ class MissingExtraError(SpectralHooksError, ImportError):
 
     def __init__(self, module: str, feature: str, extra: Optional[str] = None) -> None:
         top = module.split(".")[0]
-        self.extra = extra or EXTRAS.get(top, top)
+        #: the pip extra that installs it
+        self.extra: str = extra or EXTRAS.get(top, top)
         super().__init__(f"{top} is not installed ({feature}): "
                          f"pip install 'spectral_hooks[{self.extra}]'", name=top)
 

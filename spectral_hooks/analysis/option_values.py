@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, Mapping, Optional, Sequence, Union
 
 from ..checks import is_int
 from ..errors import OptionError, OptionTypeError, UnknownOptionError
@@ -38,7 +38,7 @@ def checked_positions(value: Any) -> Union[str, tuple[int, ...]]:
                       "'default', 'last', 'all' or a non-empty list of ints")
 
 
-def known_options(cls: type, values: Mapping, where: str) -> dict:
+def known_options(cls: type, values: Mapping[str, Any], where: str) -> Dict[str, Any]:
     """``values`` as a dict, after checking that each key is a field of dataclass ``cls``.
 
     >>> from spectral_hooks.analysis.options import PowerOptions

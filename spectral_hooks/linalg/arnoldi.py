@@ -9,7 +9,7 @@ j + bs).
 
 from __future__ import annotations
 
-from typing import List
+from typing import Callable, List, Tuple
 
 import torch
 from torch import Tensor
@@ -57,7 +57,7 @@ def _generic(n: int, c: int) -> Tensor:
 
 
 def extend(batch: OpBatch, V: Tensor, Hb: Tensor, p: List[int], done: List[bool], m: int,
-           bs: int, randn, stop_at: int = 0) -> List[int]:
+           bs: int, randn: Callable[..., Tensor], stop_at: int = 0) -> List[int]:
     """Arnoldi steps j = p_b .. m-1 for every member still running (masked lockstep).
 
     A breakdown (the new vector's part orthogonal to the basis is below 1e-13 ||A||: an exact
@@ -120,8 +120,8 @@ def extend(batch: OpBatch, V: Tensor, Hb: Tensor, p: List[int], done: List[bool]
     return size
 
 
-def _extend_one(batch: OpBatch, V: Tensor, Hb: Tensor, p: int, done: bool, m: int, randn,
-                stop_at: int) -> int:
+def _extend_one(batch: OpBatch, V: Tensor, Hb: Tensor, p: int, done: bool, m: int,
+                randn: Callable[..., Tensor], stop_at: int) -> int:
     """:func:`extend` for a batch of one operator, single-vector: the same steps with the
     fewest tensor operations. On a dense 768^2 matrix the batched loop's Python and small ops
     cost ~0.3 ms a step against a 0.1 ms gemv (benchmarks/eigs_vs_arpack.py): here the
@@ -168,7 +168,7 @@ def _off_basis(Vj: Tensor, r: Tensor) -> Tensor:
 
 
 def _extend_block(batch: OpBatch, V: Tensor, Hb: Tensor, p: List[int], done: List[bool],
-                  m: int, bs: int, randn) -> None:
+                  m: int, bs: int, randn: Callable[..., Tensor]) -> None:
     """Band Arnoldi up to m columns, bs products per operator application.
 
     Column j's product is orthogonalised against basis vectors 0 .. j + bs - 1 and becomes
@@ -206,7 +206,7 @@ def _extend_block(batch: OpBatch, V: Tensor, Hb: Tensor, p: List[int], done: Lis
         raise batch.nonfinite((~finite).tolist().index(True))
 
 
-def orthonormalise_chunk(member: tuple, j: int, c: int, bs: int, W: Tensor) -> None:
+def orthonormalise_chunk(member: Tuple[Tensor, Tensor], j: int, c: int, bs: int, W: Tensor) -> None:
     """Place the products W = A V[:, j:j+c] as basis vectors j+bs .. j+bs+c-1 (block
     Gram-Schmidt twice against vectors 0 .. j+bs-1, each pass followed by a QR), without a
     host sync.

@@ -7,7 +7,7 @@ operator's output into a FloatingPointError that names the operator.
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -20,7 +20,17 @@ from .protocols import BatchGroup, BatchMember
 class OpBatch:
     """B operators of one shape (m, n), applied to [B, n, c] blocks in working precision."""
 
-    def __init__(self, op, *, what: str) -> None:
+    batch_shape: Tuple[int, ...]  # the leading dimensions of a dense input; (B,) for a list
+    shape: Tuple[int, ...]        # (m, n)
+    is_complex: bool
+    device: torch.device
+    wdtype: torch.dtype           # the working precision: float64 or complex128
+    B: int
+    names: List[str]              # each operator's name in messages
+    counts: List[int]             # applications of each operator so far
+
+    def __init__(self, op: Union[Tensor, LinearOperator, Sequence[LinearOperator]], *,
+                 what: str) -> None:
         self.dense: Optional[Tensor] = None
         self.ops: Optional[List[LinearOperator]] = None
         if isinstance(op, Tensor):

@@ -67,14 +67,15 @@ class ChainProducts:
             raise ValueError(f"ChainProducts: {len(names)} names for {len(self.chains)} chains")
         self.factors: List[LinearOperator] = list({id(o): o for c in self.chains for o in c}
                                                   .values())
-        self.counted = self.factors if counted is None else list(counted)
-        self.size = len(self.chains)
-        self.m, self.n = m, n
-        self.device = first.device
-        self.dtype = first.dtype
+        self.counted: List[LinearOperator] = self.factors if counted is None else list(counted)
+        self.size: int = len(self.chains)
+        self.m: int = m
+        self.n: int = n
+        self.device: torch.device = first.device
+        self.dtype: torch.dtype = first.dtype
         for op in self.factors:
             self.dtype = torch.promote_types(self.dtype, op.dtype)
-        self.spent = [0] * self.size
+        self.spent: List[int] = [0] * self.size
         self.members: List[LinearOperator] = [
             _ChainMember(self, j, None if names is None else names[j]) for j in range(self.size)]
 

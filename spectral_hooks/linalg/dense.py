@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from .batch import OpBatch
+from .results import EigState
 from .schur_restart import fresh_residuals
 
 DENSE_SHARE = 0.5  # a basis of more than this share of n is done densely
@@ -71,7 +72,7 @@ def matrices(batch: OpBatch, mask: List[bool], width: int = _CHUNK) -> Tensor:
 
 
 def dense_members(batch: OpBatch, members: List[int], k: int, which: str, real: bool,
-                  order: Callable[[Tensor, str], Tensor]) -> Dict[int, dict]:
+                  order: Callable[[Tensor, str], Tensor]) -> Dict[int, EigState]:
     """Each member's state (member b -> its dict) from a dense eig of its materialised
     operator, checked with fresh products."""
     A = matrices(batch, [b in members for b in range(batch.B)])
@@ -79,7 +80,7 @@ def dense_members(batch: OpBatch, members: List[int], k: int, which: str, real: 
     theta, Y = torch.linalg.eig(A[rows])  # one batched eig of every member's matrix
     scales = torch.linalg.vector_norm(A[rows], dim=1).amax(dim=1)
     got = []
-    out: Dict[int, dict] = {}
+    out: Dict[int, EigState] = {}
     for i in range(len(members)):
         idx = order(theta[i], which)
         got.append((theta[i][idx], Y[i][:, idx]))

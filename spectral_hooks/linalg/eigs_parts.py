@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -19,7 +19,7 @@ from torch import Tensor
 from ..checks import check_float, check_has_data, check_int
 from ..errors import ConvergenceWarning, OptionError
 from .batch import OpBatch
-from .results import EigResult
+from .results import EigResult, EigState
 from .schur_restart import ZETA
 
 logger: logging.Logger = logging.getLogger(__name__)
@@ -98,7 +98,7 @@ def key(theta: Tensor, which: str) -> Tensor:
 
 
 def ritz(Hb: Tensor, s: int, bs: int, k: int, which: str, real: bool, tol: float,
-         device: Optional[torch.device] = None) -> dict:
+         device: Optional[torch.device] = None) -> EigState:
     """Ritz pairs of one member's space of s columns, sorted, with their convergence tests.
 
     A pair converges when its residual estimate ||R^T y|| <= tol |theta| (|theta| clamped to
@@ -152,7 +152,7 @@ def below_precision(dtype: torch.dtype, tol: float) -> Optional[str]:
             f"ask for tol >= {1e3 * eps:.0e}, or give a float64 operator")
 
 
-def why(name: str, st: dict, tol: float, max_restarts: int,
+def why(name: str, st: EigState, tol: float, max_restarts: int,
         dtype: torch.dtype = torch.float64) -> str:
     """Why operator ``name`` (of ``dtype``) did not converge: its unmet criteria, in one line
     for the convergence warning.
@@ -186,7 +186,7 @@ def warn_unconverged(reasons: List[str], max_restarts: int) -> None:
         warnings.warn(message, ConvergenceWarning, stacklevel=3)
 
 
-def assemble(batch: OpBatch, out: List[dict], return_vectors: bool) -> EigResult:
+def assemble(batch: OpBatch, out: List[EigState], return_vectors: bool) -> EigResult:
     """The :class:`EigResult` of a batch from each operator's final state (values,
     residuals and vectors padded with NaN beyond each operator's wanted count).
     """
@@ -248,7 +248,7 @@ PROBE_ROOM = 8
 
 
 def validate(batch: OpBatch, k: int, which: str, tol: float, ncv: Optional[int],
-              max_restarts: int, bs: int) -> tuple:
+              max_restarts: int, bs: int) -> Tuple[int, int]:
     """Check eigs' options against the batch; raise :class:`OptionError` for a bad one.
 
     Returns:

@@ -136,7 +136,7 @@ from .eigs_parts import (
     why,
 )
 from .materialize import materialised, pays, recheck
-from .results import EigResult
+from .results import EigResult, EigState
 from .schur_restart import final_check, inject, restart, same_set
 
 if TYPE_CHECKING:
@@ -164,7 +164,7 @@ PROBE_MAX_CYCLES = 8
 TEST_EVERY = 8
 
 
-def probe_settled(st: dict, kth: float) -> bool:
+def probe_settled(st: EigState, kth: float) -> bool:
     """Has the probe's leading Ritz value settled (module doc)? ``kth``: the key of the
     checked k-th value. Reads only numbers ritz() has on the host (no sync)."""
     if st["lead"] is None:
@@ -175,7 +175,7 @@ def probe_settled(st: dict, kth: float) -> bool:
     return est <= PROBE_TOL * max(abs(lead), 1e-12 * st["scale"])
 
 
-def _within(states: List[dict], tol: float) -> List[bool]:
+def _within(states: List[EigState], tol: float) -> List[bool]:
     """Is every fresh residual <= tol, for each of ``states``, in one host read."""
     return torch.stack([(st["resid"] <= tol).all() for st in states]).tolist()
 
@@ -239,11 +239,11 @@ def eigs(op: LinearOperator | Sequence[LinearOperator] | Tensor, k: int, *,
 
 
 def _run(batch: OpBatch, k: int, which: str, tol: float, max_restarts: int, m: int, bs: int,
-         start: Tensor, gen: torch.Generator) -> Tuple[List[dict], List[str]]:
+         start: Tensor, gen: torch.Generator) -> Tuple[List[EigState], List[str]]:
     """The iteration for ``batch``: in lockstep, or member by member (``one_at_a_time``)."""
     if not one_at_a_time(batch):
         return _solve(batch, k, which, tol, max_restarts, m, bs, start, gen)
-    out: List[dict] = []
+    out: List[EigState] = []
     unconverged: List[str] = []
     for b in range(batch.B):
         member = batch.member(b)
@@ -255,7 +255,7 @@ def _run(batch: OpBatch, k: int, which: str, tol: float, max_restarts: int, m: i
 
 
 def _solve(batch: OpBatch, k: int, which: str, tol: float, max_restarts: int, m: int, bs: int,
-           start: Tensor, gen: torch.Generator) -> Tuple[List[dict], List[str]]:
+           start: Tensor, gen: torch.Generator) -> Tuple[List[EigState], List[str]]:
     """The iteration for every member of ``batch`` in lockstep, from unit start vectors
     [B, n]; returns (one state dict per member, why each unconverged member ended)."""
     return _Lockstep(batch, k, which, tol, max_restarts, m, bs, start, gen).run()
@@ -279,13 +279,13 @@ class _Member:
     p: int = 0           # basis columns multiplied so far
     done: bool = False
     restarts: int = 0
-    result: Optional[dict] = None      # the last checked (or dense) state: what eigs returns
+    result: Optional[EigState] = None      # the last checked (or dense) state: what eigs returns
     probe: Optional[_Probe] = None     # the current cycle is a verification probe
     rivalled: Optional[Tensor] = None  # a checked set a probe has challenged
     best: float = float("inf")         # best explicit residual of a check that failed
     stale: int = 0                     # failed checks in a row that did not halve it
 
-    def unreachable(self, st: dict) -> bool:
+    def unreachable(self, st: EigState) -> bool:
         """A failed explicit check: is tol out of reach (the attained residual stopped
         improving over _STALE tightenings of the internal tolerance, or that would go below
         rounding)?"""
@@ -296,13 +296,13 @@ class _Member:
             self.stale += 1
         return self.stale >= _STALE or self.tol_int / 10 < 10 * torch.finfo(torch.float64).eps
 
-    def checked(self) -> dict:
+    def checked(self) -> EigState:
         """The member's result (set once its first check, or the dense eig, has run)."""
         assert self.result is not None, "a member ended without a result"
         return self.result
 
 
-def _rival(st: dict, probe: _Probe, which: str, tol: float) -> bool:
+def _rival(st: EigState, probe: _Probe, which: str, tol: float) -> bool:
     """Does a Ritz value of the probe's space beat the checked k-th value outright, with a
     wanted Ritz vector reaching into the probe's block (ties, as among exact zeros, are no
     rival)? The probe's own Ritz values are unconverged after one short cycle, so their
@@ -346,7 +346,7 @@ class _Lockstep:
     def running(self) -> List[_Member]:
         return [mb for mb in self.members if not mb.done]
 
-    def run(self) -> Tuple[List[dict], List[str]]:
+    def run(self) -> Tuple[List[EigState], List[str]]:
         """Iterate until every member is done; (each member's result, the reasons)."""
         if self.m > DENSE_SHARE * self.n:
             self.finish(self.members)
@@ -388,7 +388,7 @@ class _Lockstep:
                 tested.append((mb, size[mb.b], end))
         return tested
 
-    def test(self, mb: _Member, st: dict, end: bool) -> bool:
+    def test(self, mb: _Member, st: EigState, end: bool) -> bool:
         """The Ritz tests of one member (a probe's, mid-cycle too); True when its state is to
         be checked with fresh products, else it has restarted, or ended, or goes on."""
         passed = st["nconv"] == st["kw"] and st["gap_ok"]
@@ -403,7 +403,7 @@ class _Lockstep:
         self.restart(mb, st)
         return False
 
-    def judge_probe(self, mb: _Member, st: dict, end: bool) -> bool:
+    def judge_probe(self, mb: _Member, st: EigState, end: bool) -> bool:
         """A probe's verdict: True when it is over for this cycle (it goes on, restarted
         thick or mid-cycle, or its checked result stands); False when it saw a rival of the
         k-th value, and the member iterates on with the probe's vectors in its basis (and,
@@ -436,7 +436,7 @@ class _Lockstep:
         logger.debug("eigs: %s probe found a Ritz value beyond the k-th", self.batch.names[mb.b])
         return False
 
-    def restart(self, mb: _Member, st: dict, keep: Optional[int] = None) -> None:
+    def restart(self, mb: _Member, st: EigState, keep: Optional[int] = None) -> None:
         """Krylov-Schur restart of ``mb`` from its Ritz state ``st`` (schur_restart)."""
         mb.p = restart(mb.b, st, self.V, self.Hb, st["m"], self.bs, self.real, keep=keep)
         mb.restarts += 1
@@ -449,7 +449,7 @@ class _Lockstep:
         for mb, met in zip(checks, _within(list(states.values()), self.tol)):
             self.after_check(mb, mb.checked(), met)
 
-    def after_check(self, mb: _Member, st: dict, met: bool) -> None:
+    def after_check(self, mb: _Member, st: EigState, met: bool) -> None:
         """One member after its check: done, a verification probe, the dense eig, or on
         with a tighter internal tolerance."""
         within_budget = mb.restarts < self.max_restarts
@@ -481,7 +481,7 @@ class _Lockstep:
                              self.batch.names[mb.b], float(st["resid"].max()), mb.tol_int)
             self.restart(mb, st)
 
-    def start_probe(self, mb: _Member, st: dict) -> None:
+    def start_probe(self, mb: _Member, st: EigState) -> None:
         """Verification probe: keep only the checked wanted set (Q), restart from a fresh
         random vector orthogonal to it; the result stands unless the probe beats it."""
         kw = st["kw"]
@@ -491,7 +491,7 @@ class _Lockstep:
         mb.rivalled = st["theta"][:kw].clone()
         mb.restarts += 1
 
-    def give_up(self, mb: _Member, st: dict) -> None:
+    def give_up(self, mb: _Member, st: EigState) -> None:
         """End ``mb`` unconverged, saying why."""
         mb.done = True
         self.unconverged.append(why(self.batch.names[mb.b], st, self.tol, self.max_restarts,

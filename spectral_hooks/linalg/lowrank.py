@@ -51,6 +51,8 @@ class LowRankOperator(LinearOperator):
         tensor([4., 4., 4., 4.])
     """
 
+    n_matvecs: int  # (to_dense counts its columns too)
+
     def __init__(self, left: Tensor, right: Tensor, *, name: Optional[str] = None) -> None:
         if not (isinstance(left, Tensor) and isinstance(right, Tensor)):
             raise TypeError("LowRankOperator expects two torch.Tensors")
@@ -60,7 +62,8 @@ class LowRankOperator(LinearOperator):
         if left.device != right.device or left.dtype != right.dtype:
             raise ValueError("left and right must share a device and a dtype, got "
                              f"{left.dtype} on {left.device} and {right.dtype} on {right.device}")
-        self.left, self.right = left, right
+        self.left: Tensor = left
+        self.right: Tensor = right
         Lh, Rh = left.mH.contiguous(), right.mH.contiguous()
         super().__init__((left.shape[0], right.shape[1]),
                          matvec=lambda x: left @ (right @ x), matmat=lambda X: left @ (right @ X),

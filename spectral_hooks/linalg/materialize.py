@@ -46,6 +46,7 @@ from typing import List
 from .batch import OpBatch
 from .dense import DENSE_MAX, matrices
 from .eigs_parts import below_precision
+from .results import EigState
 from .schur_restart import fresh_residuals
 
 logger: logging.Logger = logging.getLogger(__name__)
@@ -90,7 +91,7 @@ def _batched(batch: OpBatch) -> bool:
     return batch.ops is not None and all((o.block_size or 1) > 1 for o in batch.ops)
 
 
-def recheck(batch: OpBatch, out: List[dict], tol: float) -> List[str]:
+def recheck(batch: OpBatch, out: List[EigState], tol: float) -> List[str]:
     """Check every pair found on the materialised matrices with fresh products of the
     operators themselves (st["resid"] becomes theirs; converged needs both); returns why each
     member that passed on its matrix fails here (an operator not linear to working

@@ -390,6 +390,8 @@ class DenseOperator(LinearOperator):
         tensor([1., 1., 1.])
     """
 
+    n_matvecs: int  # (to_dense counts its columns too)
+
     def __init__(self, matrix: Tensor, *, name: Optional[str] = None) -> None:
         if not isinstance(matrix, Tensor):
             raise TypeError(f"DenseOperator expects a torch.Tensor, got {type(matrix).__name__}")

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Any, Dict, Optional, Union
 
 from torch import Tensor
 
 __all__ = ["EigResult", "SvdResult", "Estimate"]
+
+#: one operator's state inside :func:`~spectral_hooks.linalg.eigs` (internal): its sorted Ritz
+#: values "theta" and vectors "Y", the wanted count "kw", "nconv", "gap_ok", the space size "m",
+#: ||A|| bounded below ("scale"); after a check the unit vectors "x" and fresh residuals "resid"
+EigState = Dict[str, Any]
 
 
 @dataclass(frozen=True)

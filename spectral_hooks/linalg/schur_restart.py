@@ -6,12 +6,13 @@ See the module doc of :mod:`spectral_hooks.linalg.krylov` for the method these s
 from __future__ import annotations
 
 import logging
-from typing import List, Mapping, Optional
+from typing import Callable, List, Mapping, Optional
 
 import torch
 from torch import Tensor
 
 from .batch import OpBatch
+from .results import EigState
 
 logger: logging.Logger = logging.getLogger(__name__)
 _KEEP = 0.5  # share of the unconverged part of the space kept at a restart (tuned: 0.3-0.85)
@@ -33,7 +34,7 @@ def _real_basis(Y: Tensor, theta: Tensor, imag: Optional[list] = None) -> Tensor
     return torch.cat([Y.real, Y.imag], dim=1)[:, cols]
 
 
-def restart(b: int, st: dict, V: Tensor, Hb: Tensor, m: int, bs: int, real: bool,
+def restart(b: int, st: EigState, V: Tensor, Hb: Tensor, m: int, bs: int, real: bool,
             keep: Optional[int] = None) -> int:
     """Krylov-Schur restart of member b onto the invariant subspace of the kept Ritz values
     (the residual block, vectors m .. m + bs - 1, moves to keep .. keep + bs - 1); returns
@@ -64,7 +65,8 @@ def restart(b: int, st: dict, V: Tensor, Hb: Tensor, m: int, bs: int, real: bool
     return keep
 
 
-def inject(b: int, V: Tensor, Hb: Tensor, kw: int, bs: int, randn) -> None:
+def inject(b: int, V: Tensor, Hb: Tensor, kw: int, bs: int,
+           randn: Callable[..., Tensor]) -> None:
     """Replace the residual vector (block) of member b's kept Krylov-Schur basis by random
     orthonormal vectors orthogonal to it, and drop the coupling rows (its norm is the converged Ritz pairs'
     residual, <= tol |theta|). The next Arnoldi steps then build a Krylov space of the deflated
@@ -77,7 +79,7 @@ def inject(b: int, V: Tensor, Hb: Tensor, kw: int, bs: int, randn) -> None:
     Hb[b, kw:kw + bs, :kw] = 0
 
 
-def same_set(st: dict, previous: Optional[Tensor], tol: float) -> bool:
+def same_set(st: EigState, previous: Optional[Tensor], tol: float) -> bool:
     """The checked wanted values equal a previously checked set *as multisets*: each previous
     value is matched once (so {1, 1, 1, 0.5} is not the same set as {1, 1, 0.5, 0.45})."""
     if previous is None or previous.shape[0] != st["kw"]:
@@ -93,7 +95,7 @@ def same_set(st: dict, previous: Optional[Tensor], tol: float) -> bool:
     return True
 
 
-def final_check(batch: OpBatch, V: Tensor, members: List[int], out: Mapping[int, dict],
+def final_check(batch: OpBatch, V: Tensor, members: List[int], out: Mapping[int, EigState],
                 real: bool) -> None:
     """Residuals of the wanted Ritz pairs of each member (its space: st["m"] columns)."""
     for b in members:
@@ -104,7 +106,7 @@ def final_check(batch: OpBatch, V: Tensor, members: List[int], out: Mapping[int,
     fresh_residuals(batch, members, out, real)
 
 
-def fresh_residuals(batch: OpBatch, members: List[int], out: Mapping[int, dict], real: bool,
+def fresh_residuals(batch: OpBatch, members: List[int], out: Mapping[int, EigState], real: bool,
                     *, width: int = 0) -> None:
     """st["resid"] = ||A x - theta x|| / |theta| with fresh matvecs, for unit vectors st["x"]
     (``out[b]``: member b's state, for each of ``members``);

@@ -46,7 +46,7 @@ True
 from __future__ import annotations
 
 import math
-from typing import Sequence, Union
+from typing import Dict, List, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -66,7 +66,7 @@ RANK_ESTIMATE_COLUMNS = ("erank_est", "erank_est_se", "erank_est_lo", "erank_est
 
 
 def rank_estimates(P: Union[Tensor, LinearOperator], *, n_probes: int = 16, steps: int = 48,
-                   seed: int = 0, tau: float = 1e-2) -> dict:
+                   seed: int = 0, tau: float = 1e-2) -> Dict[str, float]:
     """Estimates of erank and surviving over *all* singular values of ``P`` (a [m, d] tensor or
     a LinearOperator with an adjoint), with the standard errors of the probe means (see the
     module docstring: SLQ on P^T P, ``n_probes`` Rademacher probes, ``steps`` Lanczos steps,
@@ -76,7 +76,8 @@ def rank_estimates(P: Union[Tensor, LinearOperator], *, n_probes: int = 16, step
 
 
 def rank_estimates_of(operators: Sequence[Union[Tensor, LinearOperator]], *, n_probes: int = 16,
-                      steps: int = 48, seeds: Sequence[int], tau: float = 1e-2) -> list[dict]:
+                      steps: int = 48, seeds: Sequence[int], tau: float = 1e-2
+                      ) -> List[Dict[str, float]]:
     """:func:`rank_estimates` of each operator (one shape; operator i with seed ``seeds[i]``:
     the same probes, the same estimates up to rounding), their Lanczos runs in lockstep: a step
     is one product of the batch and one of its adjoint. Operators of one

@@ -60,7 +60,7 @@ imported only inside the functions that use them.
 from __future__ import annotations
 
 import math
-from typing import Mapping, NamedTuple, Optional, Union, cast
+from typing import Any, Dict, Mapping, NamedTuple, Optional, Union, cast
 
 import numpy as np
 import pandas as pd
@@ -189,7 +189,7 @@ def log_gain(J: Union[Tensor, LinearOperator], *, dense: bool = False, n_samples
                      torch.where(positive, se / g.clamp(min=1e-300), nan))
 
 
-def community_amplification(delta_J_dense_or_g: Tensor, labels) -> Tensor:
+def community_amplification(delta_J_dense_or_g: Tensor, labels: Any) -> Tensor:
     """Per community C: ||Delta J Pi_C||_F^2 / |C| = mean of g_i^2 over C (float64 [K]).
 
     >>> import torch
@@ -197,7 +197,9 @@ def community_amplification(delta_J_dense_or_g: Tensor, labels) -> Tensor:
     tensor([5., 4.], dtype=torch.float64)
 
     The first argument is either dense Delta J [m, d] or the amplification vector g [d]
-    (e.g. from :func:`amplification`). Entry c is for label c; labels with no units give NaN.
+    (e.g. from :func:`amplification`). ``labels``: one community label per unit (ints >= 0:
+    a tensor, an array or a sequence) or :class:`Communities`. Entry c is for label c; labels
+    with no units give NaN.
     """
     what = "community_amplification"
     x = delta_J_dense_or_g
@@ -222,8 +224,9 @@ def community_amplification(delta_J_dense_or_g: Tensor, labels) -> Tensor:
 
 # -- coupling ----------------------------------------------------------------------------------
 
-def spearman(a, b) -> tuple[float, float]:
-    """Spearman rho of ``a`` and ``b`` and its two-sided p-value (no scipy).
+def spearman(a: Any, b: Any) -> tuple[float, float]:
+    """Spearman rho of ``a`` and ``b`` (tensors, arrays or sequences of numbers) and its
+    two-sided p-value (no scipy).
 
     >>> rho, p = spearman([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [2, 1, 4, 3, 6, 5, 8, 7, 10, 9])
     >>> round(rho, 6), round(p, 9)
@@ -260,7 +263,7 @@ def _optional_vector(values: Optional[Mapping[int, Tensor]], layer, d: int, what
 
 
 def signed_bridge_gain(P: Tensor, gain: Optional[Tensor], gain_init: Optional[Tensor] = None,
-                       *, quantile: float = BRIDGE_QUANTILE) -> dict:
+                       *, quantile: float = BRIDGE_QUANTILE) -> Dict[str, float]:
     """The signed test of "bridges are suppressed / amplified": Spearman of bridge score P_i vs
     the signed gain log ||J e_i|| (> 0: the more a unit bridges communities, the more the block
     amplifies it; < 0: suppresses it), at init, and vs the paired change log_gain - log_gain_init

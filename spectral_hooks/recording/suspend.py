@@ -26,7 +26,7 @@ class _Suspensions:
     __slots__ = ("active",)
 
     def __init__(self) -> None:
-        self.active = 0
+        self.active: int = 0
 
 
 _state = _Depth()

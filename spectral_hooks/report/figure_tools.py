@@ -16,6 +16,7 @@ from typing import Any, cast
 
 import numpy as np
 import pandas as pd
+from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
@@ -65,7 +66,7 @@ def any_finite(*arrays: np.ndarray) -> bool:
     return any(np.isfinite(a).any() for a in arrays)
 
 
-def mark_no_data(ax, what: str = "no finite values") -> None:
+def mark_no_data(ax: Axes, what: str = "no finite values") -> None:
     """Write ``what`` in grey at the centre of the axes ``ax`` (an empty panel says why)."""
     ax.text(0.5, 0.5, what, ha="center", va="center", transform=ax.transAxes, color="#888888")
 
@@ -110,7 +111,7 @@ def format_p(p: float) -> str:
     return f"{p:.1e}"  # scientific always: 3.2e-07, 4.5e-02
 
 
-def integer_xaxis(ax) -> None:
+def integer_xaxis(ax: Axes) -> None:
     """Integer ticks only on the x axis of ``ax`` (layers)."""
     from matplotlib.ticker import MaxNLocator
 
