@@ -14,13 +14,14 @@ from __future__ import annotations
 
 from functools import partial
 
+from ..metrics.bottleneck import VARIANTS
 from ..report.schema import Column, SectionSchema, register_schemas
 
 __all__ = ["SCHEMAS", "VARIANTS", "JACOBIAN_VARIANTS"]
 
-#: Labels of the ``variant`` column of ``bottleneck``; ``jacobian`` uses the first two.
-VARIANTS = ("trained", "init", "symmetric", "schur")
-JACOBIAN_VARIANTS = ("trained", "init")
+#: ``jacobian``'s labels of its ``variant`` column: the first two of ``bottleneck``'s
+#: (``metrics.bottleneck.VARIANTS``).
+JACOBIAN_VARIANTS = VARIANTS[:2]
 
 _power = partial(Column, anchor="power")
 _spectra = partial(Column, anchor="spectra")

@@ -21,6 +21,7 @@ from typing import Any, Mapping, Optional, Union
 
 from ..checks import check_bool, check_choice, check_float, check_int
 from ..errors import OptionError, OptionTypeError, UnknownOptionError
+from ..metrics.spectrum import ITERATES, TOP_K
 from .option_values import (
     checked_depths,
     checked_direction,
@@ -29,7 +30,6 @@ from .option_values import (
     known_options,
 )
 
-ITERATES = ("F", "I+F")
 IDEALISED_ATTENTIONS = ("uniform", "recorded")
 ABLATIONS = ("symmetric", "schur")
 
@@ -184,7 +184,7 @@ class PowerOptions:
     """
 
     full: Optional[bool] = None
-    k: int = 8
+    k: int = TOP_K
     reference_layer: Optional[int] = None
     direction: Optional[tuple[float, ...]] = None
 

@@ -34,6 +34,7 @@ from ..linalg import LinearOperator
 from ..metrics.power import power_columns, power_table
 from ..metrics.spectrum import (
     BATCHED_EIG_DEVICES,
+    TOP_K,
     LayerSpectrum,
     layer_spectrum,
     power_route,
@@ -89,7 +90,7 @@ def layer_power_input(factors: LayerFactors, *, full: Optional[bool], k: int
 
 
 def layer_power_spectrum(factors: LayerFactors, *, iterate: str = "F",
-                         full: Optional[bool] = None, k: int = 8) -> LayerSpectrum:
+                         full: Optional[bool] = None, k: int = TOP_K) -> LayerSpectrum:
     """One layer's spectrum as the power table computes it (same route, same arguments of
     ``metrics.spectrum.layer_spectrum``; B and B2, not every eigenvector): what a training
     event computes per layer.

@@ -13,8 +13,8 @@
 The values are ``probe.analyze(power=...)``'s, computed by the same pipeline (tested equal,
 row for row): per layer, its factors are read by ``anatomy.weights.layer_factors``, its
 spectrum takes the route of ``metrics.spectrum.power_route`` (dense eig below
-``MATRIX_FREE_D``, exact from the factors where they are thin, else top-k by Krylov on x -> W_O
-(W_V x)) through :func:`spectral_hooks.analysis.power.layer_power_spectrum`, and the row is
+``MATRIX_FREE_D``, exact from the factors where they are thin, else top-k by Krylov) through
+:func:`spectral_hooks.analysis.power.layer_power_spectrum`, and the row is
 ``metrics.power.power_row``'s. Nothing is cached between events (the weights changed). Weights
 that are FSDP2 ``DTensor`` shards are gathered one layer at a time (a collective: every rank
 calls :func:`power_metrics`, only the rank with ``compute=True`` does the arithmetic). With
@@ -28,6 +28,7 @@ recorded tokens of the layer are gathered to rank 0 as well, so the data-depende
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Callable, Iterable, Optional
 
@@ -40,6 +41,7 @@ from ..analysis.power import PVALUES, layer_power_spectrum
 from ..anatomy.weights import layer_operators
 from ..errors import OptionError, UnknownOptionError
 from ..metrics.power import REFERENCE_COLUMNS, power_columns, power_row
+from ..metrics.spectrum import TOP_K
 from ..metrics.stats import with_adjusted
 from .distributed import gather_rows, token_counts
 
@@ -49,8 +51,10 @@ JACOBIAN_COLUMNS = ("top_eig_abs",)
 DATA_COLUMNS = frozenset({"gamma_in", "gamma", "lift", "gamma2_in", "gamma2", "rho",
                           "rho_pvalue", "n_tokens", "mean_cos", "collapse_residual", "erank",
                           "gamma_ref"})
-#: The options of a logging event: those of ``analyze(iterate=, fold_norm=, power={...})``.
-POWER_OPTIONS = ("iterate", "fold_norm", "full", "k", "reference_layer")
+#: The options of a logging event: those of ``analyze(iterate=, fold_norm=, power={...})``
+#: (every PowerOptions field but ``direction``).
+POWER_OPTIONS = ("iterate", "fold_norm",
+                 *(f.name for f in dataclasses.fields(PowerOptions) if f.name != "direction"))
 #: the capture points a power event reads (the callbacks record these by default)
 POWER_CAPTURES = ("resid_pre", "resid_post")
 
@@ -99,7 +103,7 @@ def _layer_tokens(probe: Any, i: int, layer: int, counts: Optional[list],
 
 
 def power_rows(probe: Any, *, columns: Optional[Iterable[str]] = None, iterate: str = "F",
-               fold_norm: bool = False, full: Optional[bool] = None, k: int = 8,
+               fold_norm: bool = False, full: Optional[bool] = None, k: int = TOP_K,
                reference_layer: Optional[int] = None, compute: bool = True,
                across_ranks: bool = False) -> pd.DataFrame:
     """``probe.analyze(iterate=, fold_norm=, power={"full", "k", "reference_layer"}).power``,
@@ -158,7 +162,7 @@ def power_rows(probe: Any, *, columns: Optional[Iterable[str]] = None, iterate: 
 
 def power_metrics(probe: Any, *, columns: Iterable[str], prefix: str = "spectral",
                   iterate: str = "F", fold_norm: bool = False, full: Optional[bool] = None,
-                  k: int = 8, reference_layer: Optional[int] = None, compute: bool = True,
+                  k: int = TOP_K, reference_layer: Optional[int] = None, compute: bool = True,
                   across_ranks: bool = False) -> dict[str, float]:
     """``{"spectral/layer_03/gap_ratio": ..., ...}`` for every recorded layer (NaN skipped):
     :func:`power_rows`, flattened.

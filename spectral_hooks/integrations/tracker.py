@@ -37,7 +37,7 @@ everywhere (see :class:`Event`). Each logged event carries its own cost as
 ``spectral/seconds``.
 
 The power metrics are the cheap ones (:mod:`~spectral_hooks.integrations.power_log`: F's
-spectrum dense up to d = 1024, top-k ``eigs`` on W_O (W_V x) above, alignment, consensus).
+spectrum on the route of ``analyze()``, ``metrics.spectrum.power_route``; alignment, consensus).
 ``jacobian_every=N`` adds the block-Jacobian spectra (``probe.analyze(jacobian=...)``'s
 ``jacobian`` table, ``spectral/layer_03/jacobian/top_eig_abs``) every N steps; off by default:
 one event costs seconds to minutes.

@@ -83,7 +83,7 @@ if TYPE_CHECKING:
 __all__ = ["svds"]
 
 logger: logging.Logger = logging.getLogger(__name__)
-METHODS = ("lanczos", "randomized")
+SVD_METHODS = ("lanczos", "randomized")
 #: block width of ``method="lanczos"`` for operators without a ``block_size`` hint (at most k)
 BLOCK = 8
 _EPS = torch.finfo(torch.float64).eps
@@ -118,8 +118,8 @@ def svds(op: LinearOperator | Sequence[LinearOperator] | Tensor, k: int, *,
     check_int("max_restarts", max_restarts, minimum=0)
     if not (1 <= k <= min(mr, n)):
         raise OptionError("k", k, f"an int with 1 <= k <= min(m, n) = {min(mr, n)}")
-    if method not in METHODS:
-        raise OptionError("method", method, f"one of {METHODS}")
+    if method not in SVD_METHODS:
+        raise OptionError("method", method, f"one of {SVD_METHODS}")
     check_float("tol", tol, above=0.0)
     gen = torch.Generator().manual_seed(int(seed))
     if method == "randomized":

@@ -50,10 +50,10 @@ __all__ = [
     "power_table",
     "spectra_table",
     "subspace_cos",
-    "POWER_COLUMNS",
+    "POWER_TABLE_COLUMNS",
 ]
 
-POWER_COLUMNS = (
+POWER_TABLE_COLUMNS = (
     "layer", "iterate", "lambda1_real", "lambda1_imag", "abs_lambda1", "abs_lambda2", "abs_mu1", "abs_mu2",
     "gap_ratio", "gap_diff", "lambda1_is_complex", "subspace_dim", "gamma_in", "gamma", "gamma_null", "lift",
     "gamma2_dim", "gamma2_in", "gamma2", "gamma2_null", "rho", "rho_pvalue", "n_tokens",
@@ -68,16 +68,16 @@ DIRECTION_COLUMNS = ("gamma_u",)
 
 
 def power_columns(*, direction: bool = False) -> tuple[str, ...]:
-    """The power table's columns, in order: :data:`POWER_COLUMNS`, with :data:`DIRECTION_COLUMNS`
+    """The power table's columns, in order: :data:`POWER_TABLE_COLUMNS`, with :data:`DIRECTION_COLUMNS`
     after the reference columns when a direction is given.
 
         >>> power_columns(direction=True)[-5:]
         ('subspace_cos_ref', 'gamma_u', 'truncated', 'n_computed', 'converged')
     """
     if not direction:
-        return POWER_COLUMNS
-    at = POWER_COLUMNS.index("subspace_cos_ref") + 1
-    return POWER_COLUMNS[:at] + DIRECTION_COLUMNS + POWER_COLUMNS[at:]
+        return POWER_TABLE_COLUMNS
+    at = POWER_TABLE_COLUMNS.index("subspace_cos_ref") + 1
+    return POWER_TABLE_COLUMNS[:at] + DIRECTION_COLUMNS + POWER_TABLE_COLUMNS[at:]
 
 
 # --------------------------------------------------------------------------- alignment
@@ -297,7 +297,7 @@ def power_table(
     resid_pre[t], resid_post[t]: [N_t, d] tokens entering / leaving layer t (the same N_t tokens,
     flattened, padding removed); either list, or any entry, may be None: the columns that need it
     are NaN, so the table also works from weights alone. ``layers`` picks a subset (negative ok).
-    Columns (``POWER_COLUMNS``), per METRICS.md section 1:
+    Columns (``POWER_TABLE_COLUMNS``), per METRICS.md section 1:
       layer, iterate, lambda1_real, lambda1_imag, abs_lambda1, abs_lambda2 (eigenvalues of F),
       abs_mu1, abs_mu2 (of the ordering quantity; = abs_lambda* for "F"), gap_ratio = abs_mu2 /
       abs_mu1, gap_diff = abs_mu1 - abs_mu2, lambda1_is_complex, subspace_dim (1 or 2),

@@ -44,8 +44,10 @@ from .trends import student_t_two_sided
 __all__ = ["bh_adjust", "with_adjusted", "empirical_pvalues", "welch_t", "single_case_t",
            "sample_summary", "SAMPLE_SUMMARY_COLUMNS"]
 
-#: columns of :func:`sample_summary`
-SAMPLE_SUMMARY_COLUMNS = ("variant", "layer", "metric", "mean", "sd_samples", "se_samples",
+#: the groups :func:`sample_summary` summarises over by default (its ``by``)
+SAMPLE_SUMMARY_BY = ("variant", "layer")
+#: columns of :func:`sample_summary` with the default ``by``: the ``by`` columns, then these
+SAMPLE_SUMMARY_COLUMNS = (*SAMPLE_SUMMARY_BY, "metric", "mean", "sd_samples", "se_samples",
                           "n_samples", "n_rows")
 
 
@@ -166,8 +168,8 @@ def single_case_t(observed: float, sample: Sequence[float] | np.ndarray
     return t, student_t_two_sided(t, n - 1), float(n - 1)
 
 
-def sample_summary(table: pd.DataFrame, metrics: Sequence[str], *, by: Sequence[str] = (
-        "variant", "layer"), sample: str = "sample") -> pd.DataFrame:
+def sample_summary(table: pd.DataFrame, metrics: Sequence[str], *,
+                   by: Sequence[str] = SAMPLE_SUMMARY_BY, sample: str = "sample") -> pd.DataFrame:
     """Per group of ``by`` and metric: the mean over every row (samples x positions), and the
     spread across samples: each sample's mean over its rows, their standard deviation
     (``sd_samples``, ddof=1; NaN for one sample) and ``se_samples`` = sd / sqrt(n_samples), the
@@ -190,5 +192,5 @@ def sample_summary(table: pd.DataFrame, metrics: Sequence[str], *, by: Sequence[
                          "mean": float(x[metric].mean()) if len(x) else float("nan"),
                          "sd_samples": sd, "se_samples": sd / math.sqrt(n) if n > 1
                          else float("nan"), "n_samples": n, "n_rows": len(x)})
-    return pd.DataFrame(rows, columns=[*by, "metric", "mean", "sd_samples", "se_samples",
-                                       "n_samples", "n_rows"])
+    stats = SAMPLE_SUMMARY_COLUMNS[len(SAMPLE_SUMMARY_BY):]
+    return pd.DataFrame(rows, columns=[*by, *stats])

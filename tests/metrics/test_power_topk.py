@@ -145,7 +145,7 @@ def test_topk_tables_match_dense_and_numpy(iterate):
     dense = power_table(*args, iterate=iterate)
     assert top["truncated"].all() and top["converged"].all() and top["n_computed"].isin([8, 9]).all()
     assert not dense["truncated"].any() and dense["converged"].all() and (dense["n_computed"] == d).all()
-    numeric = [c for c in power.POWER_COLUMNS if c not in ("iterate", "truncated", "n_computed")]
+    numeric = [c for c in power.POWER_TABLE_COLUMNS if c not in ("iterate", "truncated", "n_computed")]
     for col in numeric:
         np.testing.assert_allclose(top[col].to_numpy(float), dense[col].to_numpy(float), rtol=1e-8, atol=1e-10,
                                    err_msg=col)
