@@ -60,7 +60,7 @@ def padding_mask(kwargs: dict[str, Any]) -> Optional[Tensor]:
     return mask if isinstance(mask, Tensor) and mask.ndim == 2 else None
 
 
-def block_arguments(block: nn.Module, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
+def block_arguments(block: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
     """A block call's arguments by name (BERT's layers take the mask positionally); the
     keyword arguments alone where the signature does not bind them."""
     try:

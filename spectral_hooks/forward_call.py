@@ -127,7 +127,7 @@ class StoreMode:
     __slots__ = ("copies",)
 
     def __init__(self) -> None:
-        self.copies = True
+        self.copies: bool = True
 
 
 def in_backward() -> bool:
@@ -163,10 +163,10 @@ class ModelCallBinder:
     def __init__(self, signature: inspect.Signature) -> None:
         kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
         params = list(signature.parameters.values())
-        self.positional = tuple(p.name for p in params if p.kind in kinds)
-        self.var_positional = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
-        self.var_keyword = next((p.name for p in params
-                                 if p.kind is inspect.Parameter.VAR_KEYWORD), None)
+        self.positional: tuple[str, ...] = tuple(p.name for p in params if p.kind in kinds)
+        self.var_positional: bool = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
+        self.var_keyword: Optional[str] = next(
+            (p.name for p in params if p.kind is inspect.Parameter.VAR_KEYWORD), None)
 
     def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
         if len(args) > len(self.positional) and not self.var_positional:
@@ -206,7 +206,7 @@ class ForwardCall:
         self.versions: list[tuple[Tensor, int]] = []  # (recorded state, its in-place version)
         # whether hooks only note what they see (the probe stores references and has seen a
         # call end without an in-place write), and what they noted, until the call ends
-        self.defer = False
+        self.defer: bool = False
         # what the hooks' steady path noted, in the order it ran, until resolve(): block
         # calls ((counter, plans), input, version, args, kwargs) and recorded outputs
         # ((counter, [(point, layer) or None per application]), output, version)
@@ -216,11 +216,12 @@ class ForwardCall:
         # KV caches dropped at close(); outputs (point, layer, output, version)
         self.deferred: list[tuple[Any, ...]] = []
         self.deferred_outputs: list[tuple[Any, ...]] = []
-        self.inputs_owned = False  # mask and token_ids are copies (close)
+        self.inputs_owned: bool = False  # mask and token_ids are copies (close)
         # the merge check (Probe._merge_rule): the last block output, and whether each block
         # input so far was the block output before it
         self.block_output: Optional[Tensor] = None
-        self.merge_ok, self.merge_checks = True, 0
+        self.merge_ok: bool = True
+        self.merge_checks: int = 0
 
     @classmethod
     def begin(cls, bound: dict[str, Any]) -> "ForwardCall":
@@ -266,7 +267,7 @@ class ForwardCall:
         _, recorded, keep_pre, post_before = plan
         return (post_before and merge_on) or (recorded and not (self.continues and not keep_pre))
 
-    def note_block(self, plan: tuple[int, bool, bool, bool], stored: Tensor, args: tuple,
+    def note_block(self, plan: tuple[int, bool, bool, bool], stored: Tensor, args: tuple[Any, ...],
                    kwargs: dict[str, Any], keep: Optional[Callable[[Tensor], Tensor]],
                    merge_on: bool) -> None:
         """What a block call adds, its input stored as ``stored``: resid_pre, resid_post of
@@ -434,7 +435,8 @@ class DeferredCommit:
 
     def __init__(self, call: ForwardCall, settings: CommitSettings) -> None:
         call.close()
-        self.call, self.settings = call, settings
+        self.call: ForwardCall = call
+        self.settings: CommitSettings = settings
 
     def __call__(self, recording: Any) -> None:
         call, keep, settings = self.call, recording.keep, self.settings

@@ -57,8 +57,8 @@ class ForwardTap:
 
     def __init__(self, module: nn.Module, *, pre: Optional[PreHook] = None,
                  post: Optional[PostHook] = None) -> None:
-        self.module = module
-        self.own = "forward" in vars(module)  # another library's forward attribute, kept
+        self.module: nn.Module = module
+        self.own: bool = "forward" in vars(module)  # another library's forward attribute, kept
         self.inner: Callable[..., Any] = module.forward
         self.pre, self.post = pre, post
         self.last_hook: Optional[RemovableHandle] = None  # the handle of our hook after other libraries' hooks
@@ -102,7 +102,7 @@ class ForwardTap:
     def __wrapped__(self) -> Callable[..., Any]:  # inspect.signature follows it
         return self.inner
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[Any, ...]:
         """A copy (``copy.deepcopy``, ``pickle``) gets the forward this tap wraps, not the tap:
         the copy's own class forward where the tap was the only attribute."""
         if self.own:
@@ -156,7 +156,7 @@ class _LastHook:
         if post is not None:
             post(module, args, kwargs, output)
 
-    def __reduce__(self) -> tuple:
+    def __reduce__(self) -> tuple[Any, ...]:
         return (_LastHook, ())
 
 
