@@ -12,6 +12,10 @@
 The edit W_O' = W_O + alpha u w^T (METRICS.md section 1) makes F' = F + alpha u u_r^T, where
 u_r is the part of u the value projection can reach (all of u unless GQA limits it).
 
+A quantized output projection (bitsandbytes, torchao, quanto, HQQ) is never written: the edit goes
+to a float additive term its forward adds (``anatomy.effective.additive_term``), removed with its
+hook once the last edit of it is undone, so the layer is then exactly as it was.
+
 Stack-safe: edits of one weight form a stack. Removing the newest edit copies back, bit-exactly,
 the weight it found; removing an older one first leaves the weight as if only the remaining
 edits had been applied (each keeps its own delta: it is not re-solved), and once every edit of a
@@ -33,6 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from .anatomy import anatomy_of, stack_of
+from .anatomy.effective import release_additive_term
 from .checks import check_bool, check_float, real_vector
 from .errors import (
     NonFiniteComputationError,
@@ -141,6 +146,7 @@ class _Stack:
         self.written = param.detach().clone()
         if not self.edits:
             _STACKS.pop(id(param), None)
+            release_additive_term(param)  # a quantized layer's term (zero again) and its hook
 
 
 _LOCK = threading.RLock()
@@ -208,9 +214,14 @@ def steer(model: nn.Module, direction: Tensor, *, layer: int = -1, alpha: Option
                                     f"cannot be written back ({why or 'no writable layout'}); "
                                     "steering needs a writable W_O")
     W_O64 = W_O.to("cpu", torch.float64)
-    edit = rank1_output_edit(W_V.to("cpu", torch.float64), W_O64,
-                             direction.to("cpu", torch.float64), alpha=alpha, gap=gap,
-                             min_cos=float(min_cos))
+    try:
+        edit = rank1_output_edit(W_V.to("cpu", torch.float64), W_O64,
+                                 direction.to("cpu", torch.float64), alpha=alpha, gap=gap,
+                                 min_cos=float(min_cos))
+    except BaseException:
+        if id(param) not in _STACKS:
+            release_additive_term(param)  # a quantized layer's term made for this edit
+        raise
     # the parameter moves by the edit (an adapter's additive delta rides along unchanged)
     delta = part.output.to_param(edit.delta_W_O)
     expected = W_O64 + edit.delta_W_O  # now: W_O64 may be a view of the parameter

@@ -23,7 +23,10 @@ What is caught: ``steer()``, ``optimizer.step()`` (plain, foreach, and fused, wh
 ``_version``: every element moves, so the sample does), ``load_state_dict``, ``model.to(...)``,
 new or replaced parameters, writes of whole tensors through ``.data``, new recordings, and
 PEFT's ``set_adapter`` / ``disable_adapter()`` / merging (which change the effective weights
-without writing a parameter).
+without writing a parameter). A quantized tensor subclass (torchao, quanto) is fingerprinted
+through the plain tensors it wraps (``__tensor_flatten__``); bitsandbytes' in-place repacking
+of 4-bit weights replaces the weight's data, which the fingerprint sees; steering's additive
+terms on quantized layers (``anatomy.effective.additive_term``) are keyed by their version.
 The documented limit: an in-place write to a few elements that the sample does not cover and
 that bypasses autograd's version counter; call ``probe.invalidate()`` after such an edit.
 """
@@ -37,11 +40,24 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from ..anatomy.effective import adapter_modules, adapter_state
+from ..anatomy.effective import adapter_modules, adapter_state, additive_state, name_layers
 
 SAMPLES_PER_TENSOR = 64
 # numpy has no bfloat16/float8: sample those through an integer view of the same width
 _INT_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _leaves(tensor: Tensor) -> list[Tensor]:
+    """The plain tensors that hold ``tensor``'s values: itself, or for a wrapper tensor subclass
+    (torchao ``Int8Tensor`` / ``IntxUnpackedToInt8Tensor`` / ``Float8Tensor``, quanto's
+    ``WeightQBitsTensor``, ...: no storage of its own, and views such as ``reshape`` are not
+    implemented) the inner tensors its ``__tensor_flatten__`` names, recursively."""
+    if type(tensor) in (Tensor, nn.Parameter) or not callable(
+            getattr(tensor, "__tensor_flatten__", None)):
+        return [tensor]
+    names = cast(Any, tensor).__tensor_flatten__()[0]
+    inner = [getattr(tensor, name, None) for name in names]
+    return [leaf for t in inner if isinstance(t, Tensor) for leaf in _leaves(t)]
 
 
 def _sample_view(tensor: Tensor) -> Any:
@@ -80,8 +96,12 @@ class WeightsFingerprint:
         return cached[1]
 
     def __call__(self) -> tuple[list[Any], list[Any]]:
-        tensors = [t for t in (slots[name] for slots, name in self._slots) if t is not None]
-        meta = [(id(t), t.data_ptr(), t._version, t.dtype) for t in tensors]
+        slots = [t for t in (slots[name] for slots, name in self._slots) if t is not None]
+        leaves = [_leaves(t) for t in slots]  # a quantized tensor subclass: its inner tensors
+        meta = [(id(t), t._version, t.dtype, tuple((id(l), l.data_ptr(), l._version, l.dtype)
+                                                   for l in held))
+                for t, held in zip(slots, leaves)]
+        tensors = [leaf for held in leaves for leaf in held]
         if len(self._views) > len(tensors):
             alive = {id(t) for t in tensors}
             self._views = {k: v for k, v in self._views.items() if k in alive}
@@ -108,13 +128,15 @@ class AnalysisCache:
     def __init__(self, model: nn.Module, recording: Any) -> None:
         self._fingerprint = WeightsFingerprint(model)
         self._adapters = adapter_modules(model)  # PEFT: set_adapter / disable move no tensor
+        name_layers(model)  # quantized layers: refusals name them
         self._recording = recording
         self._state: Any = None
         self._entries: dict[Hashable, Any] = {}
         self._working: "OrderedDict[Hashable, Any]" = OrderedDict()  # see get_working
 
     def _current_state(self) -> tuple:
-        return ((id(self._recording), self._recording.generation, adapter_state(self._adapters)),
+        return ((id(self._recording), self._recording.generation, adapter_state(self._adapters),
+                 additive_state()),  # steering's additive terms on quantized layers
                 self._fingerprint())
 
     def refresh(self) -> None:

@@ -51,7 +51,7 @@ from .calls import BlockCallConvention
 
 __all__ = ["effective_weight", "effective_bias", "stored_layout_module", "adapter_state",
            "writable_weight", "running_module", "adapter_modules", "quantized_layers",
-           "replay_tensors", "float_layers", "replay_convention", "additive_term",
+           "replay_tensors", "float_layers", "float_shells", "replay_convention", "additive_term",
            "release_additive_term", "additive_state", "name_layers"]
 
 name_layers = qz.name_layers
@@ -423,18 +423,27 @@ def _float_shell(module: nn.Module) -> nn.Linear:
                      device="meta")
 
 
+def float_shells(block: nn.Module) -> dict[str, nn.Linear]:
+    """A float ``nn.Linear`` shell (meta device, no storage) per quantized layer of ``block``,
+    by qualified name: built once, outside any trace (an ``nn.Linear`` initialises itself with
+    random ops a ``torch.func`` transform refuses), for :func:`float_layers`."""
+    return {name: _float_shell(module) for name, module in quantized_layers(block)}
+
+
 @contextlib.contextmanager
-def float_layers(block: nn.Module) -> Iterator[None]:
-    """For the duration, each quantized layer of ``block`` is swapped for a float ``nn.Linear``
-    shell (on the meta device: the replay's :func:`replay_tensors` fill it), and put back on
-    exit, whatever happens."""
+def float_layers(block: nn.Module, shells: Optional[dict[str, nn.Linear]] = None
+                 ) -> Iterator[None]:
+    """For the duration, each quantized layer of ``block`` is swapped for its float
+    ``nn.Linear`` shell (:func:`float_shells`; the replay's :func:`replay_tensors` fill it), and
+    put back on exit, whatever happens."""
+    shells = float_shells(block) if shells is None else shells
     swapped: list[tuple[nn.Module, str, nn.Module]] = []
     try:
-        for name, module in quantized_layers(block):
+        for name, shell in shells.items():
             parent_name, _, child = name.rpartition(".")
             parent = block.get_submodule(parent_name) if parent_name else block
-            setattr(parent, child, _float_shell(module))
-            swapped.append((parent, child, module))
+            swapped.append((parent, child, parent.get_submodule(child)))
+            setattr(parent, child, shell)
         yield
     finally:
         for parent, child, module in reversed(swapped):
@@ -443,14 +452,20 @@ def float_layers(block: nn.Module) -> Iterator[None]:
 
 def replay_convention(convention: BlockCallConvention, block: nn.Module) -> BlockCallConvention:
     """``convention`` with :func:`float_layers` entered around every replay of a block that
-    holds quantized layers (before the family's own ``replay_context``); else ``convention``."""
-    if not quantized_layers(block):
+    holds quantized layers (before the family's own ``replay_context``); else ``convention``.
+    The shells are built here, once per block (a replay of another block of the same structure,
+    a stacked template, gets its own on first use)."""
+    shells = {id(block): float_shells(block)}
+    if not shells[id(block)]:
         return convention
     inner = convention.replay_context
 
     @contextlib.contextmanager
     def replaying(b: nn.Module) -> Iterator[None]:
-        with float_layers(b), (inner(b) if inner is not None else contextlib.nullcontext()):
+        if id(b) not in shells:
+            shells[id(b)] = float_shells(b)
+        with float_layers(b, shells[id(b)]), (
+                inner(b) if inner is not None else contextlib.nullcontext()):
             yield
 
     context: Callable[[nn.Module], ContextManager[Any]] = replaying

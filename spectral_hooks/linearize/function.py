@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from ..anatomy.calls import BlockCallConvention
+from ..anatomy.effective import replay_convention, replay_tensors
 from ..checks import check_float_dtype, check_int
 from ..errors import NonFiniteError, OptionError, RecordingError
 from ..recording import BlockCall, map_tensors, suspended
@@ -175,6 +176,10 @@ class BlockFunction:
     positions: Tensor
     rows: tuple[int, ...]
     x0: Tensor
+    #: what, beyond its class and weights, decides what the block computes (the anatomy's
+    #: ``replay_kind``: mixer, MLP, attention type, RoPE): blocks of different replay kinds
+    #: share no traced graph and no layer group
+    replay_kind: tuple = ()
 
     def __init__(self, block: torch.nn.Module, call: BlockCall, hidden: Tensor,
                  positions: Tensor, params: dict[str, Tensor], layer: int, sample: int,
@@ -292,10 +297,10 @@ def block_function(anatomy: Anatomy, recording: Recording, layer: int, *, sample
     rows = _resolve_positions(recording, layer, sample, position, kind, hidden.shape[1])
     positions = torch.tensor(rows, dtype=torch.long).to(device)
     _check_finite_input(hidden[0], positions, layer=layer, sample=sample)
-    params = {}
-    for name, t in block.named_parameters():
-        params[name] = t.detach().to(device, dtype)
-    for name, t in block.named_buffers():
-        params[name] = cast(t).to(device)
-    return BlockFunction(block, call, hidden, positions, params, layer, sample,
-                         anatomy.call_convention, rows=rows)
+    # dtype copies of the block's tensors; quantized layers replayed as float layers holding
+    # their verified dequantized weights (anatomy.effective), never AD through their kernels
+    params = replay_tensors(block, device, dtype)
+    fn = BlockFunction(block, call, hidden, positions, params, layer, sample,
+                       replay_convention(anatomy.call_convention, block), rows=rows)
+    fn.replay_kind = anatomy.replay_kind(layer)
+    return fn

@@ -1,0 +1,304 @@
+"""Quantized layers: the float matrix their forward multiplies by, checked against that forward.
+
+    >>> import torch
+    >>> quantization_of(torch.nn.Linear(4, 3)) is None   # a float layer: not quantized
+    True
+
+Used by :mod:`.effective` (the one reader of effective weights) and nowhere else. One layer at a
+time: :func:`dequantized` returns a fresh float tensor (out, in) that the caller drops after use;
+nothing is cached on the layer and the layer is never written.
+
+Supported, each through its library's own dequantization:
+
+- bitsandbytes ``Linear4bit`` (nf4, fp4, with or without double quantization):
+  ``bitsandbytes.functional.dequantize_4bit``; after bitsandbytes repacked the weight for its
+  AVX512-BF16 CPU kernel (it does so in place at the first eval forward under no_grad:
+  ``quant_state.packing_format_for_cpu``), ``dequantize_4bit`` reads that layout wrongly, so the
+  repacked layout is decoded here (the inverse of bitsandbytes'
+  ``_convert_weight_packed_for_cpu``: 4-bit codes [N, K], the codebook, bfloat16 absmax
+  [K / blocksize, N]);
+- bitsandbytes ``Linear8bitLt`` (LLM.int8): row-wise int8 codes times ``SCB`` / 127
+  (``int8_vectorwise_dequant``); on a GPU it also quantizes its inputs (``activations=True``);
+- torchao tensor subclasses with a ``dequantize()`` (``Int8Tensor``, ``IntxUnpackedToInt8Tensor``,
+  ``Float8Tensor``, ...), activations quantized where the weight carries ``act_quant_kwargs`` /
+  ``activation_quantization``;
+- optimum-quanto ``QLinear`` (``qweight.dequantize()``; weight-only: with ``activations=`` its
+  forward rounds inputs and outputs with static scales that a probe cannot check, refused);
+- HQQ ``HQQLinear`` (``dequantize()``).
+
+Every other quantized layer (GPTQ / AWQ ``qweight``, ``torch.ao`` quantized modules, an unknown
+tensor subclass) is refused in one line naming its type.
+
+Each dequantization is verified: the layer's own ``forward`` runs on a seeded probe input
+(16 Gaussian rows, no hooks, no side effect: bitsandbytes' repacking is not triggered) and must
+equal the dequantized matrix's product to the precision of the layer's compute dtype, per output
+feature (:func:`verify`). A repacked, unknown or changed layout (or a ``dequantize`` that does not
+match the kernel) is refused with the layer's name, never read as a wrong matrix.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+from torch import Tensor, nn
+
+from ..errors import UnsupportedModelError
+
+__all__ = ["Quantization", "quantization_of", "dequantized", "verify", "layer_name",
+           "name_layers", "PROBE_ROWS", "ACTIVATION_TOL"]
+
+#: Rows of the seeded Gaussian probe input each dequantization is checked on.
+PROBE_ROWS = 16
+#: Per-feature relative tolerance of the check for layers that also quantize their inputs
+#: (int8 rows: a step of max|x| / 127; a Gaussian probe's error is ~1e-2 of the output).
+ACTIVATION_TOL = 0.05
+#: Relative tolerance floor in units of the compute dtype's eps (input and output rounding).
+_EPS_UNITS = 4.0
+
+# qualified names of quantized layers (filled by name_layers(model): the analysis cache does)
+_NAMES: "weakref.WeakKeyDictionary[nn.Module, str]" = weakref.WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """What a quantized layer is: ``library`` and ``scheme`` (e.g. "bitsandbytes", "nf4"),
+    ``activations`` (its forward also quantizes its inputs: a Jacobian replay with the
+    dequantized weights is then the weight-dequantized surrogate, not the forward's function)
+    and ``compute_dtype`` (the dtype its kernel computes in: the precision of the check)."""
+
+    library: str
+    scheme: str
+    activations: bool
+    compute_dtype: torch.dtype
+
+    def describe(self) -> str:
+        """A short phrase: "bitsandbytes nf4", "torchao Int8Tensor (activations quantized)"."""
+        return f"{self.library} {self.scheme}" + (
+            " (activations quantized)" if self.activations else "")
+
+
+def name_layers(model: nn.Module) -> None:
+    """Remember the qualified names of ``model``'s quantized layers, for the messages that
+    refuse one (weakly: nothing is kept alive)."""
+    for name, module in model.named_modules():
+        if module is not model and _library(module) is not None:
+            _NAMES[module] = name
+
+
+def layer_name(module: nn.Module) -> str:
+    """``module``'s qualified name where :func:`name_layers` saw it, plus its type and shape."""
+    shape = _shape(module)
+    kind = type(module).__name__ + (f" {shape[1]} -> {shape[0]}" if shape else "")
+    name = _NAMES.get(module)
+    return f"{name} ({kind})" if name else f"a {kind} layer"
+
+
+def _shape(module: nn.Module) -> Optional[tuple[int, int]]:
+    out, inp = getattr(module, "out_features", None), getattr(module, "in_features", None)
+    if isinstance(out, int) and isinstance(inp, int):
+        return out, inp
+    return None
+
+
+def _from(obj: Any, *prefixes: str) -> bool:
+    return type(obj).__module__.startswith(prefixes)
+
+
+def _library(module: nn.Module) -> Optional[str]:
+    """Which supported library quantized ``module`` (None: not one of them)."""
+    weight = module.__dict__.get("_parameters", {}).get("weight")
+    if _from(module, "bitsandbytes") and weight is not None and _from(weight, "bitsandbytes"):
+        return "bitsandbytes"
+    if _from(module, "optimum.quanto") and hasattr(module, "qweight"):
+        return "quanto"
+    if _from(module, "hqq") and callable(getattr(module, "dequantize", None)):
+        return "hqq"
+    if weight is not None and _from(weight, "torchao") and callable(
+            getattr(weight, "dequantize", None)):
+        return "torchao"
+    return None
+
+
+def quantization_of(module: nn.Module) -> Optional[Quantization]:
+    """The :class:`Quantization` of a layer a supported library quantized, else None (a float
+    layer, or a quantized one no supported library made: :mod:`.effective` refuses those)."""
+    library = _library(module)
+    if library is None:
+        return None
+    m: Any = module
+    if library == "bitsandbytes":
+        weight = m.weight
+        if type(weight).__name__ == "Params4bit":
+            state = weight.quant_state
+            if state is None:
+                return None if weight.is_floating_point() else Quantization(
+                    library, "4-bit (not quantized yet)", False, torch.float32)
+            packed = bool(getattr(state, "packing_format_for_cpu", False))
+            compute = torch.bfloat16 if packed else (m.compute_dtype or state.dtype)
+            scheme = f"{state.quant_type}{' double-quant' if state.nested else ''}"
+            return Quantization(library, scheme + (" (CPU-repacked)" if packed else ""), False,
+                                compute)
+        if weight.dtype != torch.int8:  # Linear8bitLt holding float weights (has_fp16_weights)
+            return None
+        return Quantization(library, "int8 (LLM.int8)", True, torch.float32)
+    if library == "torchao":
+        weight = m.weight
+        acts = getattr(weight, "act_quant_kwargs", None) is not None or getattr(
+            weight, "activation_quantization", None) is not None
+        return Quantization(library, type(weight).__name__, acts, weight.dtype)
+    if library == "quanto":
+        acts = getattr(m, "activation_qtype", None) is not None
+        qtype = getattr(m, "weight_qtype", None)
+        return Quantization(library, str(getattr(qtype, "name", qtype)), acts, m.weight.dtype)
+    nbits = getattr(m, "meta", {}).get("nbits", "?")
+    return Quantization(library, f"{nbits}-bit", False, m.compute_dtype)
+
+
+def _unpack_cpu_4bit(packed: Tensor, state: Any) -> Tensor:
+    """The weight [N, K] of bitsandbytes' AVX512-BF16 CPU layout: the inverse of its
+    ``_convert_weight_packed_for_cpu`` (block_n = 32: bytes [N, K/2], byte i of each row of
+    32 holding code i in its low nibble and code 32 + i in its high one, codes laid out
+    [N/32, K/2, 32, 2]), times the codebook and the bfloat16 absmax [K / blocksize, N]."""
+    N, half = packed.shape
+    K = 2 * half
+    rows = packed.reshape(-1, 32)
+    codes = torch.cat([rows & 0xF, (rows >> 4) & 0xF], dim=-1)  # [-1, 64]
+    codes = codes.reshape(N // 32, half, 32, 2).transpose(1, 2).reshape(N, K)
+    absmax = state.absmax.to(torch.float32).t()  # [N, K / blocksize]
+    values = state.code.to(torch.float32)[codes.long()]
+    return values * absmax.repeat_interleave(state.blocksize, dim=1)
+
+
+def _dequantize_raw(module: nn.Module, q: Quantization) -> Tensor:
+    m: Any = module
+    if q.library == "bitsandbytes":
+        import bitsandbytes.functional as bnbf
+
+        weight = m.weight
+        if type(weight).__name__ == "Params4bit":
+            state = weight.quant_state
+            if state is None:
+                raise UnsupportedModelError(
+                    f"{layer_name(module)} holds 4-bit weights with no quant_state (not "
+                    "quantized yet: move the model to its device first)")
+            if getattr(state, "packing_format_for_cpu", False):
+                return _unpack_cpu_4bit(weight.data, state)
+            return bnbf.dequantize_4bit(weight.data, state)
+        scb = getattr(weight, "SCB", None)
+        if scb is None:
+            scb = getattr(getattr(m, "state", None), "SCB", None)
+        if scb is None:
+            raise UnsupportedModelError(f"{layer_name(module)} holds int8 weights with no "
+                                        "row scales (SCB): its matrix cannot be read")
+        return bnbf.int8_vectorwise_dequant(weight.data, scb)
+    if q.library == "torchao":
+        return m.weight.dequantize()
+    if q.library == "quanto":
+        return m.qweight.dequantize()
+    return m.dequantize()
+
+
+def _bias(module: nn.Module) -> Optional[Tensor]:
+    bias = getattr(module, "bias", None)
+    return bias.detach() if isinstance(bias, Tensor) else None
+
+
+def _probe_dtype(module: nn.Module, q: Quantization) -> torch.dtype:
+    """The dtype of the inputs the layer takes in its model (what the probe feeds it)."""
+    if q.library == "bitsandbytes":
+        compute = getattr(module, "compute_dtype", None)
+        return compute if compute in (torch.float16, torch.bfloat16) else torch.float32
+    return q.compute_dtype if q.compute_dtype.is_floating_point else torch.float32
+
+
+def _device(module: nn.Module) -> torch.device:
+    for t in list(module.parameters(recurse=False)) + list(module.buffers(recurse=False)):
+        return t.device
+    return torch.device(getattr(module, "device", "cpu"))
+
+
+def tolerance(q: Quantization, dtype: torch.dtype, k: int) -> float:
+    """The per-feature relative tolerance of :func:`verify`: a few eps of the coarser of the
+    compute and input dtypes, plus float32 accumulation over ``k`` inputs; ``ACTIVATION_TOL``
+    at least for layers that quantize their inputs."""
+    eps = max(torch.finfo(q.compute_dtype).eps if q.compute_dtype.is_floating_point else 0.0,
+              torch.finfo(dtype).eps)
+    tol = _EPS_UNITS * eps + 4 * math.sqrt(k) * torch.finfo(torch.float32).eps
+    return max(tol, ACTIVATION_TOL) if q.activations else tol
+
+
+def verify(module: nn.Module, weight: Tensor, bias: Optional[Tensor], q: Quantization) -> float:
+    """Check that ``module``'s own forward is x -> x W^T + b for the dequantized ``weight``
+    (out, in) on a seeded Gaussian probe: per output feature j,
+    ||y_j - y_ref_j|| <= tol * sqrt(n) (||W_j|| + |b_j|) (:func:`tolerance`). Returns the worst
+    relative error; raises UnsupportedModelError naming the layer when it is above tol.
+
+    The forward is called directly (no hooks run). bitsandbytes 4-bit layers repack their
+    weights in place at an eval forward under no_grad on AVX512-BF16 CPUs; the probe runs with
+    ``requires_grad`` set there, so checking never changes the layer."""
+    out_features, in_features = weight.shape
+    dtype, device = _probe_dtype(module, q), _device(module)
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    x = torch.randn(PROBE_ROWS, in_features, generator=gen, dtype=torch.float64)
+    xin = x.to(device, dtype)
+    packed = q.library == "bitsandbytes" and bool(getattr(
+        getattr(getattr(module, "weight", None), "quant_state", None),
+        "packing_format_for_cpu", False))
+    m: Any = module
+    try:
+        if q.library == "bitsandbytes" and not packed:
+            with torch.enable_grad():  # no in-place repacking (see above)
+                y = m.forward(xin.clone().requires_grad_(True)).detach()
+        else:
+            with torch.no_grad():
+                y = m.forward(xin)
+    except (RuntimeError, TypeError, ValueError, AssertionError) as err:
+        raise UnsupportedModelError(
+            f"{layer_name(module)} ({q.describe()}): its forward failed on a probe input "
+            f"({type(err).__name__}: {err}), so its dequantized weight cannot be checked; "
+            "refused") from err
+    W = weight.detach().to("cpu", torch.float64)
+    b = None if bias is None else bias.detach().to("cpu", torch.float64)
+    ref = x @ W.t() + (b if b is not None else 0.0)
+    y = y.detach().to("cpu", torch.float64).reshape(PROBE_ROWS, -1)
+    if y.shape != ref.shape:
+        raise UnsupportedModelError(
+            f"{layer_name(module)} ({q.describe()}): its forward returns {tuple(y.shape)} "
+            f"features, its dequantized weight {out_features}: refused")
+    scale = math.sqrt(PROBE_ROWS) * (W.norm(dim=1) + (b.abs() if b is not None else 0.0))
+    err = (y - ref).norm(dim=0) / scale.clamp_min(torch.finfo(torch.float64).tiny)
+    worst = float(err.max()) if err.numel() else 0.0
+    tol = tolerance(q, dtype, in_features)
+    if not math.isfinite(worst) or worst > tol:
+        feature = int(torch.nan_to_num(err, nan=math.inf).argmax())
+        raise UnsupportedModelError(
+            f"{layer_name(module)} ({q.describe()}): its dequantized weight does not match its "
+            f"own forward (relative error {worst:.2g} at output feature {feature}, tolerance "
+            f"{tol:.1g}): an unknown or changed layout, refused rather than read as a wrong "
+            "matrix")
+    return worst
+
+
+def dequantized(module: nn.Module, q: Optional[Quantization] = None) -> Tensor:
+    """The verified float weight (out, in) of quantized ``module`` (:func:`verify`), detached,
+    in the dtype its library dequantizes to (float32 for bitsandbytes' repacked layout)."""
+    q = q if q is not None else quantization_of(module)
+    if q is None:
+        raise UnsupportedModelError(f"{layer_name(module)} is not a quantized layer this "
+                                    "package can read")
+    if q.library == "quanto" and q.activations:
+        raise UnsupportedModelError(
+            f"{layer_name(module)} ({q.describe()}): quanto rounds its inputs and outputs with "
+            "static scales, so its forward cannot confirm the dequantized weight; refused "
+            "(quantize the weights only: quantize(model, weights=...))")
+    with torch.no_grad():
+        weight = _dequantize_raw(module, q).detach()
+    if weight.ndim != 2:
+        raise UnsupportedModelError(f"{layer_name(module)} ({q.describe()}) dequantizes to a "
+                                    f"{tuple(weight.shape)} tensor, not a matrix: refused")
+    verify(module, weight, _bias(module), q)
+    return weight
