@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[tlens,demo,report,topology,logging,lightning,test,docs]"
+	$(BIN)/pip install -q -e ".[tlens,demo,report,topology,logging,lightning,quantization,test,docs]"
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -51,6 +51,12 @@ Under DDP (torch.distributed) the callback runs on every rank and each event is 
 data-dependent columns describe the global batch, every rank's tokens) and only rank 0 logs.
 
 If training raises, the Trainer does not call ``on_train_end``: call ``callback.remove()``.
+
+The callback itself never raises inside the training run (:class:`~.tracker.Guard`): a model it
+cannot instrument, a metric it cannot compute (a layer it cannot read), a logger that cannot
+write: each is logged as missing with one warning, listed in ``callback.event.failures``, and
+training goes on. Quantized and QLoRA models (bitsandbytes nf4 + LoRA) are read through their
+dequantized weights plus the adapters' delta (``anatomy.effective``).
 """
 
 from __future__ import annotations
@@ -173,10 +179,16 @@ class SpectralCallback(TrainerCallback):
 
         self.remove()
         if model is None:
-            raise ValueError("SpectralCallback: the Trainer passed no model to on_train_begin")
-        self.probe = instrument(unwrap_model(model), layers=self.layers, capture=self.capture,
-                                store=self.store)
-        if self.window == "step":
+            self.event.guard.failed("instrumenting the model", ValueError(
+                "the Trainer passed no model to on_train_begin"))
+            return
+        # never raise into the training run: a model the package cannot instrument logs no
+        # spectral metrics (one warning), the run goes on
+        self.probe = self.event.guard.run(
+            "instrumenting the model", lambda: instrument(
+                unwrap_model(model), layers=self.layers, capture=self.capture,
+                store=self.store), default=None)
+        if self.probe is not None and self.window == "step":
             self.probe.remove()  # attached again by on_step_begin, for the steps that log
 
     def on_step_begin(self, args, state, control, **kwargs: Any):
@@ -219,7 +231,8 @@ class SpectralCallback(TrainerCallback):
         step = int(state.global_step)
         self.history.append((step, metrics))
         for logger in self.loggers:
-            logger.log(metrics, step)
+            self.event.guard.run(f"writing to {type(logger).__name__}",
+                                 lambda: logger.log(metrics, step), default=None)
         if self.attached:  # the Trainer logs this step now; on_log adds the metrics
             self._for_log = (step, metrics)
         elif self.report_to_trainer:

@@ -30,7 +30,8 @@ recorded tokens under torch.distributed (see :class:`~.tracker.Event`), and writ
 The hooks are on the model only during the optimizer steps that log: attached when such a step
 begins (its first micro-batch), removed once its metrics are computed, so every other step and
 every validation runs with none of our hooks. The recording is cleared when each optimizer step
-begins and after validation batches.
+begins and after validation batches. Nothing raises inside the training run: a module it cannot
+read or a metric it cannot compute is logged as missing with one warning (``callback.guard``).
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ from torch import nn
 from ..anatomy.wrappers import unwrap_model
 from ..checks import check_int
 from ..errors import UnsupportedModelError, require
-from .tracker import SpectralTracker
+from .tracker import Guard, SpectralTracker
 
 _pl = require("lightning.pytorch", feature="SpectralLightningCallback")
 
@@ -86,15 +87,21 @@ class SpectralLightningCallback(_pl.Callback):
         self.model: Union[None, str, Callable[[nn.Module], nn.Module]] = model
         self.tracker_options: dict[str, Any] = tracker_options
         self.tracker: Optional[SpectralTracker] = None
+        self.guard: Guard = Guard()  # what could not be computed: guard.failures
         self.history: list[tuple[int, dict[str, Any]]] = []
         self._pending: Optional[dict[str, Any]] = None
 
     def on_fit_start(self, trainer, pl_module) -> None:
         """Find the transformer in the LightningModule and start tracking it."""
         self.teardown(trainer, pl_module, "fit")
-        self.tracker = SpectralTracker(find_transformer(pl_module, self.model), every=self.every,
-                                       first_step=None, **self.tracker_options)
-        self.tracker.probe.remove()  # pyright: ignore[reportOptionalMemberAccess]  # attached per step
+        # never raise into the training run: a module the package cannot read logs no
+        # spectral metrics (one warning), training goes on
+        self.tracker = self.guard.run("instrumenting the model", lambda: SpectralTracker(
+            find_transformer(pl_module, self.model), every=self.every, first_step=None,
+            **self.tracker_options), default=None)
+        if self.tracker is not None:
+            self.tracker.event.guard = self.guard  # one record of failures, one warning each
+            self.tracker.probe.remove()  # pyright: ignore[reportOptionalMemberAccess]  # attached per step
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         """At an optimizer step's first micro-batch: clear the previous step's recording and
@@ -117,7 +124,8 @@ class SpectralLightningCallback(_pl.Callback):
         step = int(trainer.global_step)
         self.history.append((step, metrics))
         for logger in trainer.loggers:
-            logger.log_metrics(metrics, step=step)
+            self.guard.run(f"writing to {type(logger).__name__}",
+                           lambda: logger.log_metrics(metrics, step=step), default=None)
 
     def on_validation_batch_end(self, trainer, pl_module, *args: Any, **kwargs: Any) -> None:
         """Validation batches are not part of the training window."""

@@ -41,11 +41,18 @@ spectrum on the route of ``analyze()``, ``metrics.spectrum.power_route``; alignm
 ``jacobian_every=N`` adds the block-Jacobian spectra (``probe.analyze(jacobian=...)``'s
 ``jacobian`` table, ``spectral/layer_03/jacobian/top_eig_abs``) every N steps; off by default:
 one event costs seconds to minutes.
+
+Nothing here raises inside the training loop (:class:`Guard`): a metric that cannot be computed
+(a layer the package cannot read, a solver that fails, a logger that cannot write) is left out
+of that event's metrics (logged as missing) with one warning per cause, and training goes on;
+``event.failures`` lists what was skipped. Under torch.distributed errors are raised as before
+(a rank that stopped partway through a collective would leave the others waiting forever).
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional, Sequence
+import logging
+from typing import Any, Callable, Iterable, Optional, Sequence, TypeVar
 
 import torch
 
@@ -61,6 +68,44 @@ from .power_log import (
     power_metrics,
     timed_event,
 )
+
+log: logging.Logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class Guard:
+    """Runs the parts of a training event so that none raises into the user's training loop: a
+    failure is recorded in :attr:`failures` as (what, why), warned once per (what, exception
+    type) on the ``spectral_hooks.integrations`` logger, and the part's ``default`` returned.
+
+        >>> guard = Guard()
+        >>> guard.run("power metrics", lambda: 1 / 0, default={})
+        {}
+        >>> guard.failures
+        [('power metrics', 'ZeroDivisionError: division by zero')]
+    """
+
+    def __init__(self) -> None:
+        self.failures: list[tuple[str, str]] = []
+        self._warned: set[tuple[str, type]] = set()
+
+    def run(self, what: str, fn: Callable[[], T], *, default: T) -> T:
+        """``fn()``, or ``default`` when it raises (an ``Exception``; an interrupt goes through)."""
+        try:
+            return fn()
+        except Exception as err:  # noqa: BLE001 - never raise inside the user's training loop
+            self.failed(what, err)
+            return default
+
+    def failed(self, what: str, err: Exception) -> None:
+        """Record ``err`` from ``what``; warn the first time this (what, type) fails."""
+        text = str(err).strip().splitlines()
+        why = f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
+        self.failures.append((what, why))
+        if (what, type(err)) not in self._warned:
+            self._warned.add((what, type(err)))
+            log.warning("spectral_hooks: %s skipped, logged as missing (training goes on; "
+                        "later failures of this kind are not warned again): %s", what, why)
 
 
 def is_rank_zero() -> bool:
@@ -97,6 +142,12 @@ class Event:
         self.power_options = check_power_options(dict(analyze_options or {}))
         self.jacobian_every, self.jacobian_columns = jacobian_every, tuple(jacobian_columns)
         self.jacobian_options = dict(jacobian_options or {"k": 8})
+        self.guard: Guard = Guard()
+
+    @property
+    def failures(self) -> list[tuple[str, str]]:
+        """(what, why) of every part of an event that could not be computed (:class:`Guard`)."""
+        return self.guard.failures
 
     def due(self, step: int) -> bool:
         """True when step ``step`` (> 0) logs: a multiple of ``every`` or of ``jacobian_every``."""
@@ -148,14 +199,21 @@ class Event:
             return None
         probe.invalidate()  # the weights changed since the last event
 
+        def guarded(what: str, fn: Callable[[], dict]) -> dict:
+            if distributed:  # see the module docstring: a half-done collective would hang
+                return fn()
+            return self.guard.run(what, fn, default={})
+
         def run() -> dict:
             out: dict = {}
             if step % self.every == 0:
-                out.update(power_metrics(probe, columns=self.columns, prefix=self.prefix,
-                                         across_ranks=distributed, **self.power_options))
+                out.update(guarded("power metrics", lambda: power_metrics(
+                    probe, columns=self.columns, prefix=self.prefix, across_ranks=distributed,
+                    **self.power_options)))
             if self._jacobian_due(step):
-                out.update(jacobian_metrics(probe, options=self.jacobian_options,
-                                            columns=self.jacobian_columns, prefix=self.prefix))
+                out.update(guarded("Jacobian metrics", lambda: jacobian_metrics(
+                    probe, options=self.jacobian_options, columns=self.jacobian_columns,
+                    prefix=self.prefix)))
             return out
         return timed_event(run, devices=cuda_devices(model),
                            key=f"{self.prefix}/seconds" if self.prefix else "seconds")
@@ -234,7 +292,8 @@ class SpectralTracker:
             metrics = self.event(self.probe, int(step))  # collective under torch.distributed
         if metrics:
             for logger in self.loggers:
-                logger.log(metrics, int(step))
+                self.event.guard.run(f"writing to {type(logger).__name__}",
+                                     lambda: logger.log(metrics, int(step)), default=None)
         self.start_step(int(step) + 1)
         return metrics
 
