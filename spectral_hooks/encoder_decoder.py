@@ -22,7 +22,7 @@ one :class:`~spectral_hooks.report.Report` per stack, ``{"encoder": ..., "decode
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping, Optional, Sequence, Union, cast
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Optional, Sequence, Union, cast
 
 import torch
 from torch import nn
@@ -31,6 +31,11 @@ from .anatomy.stacks import STACKS, EncoderDecoderAnatomy
 from .errors import OptionError, RecordingKeyError
 from .recording import DEFAULT_CAPTURES, Recording
 from .report import Report
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from .analysis.keywords import AnalyzeKeywords
 
 __all__ = ["EncoderDecoderProbe", "StackRecordings"]
 
@@ -169,7 +174,8 @@ class EncoderDecoderProbe:
         for probe in self.probes.values():
             probe.invalidate()
 
-    def analyze(self, options: Any = None, **keywords: Any) -> dict[str, Report]:
+    def analyze(self, options: Any = None, **keywords: Unpack[AnalyzeKeywords]
+                ) -> dict[str, Report]:
         """One lazy :class:`Report` per stack, ``{"encoder": ..., "decoder": ...}``; the
         arguments are those of :meth:`Probe.analyze` and apply to both stacks."""
         return {name: p.analyze(options, **keywords) for name, p in self.probes.items()}

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import inspect
 import logging
-from typing import Any, Iterable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -45,6 +45,11 @@ from .recording import (
 )
 from .report import Report
 from .taps import ForwardTap
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+    from .analysis.keywords import AnalyzeKeywords
 
 log: logging.Logger = logging.getLogger(__name__)
 
@@ -445,12 +450,27 @@ class Probe:
                        record_on=self.record_on)
 
     def analyze(self, options: Optional[AnalyzeOptions] = None, *, distributed: bool = False,
-                group: Any = None, **keywords: Any) -> Report:
+                group: Any = None, **keywords: Unpack[AnalyzeKeywords]) -> Report:
         """A :class:`~spectral_hooks.report.Report` whose sections are computed when first
-        read; keywords are the fields of :class:`~spectral_hooks.analysis.AnalyzeOptions`
-        (``power``, ``iterate``, ``fold_norm``, ``jacobian``, ``bottleneck``, ``reinit``,
-        ``reinit_seeds``, ``topology``). Results are cached until the weights or the recording
-        change.
+        read. Results are cached until the weights or the recording change.
+
+        Keywords: the fields of :class:`~spectral_hooks.analysis.AnalyzeOptions` (its
+        attributes say each one's values and default; a keyword overrides the same field of
+        ``options``):
+
+        - ``power``: the power-method view (power, spectra; shared_weights for ALBERT);
+        - ``iterate``: "F" or "I+F" (eigenvalues ordered by mu = 1 + lambda);
+        - ``fold_norm``: multiply F by the gain of the norm that feeds attention;
+        - ``jacobian``: the Jacobian view (jacobian, trends, Jacobian rows in spectra);
+        - ``bottleneck``: the end-to-end bottleneck, its ablations, and propagation (its
+          knobs are ``jacobian``'s ``bottleneck_*`` options);
+        - ``reinit``: the same Jacobian analyses on a freshly initialised model, side by side;
+        - ``reinit_seeds``: n >= 2 re-initialisations to test against (section reinit_test);
+        - ``topology``: residual-unit communities, bridges and amplification;
+        - ``idealised``: paper 1's idealised dynamics against the observation;
+        - ``tokenizer``: decodes the tokens of the Jacobian rows (column ``token``);
+        - ``progress``: one progress display over the whole analysis.
+
         ``distributed=True``: layers split over the ranks of ``group``, every rank gets the
         whole report (a collective; see ``analysis/distributed.py``)."""
         subject = self.subject
