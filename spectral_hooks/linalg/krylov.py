@@ -344,6 +344,7 @@ class _Lockstep:
             self.batch.device, self.batch.wdtype)
 
     def running(self) -> List[_Member]:
+        """The members not done yet."""
         return [mb for mb in self.members if not mb.done]
 
     def run(self) -> Tuple[List[EigState], List[str]]:
