@@ -76,3 +76,22 @@ def test_tables_equal_the_float_copy(kind):
                                        exact["top_eig_abs"], rtol=1e-5)
     with torch.no_grad():
         assert torch.equal(model(input_ids=IDS).last_hidden_state, plain)  # nothing left
+
+
+def test_how_quantization_moved_the_spectra():
+    """``report_quantized.compare(report_float)`` on the same text: per layer, how nf4 moved
+    the power view (gap, alignment) and the Jacobian view (rotation, symmetry)."""
+    from .models import base_model
+
+    reports = []
+    for model in (base_model(), quantized("bnb_nf4")):
+        with sh.instrument(model) as probe, torch.no_grad():
+            model(input_ids=IDS)
+        reports.append(probe.analyze(power=True, jacobian={"k": 4}, progress=False))
+    moved = reports[1].compare(reports[0])
+    for section in ("power", "jacobian"):
+        table = moved.get(section)
+        assert sorted(table["layer"].unique()) == [0, 1]
+    gap = moved.get("power")["gap_ratio"].abs()
+    assert bool((gap > 0).any()) and float(gap.max()) < 0.5  # moved, by a 4-bit grid's amount
+    assert np.isfinite(moved.get("jacobian")["sym_energy"]).all()
