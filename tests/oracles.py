@@ -92,11 +92,24 @@ def block_output(block: torch.nn.Module, call: Any, hidden: torch.Tensor) -> tor
 
 def _rms_norm_float64(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     """Hugging Face's RMSNorm written out in the input's dtype (HF computes it in float32):
-    x / sqrt(mean(x^2) + eps) times w, or times (1 + w) for Gemma's."""
+    x / sqrt(mean(x^2) + eps) times w, or times (1 + w) for zero-centred gains (Gemma's,
+    Qwen3-Next's: told apart by the module's own forward when it is replaced, see
+    :func:`_gain_offset`)."""
     eps = getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6))
     y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-    w = module.weight
-    return y * (1.0 + w) if type(module).__name__.startswith("Gemma") else w * y
+    return (module._oracle_gain_offset + module.weight) * y
+
+
+def _gain_offset(module: torch.nn.Module) -> float:
+    """1.0 where the norm's own forward multiplies by (1 + weight), else 0.0: its output on a
+    random input, compared with both."""
+    w = module.weight.detach().to(torch.float64)
+    x = torch.randn(3, w.shape[-1], dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad(), _Float64Stays():
+        own = type(module).forward(module, x.to(module.weight.dtype)).to(torch.float64)
+    eps = getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6))
+    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return 1.0 if (own - (1 + w) * y).abs().max() < (own - w * y).abs().max() else 0.0
 
 
 def float64_norms(block: torch.nn.Module) -> torch.nn.Module:
@@ -104,6 +117,7 @@ def float64_norms(block: torch.nn.Module) -> torch.nn.Module:
     in place, by :func:`_rms_norm_float64`."""
     for module in block.modules():
         if type(module).__name__.endswith("RMSNorm") or type(module).__name__ == "T5LayerNorm":
+            module._oracle_gain_offset = _gain_offset(module)  # read before the forward goes
             module.forward = types.MethodType(_rms_norm_float64, module)
     return block
 

@@ -38,9 +38,10 @@ def idealised_unavailable(subject: Subject) -> str | None:
     rec = subject.recording
     if not subject.keeps_tokens or "resid_pre" not in rec.capture:
         return "it needs the tokens of resid_pre (store='device' or 'cpu', capture resid_pre)"
-    missing = subject.anatomy.without_ov_map()
-    if missing is not None:
-        return f"the idealised dynamics apply F through every layer, and there are {missing}"
+    anatomy = subject.anatomy
+    if len(anatomy.ov_layers) < anatomy.n_layers:
+        return (f"the idealised dynamics apply F through every layer, and there are "
+                f"{anatomy.power_coverage()}")
     return None
 
 

@@ -217,20 +217,28 @@ class Anatomy:
         """The layers with an OV map (softmax attention: the power view's layers)."""
         return tuple(part.index for part in self.layers if part.has_ov_map)
 
-    def without_ov_map(self, layers: Optional[tuple[int, ...]] = None) -> Optional[str]:
-        """One line saying which of ``layers`` (default: all) have no OV map and why, or None
-        where every one has one."""
+    def power_coverage(self, layers: Optional[tuple[int, ...]] = None) -> Optional[str]:
+        """One line saying which of ``layers`` (default: all) the power view does not cover,
+        or covers in part, and why; None where it covers every one in full."""
         chosen = range(self.n_layers) if layers is None else layers
-        missing = [self.layers[t] for t in chosen if not self.layers[t].has_ov_map]
-        if not missing:
-            return None
-        kinds: dict[str, list[int]] = {}
-        for part in missing:
-            kinds.setdefault(describe_mixer(part.block, part.mixer), []).append(part.index)
-        what = "; ".join(f"{'layer' if len(ix) == 1 else 'layers'} "
-                         f"{', '.join(map(str, ix))}: {kind}" for kind, ix in kinds.items())
-        return (f"no power rows for {what}: no softmax attention, so no OV map F = W_O W_V "
-                "(the power view's theory assumes row-stochastic mixing)")
+        missing: dict[str, list[int]] = {}
+        parallel = []
+        for part in (self.layers[t] for t in chosen):
+            if not part.has_ov_map:
+                missing.setdefault(describe_mixer(part.block, part.mixer), []).append(part.index)
+            elif part.mixer == "attention+ssm":
+                parallel.append(part.index)
+        notes = []
+        if missing:
+            what = "; ".join(f"{'layer' if len(ix) == 1 else 'layers'} "
+                             f"{', '.join(map(str, ix))}: {kind}" for kind, ix in missing.items())
+            notes.append(f"no power rows for {what}: no softmax attention, so no OV map "
+                         "F = W_O W_V (the power view's theory assumes row-stochastic mixing)")
+        if parallel:
+            notes.append(f"layers {', '.join(map(str, parallel))} add a state-space mixer in "
+                         "parallel with attention: F = W_O W_V covers the attention only, the "
+                         "mixer's contribution is outside F")
+        return "; ".join(notes) or None
 
     def replay_kind(self, layer: int) -> tuple[Any, ...]:
         """What makes two blocks of one class compute differently beyond their weights: the

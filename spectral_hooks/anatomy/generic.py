@@ -18,14 +18,15 @@
     (True, True)
 
 Structure (at ``anatomy_of``, cheap: no forward pass): the longest ``nn.ModuleList`` of blocks
-of one class is the stack, in list order; each block's attention is a child named like one
-(``self_attn``, ``attn``, ``attention``, ...), with query and value projections (``q_proj``,
-``v_proj``, ``value``, ...; or a fused qkv, whose values the fallback cannot split: no power
-view) and an output projection; sizes come from the config. A model without such a stack,
-without attention that has query and value projections (state-space and recurrent models:
-Mamba's mixer, RWKV's key/value/receptance time mixing), or without a
-head count in its config is refused with one sentence that names
-``spectral_hooks.register_anatomy``.
+that hold a token mixer (:mod:`.mixers`: softmax or latent attention, linear attention, a
+state-space mixer, a short convolution; blocks of several classes, as Jamba's, are fine) is the
+stack, in list order; each layer gets its own mixer and MLP kind. An attention layer's
+attention is a child named like one (``self_attn``, ``attn``, ``attention``, ...), with query
+and value projections (``q_proj``, ``v_proj``, ``value``, ...; or a fused qkv, whose values the
+fallback cannot split: no power view) and an output projection; sizes come from the config. A
+model without such a stack (RWKV's time mixing is none of these), whose first attention has no
+query and value projections, or without a head count in its config is refused with one
+sentence that says what was found and names ``spectral_hooks.register_anatomy``.
 
 Behaviour (at ``instrument``, on the first recorded batch of at least two real tokens, by
 :func:`verify`, which the probe calls through ``Anatomy.verify``; the blocks are replayed on
@@ -57,6 +58,7 @@ from ..errors import GenericAnatomyWarning, UnsupportedModelError
 from ..recording.block_call import map_tensors
 from .base import Anatomy, FamilyInfo, LayerParts, config_int, config_layer_kinds
 from .heads import output_heads, value_heads
+from .mixers import POWER_MIXERS, mixer_kind, mlp_kind
 
 _ATTN_NAMES = ("self_attn", "attn", "attention", "self_attention", "mixer")
 _QUERY_NAMES = ("q_proj", "query", "q", "q_lin", "query_proj")
@@ -80,13 +82,15 @@ def refuse(model: nn.Module, why: str) -> UnsupportedModelError:
 
 
 def _block_list(model: nn.Module) -> Optional[nn.ModuleList]:
+    """The longest list of blocks that hold parameters and a token mixer (:mod:`.mixers`);
+    the blocks may be of different classes (Jamba: Mamba and attention blocks)."""
     best = None
     for module in model.modules():
-        if isinstance(module, nn.ModuleList) and len(module) >= 1:
-            kinds = {type(child) for child in module}
-            if len(kinds) == 1 and any(True for _ in module[0].parameters()):
-                if best is None or len(module) > len(best):
-                    best = module
+        if isinstance(module, nn.ModuleList) and len(module) >= 1 and all(
+                any(True for _ in child.parameters()) for child in module) and any(
+                mixer_kind(child, n_heads=2, n_kv_heads=2) is not None for child in module):
+            if best is None or len(module) > len(best):
+                best = module
     return best
 
 
@@ -102,30 +106,42 @@ def _has_weight(module: Optional[nn.Module]) -> bool:
     return module is not None and isinstance(getattr(module, "weight", None), Tensor)
 
 
-def _layer(index: int, block: nn.Module, n_heads: int, d_head: int) -> LayerParts:
-    attn = _child(block, _ATTN_NAMES)
+def _layer(index: int, block: nn.Module, n_heads: int, n_kv: int, d_head: int,
+           layer_type: Optional[str]) -> LayerParts:
+    mixer = mixer_kind(block, n_heads=n_heads, n_kv_heads=n_kv, layer_type=layer_type)
+    attn = _child(block, _ATTN_NAMES) if mixer in POWER_MIXERS else None
     v_mod, o_mod = _child(attn, _VALUE_NAMES), _child(attn, _OUTPUT_NAMES)
     ok = _has_weight(v_mod) and _has_weight(o_mod)
-    attn = cast(nn.Module, attn)  # the first block's is checked (_check_structure)
     return LayerParts(
         index=index, block=block, attention=attn, attn_out_module=attn,
         value=value_heads(cast(nn.Module, v_mod), n_heads, d_head) if ok else None,
         output=output_heads(cast(nn.Module, o_mod), n_heads, d_head) if ok else None,
+        mixer=mixer, mlp=mlp_kind(block, mixer),
     )
 
 
-def _check_structure(model: nn.Module, blocks: Optional[nn.ModuleList]) -> nn.Module:
+def _check_structure(model: nn.Module, blocks: Optional[nn.ModuleList]) -> None:
     if blocks is None:
-        raise refuse(model, "it does not look like a transformer: no list of repeated blocks "
-                     "was found")
+        found = _block_list_any(model)
+        what = (f"layer 0 is a {type(found[0]).__name__} holding no attention, state-space, "
+                "linear-attention or convolution mixer this fallback recognises"
+                if found is not None else "no list of repeated blocks was found")
+        raise refuse(model, what)
     attention = _child(blocks[0], _ATTN_NAMES)
-    separate = attention is not None and _child(attention, _QUERY_NAMES) is not None and \
-        _child(attention, _VALUE_NAMES) is not None
-    if not separate and (attention is None or _child(attention, _FUSED_NAMES) is None):
-        raise refuse(model, "its blocks have no attention with query and value projections, "
-                     "as state-space and recurrent models (Mamba, RWKV) have none")
-    assert attention is not None  # refused above
-    return attention
+    if attention is not None and mixer_kind(blocks[0], n_heads=2, n_kv_heads=2) in POWER_MIXERS:
+        separate = _child(attention, _QUERY_NAMES) is not None and \
+            _child(attention, _VALUE_NAMES) is not None
+        if not separate and _child(attention, _FUSED_NAMES) is None \
+                and not hasattr(attention, "kv_b_proj"):
+            raise refuse(model, f"layer 0's attention ({type(attention).__name__}) has no "
+                         "query and value projections it recognises")
+
+
+def _block_list_any(model: nn.Module) -> Optional[nn.ModuleList]:
+    """The longest list of modules holding parameters (for the refusal's diagnosis)."""
+    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) >= 1
+             and all(any(True for _ in child.parameters()) for child in m)]
+    return max(lists, key=len) if lists else None
 
 
 def generic_anatomy(model: nn.Module) -> Anatomy:
@@ -141,7 +157,9 @@ def generic_anatomy(model: nn.Module) -> Anatomy:
         raise refuse(model, "its config states no hidden size and number of attention heads")
     n_kv = config_int(config, "num_key_value_heads") or n_heads
     d_head = config_int(config, "head_dim") or d_model // n_heads
-    layers = tuple(_layer(i, block, n_heads, d_head) for i, block in enumerate(blocks))
+    kinds = config_layer_kinds(config, len(blocks))
+    layers = tuple(_layer(i, block, n_heads, n_kv, d_head, kinds[i] if kinds else None)
+                   for i, block in enumerate(blocks))
     warnings.warn(f"no family knows {type(model).__name__}: a generic anatomy is in use "
                   f"({len(layers)} blocks of {type(blocks[0]).__name__}); its causality and "
                   "residual stream are checked on the first recorded batch", GenericAnatomyWarning,
@@ -150,7 +168,7 @@ def generic_anatomy(model: nn.Module) -> Anatomy:
         family=f"generic/{type(model).__name__}", model=model, layers=layers,
         d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv, d_head=d_head, causal=False,
         norm_placement="unknown", call_root=model, config=config,
-        layer_kinds=config_layer_kinds(config, len(layers)), verify=verify,
+        layer_kinds=kinds, verify=verify,
     )
 
 
@@ -221,6 +239,11 @@ def verify(anatomy: Anatomy, call: Any, output: Any) -> Anatomy:
     batch cannot decide (fewer than two real tokens), or raises UnsupportedModelError."""
     if not call.block_calls or call.continues:
         return anatomy
-    _self_check(anatomy, call, output)
-    causal = _causal(anatomy, call)
+    try:
+        _self_check(anatomy, call, output)
+        causal = _causal(anatomy, call)
+    except (RuntimeError, TypeError, ValueError, IndexError) as err:  # a block the replay
+        # cannot call as recorded (its input is not a [batch, pos, d] residual stream)
+        raise refuse(anatomy.model, f"replaying its blocks on their recorded inputs failed: "
+                     f"{type(err).__name__}: {err}") from err
     return anatomy if causal is None else anatomy.replace(causal=causal, verify=None)

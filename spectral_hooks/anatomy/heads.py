@@ -12,7 +12,7 @@ all H heads.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor, nn
@@ -165,8 +165,8 @@ def latent_value_heads(attention: nn.Module, n_heads: int) -> HeadWeights:
     """
     a_proj, b_proj = attention.kv_a_proj_with_mqa, attention.kv_b_proj
     norm = attention.kv_a_layernorm
-    rank, nope = int(attention.kv_lora_rank), int(attention.qk_nope_head_dim)
-    v_dim = int(attention.v_head_dim)
+    sizes: Any = (attention.kv_lora_rank, attention.qk_nope_head_dim, attention.v_head_dim)
+    rank, nope, v_dim = (int(size) for size in sizes)
     if not isinstance(a_proj, nn.Module) or not isinstance(b_proj, nn.Module):
         raise UnsupportedModelError(f"{type(attention).__name__}: no latent projections")
 

@@ -66,7 +66,8 @@ class HFFamily:
     the stack module whose forward runs the blocks (default: the base model), ``heads`` the
     config attribute holding the stack's number of heads (as many key/value heads: these
     families have no groups), ``cross_value``/``cross_output`` the paths from a block to its
-    cross-attention projections.
+    cross-attention projections. ``attention_free``: no layer has attention (Mamba), so the
+    config need not state a head count.
     """
 
     name: str
@@ -111,6 +112,7 @@ class HFFamily:
     heads: Optional[str] = None
     cross_value: Optional[str] = None
     cross_output: Optional[str] = None
+    attention_free: bool = False
 
 
 def base_model_of(model: nn.Module) -> nn.Module:
@@ -125,11 +127,13 @@ def model_type_of(model: nn.Module) -> Optional[str]:
     return getattr(config, "model_type", None)
 
 
-def _dims(config, d_model_fallback: int, heads: Optional[str] = None
-          ) -> tuple[int, int, int, int]:
+def _dims(config, d_model_fallback: int, heads: Optional[str] = None, *,
+          attention_free: bool = False) -> tuple[int, int, int, int]:
     d_model = config_int(config, "hidden_size", "n_embd", "d_model") or d_model_fallback
     names = (heads,) if heads else ("num_attention_heads", "n_head", "num_heads")
     n_heads = config_int(config, *names)
+    if n_heads is None and attention_free:  # (Mamba) no heads to count: one nominal head
+        return d_model, 1, 1, d_model
     if n_heads is None:
         raise UnsupportedModelError(
             f"cannot read the number of attention heads from {type(config).__name__}")
@@ -186,7 +190,8 @@ def build(model: nn.Module, family: HFFamily) -> Anatomy:
                                     f"'{family.blocks}' "
                          f"for the {family.name} family")
     blocks = family.block_order(base) if family.block_order else list(cast(nn.ModuleList, container))
-    d_model, n_heads, n_kv, d_head = _dims(config, 0, family.heads)
+    d_model, n_heads, n_kv, d_head = _dims(config, 0, family.heads,
+                                           attention_free=family.attention_free)
     n_kv = family.n_kv_heads or n_kv
     layer_kinds = config_layer_kinds(config, len(blocks))
     layers, seen = [], {}

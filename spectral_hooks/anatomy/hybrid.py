@@ -1,5 +1,5 @@
 """Hybrid stacks and latent attention: Qwen3-Next, Jamba, Granite-4 hybrid, LFM2, Falcon-H1,
-MiniMax, Mamba-2, DeepSeek-V3; and Gemma 3n, refused up front.
+MiniMax, Mamba and Mamba-2, DeepSeek-V3; and Gemma 3n, refused up front.
 
 Each block is described by its own kind (:mod:`.mixers`): the attention paths below exist in
 the attention layers only; a Mamba, Gated DeltaNet, lightning-attention or short-convolution
@@ -72,10 +72,11 @@ MINIMAX = register(HFFamily(
     attention_type="lightning (linear) + full (GQA); routed experts", power_view=_NO_SOFTMAX))
 
 MAMBA2 = register(HFFamily(
-    name="mamba2", model_types=("mamba2",), blocks="layers", attention="self_attn",
+    name="mamba", model_types=("mamba", "mamba2", "falcon_mamba"), blocks="layers", attention="self_attn",
     value="self_attn.v_proj", output="self_attn.o_proj", attn_out="self_attn",
     attn_norm="norm", norm_placement="pre", final_norm="norm_f", norm_upcasts=True,
-    tested_by=_TESTS, attention_type="Mamba-2 (no attention)", power_view="no (no attention)"))
+    tested_by=_TESTS, attention_type="Mamba / Mamba-2 (no attention)", attention_free=True,
+    power_view="no (no attention)"))
 
 DEEPSEEK_V3 = register(HFFamily(
     name="deepseek_v3", model_types=("deepseek_v3", "deepseek_v2"),

@@ -174,7 +174,7 @@ def layer_matrices(model: Union[nn.Module, Anatomy], *, fold_norm: bool = False,
     like = next((F for F in out if F is not None), None)
     if like is None:
         raise MissingWeightsError(f"no layer of {anatomy.family} has an OV map: "
-                                  f"{anatomy.without_ov_map()}")
+                                  f"{anatomy.power_coverage()}")
     return torch.stack([like.new_full(like.shape, float("nan")) if F is None else F
                         for F in out])
 

@@ -67,7 +67,8 @@ class Engine:
             try:
                 if method == "linearize":
                     lin = linearize(fn, x0)
-                    lin(probe)
+                    if not self._linearize_agrees(lin, probe):
+                        continue  # a direct JVP (next method) is the reference
                     self._jvp = lin
                 elif method == "jvp":
                     jvp = plain_jvp(fn, x0)
@@ -93,6 +94,26 @@ class Engine:
                     fallback("linearize.plain_jvp",
                              f"torch.func.linearize failed for layer {fn.layer} ({err}): "
                              "torch.func.jvp instead (each JVP recomputes the block forward)")
+
+    def _linearize_agrees(self, lin: Callable[[Tensor], Tensor], probe: Tensor) -> bool:
+        """Whether torch.func.linearize's traced JVP equals a direct torch.func.jvp on
+        ``probe`` (to rounding: agreement_tol): its trace can bake in a wrong graph (DeepSeek-V3
+        blocks, torch 2.13: 1e-3 off). One direct JVP per layer; a forced
+        ``method="linearize"`` that disagrees raises instead of returning wrong products."""
+        fn, x0 = self.fn, self.x0
+        got = lin(probe)
+        want = plain_jvp(fn, x0)(probe)
+        err = float((got - want).abs().max()) / max(float(want.abs().max()), 1e-300)
+        if err <= agreement_tol(x0.dtype):
+            return True
+        why = (f"torch.func.linearize disagrees with torch.func.jvp for layer {fn.layer} "
+               f"({err:.1e} relative)")
+        if self.method != "auto":
+            raise OptionError("method", self.method, "'auto' or 'jvp' for this block",
+                              hint=why + ": its traced JVP graph is wrong")
+        fallback("linearize.plain_jvp", f"{why}: torch.func.jvp instead (each JVP recomputes "
+                 "the block forward)")
+        return False
 
     def _fd_jvp(self, v: Tensor) -> Tensor:
         x0 = self.x0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import warnings
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 from torch import Tensor
@@ -179,7 +179,7 @@ class BlockFunction:
     #: what, beyond its class and weights, decides what the block computes (the anatomy's
     #: ``replay_kind``: mixer, MLP, attention type, RoPE): blocks of different replay kinds
     #: share no traced graph and no layer group
-    replay_kind: tuple = ()
+    replay_kind: tuple[Any, ...] = ()
 
     def __init__(self, block: torch.nn.Module, call: BlockCall, hidden: Tensor,
                  positions: Tensor, params: dict[str, Tensor], layer: int, sample: int,

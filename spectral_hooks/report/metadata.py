@@ -74,6 +74,9 @@ class ReportMetadata(Mapping[str, Any]):
     n_kv_heads: Optional[int] = None
     causal: Optional[bool] = None
     norm_placement: Optional[str] = None
+    layer_mixers: Optional[list[Optional[str]]] = None
+    layer_mlps: Optional[list[Optional[str]]] = None
+    power_coverage: Optional[str] = None
     inputs: Optional[dict[str, Any]] = None
     options: Optional[dict[str, Any]] = None
     spectral_hooks_version: Optional[str] = None

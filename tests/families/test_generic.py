@@ -129,14 +129,33 @@ def test_analysis_waits_for_the_check():
         assert len(probe.analyze(power=True).power) == 2
 
 
-def test_state_space_and_recurrent_models_are_refused():
+def test_a_recurrent_model_is_refused_with_what_was_found():
+    """RWKV's time mixing is none of the mixers the anatomy knows (attention with query and
+    value projections, latent or linear attention, a state-space mixer, a short convolution):
+    the refusal names the module it found and register_anatomy. Mamba, which the fallback
+    refused before, is a family of its own now (tests/families/test_hybrid.py)."""
     import transformers as tf
 
-    mamba = tf.MambaModel(tf.MambaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
-                                         state_size=4, expand=2, conv_kernel=2))
     rwkv = tf.RwkvModel(tf.RwkvConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
                                       attention_hidden_size=32, intermediate_size=64))
-    for model in (mamba, rwkv):
-        with pytest.raises(UnsupportedModelError, match=r"\(Mamba, RWKV\).*spectral_hooks."
-                                                         "register_anatomy"):
-            sh.anatomy_of(model)
+    with pytest.raises(UnsupportedModelError, match=r"RwkvSelfAttention\) has no query and "
+                                                    r"value projections.*register_anatomy"):
+        sh.anatomy_of(rwkv)
+    mamba = tf.MambaModel(tf.MambaConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                                         state_size=4, expand=2, conv_kernel=2))
+    anatomy = sh.anatomy_of(mamba)
+    assert anatomy.family == "mamba" and [p.mixer for p in anatomy.layers] == ["state_space"] * 2
+
+
+def test_a_mixed_stack_of_unknown_type_gets_one_kind_per_layer():
+    """A Jamba-like stack of two block classes (Mamba, then attention) under an unknown model
+    type: the fallback finds the list of mixed blocks and describes each layer by its own kind;
+    the power view covers the attention layer only."""
+    from tests.families.configs_hybrid import make as make_hybrid
+
+    model = make_hybrid("jamba", dtype=torch.float32)
+    model.config.model_type = "mystery_hybrid"
+    anatomy = _generic(model)
+    assert [(p.mixer, p.mlp) for p in anatomy.layers] == [("state_space", "dense"),
+                                                          ("gqa", "routed")]
+    assert anatomy.ov_layers == (1,)

@@ -1,0 +1,183 @@
+"""Every model people load in 2026 (issue 54): hybrid stacks (Qwen3-Next, Jamba, Granite-4
+hybrid, LFM2, Falcon-H1, MiniMax), pure Mamba-2, latent attention (DeepSeek-V3), routed experts
+with grouped kernels (gpt-oss, GLM-4.5, dots1, Phi-MoE), sliding/full and RoPE/NoPE stacks
+(EXAONE 4, Cohere2, SmolLM3); Gemma 3n refused up front.
+
+Oracles that do not use the library's code path: the model's own ``output_hidden_states``;
+``torch.func.jacfwd`` of the real block (tests/oracles.py) and ``numpy``'s eig for the
+matrix-free Jacobian spectra; a least-squares fit of the raw attention modules for MLA's F.
+"""
+
+import numpy as np
+import pytest
+import torch
+
+import spectral_hooks as sh
+from spectral_hooks.errors import MissingWeightsError, UnsupportedModelError
+from spectral_hooks.linalg import eigs
+from spectral_hooks.linearize import block_jacobian
+from tests.families.configs_hybrid import SUPPORTED, make
+from tests.families.harness import oracle_F
+from tests.oracles import assert_same_spectrum, eigvals_by_modulus, token_jacobian
+
+GROUPED_FALLBACKS = {"linearize.group_member_alone", "linearize.own_trace"}
+KINDS = {  # (mixer, mlp) per layer, as each architecture stacks them
+    "deepseek_v3": [("mla", "dense"), ("mla", "routed+shared")],
+    "qwen3_next": [("linear_attention", "routed+shared"), ("gqa", "routed+shared")],
+    "lfm2": [("short_conv", "dense"), ("gqa", "dense")],
+    "granitemoehybrid": [("state_space", "routed+shared"), ("gqa", "routed+shared")],
+    "jamba": [("state_space", "dense"), ("gqa", "routed")],
+    "mamba2": [("state_space", "none"), ("state_space", "none")],
+    "gpt_oss": [("gqa", "routed")] * 2,
+    "glm4_moe": [("gqa", "dense"), ("gqa", "routed+shared")],
+    "dots1": [("gqa", "dense"), ("gqa", "routed+shared")],
+    "phimoe": [("gqa", "routed")] * 2,
+    "minimax": [("linear_attention", "routed"), ("gqa", "routed")],
+    "exaone4": [("gqa", "dense")] * 2,
+    "smollm3": [("gqa", "dense")] * 2,
+    "cohere2": [("gqa", "dense")] * 2,
+    "falcon_h1": [("attention+ssm", "dense")] * 2,
+}
+
+
+def _batch() -> dict:
+    ids = torch.randint(1, 100, (2, 7), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0  # a left-padded row
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+@pytest.mark.parametrize("name", SUPPORTED)
+def test_recorded_exactly_and_analysed(name):
+    model = make(name, dtype=torch.float32)  # the user's dtype: grouped experts, fused paths
+    anatomy = sh.anatomy_of(model)
+    assert anatomy.family in (name, "mamba", "deepseek_v3", "granitemoehybrid")
+    assert [(p.mixer, p.mlp) for p in anatomy.layers] == KINDS[name]
+    batch = _batch()
+    with torch.no_grad():
+        expected = model(**batch, output_hidden_states=True)
+        with sh.instrument(model) as probe:
+            out = model(**batch, output_hidden_states=True)
+    assert torch.equal(out.last_hidden_state, expected.last_hidden_state)
+    assert probe.n_handles == 0
+    real = batch["attention_mask"].bool()
+    rec = probe.recording
+    for layer in range(anatomy.n_layers):
+        assert torch.equal(rec.resid_pre[layer][real], out.hidden_states[layer][real])
+        if layer < anatomy.n_layers - 1:  # the last hidden state is normalised
+            assert torch.equal(rec.resid_post[layer][real], out.hidden_states[layer + 1][real])
+        assert rec.has("attn_out", layer) == (anatomy.layers[layer].attention is not None)
+    report = probe.analyze(jacobian=True, progress=False)
+    power, jacobian = report.power, report.jacobian
+    assert sorted(power["layer"]) == list(anatomy.ov_layers)
+    assert sorted(set(jacobian["layer"])) == list(range(anatomy.n_layers))
+    assert np.isfinite(jacobian.select_dtypes("number").drop(columns=[
+        c for c in jacobian.columns if jacobian[c].isna().all()])).all().all()
+    assert not GROUPED_FALLBACKS & set(report.metadata["fallbacks"])
+    assert "linearize.full_sequence" not in report.metadata["fallbacks"]
+    assert report.metadata["layer_mixers"] == [m for m, _ in KINDS[name]]
+    note = report.metadata.get("power_coverage")
+    without = [t for t in range(anatomy.n_layers) if not anatomy.layers[t].has_ov_map]
+    assert (note is None) == (not without and KINDS[name][0][0] != "attention+ssm")
+
+
+def _float64_probe(name):
+    model = make(name)
+    with sh.instrument(model) as probe, torch.no_grad():
+        model(**_batch())
+    return probe
+
+
+@pytest.mark.parametrize("name, layer", [("deepseek_v3", 1), ("jamba", 0), ("mamba2", 1),
+                                         ("qwen3_next", 0), ("minimax", 1), ("gpt_oss", 0)])
+def test_matrix_free_equals_dense_on_every_mixer(name, layer):
+    """MLA + routed/shared experts, Mamba, Mamba-2, Gated DeltaNet, routed experts (gpt-oss:
+    sinks and biases): the library's dense Jacobian = jacfwd of the real block, and the
+    matrix-free top-k eigenvalues = numpy's eig of it."""
+    probe = _float64_probe(name)
+    want = token_jacobian(probe, layer, sample=0)
+    op = block_jacobian(probe.anatomy, probe.recording, layer)
+    got = op.to_dense()
+    assert float((got - want).abs().max()) <= 1e-10 * float(want.abs().max())
+    result = eigs(op, 4, tol=1e-10, seed=0, return_vectors=False)
+    assert bool(result.converged)
+    got_values = np.asarray(result.values)  # 4, or 5 where the 4th is half a conjugate pair
+    exact = eigvals_by_modulus(np.asarray(want))[:len(got_values)]
+    assert_same_spectrum(got_values, exact, 1e-8)
+
+
+def test_latent_attention_F_equals_a_fit_of_the_raw_modules():
+    """MLA: F = sum_h W_O^h W_V^h with W_V read through the latent (kv_a_proj_with_mqa, the
+    latent norm's gain, kv_b_proj's value rows); the oracle fits the raw modules on one-token
+    inputs with the latent RMSNorm's per-token scale taken out (its gain kept)."""
+    model = make("deepseek_v3")
+    anatomy = sh.anatomy_of(model)
+    for part in anatomy.layers:
+        norm = part.block.self_attn.kv_a_layernorm
+        norm.forward = lambda x, norm=norm: norm.weight * x  # gain only: the map is linear
+        try:
+            want = oracle_F(model, part.block, "self_attn.kv_a_proj_with_mqa",
+                            "self_attn.o_proj", anatomy.d_model)
+        finally:
+            del norm.forward
+        F = torch.einsum("hdk,hkm->dm", part.output_weights(), part.value_weights())
+        torch.testing.assert_close(F, want, rtol=1e-6, atol=1e-6)
+    power = sh.instrument(model)
+    with power, torch.no_grad():
+        model(**_batch())
+    F_lib = sh.layer_matrices(model)
+    assert torch.isfinite(F_lib).all() and F_lib.shape == (2, 32, 32)
+
+
+def test_layers_without_an_OV_map_say_so():
+    model = make("jamba", dtype=torch.float32)
+    anatomy = sh.anatomy_of(model)
+    with pytest.raises(MissingWeightsError, match=r"layer 0 is a state_space mixer "
+                                                  r"\(JambaMambaMixer\)"):
+        anatomy.layers[0].value_weights()
+    F = sh.layer_matrices(model)
+    assert torch.isnan(F[0]).all() and torch.isfinite(F[1]).all()
+    with sh.instrument(model) as probe, torch.no_grad():
+        model(**_batch())
+    report = probe.analyze(power=True, progress=False)
+    assert report.power["layer"].tolist() == [1]
+    assert "layer 0: a state_space mixer (JambaMambaMixer)" in report.metadata["power_coverage"]
+    with pytest.raises(sh.errors.RecordingError, match="no attn_out at layer 0"):
+        probe.recording.attn_out[0]
+    assert probe.recording.attn_out.keys() == (1,)
+
+
+def test_a_pure_state_space_model_has_no_power_rows_but_a_full_jacobian_view():
+    model = make("mamba2", dtype=torch.float32)
+    with sh.instrument(model) as probe, torch.no_grad():
+        model(**_batch())
+    report = probe.analyze(jacobian=True, progress=False)
+    assert len(report.power) == 0 and len(report.spectra.query("source == 'F'")) == 0
+    assert "state_space" in report.metadata["power_coverage"]
+    assert len(report.jacobian) == 2
+
+
+def test_falcon_h1_power_view_says_the_parallel_mixer_is_outside_F():
+    model = make("falcon_h1", dtype=torch.float32)
+    with sh.instrument(model) as probe, torch.no_grad():
+        model(**_batch())
+    report = probe.analyze(power=True, progress=False)
+    assert len(report.power) == 2
+    assert "outside F" in report.metadata["power_coverage"]
+
+
+def test_gemma3n_is_refused_up_front_in_one_line():
+    model = make("gemma3n_text", dtype=torch.float32)
+    with pytest.raises(UnsupportedModelError, match="AltUp") as caught:
+        sh.instrument(model)
+    assert "\n" not in str(caught.value)
+    with torch.no_grad():  # and the model still runs: nothing was attached
+        model(**_batch())
+
+
+def test_steering_a_hybrid_whose_last_layer_has_no_attention_is_refused_clearly():
+    model = make("mamba2", dtype=torch.float32)
+    u = torch.randn(32)
+    with pytest.raises(UnsupportedModelError, match="layer 1 is a state_space mixer"):
+        with sh.steer(model, u, gap=0.1):
+            pass
