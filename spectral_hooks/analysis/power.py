@@ -31,6 +31,7 @@ from torch import Tensor
 from ..anatomy.weights import LayerFactors, LayerOperators, layer_matrices, layer_operators
 from ..errors import OptionError
 from ..linalg import LinearOperator
+from ..linalg.operators import DenseOperator
 from ..metrics.power import power_columns, power_table
 from ..metrics.spectrum import (
     BATCHED_EIG_DEVICES,
@@ -39,6 +40,7 @@ from ..metrics.spectrum import (
     layer_spectrum,
     power_route,
     power_spectrum_options,
+    power_threads,
 )
 from ..metrics.stats import with_adjusted
 from .finite import check_layer_matrices_finite
@@ -72,7 +74,9 @@ def layer_power_input(factors: LayerFactors, *, full: Optional[bool], k: int
                       ) -> Union[Tensor, LinearOperator]:
     """Layer F_t in the form its route (``metrics.spectrum.power_route``) computes from: the
     formed d x d matrix (float64, CPU) for "dense", else its thin factors (a LowRankOperator:
-    exact from the r x r matrix for "factored", top-k by Krylov for "krylov").
+    exact from the r x r matrix for "factored", top-k by Krylov for "krylov"), except where
+    Krylov's products cost less by the formed F (2 r >= d: 2 d^2 flops against 4 d r, and one
+    matrix read instead of two): that matrix as a DenseOperator, on the factors' device.
 
         >>> from spectral_hooks.anatomy.weights import LayerFactors
         >>> W_O, W_V = torch.randn(4, 16, 2, dtype=torch.float64), torch.randn(1, 2, 16, dtype=torch.float64)
@@ -82,11 +86,14 @@ def layer_power_input(factors: LayerFactors, *, full: Optional[bool], k: int
         >>> layer_power_input(factors, full=True, k=8).shape
         torch.Size([16, 16])
     """
-    route = power_route(factors.d_model, factors.inner_width() if full is None else factors.d_model,
-                        full=full, top_k=k)
+    r = factors.inner_width()
+    route = power_route(factors.d_model, r if full is None else factors.d_model, full=full, top_k=k)
     if route == "dense":
         return factors.matrix().to("cpu", torch.float64)
-    return factors.operator()
+    op = factors.operator()
+    if route == "krylov" and 2 * r >= factors.d_model:  # a product by F costs less than by A, B
+        return DenseOperator(op.left @ op.right, name=f"F[{factors.layer}]")  # r, not H d_head
+    return op
 
 
 def layer_power_spectrum(factors: LayerFactors, *, iterate: str = "F",
@@ -100,9 +107,10 @@ def layer_power_spectrum(factors: LayerFactors, *, iterate: str = "F",
         >>> layer_power_spectrum(LayerFactors(0, W, torch.eye(3, dtype=torch.float64)[None], None)).gap_ratio
         0.3333333333333333
     """
-    F = layer_power_input(factors, full=full, k=k)
-    return layer_spectrum(F, iterate, REAL_TOL, top_k=k, layer=factors.layer, vectors=False,
-                          **power_spectrum_options(factors.d_model, full=full))
+    with power_threads():  # F may be formed here: on the threads of the spectrum
+        F = layer_power_input(factors, full=full, k=k)
+        return layer_spectrum(F, iterate, REAL_TOL, top_k=k, layer=factors.layer, vectors=False,
+                              **power_spectrum_options(factors.d_model, full=full))
 
 
 class PowerLayers:
@@ -113,8 +121,8 @@ class PowerLayers:
         >>> from spectral_hooks import anatomy_of
         >>> anatomy = anatomy_of(GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)))
         >>> F = PowerLayers(layer_operators(anatomy), full=False, k=8)
-        >>> F.shape, type(F[1]).__name__
-        ((2, 32, 32), 'LowRankOperator')
+        >>> F.shape, type(F[1]).__name__   # r = d: Krylov multiplies by the formed F
+        ((2, 32, 32), 'DenseOperator')
     """
 
     def __init__(self, operators: LayerOperators, *, full: Optional[bool], k: int) -> None:

@@ -38,6 +38,7 @@ from spectral_hooks.metrics.spectrum import (
     check_spectrum_options,
     checked_matrices,
     layer_spectra,
+    power_threads,
 )
 
 if TYPE_CHECKING:  # shape annotations only (jaxtyping is not a runtime dependency)
@@ -330,9 +331,10 @@ def power_table(
     B_r = (spectra[idx.index(r)] if r in idx else
            layer_spectra(F_in, F, [r], iterate, real_tol, dense_limit, top_k)[0]).B
     reference = (r, B_r)
-    rows = [power_row(s, _tokens(resid_pre, t, L, d, "resid_pre"),
-                      _tokens(resid_post, t, L, d, "resid_post"), layer=t, reference=reference,
-                      direction=u) for t, s in zip(idx, spectra)]
+    with power_threads():  # small products and SVDs of the tokens: one thread (see spectrum)
+        rows = [power_row(s, _tokens(resid_pre, t, L, d, "resid_pre"),
+                          _tokens(resid_post, t, L, d, "resid_post"), layer=t,
+                          reference=reference, direction=u) for t, s in zip(idx, spectra)]
     return pd.DataFrame(rows, columns=list(power_columns(direction=u is not None)))
 
 

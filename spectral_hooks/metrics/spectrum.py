@@ -100,16 +100,19 @@ _EIGS_KW: dict = {"tol": 1e-10, "max_restarts": 1000, "seed": 0}
 # The route thresholds, set by F's own eig on random-init layers of real shapes, one thread
 # (benchmarks/power_shapes.py, benchmarks/RESULTS.md "Power view at real shapes"):
 #: Largest inner width r at which a factored F = A B (a ``LowRankOperator``, r < d: grouped-query
-#: layers) gets its full spectrum exactly from the r x r matrix B A instead of its top-k by
-#: Krylov, at about the cost of Krylov's top 8 or less (one core, random init, full eig with
-#: eigenvectors): r = 1024, d = 4096: 2.1 s against 5.0 s; r = 2048, d = 3584: 7.7 s against 7.2 s
-#: (benchmarks/power_factored.py).
+#: layers) gets its full spectrum exactly from the r x r matrix B A (values-first) instead of its
+#: top-k by Krylov. Per layer, one thread, random init (2026-12-07, machine load 6-11): exact /
+#: Krylov's top 8 on the factors = 0.41 / 0.37 s at d = 2048, r = 512; 1.42 / 1.63 s at
+#: d = 2048, r = 1024; 1.70 / 2.77 s at d = 4096, r = 1024; 17.9 / 34.3 s at d = 3584, r = 2048:
+#: every eigenvalue for at most ~1.1x the top 8 up to here.
 FACTORED_EXACT_MAX = 2048
-#: d_model from which the power view computes F's top-k eigenpairs by Krylov instead of every
-#: eigenvalue by the dense eig (when F is not thin enough to be exact from its factors).
-#: (Set from benchmarks/results/dense_threshold.md, block-Jacobian metrics; to be recalibrated on
-#: F's own eig.)
-MATRIX_FREE_D = 2048
+#: d_model from which the power view computes F's top-k eigenpairs by Krylov (on the formed F
+#: where r >= d / 2, else on its factors) instead of every eigenvalue by the dense eig (when F is
+#: not thin enough to be exact from its factors). Per layer, one thread, random init (2026-12-07,
+#: machine load 6): dense values-first 0.56 / 0.73 / 2.09 s at d = 512 / 768 / 1024 against
+#: Krylov's top 8 0.24 / 0.27 / 0.43 s (2.3x, 2.7x, 4.6x). Below 1024 the full spectrum is kept
+#: at under a second a layer and under 3x Krylov; from 1024 the top k is 4-5x cheaper.
+MATRIX_FREE_D = 1024
 #: The CPU threads the power view's own LAPACK / BLAS calls run on, at most (torch's count is
 #: lowered for one layer's spectrum and restored after; while it is lowered, other Python threads
 #: of the process see it too). Issue 57 measured the power view of 4 GPT-2-medium layers at 4.8 s
@@ -390,6 +393,11 @@ def _eig_leading(F: Tensor, iterate: str, real_tol: float) -> tuple[Tensor, Tens
     return vals, vecs, is_real
 
 
+def _real_times(M: Tensor, v: Tensor) -> Tensor:
+    """M @ v for a real M and a real or complex v, without a complex copy of M."""
+    return torch.complex(M @ v.real, M @ v.imag) if v.is_complex() else M @ v
+
+
 def _factored_leading(F: LowRankOperator, iterate: str, real_tol: float
                       ) -> tuple[Tensor, Tensor, Tensor] | None:
     """:func:`_eig_leading` for a real factored F = A B (r < d): the r eigenvalues of B A from
@@ -406,17 +414,16 @@ def _factored_leading(F: LowRankOperator, iterate: str, real_tol: float
     q_zero = 1.0 if iterate == "I+F" else 0.0  # where the d - r zeros sort
     if int(((vals_r + q_zero).abs() > q_zero).sum()) < 3:
         return None
-    scale_F = math.sqrt(max(float(((A.T @ A) * (B @ B.T)).sum()), 0.0))  # ||A B||_F
+    scale_F = float(torch.linalg.matrix_norm(A)) * float(torch.linalg.matrix_norm(B))  # >= ||F||_F
 
     def lift(y: Tensor, lam: complex) -> Tensor | None:
-        A_y, B_y = A.to(y.dtype), B.to(y.dtype)
-        x = A_y @ y
+        x = _real_times(A, y)
         norm = float(torch.linalg.vector_norm(x))
         if not norm > 0.0:
             return None
         x = x / norm
         target = lam if y.is_complex() else lam.real
-        residual = float(torch.linalg.vector_norm(A_y @ (B_y @ x) - target * x))
+        residual = float(torch.linalg.vector_norm(_real_times(A, _real_times(B, x)) - target * x))
         return x if residual <= VECTOR_RESIDUAL_TOL * scale_F else None
 
     vecs = _leading_vectors(BA, vals_r, real_r, lift)
@@ -629,9 +636,10 @@ def layer_spectra(
     for t in layers:
         s = table.get((t, *opts))
         if s is None:
-            s = replace(layer_spectrum(F[t], iterate, real_tol, dense_limit, top_k, layer=t,
-                                      dense_eig=batched.get(t), vectors=False),
-                        eigenvectors=None)
+            with power_threads():  # F[t] may be formed here (a stack of layer operators)
+                s = replace(layer_spectrum(F[t], iterate, real_tol, dense_limit, top_k, layer=t,
+                                          dense_eig=batched.get(t), vectors=False),
+                            eigenvectors=None)
             table[(t, *opts)] = s
         out.append(s)
     return out

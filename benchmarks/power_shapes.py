@@ -1,0 +1,316 @@
+"""The power view at real shapes on a CPU (issue 57): route costs on F's own eig, and default
+``analyze()`` on GPT-2-medium, Qwen3-0.6B and Llama-3.2-1B shapes, quiet and with the cores busy.
+
+    python benchmarks/power_shapes.py --calibrate   # route costs per layer (sets MATRIX_FREE_D,
+                                                    # FACTORED_EXACT_MAX), ~3 min
+    python benchmarks/power_shapes.py --shapes      # default analyze() per shape, ~5 min
+    python benchmarks/power_shapes.py --busy        # GPT-2-medium (8 of its layers), torch's
+                                                    # default threads, both cores busy, against
+                                                    # quiet one thread, ~4 min
+
+Everything runs on random-init weights built offline. ``--calibrate`` times, per layer matrix F
+(interleaved rounds, one thread, median and range), each way the power view can get its spectrum:
+
+* ``eig``: the dense float64 eig with every eigenvector (the route before issue 57);
+* ``values-first``: every eigenvalue from LAPACK without eigenvectors, the leading eigenvectors
+  by inverse iteration (``metrics.spectrum``, the dense route now);
+* ``krylov F``: the top 8 by ``linalg.eigs`` on the formed F (a DenseOperator);
+* ``krylov A,B``: the top 8 by ``linalg.eigs`` on the thin factors x -> A (B x);
+* for grouped-query factors (r < d) ``factored``: every eigenvalue from the r x r B A,
+  values-first.
+
+F = sum_h W_O^h W_V^h of Gaussian heads (HF's init, std 0.02): its top is a crowd of complex
+pairs, the hard case for Krylov. After the timed rounds, every route's leading values are checked
+against the dense oracle (``torch.linalg.eigvals``, run last).
+
+``--shapes`` builds each model at its real attention shape and depth (vocabulary 1000 and MLP
+width 256: the power view reads only W_O and W_V, and the forward is not timed), records one
+batch of 2 x 64 tokens, and times ``probe.analyze()`` with the defaults (its ``power`` and
+``spectra`` tables) from cleared caches, against the route before issue 57 in the same run
+("before": ``MATRIX_FREE_D = 2048``, the full eig, torch's thread count), interleaved. The
+default's power columns are checked against the full eig's after the timed rounds.
+
+``--busy`` times GPT-2-medium's default ``analyze()`` at torch's default thread count while two
+other processes spin on the two cores, against the quiet one-thread time, interleaved (the
+spinners are started and stopped each round), and the "before" route the same way.
+Results are appended to benchmarks/results/power_shapes.md with ``uptime``'s load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+RESULTS = Path(__file__).parent / "results" / "power_shapes.md"
+SHAPES: dict[str, tuple[str, dict[str, Any]]] = {  # attention shapes, depths of the releases
+    "GPT-2-medium": ("gpt2", dict(n_embd=1024, n_layer=24, n_head=16)),
+    "Qwen3-0.6B": ("qwen3", dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
+                                 num_key_value_heads=8, head_dim=128)),
+    "Llama-3.2-1B": ("llama", dict(hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
+                                   num_key_value_heads=8, head_dim=64)),
+}
+
+
+def load() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+def write(lines: list[str]) -> None:
+    RESULTS.parent.mkdir(exist_ok=True)
+    with RESULTS.open("a") as f:
+        f.write("\n".join(lines) + "\n\n")
+    print("\n".join(lines), flush=True)
+
+
+def interleaved(variants: dict[str, Callable[[], object]], rounds: int) -> dict[str, list[float]]:
+    """Seconds of each variant per round, A B C A B C ..., after one warm-up each (but those
+    named "before": the slow route before issue 57 warms up in the first round's "now")."""
+    for name, fn in variants.items():
+        if name != "before":
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, fn in variants.items():
+            t0 = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - t0)
+    return times
+
+
+def summary(ts: list[float]) -> str:
+    return f"{statistics.median(ts):.3f} s ({min(ts):.3f}-{max(ts):.3f})"
+
+
+def ratio(a: list[float], b: list[float]) -> str:
+    rs = [x / y for x, y in zip(a, b)]
+    return f"{statistics.median(rs):.2f}x ({min(rs):.2f}-{max(rs):.2f})"
+
+
+# ----------------------------------------------------------------------------- calibration
+
+
+def gaussian_factors(d: int, heads: int, d_head: int, kv: int, seed: int):
+    """A [d, r], B [r, d] of a random-init layer (std 0.02; heads sharing a W_V merged)."""
+    g = torch.Generator().manual_seed(seed)
+    W_O = 0.02 * torch.randn(heads, d, d_head, dtype=torch.float64, generator=g)
+    W_V = 0.02 * torch.randn(kv, d_head, d, dtype=torch.float64, generator=g)
+    group = heads // kv
+    A = torch.cat([W_O[i * group:(i + 1) * group].sum(0) for i in range(kv)], dim=1)
+    B = W_V.reshape(kv * d_head, d)
+    return A, B
+
+
+def calibrate(rounds: int, widths: list[int] | None) -> None:
+    from spectral_hooks.linalg import LowRankOperator
+    from spectral_hooks.linalg.operators import DenseOperator
+    from spectral_hooks.metrics import spectrum as S
+
+    torch.set_num_threads(1)
+    lines = [f"## calibrate: route costs per layer, one thread ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC)",
+             f"load before: {load()}", "",
+             "| d | r | route | seconds / layer | vs krylov F | top-8 max error / abs(lambda1) |",
+             "|---|---|---|---|---|---|"]
+    cases = [(512, 8, 64, 8), (768, 12, 64, 12), (1024, 16, 64, 16), (1536, 12, 128, 12),
+             (2048, 32, 64, 8), (2048, 16, 128, 8), (4096, 32, 128, 8), (3584, 16, 256, 8)]
+    for d, heads, d_head, kv in cases:
+        if widths and d not in widths:
+            continue
+        A, B = gaussian_factors(d, heads, d_head, kv, seed=d + kv)
+        r = B.shape[0]
+        F = A @ B
+        op, dense_op = LowRankOperator(A, B), DenseOperator(F)
+        out: dict[str, object] = {}
+
+        def run(name: str, fn: Callable[[], object]) -> Callable[[], object]:
+            def go() -> object:
+                out[name] = fn()
+                return out[name]
+            return go
+        variants = {
+            "krylov F": run("krylov F", lambda: S.layer_spectrum(dense_op, "F", 1e-9, 0, 8, vectors=False)),
+            "krylov A,B": run("krylov A,B", lambda: S.layer_spectrum(op, "F", 1e-9, 0, 8, vectors=False,
+                                                                     factored_max=0)),
+        }
+        if r < d:
+            variants["factored"] = run("factored", lambda: S.layer_spectrum(op, "F", 1e-9, d, 8, vectors=False,
+                                                                            factored_max=d))
+        if d <= 1536:  # the GQA shapes above take the factored route
+            variants["values-first"] = run("values-first", lambda: S.layer_spectrum(F, "F", 1e-9, d, 8,
+                                                                                    vectors=False))
+            variants["eig"] = run("eig", lambda: S.layer_spectrum(F, "F", 1e-9, d, 8, vectors=True))
+        times = interleaved(variants, rounds if d <= 2048 else 1)
+        oracle = torch.linalg.eigvals(F)  # after the timed rounds
+        top = oracle[oracle.abs().argsort(descending=True)][:8].abs()
+        for name, ts in times.items():
+            s = out[name]
+            got = s.eigenvalues[:8].abs()  # type: ignore[attr-defined]
+            err = float((got - top[:got.numel()]).abs().max() / top[0])
+            lines.append(f"| {d} | {r} | {name} | {summary(ts)} | {ratio(ts, times['krylov F'])} | {err:.1e} |")
+        print("\n".join(lines[-len(times):]), flush=True)
+    lines.append(f"\nload after: {load()}")
+    write(lines)
+
+
+# ----------------------------------------------------------------------------- shapes
+
+
+def build(shape: str, n_layers: int | None = None):
+    import spectral_hooks as sh
+    family, kw = SHAPES[shape]
+    if n_layers:  # the same layers, fewer of them
+        kw = {**kw, ("n_layer" if family == "gpt2" else "num_hidden_layers"): n_layers}
+    torch.manual_seed(0)
+    if family == "gpt2":
+        from transformers import GPT2Config, GPT2Model
+        model = GPT2Model(GPT2Config(**kw, n_inner=256, vocab_size=1000, n_positions=128))
+    elif family == "qwen3":
+        from transformers import Qwen3Config, Qwen3Model
+        model = Qwen3Model(Qwen3Config(**kw, intermediate_size=256, vocab_size=1000))
+    else:
+        from transformers import LlamaConfig, LlamaModel
+        model = LlamaModel(LlamaConfig(**kw, intermediate_size=256, vocab_size=1000,
+                                       bos_token_id=0, eos_token_id=0))
+    model.eval()
+    probe = sh.instrument(model)
+    ids = torch.randint(0, 1000, (2, 64), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        model(input_ids=ids)
+    return probe
+
+
+@contextlib.contextmanager
+def before_issue_57():
+    """The route before issue 57: dense full eig below d = 2048 with every eigenvector, at
+    torch's thread count (the factored route as it was: its full eig of B A)."""
+    from spectral_hooks.metrics import spectrum as S
+    saved = S.MATRIX_FREE_D, S.POWER_THREADS, S._eig_leading, S._factored_leading
+    S.MATRIX_FREE_D, S.POWER_THREADS = 2048, 1 << 20
+    S._eig_leading = S._eig_sorted  # type: ignore[assignment]
+    S._factored_leading = lambda *a: None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        S.MATRIX_FREE_D, S.POWER_THREADS, S._eig_leading, S._factored_leading = saved
+
+
+def analyze_once(probe, before: bool = False):
+    from spectral_hooks.metrics.spectrum import clear_spectrum_cache
+    clear_spectrum_cache()
+    probe.invalidate()
+    with before_issue_57() if before else contextlib.nullcontext():
+        report = probe.analyze(progress=False)
+        return report.power, report.spectra
+
+
+def check(probe, power) -> str:
+    """The default's power columns against the full eig's (power={"full": True}, values-first
+    with its residual checks), after the timed rounds."""
+    import numpy as np
+
+    from spectral_hooks.metrics.spectrum import clear_spectrum_cache
+    clear_spectrum_cache()
+    probe.invalidate()
+    with before_issue_57():
+        full = probe.analyze(power={"full": True}, progress=False).power
+    cols = ["abs_lambda1", "abs_lambda2", "gap_ratio", "gamma_in", "gamma", "gamma2", "rho",
+            "subspace_cos_ref"]
+    a, b = power[cols].to_numpy(float), full[cols].to_numpy(float)
+    return f"max |default - full eig| over {cols}: {np.nanmax(np.abs(a - b)):.1e}"
+
+
+def shapes(rounds: int, names: list[str]) -> None:
+    torch.set_num_threads(1)
+    lines = [f"## default analyze() per shape, one thread ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC)",
+             f"load before: {load()}", "",
+             "| shape | default now | before (full eig, d < 2048 dense) | before / now | routes now | check |",
+             "|---|---|---|---|---|---|"]
+    for name in names:
+        probe = build(name)
+        out = {}
+        times = interleaved({"now": lambda: out.__setitem__("now", analyze_once(probe)),
+                             "before": lambda: analyze_once(probe, before=True)}, rounds)
+        power = out["now"][0]
+        routes = (f"truncated {int(power['truncated'].sum())}/{len(power)}, "
+                  f"n_computed {sorted(set(power['n_computed']))}")
+        lines.append(f"| {name} | {summary(times['now'])} | {summary(times['before'])} | "
+                     f"{ratio(times['before'], times['now'])} | {routes} | {check(probe, power)} |")
+        print(lines[-1], flush=True)
+        probe.remove()
+    lines.append(f"\nload after: {load()}")
+    write(lines)
+
+
+def spinners(n: int) -> list[subprocess.Popen]:
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+def busy(rounds: int, n_layers: int) -> None:
+    default_threads = torch.get_num_threads()
+    probe = build("GPT-2-medium", n_layers)
+    lines = [f"## GPT-2-medium ({n_layers} layers) default analyze(): busy cores at torch's default threads "
+             f"({default_threads}) vs quiet one thread ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC)",
+             f"load before: {load()}", ""]
+    times: dict[str, list[float]] = {k: [] for k in ("quiet 1 thread", "busy default threads",
+                                                      "before: quiet 1 thread",
+                                                      "before: busy default threads")}
+    analyze_once(probe)  # warm-up
+    for _ in range(rounds):
+        for before in (False, True):
+            tag = "before: " if before else ""
+            torch.set_num_threads(1)
+            t0 = time.perf_counter()
+            analyze_once(probe, before)
+            times[tag + "quiet 1 thread"].append(time.perf_counter() - t0)
+            torch.set_num_threads(default_threads)
+            procs = spinners(2)
+            time.sleep(0.5)
+            try:
+                t0 = time.perf_counter()
+                analyze_once(probe, before)
+                times[tag + "busy default threads"].append(time.perf_counter() - t0)
+                lines.append(f"(load with spinners: {load()})")
+            finally:
+                for p in procs:
+                    p.kill()
+                    p.wait()
+    for name, ts in times.items():
+        lines.append(f"- {name}: {summary(ts)}")
+    lines.append(f"- now: busy / quiet = {ratio(times['busy default threads'], times['quiet 1 thread'])}")
+    before = ratio(times["before: busy default threads"], times["before: quiet 1 thread"])
+    lines.append(f"- before: busy / quiet = {before}")
+    lines.append(f"\nload after: {load()}")
+    write(lines)
+    probe.remove()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--calibrate", action="store_true")
+    parser.add_argument("--shapes", action="store_true")
+    parser.add_argument("--busy", action="store_true")
+    parser.add_argument("--only", nargs="*", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--widths", nargs="*", type=int, help="--calibrate only these d")
+    parser.add_argument("--busy-layers", type=int, default=8, help="--busy: GPT-2-medium layers")
+    args = parser.parse_args()
+    os.environ.setdefault("TQDM_DISABLE", "1")
+    if args.calibrate:
+        calibrate(args.rounds, args.widths)
+    if args.shapes:
+        shapes(args.rounds, args.only)
+    if args.busy:
+        busy(args.rounds, args.busy_layers)
+
+
+if __name__ == "__main__":
+    main()
