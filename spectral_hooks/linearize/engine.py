@@ -8,7 +8,7 @@ from typing import Any, Callable, Optional, Union, cast
 import torch
 from torch import Tensor
 
-from ..errors import OptionError, fallback
+from ..errors import OptionError, UnsupportedModelError, fallback
 from .cuda_graphs import graphed, wanted
 from .finite import checked
 from .function import REPLAY_ERRORS, BlockFunction, agreement_tol, linearize, math_sdpa, plain_jvp
@@ -82,18 +82,31 @@ class Engine:
                                  f"forward-mode AD failed for layer {fn.layer}: JVPs by central "
                                  "finite differences (two block forwards each, ~1e-10 relative "
                                  "error in float64, ~eps^(2/3) otherwise)")
+                    self._fd_jvp(probe)  # the block's own forward must run, at least
                     self._jvp = self._fd_jvp
                     self._vmap_ok["jvp"] = False
                 self.method_used = method
                 return
             except REPLAY_ERRORS as err:  # a transform or kernel refused: try the next method
-                if self.method != "auto":
-                    raise
+                if self.method != "auto" or method == order[-1]:
+                    raise self._unreplayable(method, err) from err
                 log.info("JVP method %s failed for layer %d: %s", method, fn.layer, err)
                 if method == "linearize":
                     fallback("linearize.plain_jvp",
                              f"torch.func.linearize failed for layer {fn.layer} ({err}): "
                              "torch.func.jvp instead (each JVP recomputes the block forward)")
+
+    def _unreplayable(self, method: str, err: Exception) -> UnsupportedModelError:
+        """The library error that ends the chain of JVP methods: which layer, which block,
+        what failed and what to do."""
+        fn = self.fn
+        return UnsupportedModelError(
+            f"layer {fn.layer} ({type(fn.block).__name__}) cannot be linearised: its replay in "
+            f"{str(self.x0.dtype).replace('torch.', '')} failed ({method}: "
+            f"{type(err).__name__}: {err}); a kernel of the block lacks that dtype or forward "
+            "AD: load the model with attn_implementation='eager', or register an anatomy "
+            "(spectral_hooks.register_anatomy) whose BlockCallConvention.replay_context "
+            "switches the block to kernels that have both")
 
     def _linearize_agrees(self, lin: Callable[[Tensor], Tensor], probe: Tensor) -> bool:
         """Whether torch.func.linearize's traced JVP equals a direct torch.func.jvp on

@@ -181,3 +181,20 @@ def test_steering_a_hybrid_whose_last_layer_has_no_attention_is_refused_clearly(
     with pytest.raises(UnsupportedModelError, match="layer 1 is a state_space mixer"):
         with sh.steer(model, u, gap=0.1):
             pass
+
+
+def test_a_block_no_replay_can_run_ends_in_one_library_error():
+    """Without the experts switch (an anatomy registered without a replay context), gpt-oss's
+    grouped-matmul experts have no float64 kernel: linearize, jvp and finite differences all
+    fail, and the chain ends in an UnsupportedModelError naming the layer, the block and what
+    to do, not in torch's RuntimeError."""
+    from spectral_hooks.anatomy.calls import HF_CALLS
+
+    model = make("gpt_oss", dtype=torch.float32)
+    with sh.instrument(model) as probe, torch.no_grad():
+        model(**_batch())
+    anatomy = probe.anatomy.replace(call_convention=HF_CALLS)
+    with pytest.warns(sh.errors.FallbackWarning), \
+            pytest.raises(UnsupportedModelError, match=r"layer 0 \(GptOssDecoderLayer\) cannot "
+                          r"be linearised: .*float64.*register_anatomy"):
+        block_jacobian(anatomy, probe.recording, 0).matvec(torch.randn(32, dtype=torch.float64))
