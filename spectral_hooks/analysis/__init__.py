@@ -49,6 +49,7 @@ from .options import (
 from .power import cross_power_section, has_cross_attention, power_section
 from .preflight import TOKEN_COLUMNS, TokenColumnsWarning, preflight
 from .progress import Progress
+from .progress_plan import progress_plan
 from .reinit import init_subject
 from .reinit_comparison import reinit_test_section
 from .shared_weights import shared_weights_section
@@ -62,7 +63,6 @@ __all__ = ["AnalyzeOptions", "IdealisedOptions", "JacobianOptions", "PowerOption
            "Subject", "analyze", "TOKEN_COLUMNS", "TokenColumnsWarning"]
 
 Section = Callable[[], pd.DataFrame]
-_REINIT_SECTIONS = ("jacobian", "bottleneck", "topology")  # also run on the re-initialised model
 
 
 def _power_sections(subject: Subject, options: AnalyzeOptions, skipped: dict) -> dict:
@@ -163,10 +163,8 @@ def analyze(subject: Subject, options: AnalyzeOptions) -> Report:
     _merge_spectra(sections)
     if skipped:
         meta = meta.replace(sections_skipped=skipped)
-    progress = Progress(list(sections), n_layers=len(subject.layers),
-                        enabled=options.show_progress,
-                        doubled=_REINIT_SECTIONS if options.reinit else (),
-                        times={"reinit_test": 1 + options.reinit_seeds})
+    progress = Progress(*progress_plan(subject, options, list(sections)),
+                        enabled=options.show_progress)
     return Report({name: _instrumented(name, fn, meta, progress)
                    for name, fn in sections.items()}, meta,
                   schemas={name: SCHEMAS[name] for name in sections if name in SCHEMAS})

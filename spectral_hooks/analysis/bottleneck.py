@@ -29,6 +29,7 @@ from ..metrics.bottleneck import (
     single_layer_ablation_table,
 )
 from ..metrics.jacobian import SCHUR_MAX_D
+from . import progress
 from .jacobian import JacobianView
 from .option_values import depths_of
 from .options import AnalyzeOptions
@@ -93,10 +94,12 @@ def bottleneck_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFram
                  "Schur form of every dense J_l; replacing only a top-k Schur block would be a "
                  "different ablation, so no matrix-free version is offered)")
         variants.remove("schur")
-    frames = [variant_table(view, v) for v in variants]
+    frames = [variant_table(view, v) for v in progress.each(
+        variants, lambda v: f"variant {v}", work="bottleneck")]
     if options.reinit:
         init = JacobianView(init_subject(subject, seed=o.init_seed), o)
         frames.append(variant_table(init, "init"))
+        progress.step("bottleneck", "variant init")
     table = pd.concat(frames, ignore_index=True)
     _warn_wide_quadrature(table, o.bottleneck_steps)
     return table

@@ -136,8 +136,29 @@ class JacobianView:
         return self.subject.positions(self.options.positions, self.options.sample)
 
     def bar(self, items: Iterable[Any], desc: str) -> Iterable[Any]:
-        """Iterate ``items``, advancing the analysis' progress display per layer."""
-        return progress.layers(items, f"{desc} ({self.label})")
+        """Iterate ``items`` (layers), one step of this view's anchor Jacobians
+        (:attr:`anchor_work`) on the analysis' progress display per layer."""
+        return progress.layers(items, f"{desc} ({self.label})", work=self.anchor_work)
+
+    @property
+    def anchor_work(self) -> str:
+        """The progress pool of the dense Jacobians at the default position
+        (``progress_plan``)."""
+        return f"anchor:{self.label}"
+
+    @property
+    def gain_work(self) -> str:
+        """The progress pool of the per-unit gains at the default position: the dense
+        Jacobians where they come from them, else the matrix-free estimates."""
+        return self.anchor_work if self.exact or self.dense_products else f"gain:{self.label}"
+
+    def metric_steps(self, items: Iterable[tuple[int, int]]) -> Iterable[tuple[int, int]]:
+        """Iterate (layer, position) pairs, one step of this view's Jacobian metrics on the
+        progress display after each."""
+        several = len(self.positions()) > 1
+        return progress.each(items, lambda item: f"Jacobian spectra ({self.label}) layer "
+                             f"{item[0]}" + (f" position {item[1]}" if several else ""),
+                             work=f"jacobian:{self.label}")
 
     def _memo(self, key: tuple, compute):
         return self.subject.memo(("jacobian", self.options.sample) + key, compute)
@@ -233,6 +254,8 @@ class JacobianView:
             for op, m in zip(ops, ms):
                 self._memo(self._metrics_key(op.layer, position), lambda m=m: m)
                 self._memo(("row_position", op.layer, position), lambda op=op: int(op.positions[0]))
+            for _ in self.metric_steps([(op.layer, position) for op in ops]):
+                pass
 
     def _dense_all(self, ops: list[BlockJacobian], position: int) -> list[Tensor]:
         """The full J of every operator, DENSE_CHUNK columns a pass for all of them together
@@ -275,7 +298,7 @@ class JacobianView:
                 for p in self.positions():
                     self._grouped(p)
             items = [(l, p) for l in self.layers for p in self.positions()]
-            for layer, position in self.bar(items, "Jacobian spectra"):
+            for layer, position in self.metric_steps(items):
                 row = jacobian_row(self.metrics(layer, position), layer=layer,
                                    position=self.row_position(layer, position))
                 rows.append({"variant": self.label, **row, "sample": self.options.sample})
@@ -289,10 +312,13 @@ class JacobianView:
         with ``real``, ``imag`` and ``abs``.
         """
         rows = []
-        for layer in self.layers:
-            for position in self.positions():
-                rows += eigen_rows(self.metrics(layer, position), layer=layer,
-                                   position=self.row_position(layer, position))
+        if self.layers_together():  # the same computation as table(), whichever is read first
+            for p in self.positions():
+                self._grouped(p)
+        items = [(layer, position) for layer in self.layers for position in self.positions()]
+        for layer, position in self.metric_steps(items):
+            rows += eigen_rows(self.metrics(layer, position), layer=layer,
+                               position=self.row_position(layer, position))
         return pd.DataFrame(rows)
 
     @property

@@ -22,7 +22,7 @@ as the table here does.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Union, cast
+from typing import Any, Optional, Sequence, Union, cast
 
 import pandas as pd
 import torch
@@ -32,7 +32,7 @@ from ..anatomy.weights import LayerFactors, LayerOperators, layer_matrices, laye
 from ..errors import OptionError
 from ..linalg import LinearOperator
 from ..linalg.operators import DenseOperator
-from ..metrics.power import power_columns, power_table
+from ..metrics.power import power_columns, power_table, spectra_table
 from ..metrics.spectrum import (
     BATCHED_EIG_DEVICES,
     TOP_K,
@@ -43,6 +43,7 @@ from ..metrics.spectrum import (
     power_threads,
 )
 from ..metrics.stats import with_adjusted
+from . import progress
 from .finite import check_layer_matrices_finite
 from .options import AnalyzeOptions
 from .subject import Subject
@@ -169,6 +170,23 @@ def spectrum_options(subject: Subject, options: AnalyzeOptions) -> dict[str, Any
     return {"top_k": po.k, **power_spectrum_options(subject.anatomy.d_model, full=po.full)}
 
 
+def spectra_by_layer(subject: Subject, options: AnalyzeOptions, F: Tensor,
+                     layers: Sequence[int]) -> None:
+    """With a progress display on: F's spectra computed one layer at a time, each a step of
+    the display's ``F`` pool, into the spectrum cache that the power and spectra tables then
+    read them from (``metrics.power.spectra_table``: same F object, same options). Nothing
+    where that cache does not hold them (an inference tensor) or where the layers run in one
+    batched eig on the device (BATCHED_EIG_DEVICES): the table computes them as before."""
+    display = progress.current()
+    if display is None or not display.enabled:
+        return
+    if isinstance(F, Tensor) and (F.is_inference() or F.device.type in BATCHED_EIG_DEVICES):
+        return
+    kw = spectrum_options(subject, options)
+    for t in progress.layers(layers, "F spectra", work="F"):
+        spectra_table(F, iterate=options.iterate, real_tol=REAL_TOL, layers=[t], **kw)
+
+
 def has_cross_attention(subject: Subject) -> bool:
     """Whether any layer of the stack has a cross-attention (a decoder of an encoder-decoder)."""
     return any(part.cross_value is not None for part in subject.anatomy.layers)
@@ -210,6 +228,7 @@ def power_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame:
         reference = po.reference_layer
         if reference is None and subject.anatomy.ov_layers[-1] != L - 1:
             reference = subject.anatomy.ov_layers[-1]  # the last layer with an OV map
+        spectra_by_layer(subject, options, F, list(layers))
         table = power_table(F, subject.tokens("resid_pre"), subject.tokens("resid_post"),
                             iterate=options.iterate, layers=list(layers),
                             reference_layer=reference, direction=direction,

@@ -1,24 +1,38 @@
-"""One progress display over a whole analysis: sections x layers, shown from the first second.
+"""One progress display over a whole analysis: per layer while the work runs, in units of
+expected cost, with each section's own elapsed time and an estimate of what it has left.
 
-    >>> progress = Progress(["power", "jacobian"], n_layers=2, enabled=False)
-    >>> with progress.section("jacobian"):
-    ...     for layer in progress.layers([0, 1]):
+    >>> progress = Progress({"power": ["F"], "spectra": ["F"]}, {"F": Work(2, 1.0)},
+    ...                     enabled=False)
+    >>> with progress.section("spectra"):       # read first: spectra computes F's spectra
+    ...     for layer in progress.layers([0, 1], "F spectra", work="F"):
     ...         pass
-    >>> progress.done, progress.total
-    (2, 4)
+    >>> progress.fraction                        # power shares them: nothing is left to do
+    1.0
 
-Every section counts ``n_layers`` units (twice that when it also analyses the re-initialised
-model; ``times[name]`` times that for a section analysing several models, reinit_test).
-A section with a per-layer loop advances one unit per layer it finishes; any other
-section advances all its units when it ends ("done": a log's last line reads total/total). A
-section computed while another one runs (trends reads the Jacobian rows) counts inside the
-outer one, never twice.
+**Work, not sections.** The work of an analysis is a set of pools (``Work``): so many
+per-layer steps of one computation (the spectra of every F_t; the trained model's Jacobian
+metrics; its dense anchor Jacobians; ...), each step of an expected cost (``progress_plan``
+estimates it from the shapes: a dense eig of F costs d^3, a Jacobian one application of the
+block per matvec ...). A section names the pools it computes, so work that sections share is
+counted once, by whichever section is read first: reading ``report.spectra`` before
+``report.power`` shows the eigen-decompositions under "spectra", and "power" then finishes at
+once without a jump of the display. A step counts where it is done: a loop over layers calls
+:func:`layers` (``work=`` the pool; default the running section's first pool), and a step
+repeated from a cache (a pool already complete) shows nothing.
 
-Where it goes: on a terminal, one tqdm bar, opened when a section starts and closed when it ends
-(so no stale bar stays on screen between lazily read sections); elsewhere (a log file, CI), one
-plain-text line on stderr per finished layer. ``enabled=False`` (``analyze(progress=False)``)
-or ``TQDM_DISABLE=1`` in the environment shows nothing; ``enabled=True`` shows it even without a
-terminal (as a bar only on a terminal); None (default) shows it.
+**What a line says.** Each finished layer: the section, what was done, the pool's count, the
+section's own elapsed time, an estimate of the time it has left (its remaining pools at the
+rate its steps took so far) and the share of the whole analysis done:
+
+    spectral_hooks: power: F spectra layer 3 (4/24): 12.3 s, about 52 s left (18% of the analysis)
+
+and one line when the section ends (``power done in 48.1 s (51% of the analysis)``).
+
+Where it goes: on a terminal, one tqdm bar (percent of the analysis), opened when a section
+starts and closed when it ends, so no stale bar stays between lazily read sections; elsewhere
+(a log, CI), the plain lines above on stderr, each as the layer finishes. ``enabled=False``
+(``analyze(progress=False)``) or ``TQDM_DISABLE=1`` shows nothing; ``enabled=True`` shows it
+even without a terminal (a bar only on a terminal); None (default) shows it.
 """
 
 from __future__ import annotations
@@ -28,7 +42,8 @@ import contextvars
 import os
 import sys
 import time
-from typing import Any, Iterable, Iterator, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional, Sequence
 
 _CURRENT: contextvars.ContextVar[Optional["Progress"]] = contextvars.ContextVar(
     "spectral_hooks_progress", default=None)
@@ -40,74 +55,181 @@ def env_disabled() -> bool:
     return os.environ.get("TQDM_DISABLE", "").strip().lower() in _TRUE
 
 
+@dataclass(frozen=True)
+class Work:
+    """A pool of ``units`` steps (layers) of one computation, each of expected ``cost``
+    (relative units: only ratios between pools matter)."""
+
+    units: int
+    cost: float
+
+
+def duration(seconds: float) -> str:
+    """A short human duration.
+
+        >>> duration(4.21), duration(125), duration(7260)
+        ('4.2 s', '2 min 05 s', '2 h 01 min')
+    """
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes = int(seconds // 60)
+    if minutes < 60:
+        return f"{minutes} min {int(seconds % 60):02d} s"
+    return f"{minutes // 60} h {minutes % 60:02d} min"
+
+
 class Progress:
-    """Progress of one report's sections (see the module docstring)."""
+    """Progress of one report's sections over shared pools of work (module docstring).
 
-    def __init__(self, sections: Sequence[str], *, n_layers: int,
-                 enabled: Optional[bool] = None, doubled: Sequence[str] = (),
-                 times: Optional[dict[str, int]] = None) -> None:
-        times = times or {}
-        self.units: dict[Optional[str], int] = {
-            name: n_layers * times.get(name, 2 if name in doubled else 1) for name in sections}
-        self.total: int = sum(self.units.values())
-        self.done: int = 0
+    ``sections``: section -> the pools it computes (its own first); a plain list of names
+    gives each section its own pool of ``n_layers`` steps of cost 1. ``pools``: pool -> Work;
+    a pool a section names but ``pools`` lacks is one step of cost 0.
+    """
+
+    def __init__(self, sections: Mapping[str, Sequence[str]] | Sequence[str],
+                 pools: Optional[Mapping[str, Work]] = None, *, n_layers: int = 1,
+                 enabled: Optional[bool] = None) -> None:
+        if not isinstance(sections, Mapping):
+            sections = {name: [name] for name in sections}
+            pools = {name: Work(n_layers, 1.0) for name in sections} | dict(pools or {})
+        pools = dict(pools or {})
+        self.sections: dict[str, list[str]] = {name: list(names)
+                                               for name, names in sections.items()}
+        for names in self.sections.values():
+            for name in names:
+                pools.setdefault(name, Work(1, 0.0))
+        self.pools: dict[str, Work] = pools
+        self.steps: dict[str, int] = {name: 0 for name in pools}  # steps done per pool
+        self.total: float = sum(w.units * w.cost for w in pools.values())
+        self.done: float = 0.0
         self.enabled: bool = enabled is not False and not env_disabled()
+        self.lines: list[str] = []  # every plain line (the bar's too), for tests and logs
         self._section: Optional[str] = None
-        self._spent = 0  # units advanced in the current section
-        self._bar = None
-        self._start = time.perf_counter()
+        self._start = 0.0
+        self._worked = 0.0  # cost of the steps taken in the running section
+        self._first: Optional[tuple[float, float]] = None  # (time, cost) at its first step
+        self._bar: Any = None
 
+    # ------------------------------------------------------------------ counting
+    @property
+    def fraction(self) -> float:
+        """The share of the analysis' expected cost done (1.0 when there is nothing to do)."""
+        return min(1.0, self.done / self.total) if self.total > 0 else 1.0
+
+    def left(self, pool: str) -> float:
+        """Expected cost ``pool`` has left."""
+        work = self.pools[pool]
+        return max(0, work.units - self.steps[pool]) * work.cost
+
+    def step(self, pool: Optional[str] = None, what: str = "") -> None:
+        """One step of ``pool`` (default the running section's first) finished; ``what``
+        names it ("F spectra layer 3"). Steps past a pool's count (a cached repeat) show
+        nothing; steps outside any section are not counted."""
+        if self._section is None:
+            return
+        pool = pool if pool is not None else self.sections[self._section][0]
+        if pool not in self.pools:
+            pool = self.sections[self._section][0]
+        work = self.pools[pool]
+        if self.steps[pool] >= work.units:
+            return
+        self.steps[pool] += 1
+        self.done += work.cost
+        self._worked += work.cost
+        if self._first is None:
+            self._first = (self._elapsed(), self._worked)
+        self._show(f"{what or pool} ({self.steps[pool]}/{work.units})")
+
+    def layers(self, items: Iterable[Any], label: str = "", work: Optional[str] = None
+               ) -> Iterator[Any]:
+        """Iterate ``items`` (layers, or (layer, position) pairs), one step of ``work`` per
+        finished layer (after its last item)."""
+        items = list(items)
+
+        def layer_of(item: Any) -> Any:
+            return item[0] if isinstance(item, tuple) else item
+        for i, item in enumerate(items):
+            yield item
+            if i + 1 == len(items) or layer_of(items[i + 1]) != layer_of(item):
+                self.step(work, f"{label} layer {layer_of(item)}".strip())
+
+    def each(self, items: Iterable[Any], name: Callable[[Any], str], work: Optional[str] = None
+             ) -> Iterator[Any]:
+        """Iterate ``items``, one step of ``work`` after each, named ``name(item)``."""
+        for item in items:
+            yield item
+            self.step(work, name(item))
+
+    # ------------------------------------------------------------------ sections
     @contextlib.contextmanager
     def section(self, name: str) -> Iterator[None]:
-        """Around a section's computation (nested sections count in the outer one)."""
-        if self._section is not None or name not in self.units:
+        """Around a section's computation; nested sections count in the outer one (their
+        steps count in their pools)."""
+        if self._section is not None or name not in self.sections:
             yield
             return
-        self._section, self._spent = name, 0
+        self._section, self._start, self._worked = name, time.perf_counter(), 0.0
+        self._first = None
         token = _CURRENT.set(self)
         self._open()
         try:
             yield
-            self.advance(self.units[name] - self._spent, "done")
+            for pool in self.sections[name]:  # what the section computed, steps or not
+                self.done += self.left(pool)
+                self.steps[pool] = max(self.steps[pool], self.pools[pool].units)
+            self._emit(f"{name} done in {duration(self._elapsed())} "
+                       f"({self._percent()} of the analysis)")
         finally:
             _CURRENT.reset(token)
             self._close()
             self._section = None
 
-    def layers(self, items: Iterable[Any], label: str = "") -> Iterator[Any]:
-        """Iterate ``items`` (layers, or (layer, position) pairs), one unit per finished layer."""
-        items = list(items)
-        layer_of = lambda item: item[0] if isinstance(item, tuple) else item  # noqa: E731
-        for i, item in enumerate(items):
-            yield item
-            last = i + 1 == len(items) or layer_of(items[i + 1]) != layer_of(item)
-            if last:
-                self.advance(1, f"{label} layer {layer_of(item)}".strip())
+    def _elapsed(self) -> float:
+        return time.perf_counter() - self._start
 
-    def advance(self, n: int, what: str = "") -> None:
-        """Count ``n`` finished units of the current section (capped at what it has left);
-        ``what`` names them on the display ("layer 3")."""
-        n = max(0, min(n, self.units.get(self._section, 0) - self._spent))
-        if not n:
-            return
-        self._spent += n
-        self.done += n
+    def _percent(self) -> str:
+        return f"{100 * self.fraction:.0f}%"
+
+    def _estimate(self) -> str:
+        """The running section's time left at the rate its steps took so far."""
+        assert self._section is not None
+        remaining = sum(self.left(pool) for pool in set(self.sections[self._section]))
+        if remaining <= 0:
+            return "nearly done"
+        if self._worked <= 0:
+            return "time left unknown"
+        seconds, cost = self._elapsed(), self._worked
+        if self._first is not None and cost > self._first[1]:  # the rate after the first step,
+            seconds, cost = seconds - self._first[0], cost - self._first[1]  # its setup aside
+        left = remaining * seconds / cost
+        return "nearly done" if left < 0.05 else f"about {duration(left)} left"
+
+    # ------------------------------------------------------------------ display
+    def _show(self, what: str) -> None:
         if not self.enabled:
             return
+        elapsed, estimate = duration(self._elapsed()), self._estimate()
         if self._bar is not None:
-            self._bar.set_postfix_str(what, refresh=False)
-            self._bar.update(n)
-        elif what:
-            sys.stderr.write(f"spectral_hooks: {self._section} {what}: {self.done}/{self.total} "
-                             f"units, {time.perf_counter() - self._start:.1f} s\n")
-            sys.stderr.flush()
+            self._bar.set_postfix_str(f"{what}, {elapsed}, {estimate}", refresh=False)
+            self._bar.update(100 * self.fraction - self._bar.n)
+            self._bar.refresh()  # once a finished layer, whatever tqdm's mininterval
+        self._emit(f"{self._section}: {what}: {elapsed}, {estimate} "
+                   f"({self._percent()} of the analysis)", bar=self._bar is not None)
+
+    def _emit(self, line: str, *, bar: bool = False) -> None:
+        self.lines.append(line)
+        if not self.enabled or bar or self._bar is not None:
+            return
+        sys.stderr.write(f"spectral_hooks: {line}\n")
+        sys.stderr.flush()
 
     def _open(self) -> None:
         if self.enabled and _is_terminal():
             from tqdm.auto import tqdm
 
-            self._bar = tqdm(total=self.total, initial=self.done, leave=False,
-                             desc=f"spectral analysis: {self._section}", unit="layer")
+            self._bar = tqdm(total=100.0, initial=100 * self.fraction, leave=False,
+                             desc=f"spectral analysis: {self._section}",
+                             bar_format="{desc}: {percentage:3.0f}%|{bar}| {postfix}")
             self._bar.refresh()
 
     def _close(self) -> None:
@@ -121,7 +243,27 @@ def _is_terminal() -> bool:
     return bool(isatty and isatty())
 
 
-def layers(items: Iterable[Any], label: str = "") -> Iterator[Any]:
+def current() -> Optional[Progress]:
+    """The display of the section being computed (None outside one)."""
+    return _CURRENT.get()
+
+
+def layers(items: Iterable[Any], label: str = "", work: Optional[str] = None
+           ) -> Iterator[Any]:
     """``Progress.layers`` of the section being computed (plain iteration outside one)."""
-    current = _CURRENT.get()
-    return iter(items) if current is None else current.layers(items, label)
+    progress = _CURRENT.get()
+    return iter(items) if progress is None else progress.layers(items, label, work)
+
+
+def each(items: Iterable[Any], name: Callable[[Any], str], work: Optional[str] = None
+         ) -> Iterator[Any]:
+    """``Progress.each`` of the section being computed (plain iteration outside one)."""
+    progress = _CURRENT.get()
+    return iter(items) if progress is None else progress.each(items, name, work)
+
+
+def step(work: Optional[str] = None, what: str = "") -> None:
+    """``Progress.step`` of the section being computed (nothing outside one)."""
+    progress = _CURRENT.get()
+    if progress is not None:
+        progress.step(work, what)

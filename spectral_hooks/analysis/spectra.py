@@ -22,7 +22,7 @@ from torch import Tensor
 
 from ..metrics.power import SPECTRA_COLUMNS, spectra_table
 from .options import AnalyzeOptions
-from .power import power_matrices_of, spectrum_options
+from .power import power_matrices_of, spectra_by_layer, spectrum_options
 from .subject import Subject
 
 
@@ -35,6 +35,7 @@ def spectra_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame:
         if not layers:  # no layer with an OV map (a Mamba-2 stack)
             return pd.DataFrame(columns=list(SPECTRA_COLUMNS))
         F = cast(Tensor, power_matrices_of(subject, options))
+        spectra_by_layer(subject, options, F, layers)
         return spectra_table(F, iterate=options.iterate, layers=layers,
                              **spectrum_options(subject, options))
     return subject.memo(("spectra", options.iterate, options.fold_norm,

@@ -24,6 +24,7 @@ from torch import Tensor
 from ..linearize.sublayers import sublayer_jacobian
 from ..metrics.community_gain import community_table
 from ..metrics.topology import UnitNorms, log_gain, topology_tables
+from . import progress
 from .jacobian import JacobianView
 from .options import AnalyzeOptions
 from .reinit import init_subject
@@ -72,7 +73,8 @@ def _with_sublayers(units: pd.DataFrame, views: dict) -> pd.DataFrame:
             errors[column] = {}
             if view is None:
                 continue
-            for layer in view.layers:
+            for layer in progress.layers(view.layers, f"{sublayer} gains ({view.label})",
+                                         work="sublayers"):
                 gain = errors[column][layer] = _sublayer_gain(view, layer, sublayer)
                 units.loc[units["layer"] == layer, column] = gain.value.numpy()
     return _with_errors(units, errors)
@@ -85,13 +87,17 @@ def _tables(subject: Subject, options: AnalyzeOptions) -> tuple[pd.DataFrame, pd
         view = JacobianView(subject, o)
         rec = subject.recording
         X = {layer: rec.tokens("resid_pre", layer) for layer in view.layers}
-        g = {layer: view.amplification(layer) for layer in view.layers}
-        gain = {layer: view.log_gain(layer) for layer in view.layers}
+        g = {layer: view.amplification(layer) for layer in progress.layers(
+            view.layers, "amplification (trained)", work=view.gain_work)}
+        gain = {layer: view.log_gain(layer) for layer in progress.layers(
+            view.layers, "gain (trained)", work=view.gain_work)}
         g_init, gain_init, init = {}, {}, None
         if options.reinit:
             init = JacobianView(init_subject(subject, seed=o.init_seed), o)
-            g_init = {layer: init.amplification(layer) for layer in view.layers}
-            gain_init = {layer: init.log_gain(layer) for layer in view.layers}
+            g_init = {layer: init.amplification(layer) for layer in progress.layers(
+                view.layers, "amplification (init)", work=init.gain_work)}
+            gain_init = {layer: init.log_gain(layer) for layer in progress.layers(
+                view.layers, "gain (init)", work=init.gain_work)}
 
         def values(by_layer: dict[int, UnitNorms]) -> dict[int, Tensor]:
             return {layer: norms.value for layer, norms in by_layer.items()}

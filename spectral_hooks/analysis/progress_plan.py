@@ -1,0 +1,124 @@
+"""The work an analysis will do, for its progress display: which pools of per-layer steps each
+section computes and what a step is expected to cost (``progress.Work``), from the shapes alone.
+
+    >>> import torch
+    >>> from transformers import GPT2Config, GPT2Model
+    >>> import spectral_hooks as sh
+    >>> model = GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)).eval()
+    >>> with sh.instrument(model) as probe, torch.no_grad():
+    ...     _ = model(input_ids=torch.arange(16).reshape(2, 8))
+    >>> sections, pools = progress_plan(probe.subject, AnalyzeOptions(), ["power", "spectra"])
+    >>> sections["spectra"], pools["F"].units              # spectra shares power's eigs
+    (['spectra', 'F'], 2)
+    >>> pools["F"].cost > 100 * pools["spectra"].cost       # ... and costs next to nothing
+    True
+
+Costs are relative (multiply-adds, roughly): a dense eigen-decomposition of a d x d matrix
+costs ``EIG`` d^3; one application of a block's Jacobian at one position (a JVP) costs
+``APPLY`` d^2 plus the attention over the T recorded positions; a matrix-free Jacobian takes
+about ``MATVECS_PER_K`` applications per eigenvalue asked for (k) plus its Hutchinson probes.
+They only set how far each finished layer moves the display: the time left printed is measured
+(each section's own rate), not taken from them.
+
+Pools: ``F`` (the spectra of every F_t: power, spectra, trends share them), ``power`` (token
+alignment of each layer), ``jacobian:<label>`` (the Jacobian metrics of the trained model, and
+of the re-initialised one: one step per layer and position), ``anchor:<label>`` (the dense
+Jacobians at the default position: the bottleneck's chain, the topology's gains), ``gain:<label>``
+(matrix-free unit gains), ``sublayers``, ``bottleneck``, ``reinit_test`` and each section's own.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from .jacobian import JacobianView, sample_rows
+from .options import AnalyzeOptions
+from .progress import Work
+from .subject import Subject
+
+EIG = 20.0
+APPLY = 24.0
+MATVECS_PER_K = 100
+#: a section whose own work is a table built from others' (cost of one d-vector op per layer)
+TRIVIAL = 1.0
+
+
+def progress_plan(subject: Subject, options: AnalyzeOptions, sections: Sequence[str]
+                  ) -> tuple[dict[str, list[str]], dict[str, Work]]:
+    """(section -> pools it computes, pool -> Work) for the report's ``sections``."""
+    L = max(1, len(subject.layers))
+    d = subject.anatomy.d_model
+    rec = subject.recording
+    try:
+        T = int(rec.mask.shape[-1])
+        N = int(rec.mask.sum())
+    except Exception:  # noqa: BLE001 -- stats-only or unusual recordings: a nominal size
+        T, N = 64, 128
+    eig = EIG * d ** 3
+    apply = APPLY * d * d + 4.0 * T * d
+    pools: dict[str, Work] = {
+        "F": Work(L, eig),
+        "power": Work(L, 4.0 * N * d * min(N, d) / L + d * d),
+    }
+    plan: dict[str, list[str]] = {}
+    labels = ["trained"] + (["init"] if options.reinit else [])
+    if options.jacobian_view:
+        o = options.jacobian_options
+        view = JacobianView(subject, o)
+        try:
+            n_pos = len(view.positions())
+            n_rows = len(sample_rows(subject, o))
+        except Exception:  # noqa: BLE001 -- refused later, where the section says why
+            n_pos = n_rows = 1
+        solve = (d * apply + eig) if view.exact else \
+            (MATVECS_PER_K * o.k + 2 * o.n_samples) * apply
+        anchor = d * apply
+        for label in labels:
+            pools[f"jacobian:{label}"] = Work(L * n_pos * n_rows, solve)
+            pools[f"anchor:{label}"] = Work(L, anchor)
+            pools[f"gain:{label}"] = Work(2 * L, 2 * o.n_samples * apply)
+        dense = view.dense_products
+        variants = 1 + len(o.ablations) + (1 if options.reinit else 0)
+        per_variant = (12 * d ** 3 * L + (2 * L * L * d ** 3 if subject.anatomy.causal else 0)
+                       if dense else L / 2 * L * (4 * o.bottleneck_k + o.bottleneck_probes
+                                                  * o.bottleneck_steps) * apply)
+        pools["bottleneck"] = Work(variants, per_variant)
+        pools["sublayers"] = Work(2 * L * len(labels), (d if view.exact or dense
+                                                       else 2 * o.n_samples) * apply)
+        pools["reinit_test"] = Work(L * (1 + options.reinit_seeds),
+                                    d * apply + eig + 12 * d ** 3)
+        gains = [f"anchor:{label}" if view.exact or dense else f"gain:{label}"
+                 for label in labels]
+        jacobians = [f"jacobian:{label}" for label in labels]
+        topology = [*gains, *(["sublayers"] if options.topology_sublayers else [])]
+        plan.update({
+            "jacobian": ["jacobian", *jacobians],
+            "jacobian_summary": ["jacobian_summary", *jacobians],
+            "trends": ["trends", "jacobian:trained", "F", "power"],
+            "bottleneck": ["bottleneck", *(f"anchor:{label}" for label in labels
+                                           if dense)],
+            "propagation": ["propagation"],
+            "topology": ["topology", *topology],
+            "units": ["units", *topology],
+            "communities": ["communities", *topology],
+            "reinit_test": ["reinit_test"],
+        })
+        pools["propagation"] = Work(L, apply)
+        pools["communities"] = Work(1, 1000.0 * L * d)
+        pools["topology"] = Work(L, 50.0 * d * d)
+    plan.update({
+        "power": ["power", "F"],
+        "spectra": ["spectra", "F", *(["jacobian:trained"] if options.jacobian_view else [])],
+        "cross_power": ["cross_power"],
+        "shared_weights": ["shared_weights"],
+        "idealised": ["idealised"],
+    })
+    pools.setdefault("cross_power", Work(L, eig))
+    pools.setdefault("idealised", Work(L, eig / 4))
+    pools.setdefault("shared_weights", Work(1, TRIVIAL * d * d))
+    sections_plan = {name: plan.get(name, [name]) for name in sections}
+    for names in sections_plan.values():
+        for name in names:
+            pools.setdefault(name, Work(1, TRIVIAL * L * d))
+    used = {name for names in sections_plan.values() for name in names}
+    return sections_plan, {name: work for name, work in pools.items() if name in used}
