@@ -179,9 +179,11 @@ def additive_state() -> tuple:
     return tuple((id(term), term._version) for term, _ in list(_ADDITIVE.values()))
 
 
-def _quantized_weight(module: nn.Module, q: qz.Quantization) -> Tensor:
-    """Dequantized (verified) plus the additive term where steering put one."""
-    weight = qz.dequantized(module, q)
+def _quantized_weight(module: nn.Module, q: qz.Quantization,
+                      dtype: Optional[torch.dtype] = None) -> Tensor:
+    """Dequantized (verified; in ``dtype`` where given) plus the additive term where steering
+    put one."""
+    weight = qz.dequantized(module, q, dtype=dtype)
     held = _ADDITIVE.get(module)
     if held is not None:
         weight = weight.to(torch.float64) + held[0].detach().to(weight.device, torch.float64)
@@ -389,7 +391,7 @@ def replay_tensors(block: nn.Module, device: Any, dtype: torch.dtype) -> dict[st
     for name, module in layers:
         q = qz.quantization_of(module)
         assert q is not None  # quantized_layers refused the others
-        out[f"{name}.weight"] = _quantized_weight(module, q).to(device, dtype)
+        out[f"{name}.weight"] = _quantized_weight(module, q, dtype).to(device, dtype)
         bias = qz._bias(module)
         if bias is not None:
             out[f"{name}.bias"] = bias.to(device, dtype)

@@ -58,6 +58,10 @@ PROBE_ROWS = 16
 ACTIVATION_TOL = 0.05
 #: Relative tolerance floor in units of the compute dtype's eps (input and output rounding).
 _EPS_UNITS = 4.0
+#: Elements per chunk where a whole layer would otherwise be copied (decoding, the check's
+#: float64 reference): 2^22 (32 MiB in float64), so reading a layer costs its float matrix and
+#: little more (benchmarks/quantized.py).
+_CHUNK = 1 << 22
 
 # qualified names of quantized layers (filled by name_layers(model): the analysis cache does)
 _NAMES: "weakref.WeakKeyDictionary[nn.Module, str]" = weakref.WeakKeyDictionary()
@@ -158,22 +162,30 @@ def quantization_of(module: nn.Module) -> Optional[Quantization]:
     return Quantization(library, f"{nbits}-bit", False, m.compute_dtype)
 
 
-def _unpack_cpu_4bit(packed: Tensor, state: Any) -> Tensor:
+def _unpack_cpu_4bit(packed: Tensor, state: Any, dtype: torch.dtype = torch.float32
+                     ) -> Tensor:
     """The weight [N, K] of bitsandbytes' AVX512-BF16 CPU layout: the inverse of its
     ``_convert_weight_packed_for_cpu`` (block_n = 32: bytes [N, K/2], byte i of each row of
     32 holding code i in its low nibble and code 32 + i in its high one, codes laid out
-    [N/32, K/2, 32, 2]), times the codebook and the bfloat16 absmax [K / blocksize, N]."""
+    [N/32, K/2, 32, 2]), times the codebook and the bfloat16 absmax [K / blocksize, N].
+    Decoded in chunks of rows straight into a ``dtype`` matrix (no full-size temporaries)."""
     N, half = packed.shape
-    K = 2 * half
-    rows = packed.reshape(-1, 32)
-    codes = torch.cat([rows & 0xF, (rows >> 4) & 0xF], dim=-1)  # [-1, 64]
-    codes = codes.reshape(N // 32, half, 32, 2).transpose(1, 2).reshape(N, K)
+    K, block = 2 * half, int(state.blocksize)
+    lut = state.code.to(torch.float32)
     absmax = state.absmax.to(torch.float32).t()  # [N, K / blocksize]
-    values = state.code.to(torch.float32)[codes.long()]
-    return values * absmax.repeat_interleave(state.blocksize, dim=1)
+    out = torch.empty(N, K, dtype=dtype, device=packed.device)
+    step = max(32, (_CHUNK // max(K, 1)) // 32 * 32)
+    for r0 in range(0, N, step):
+        n = min(step, N - r0)
+        rows = packed[r0:r0 + n].reshape(-1, 32)
+        codes = torch.cat([rows & 0xF, (rows >> 4) & 0xF], dim=-1)  # [-1, 64]
+        codes = codes.reshape(n // 32, half, 32, 2).transpose(1, 2).reshape(n, K)
+        values = lut[codes.int()].view(n, K // block, block) * absmax[r0:r0 + n, :, None]
+        out[r0:r0 + n] = values.view(n, K)
+    return out
 
 
-def _dequantize_raw(module: nn.Module, q: Quantization) -> Tensor:
+def _dequantize_raw(module: nn.Module, q: Quantization, dtype: Optional[torch.dtype]) -> Tensor:
     m: Any = module
     if q.library == "bitsandbytes":
         import bitsandbytes.functional as bnbf
@@ -186,7 +198,7 @@ def _dequantize_raw(module: nn.Module, q: Quantization) -> Tensor:
                     f"{layer_name(module)} holds 4-bit weights with no quant_state (not "
                     "quantized yet: move the model to its device first)")
             if getattr(state, "packing_format_for_cpu", False):
-                return _unpack_cpu_4bit(weight.data, state)
+                return _unpack_cpu_4bit(weight.data, state, dtype or torch.float32)
             return bnbf.dequantize_4bit(weight.data, state)
         scb = getattr(weight, "SCB", None)
         if scb is None:
@@ -261,15 +273,23 @@ def verify(module: nn.Module, weight: Tensor, bias: Optional[Tensor], q: Quantiz
             f"{layer_name(module)} ({q.describe()}): its forward failed on a probe input "
             f"({type(err).__name__}: {err}), so its dequantized weight cannot be checked; "
             "refused") from err
-    W = weight.detach().to("cpu", torch.float64)
     b = None if bias is None else bias.detach().to("cpu", torch.float64)
-    ref = x @ W.t() + (b if b is not None else 0.0)
     y = y.detach().to("cpu", torch.float64).reshape(PROBE_ROWS, -1)
-    if y.shape != ref.shape:
+    if y.shape != (PROBE_ROWS, out_features):
         raise UnsupportedModelError(
             f"{layer_name(module)} ({q.describe()}): its forward returns {tuple(y.shape)} "
             f"features, its dequantized weight {out_features}: refused")
-    scale = math.sqrt(PROBE_ROWS) * (W.norm(dim=1) + (b.abs() if b is not None else 0.0))
+    # x W^T and the row norms in float64, a chunk of rows at a time (no float64 copy of W)
+    ref = torch.empty(PROBE_ROWS, out_features, dtype=torch.float64)
+    norms = torch.empty(out_features, dtype=torch.float64)
+    step = max(1, _CHUNK // max(in_features, 1))
+    for r0 in range(0, out_features, step):
+        chunk = weight[r0:r0 + step].detach().to("cpu", torch.float64)
+        ref[:, r0:r0 + step] = x @ chunk.t()
+        norms[r0:r0 + step] = chunk.norm(dim=1)
+    if b is not None:
+        ref += b
+    scale = math.sqrt(PROBE_ROWS) * (norms + (b.abs() if b is not None else 0.0))
     err = (y - ref).norm(dim=0) / scale.clamp_min(torch.finfo(torch.float64).tiny)
     worst = float(err.max()) if err.numel() else 0.0
     tol = tolerance(q, dtype, in_features)
@@ -283,9 +303,11 @@ def verify(module: nn.Module, weight: Tensor, bias: Optional[Tensor], q: Quantiz
     return worst
 
 
-def dequantized(module: nn.Module, q: Optional[Quantization] = None) -> Tensor:
+def dequantized(module: nn.Module, q: Optional[Quantization] = None, *,
+                dtype: Optional[torch.dtype] = None) -> Tensor:
     """The verified float weight (out, in) of quantized ``module`` (:func:`verify`), detached,
-    in the dtype its library dequantizes to (float32 for bitsandbytes' repacked layout)."""
+    in ``dtype`` (None: the dtype its library dequantizes to; float32 for bitsandbytes'
+    repacked layout, which is then decoded straight into ``dtype``)."""
     q = q if q is not None else quantization_of(module)
     if q is None:
         raise UnsupportedModelError(f"{layer_name(module)} is not a quantized layer this "
@@ -296,7 +318,9 @@ def dequantized(module: nn.Module, q: Optional[Quantization] = None) -> Tensor:
             "static scales, so its forward cannot confirm the dequantized weight; refused "
             "(quantize the weights only: quantize(model, weights=...))")
     with torch.no_grad():
-        weight = _dequantize_raw(module, q).detach()
+        weight = _dequantize_raw(module, q, dtype).detach()
+        if dtype is not None and weight.dtype != dtype:
+            weight = weight.to(dtype)
     if weight.ndim != 2:
         raise UnsupportedModelError(f"{layer_name(module)} ({q.describe()}) dequantizes to a "
                                     f"{tuple(weight.shape)} tensor, not a matrix: refused")
