@@ -38,10 +38,13 @@ match the kernel) is refused with the layer's name, never read as a wrong matrix
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
+import warnings
 import weakref
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Iterator, Optional
 
 import torch
 from torch import Tensor, nn
@@ -243,6 +246,32 @@ def tolerance(q: Quantization, dtype: torch.dtype, k: int) -> float:
     return max(tol, ACTIVATION_TOL) if q.activations else tol
 
 
+@contextlib.contextmanager
+def _quiet(library: str) -> Iterator[None]:
+    """The library's own log lines and warnings about the probe's input (bitsandbytes 8-bit:
+    "inputs will be cast to float16", once per read) silenced while the probe runs."""
+    logger = logging.getLogger(library.split(".")[0])
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        logger.setLevel(level)
+
+
+def _probe_forward(m: Any, xin: Tensor, keep_layout: bool) -> Tensor:
+    """``m.forward(xin)`` (no hooks), detached; with ``keep_layout`` under autograd, so that
+    bitsandbytes 4-bit does not repack its weights in place (it does so only at an eval forward
+    under no_grad)."""
+    if keep_layout:
+        with torch.enable_grad():
+            return m.forward(xin.clone().requires_grad_(True)).detach()
+    with torch.no_grad():
+        return m.forward(xin)
+
+
 def verify(module: nn.Module, weight: Tensor, bias: Optional[Tensor], q: Quantization) -> float:
     """Check that ``module``'s own forward is x -> x W^T + b for the dequantized ``weight``
     (out, in) on a seeded Gaussian probe: per output feature j,
@@ -262,12 +291,8 @@ def verify(module: nn.Module, weight: Tensor, bias: Optional[Tensor], q: Quantiz
         "packing_format_for_cpu", False))
     m: Any = module
     try:
-        if q.library == "bitsandbytes" and not packed:
-            with torch.enable_grad():  # no in-place repacking (see above)
-                y = m.forward(xin.clone().requires_grad_(True)).detach()
-        else:
-            with torch.no_grad():
-                y = m.forward(xin)
+        with _quiet(q.library):
+            y = _probe_forward(m, xin, q.library == "bitsandbytes" and not packed)
     except (RuntimeError, TypeError, ValueError, AssertionError) as err:
         raise UnsupportedModelError(
             f"{layer_name(module)} ({q.describe()}): its forward failed on a probe input "
