@@ -10,7 +10,7 @@ every model above d = 1024 takes by default), from a fresh probe (its own cache)
 Per layer (the section's totals divided by the layers) it reports:
 
 * ``applications``: sequential operator applications (calls of a block's JVP / VJP machinery,
-  ``linearize.engine.Engine.jvp`` / ``.vjp``, or of a stacked group's batched products: on an
+  ``linearize.engine.Engine.jvp`` / ``.vjp``, or of a layer group's batched products: on an
   accelerator each costs about one pass of the JVP graph whatever its width);
 * ``solver_ops``: top-level aten ops outside the operator's graph (each application runs inside
   a ``record_function("operator")`` range, so its ops are not top-level): the solvers', the
@@ -96,12 +96,11 @@ class Applications:
     (patches the JVP/VJP entry points of ``spectral_hooks.linearize``; ``restore()`` undoes)."""
 
     def __init__(self) -> None:
-        from spectral_hooks.linearize import engine, stacked
+        from spectral_hooks.linearize import engine
         self.calls = 0
         self._patched: list = []
         classes = [(getattr(engine, "Engine", None) or getattr(engine, "_Engine"),
-                    ("jvp", "vjp")),
-                   (stacked.StackedJacobians, ("matmat_all", "rmatmat_all"))]
+                    ("jvp", "vjp"))]
         try:  # the layer groups of issue 37 (absent before)
             from spectral_hooks.linearize import group
             classes.append((group.BlockGroup, ("_apply", "apply_one")))

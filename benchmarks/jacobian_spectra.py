@@ -112,14 +112,14 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=RESULTS)
-    ap.add_argument("--stacked", action="store_true",
-                    help="only: ours per layer vs stacked_block_jacobians (one linearisation "
-                         "for all layers, one batched JVP per Krylov step), interleaved; "
-                         "replaces the 'Stacked layers' section of --out")
+    ap.add_argument("--grouped", action="store_true",
+                    help="only: ours per layer vs one layer group (linearize.group: one "
+                         "batched JVP per Krylov step for all layers), interleaved; "
+                         "replaces the 'Layer group' section of --out")
     opt = ap.parse_args()
     torch.set_num_threads(opt.threads)
-    if opt.stacked:
-        return stacked_main(opt)
+    if opt.grouped:
+        return grouped_main(opt)
     from scipy.sparse.linalg import ArpackNoConvergence
     from scipy.sparse.linalg import LinearOperator as SciOp
     from scipy.sparse.linalg import eigs as arpack
@@ -567,16 +567,16 @@ def main() -> None:
     print("\n".join(lines))
 
 
-STACKED_HEAD = "## Stacked layers: one linearisation and one batched JVP for all 12 (--stacked)"
+GROUPED_HEAD = "## Layer group: one batched JVP for all 12 layers (--grouped)"
 
 
-def stacked_main(opt) -> None:
-    """Per-layer ``eigs(probe.jacobian(l))`` x 12 vs ``eigs(stacked_block_jacobians(...))``,
-    interleaved (per-layer, stacked, per-layer), same model/recording/tol as the main run."""
+def grouped_main(opt) -> None:
+    """Per-layer ``eigs(probe.jacobian(l))`` x 12 vs ``eigs(block_jacobian_group(...))``,
+    interleaved (per-layer, grouped, per-layer), same model/recording/tol as the main run."""
     from transformers import GPT2Config, GPT2Model
 
     import spectral_hooks
-    from spectral_hooks.linearize import stacked_block_jacobians
+    from spectral_hooks.linearize.group import block_jacobian_group
 
     t0 = time.perf_counter()
     torch.manual_seed(0)
@@ -602,18 +602,18 @@ def stacked_main(opt) -> None:
         return dict(kind="per-layer", wall=time.perf_counter() - t, build=build, n=sum(n),
                     calls=sum(n), nmax=max(n), vals=vals)
 
-    def stacked():
+    def grouped():
         t = time.perf_counter()
-        ops = stacked_block_jacobians(probe.anatomy, probe.recording, layers)
+        ops = block_jacobian_group(probe.anatomy, probe.recording, layers)
         build = time.perf_counter() - t
-        assert ops is not None, "stacked path refused GPT-2 (see log)"
+        assert ops is not None, "GPT-2's layers formed no group (see log)"
         g = ops[0].batch_group
         r = spectral_hooks.linalg.eigs(ops, K, tol=opt.tol)
-        return dict(kind="stacked", wall=time.perf_counter() - t, build=build,
+        return dict(kind="grouped", wall=time.perf_counter() - t, build=build,
                     n=int(r.n_matvecs), calls=g.n_calls, nmax=int(r.n_matvecs),
                     vals=[r.values[i] for i in range(12)], conv=bool(r.converged.all()), g=g)
 
-    for f in (per_layer, stacked, per_layer):
+    for f in (per_layer, grouped, per_layer):
         runs.append(f())
         print(f"[{time.perf_counter() - t0:6.0f}s] {runs[-1]['kind']}: {runs[-1]['wall']:.1f}s "
               f"(build {runs[-1]['build']:.1f}s), calls {runs[-1]['calls']}", flush=True)
@@ -638,26 +638,26 @@ def stacked_main(opt) -> None:
         b = torch.sort(b[torch.isfinite(b)].abs(), descending=True).values[:K]
         diff = max(diff, float((a - b).abs().max() / a[0]))
     p1, st, p2 = runs
-    lines = [STACKED_HEAD, "",
+    lines = [GROUPED_HEAD, "",
              f"{datetime.date.today()}, same config/recording/tol ({opt.tol:g}), "
-             f"{opt.threads} thread(s); `python benchmarks/jacobian_spectra.py --stacked`; "
-             "interleaved per-layer, stacked, per-layer (one process).", "",
+             f"{opt.threads} thread(s); `python benchmarks/jacobian_spectra.py --grouped`; "
+             "interleaved per-layer, grouped, per-layer (one process).", "",
              "| path (12 layers, eigs only, recording excluded) | wall s | build s | JVP calls "
              "| matvecs | all converged |", "|---|---|---|---|---|---|",
              f"| per-layer `eigs(probe.jacobian(l), 16)` (1st) | {p1['wall']:.1f} | "
              f"{p1['build']:.1f} | {p1['calls']} | {p1['n']} (sum) | - |",
-             f"| stacked `eigs(stacked_block_jacobians(...), 16)` | {st['wall']:.1f} | "
+             f"| grouped `eigs(block_jacobian_group(...), 16)` | {st['wall']:.1f} | "
              f"{st['build']:.1f} | {st['calls']} (each all 12 layers) | {st['n']} (max) "
              f"| {st['conv']} |",
              f"| per-layer (2nd) | {p2['wall']:.1f} | {p2['build']:.1f} | {p2['calls']} | "
              f"{p2['n']} (sum) | - |", "",
              f"One JVP for all 12 layers, warm, median of {opt.rounds}: one batched call "
              f"{1e3 * statistics.median(t_b):.1f} ms vs 12 per-layer calls "
-             f"{1e3 * statistics.median(t_s):.1f} ms. Top-16 |lambda| stacked vs per-layer: max "
+             f"{1e3 * statistics.median(t_s):.1f} ms. Top-16 |lambda| grouped vs per-layer: max "
              f"difference {diff:.1e} relative to |lambda_1| (both at tol {opt.tol:g}).", ""]
     text = opt.out.read_text() if opt.out.exists() else ""
-    if STACKED_HEAD in text:
-        head, rest = text.split(STACKED_HEAD, 1)
+    if GROUPED_HEAD in text:
+        head, rest = text.split(GROUPED_HEAD, 1)
         nxt = rest.find("\n## ")
         text = head + "\n".join(lines) + (rest[nxt + 1:] if nxt >= 0 else "")
     else:

@@ -94,6 +94,55 @@ def test_group_solves_equal_the_dense_oracle():
     assert bool(res.converged.all()) and bool(sv.converged.all())
 
 
+def test_a_subset_of_layers_in_any_order_and_complex_vectors():
+    probe = recorded("gpt2")
+    an, rec = probe.anatomy, probe.recording
+    ops = block_jacobian_group(an, rec, [2, -3])
+    assert ops is not None and [J.layer for J in ops] == [2, 0]
+    g = torch.Generator().manual_seed(3)
+    X = torch.randn(32, 3, generator=g, dtype=torch.float64)
+    Z = torch.complex(X, torch.randn(32, 3, generator=g, dtype=torch.float64))
+    for J in ops:
+        D = token_jacobian(probe, J.layer)
+        assert rel(J.matmat(Z), D.to(Z.dtype) @ Z) < 1e-10
+        assert rel(J.rmatmat(Z), D.T.to(Z.dtype) @ Z) < 1e-10
+    with pytest.raises(ValueError):  # the library's LayerIndexError
+        block_jacobian_group(an, rec, [0, 3])
+
+
+def test_solves_apply_the_whole_group_in_one_call_per_step():
+    probe = recorded("llama")
+    ops = block_jacobian_group(probe.anatomy, probe.recording, [0, 1, 2])
+    assert ops is not None
+    group = ops[0].batch_group
+    group.n_calls = 0
+    res = eigs(ops, 6, tol=1e-10)
+    # n_matvecs: the most any member took; per-member calls would total ~3 times it
+    assert 0 < group.n_calls <= 1.5 * int(res.n_matvecs)
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gpt_neo"])
+def test_layers_of_different_attention_types_do_not_group(family):
+    """Sliding/global (Gemma 2) and local/global (GPT-Neo) layers trace different graphs."""
+    probe = recorded(family)
+    an, rec = probe.anatomy, probe.recording
+    assert an.layer_kinds is not None and len(set(an.layer_kinds)) > 1  # an anatomy fact
+    assert block_jacobian_group(an, rec, list(range(an.n_layers))) is None
+
+
+def test_a_per_layer_attribute_the_parameters_do_not_show_is_not_grouped_away(monkeypatch):
+    """A per-layer attribute of a module (not a parameter) changes the block's function: the
+    layers do not group, or each member still equals its own block's Jacobian."""
+    probe = recorded("gpt2")
+    an, rec = probe.anatomy, probe.recording
+    monkeypatch.setattr(an.layers[1].block.ln_1, "eps", 0.5)
+    ops = block_jacobian_group(an, rec, [0, 1, 2])
+    eye = torch.eye(32, dtype=torch.float64)
+    for J in ops or []:
+        assert rel(J.matmat(eye), token_jacobian(probe, J.layer)) < 1e-10
+    assert block_jacobian_group(an, rec, [2, 0]) is not None
+
+
 def test_bidirectional_and_mixed_models_do_not_group():
     bert = recorded("bert")
     assert block_jacobian_group(bert.anatomy, bert.recording, [0, 1]) is None

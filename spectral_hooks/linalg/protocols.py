@@ -10,7 +10,7 @@ Example::
 :class:`Operator` is what :func:`~spectral_hooks.linalg.eigs`, :func:`~spectral_hooks.linalg.svds`
 and the estimators call (every :class:`~spectral_hooks.linalg.LinearOperator` satisfies it).
 :class:`BatchGroup` is the optional lockstep protocol: operators that are slots of one shared
-engine (``linearize.stacked``) carry a :class:`BatchMember` view, and the solvers apply every
+engine (``linearize.group``'s layer groups) carry a :class:`BatchMember` view, and the solvers apply every
 active slot of a group with one ``matmat_all`` call per step (``linalg/batch.py``).
 """
 

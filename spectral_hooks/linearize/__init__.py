@@ -61,9 +61,10 @@ operator is linear to rounding (~1e-16) whatever the model's own dtype.
 
 Operators say what they are (:mod:`.operator`): :class:`BlockJacobian` (``layer``, ``sample``,
 ``positions``, ``kind``, ``single_query_mode``, ``engine``), :class:`JacobianProduct`
-(``first``, ``last``, ``factors``) and :class:`StackedBlockJacobian`. Every slower or
-approximate path taken (finite differences, full-sequence replay, ...) emits a
-:class:`~spectral_hooks.errors.FallbackWarning` once per cause. No draw from the global RNG.
+(``first``, ``last``, ``factors``) and :class:`StackedBlockJacobian` (a member of a layer
+group, :mod:`.group`). Every slower or approximate path taken (finite differences,
+full-sequence replay, ...) emits a :class:`~spectral_hooks.errors.FallbackWarning` once per
+cause. No draw from the global RNG.
 """
 
 from __future__ import annotations
@@ -79,7 +80,6 @@ from .engine import METHODS, Engine, make_operator
 from .function import KINDS, REPLAY_ERRORS, BlockFunction, block_function, math_sdpa
 from .operator import BlockJacobian, JacobianProduct, StackedBlockJacobian
 from .single_query import SingleQueryFunction, single_query_function
-from .stacked import StackedJacobians, stacked_block_jacobians
 
 if TYPE_CHECKING:
     from ..anatomy import Anatomy
@@ -87,8 +87,7 @@ if TYPE_CHECKING:
 
 __all__ = ["block_jacobian", "jacobian_product", "dense_block_jacobian", "block_function",
            "BlockFunction", "SingleQueryFunction", "METHODS", "KINDS", "BlockJacobian",
-           "JacobianProduct", "StackedBlockJacobian", "stacked_block_jacobians",
-           "StackedJacobians"]
+           "JacobianProduct", "StackedBlockJacobian"]
 
 log: logging.Logger = logging.getLogger(__name__)
 #: Largest side m * d (m positions of width d) of a Jacobian that ``dense_block_jacobian`` forms

@@ -15,8 +15,8 @@
     (0, 1, (0, 1))
 
 :class:`BlockJacobian` is the Jacobian of one block at its recorded input (matvec = JVP,
-rmatvec = VJP); :class:`StackedBlockJacobian` is one slot of a stacked engine
-(``linearize.stacked``) and so also a :class:`~spectral_hooks.linalg.protocols.BatchMember`;
+rmatvec = VJP); :class:`StackedBlockJacobian` is one slot of a layer group
+(``linearize.group``) and so also a :class:`~spectral_hooks.linalg.protocols.BatchMember`;
 :class:`JacobianProduct` is J_last ... J_first at one position. Every field is set once, in
 the constructor.
 """
@@ -109,7 +109,7 @@ class BlockJacobian(LinearOperator):
 
 
 class StackedBlockJacobian(BlockJacobian):
-    """Slot ``batch_index`` of a stacked engine: a token Jacobian that ``linalg.eigs`` applies
+    """Slot ``batch_index`` of a layer group (``linearize.group``): a token Jacobian that ``linalg.eigs`` applies
     together with its siblings (one ``matmat_all`` per Krylov step)."""
 
     batch_group: BatchGroup
