@@ -56,6 +56,8 @@ bench: $(STAMP)
 	$(BENCH) benchmarks/launch_budget.py --quick
 	$(BENCH) benchmarks/host_bound.py --quick --check
 	$(BENCH) benchmarks/training_overhead.py --model minilm --rounds 2
+	$(BENCH) benchmarks/quantized.py memory --layers 2 --jacobian-layers 1 --tokens 32
+	$(BENCH) benchmarks/quantized.py overhead --quick
 	$(BENCH) benchmarks/distributed.py --quick
 	$(BENCH) benchmarks/gpu.py --device cpu --layers 2 --d-model 1024 --tokens 128
 	$(BENCH) benchmarks/recording_vs_tlens.py --quick
@@ -74,6 +76,9 @@ bench-full: $(STAMP)
 	$(BENCH) benchmarks/host_bound.py --check
 	$(BENCH) benchmarks/training_overhead.py --model minilm --rounds 6
 	$(BENCH) benchmarks/training_overhead.py --model gpt2-small --rounds 4 --batch 4
+	$(BENCH) benchmarks/quantized.py memory
+	$(BENCH) benchmarks/quantized.py memory --float-model --layers 4
+	$(BENCH) benchmarks/quantized.py overhead --rounds 3
 	$(BENCH) benchmarks/distributed.py
 	$(BENCH) benchmarks/gpu.py $(GPU_FORM)
 	$(BENCH) benchmarks/recording_vs_tlens.py
