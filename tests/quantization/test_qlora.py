@@ -10,7 +10,11 @@ import pytest
 import torch
 
 from spectral_hooks.integrations import SpectralCallback, SpectralTracker
-from spectral_hooks.taps import count_hook_points as count_hooks
+
+try:  # the hook helpers move to spectral_hooks.hooks (another issue's refactor)
+    from spectral_hooks.hooks.taps import count_hook_points as count_hooks
+except ImportError:  # before that move
+    from spectral_hooks.taps import count_hook_points as count_hooks  # type: ignore
 
 from .models import VOCAB, quantized
 
@@ -135,3 +139,79 @@ def test_tracker_step_never_raises(monkeypatch):
             metrics = track.step(step)
             assert metrics is not None and set(metrics) == {"spectral/seconds"}
         assert len(track.event.failures) == 2
+
+
+def test_qlora_in_a_plain_loop_with_the_tracker():
+    """SpectralTracker on an nf4 + LoRA model in a plain loop: finite scalars, no failure."""
+    peft = pytest.importorskip("peft")
+    model = quantized("bnb_nf4", lm_head=True, repack=False)
+    model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    model = peft.get_peft_model(model, peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
+                                                       target_modules=["v_proj", "o_proj"]))
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-2)
+    hooks = count_hooks(model)
+    logged = []
+    with SpectralTracker(model, every=2, jacobian_every=4) as track:
+        for step, batch in enumerate(_data(8, 10)[:4], start=1):
+            ids = batch["input_ids"][None]
+            model(input_ids=ids, labels=ids).loss.backward()
+            metrics = track.step(step)
+            optimizer.step()
+            optimizer.zero_grad()
+            if metrics:
+                logged.append(metrics)
+        assert track.event.failures == []
+    assert len(logged) == 2
+    assert all(math.isfinite(v) for m in logged for v in m.values())
+    assert "spectral/layer_01/jacobian/top_eig_abs" in logged[-1]
+    assert logged[0]["spectral/layer_01/abs_lambda1"] != logged[1]["spectral/layer_01/abs_lambda1"]
+    assert count_hooks(model) == hooks
+
+
+def test_qlora_under_lightning():
+    pl = pytest.importorskip("lightning.pytorch")
+    peft = pytest.importorskip("peft")
+    from spectral_hooks.integrations.lightning import SpectralLightningCallback
+
+    base = quantized("bnb_nf4", lm_head=True, repack=False)
+    base = peft.prepare_model_for_kbit_training(base, use_gradient_checkpointing=False)
+    adapted = peft.get_peft_model(base, peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
+                                                        target_modules=["v_proj", "o_proj"]))
+
+    class QLoRA(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.model = adapted
+
+        def training_step(self, batch, batch_idx):
+            return self.model(input_ids=batch, labels=batch).loss
+
+        def configure_optimizers(self):
+            return torch.optim.AdamW([p for p in self.parameters() if p.requires_grad], lr=2e-2)
+
+    class Remember(pl.loggers.Logger):
+        name, version, experiment = "remember", 0, None
+
+        def __init__(self):
+            super().__init__()
+            self.rows = []
+
+        def log_metrics(self, metrics, step=None):
+            self.rows.append((step, dict(metrics)))
+
+        def log_hyperparams(self, params, *args, **kwargs):
+            pass
+
+    data = torch.randint(1, VOCAB, (16, 10), generator=torch.Generator().manual_seed(1))
+    logger = Remember()
+    callback = SpectralLightningCallback(every=2)
+    trainer = pl.Trainer(max_steps=4, accelerator="cpu", devices=1, logger=logger,
+                         callbacks=[callback], enable_progress_bar=False,
+                         enable_checkpointing=False, enable_model_summary=False)
+    hooks = count_hooks(adapted)
+    trainer.fit(QLoRA(), torch.utils.data.DataLoader(data, batch_size=4))
+    assert callback.guard.failures == []
+    spectral = [(s, m) for s, m in logger.rows if "spectral/layer_01/gap_ratio" in m]
+    assert [s for s, _ in spectral] == [2, 4]
+    assert all(math.isfinite(v) for _, m in spectral for v in m.values())
+    assert count_hooks(adapted) == hooks

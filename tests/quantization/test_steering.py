@@ -9,7 +9,11 @@ import torch
 import spectral_hooks as sh
 from spectral_hooks.analysis.cache import _leaves
 from spectral_hooks.anatomy import effective
-from spectral_hooks.taps import count_hook_points as count_hooks
+
+try:  # the hook helpers move to spectral_hooks.hooks (another issue's refactor)
+    from spectral_hooks.hooks.taps import count_hook_points as count_hooks
+except ImportError:  # before that move
+    from spectral_hooks.taps import count_hook_points as count_hooks  # type: ignore
 
 from .models import IDS, float_copy, quantized
 
