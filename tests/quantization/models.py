@@ -19,7 +19,8 @@ IDS = torch.randint(0, VOCAB, (2, 7), generator=torch.Generator().manual_seed(0)
 
 #: the kinds the acceptance names (bnb nf4 after the repack: eval forwards under no_grad)
 KINDS = ("torchao_int8", "torchao_int4", "bnb_nf4", "bnb_int8", "quanto_qint4", "hqq_4bit")
-LIBRARY = {"torchao_int8": "torchao", "torchao_int4": "torchao", "bnb_nf4": "bitsandbytes",
+LIBRARY = {"torchao_int8": "torchao", "torchao_int4": "torchao", "torchao_float8": "torchao",
+           "torchao_dynamic_int8": "torchao", "bnb_nf4": "bitsandbytes",
            "bnb_fp4": "bitsandbytes", "bnb_int8": "bitsandbytes", "quanto_qint4": "optimum.quanto",
            "hqq_4bit": "hqq"}
 
@@ -89,8 +90,17 @@ def quantized(kind: str, *, lm_head: bool = False, repack: bool = True):
                 quantize_,
             )
 
-            cfg = (Int8WeightOnlyConfig() if kind == "torchao_int8"
-                   else IntxWeightOnlyConfig(weight_dtype=torch.int4))
+            if kind == "torchao_float8":
+                from torchao.quantization import Float8WeightOnlyConfig as cfg_class
+
+                cfg = cfg_class()
+            elif kind == "torchao_dynamic_int8":  # activations quantized too
+                from torchao.quantization import Int8DynamicActivationInt8WeightConfig
+
+                cfg = Int8DynamicActivationInt8WeightConfig()
+            else:
+                cfg = (Int8WeightOnlyConfig() if kind == "torchao_int8"
+                       else IntxWeightOnlyConfig(weight_dtype=torch.int4))
             quantize_(model, cfg, filter_fn=lambda m, fqn: isinstance(m, torch.nn.Linear)
                       and "lm_head" not in fqn)
         elif kind == "quanto_qint4":

@@ -166,3 +166,19 @@ def test_qlora_weight_is_dequantized_base_plus_adapter_delta():
         y = layer(x)
     ref = x.double() @ (base + delta).t()
     assert float((y.double() - ref).norm() / ref.norm()) < 0.02  # bf16 kernel after repack
+
+
+@pytest.mark.parametrize("kind", ("torchao_float8", "torchao_dynamic_int8", "bnb_fp4"))
+def test_more_schemes_read_and_say_what_they_are(kind):
+    """torchao float8 weight-only and dynamic int8 (activations quantized: the Jacobian replay is
+    the weight-dequantized surrogate, said in the metadata), bitsandbytes fp4."""
+    model = quantized(kind)
+    q = quantization_of(_v_proj(model))
+    assert q is not None and q.activations == (kind == "torchao_dynamic_int8")
+    with sh.instrument(model) as probe, torch.no_grad():
+        model(input_ids=IDS)
+    report = probe.analyze(power=True, jacobian={"k": 4}, progress=False)
+    assert len(report.power) == 2 and len(report.jacobian) == 2
+    cause = ("quantized.weight_dequantized_surrogate" if q.activations
+             else "quantized.dequantized_weights")
+    assert cause in (report.metadata.fallbacks or [])
