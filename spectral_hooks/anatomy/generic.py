@@ -125,7 +125,8 @@ def _check_structure(model: nn.Module, blocks: Optional[nn.ModuleList]) -> None:
         found = _block_list_any(model)
         what = (f"layer 0 is a {type(found[0]).__name__} holding no attention, state-space, "
                 "linear-attention or convolution mixer this fallback recognises"
-                if found is not None else "no list of repeated blocks was found")
+                if found is not None else "it does not look like a transformer: no list of "
+                "repeated blocks was found")
         raise refuse(model, what)
     attention = _child(blocks[0], _ATTN_NAMES)
     if attention is not None and mixer_kind(blocks[0], n_heads=2, n_kv_heads=2) in POWER_MIXERS:
