@@ -122,6 +122,17 @@ class JacobianView:
         if d > NULL_MC_MAX_D:
             out["top_k_null"] = (f"frac_complex_top{o.k}_null is NaN: its Monte Carlo null is "
                                  f"computed on demand only for d <= {NULL_MC_MAX_D}")
+        routed = [p.index for p in self.subject.anatomy.layers if (p.mlp or "").startswith("routed")]
+        if routed:
+            out["routing"] = (
+                f"layers {routed} route tokens to experts: the replay recomputes the router at "
+                "the recorded input (in the replay dtype) and differentiates the mixing weights "
+                "with the top-k choice held fixed, the recorded forward's except at a near-tie")
+        replays = [p.index for p in self.subject.anatomy.layers if not p.kv_cache_only]
+        if replays:
+            out["full_sequence_layers"] = (
+                f"layers {replays} carry earlier tokens in a recurrent state or convolution "
+                "window: each product replays their whole sequence (no single-query replay)")
         return out
 
     @property
