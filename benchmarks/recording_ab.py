@@ -45,7 +45,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from recording_cost import build, count_hooks  # noqa: E402
 
-from spectral_hooks.taps import ForwardTap, taps_on  # noqa: E402
+from spectral_hooks.hooks.taps import ForwardTap, taps_on  # noqa: E402
 
 
 def import_base(base: str):

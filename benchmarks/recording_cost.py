@@ -73,8 +73,8 @@ def build(name: str, device: str = "cpu"):
 
 
 def count_hooks(model: torch.nn.Module) -> int:
-    """Forward hooks, pre-hooks and spectral_hooks taps on ``model`` (``spectral_hooks/taps.py``)."""
-    from spectral_hooks.taps import count_hook_points
+    """Forward hooks, pre-hooks and spectral_hooks taps on ``model`` (``spectral_hooks/hooks/taps.py``)."""
+    from spectral_hooks.hooks.taps import count_hook_points
 
     return count_hook_points(model)
 

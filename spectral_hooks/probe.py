@@ -24,8 +24,6 @@ from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
-from . import block_arguments as ba
-from . import forward_call as fc
 from .analysis import AnalysisCache, AnalyzeOptions, Subject, analyze
 from .analysis.distributed import analyze_distributed
 from .anatomy import Anatomy, EncoderDecoderAnatomy, anatomy_of, stack_of
@@ -33,6 +31,8 @@ from .anatomy.wrappers import unwrap_model
 from .checks import check_float_dtype
 from .encoder_decoder import EncoderDecoderProbe
 from .errors import OptionError, RecordingError
+from .hooks import forward_call as fc
+from .hooks.taps import ForwardTap
 from .linearize import BlockJacobian, JacobianProduct
 from .recording import (
     DEFAULT_CAPTURES,
@@ -43,8 +43,8 @@ from .recording import (
     map_tensors,
     tensor_versions,
 )
+from .recording.block_call import block_arguments, block_padding_mask, cache_length, without_caches
 from .report import Report
-from .taps import ForwardTap
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -86,7 +86,7 @@ class Probe:
 
     # ---------------------------------------------------------------- attaching
     def _register(self, module: nn.Module, hook, *, pre: bool = False) -> None:
-        """A tap (``taps.py``: the module keeps ``Module.__call__``'s fast path) on a layer's
+        """A tap (``hooks/taps.py``: the module keeps ``Module.__call__``'s fast path) on a layer's
         modules; a forward hook on the model's root, whose ``forward`` other libraries wrap
         and inspect (accelerate's mixed precision reads ``model.forward.__func__``)."""
         if module is self.anatomy.call_root:
@@ -194,11 +194,11 @@ class Probe:
                       and not torch.compiler.is_compiling())
         if not call.continues:
             if self._references and not grad:
-                call.inputs = (args, ba.without_caches(kwargs))
+                call.inputs = (args, without_caches(kwargs))
             else:
                 keep = self.recording.keep
                 call.inputs = (map_tensors(tuple(args), keep),
-                               map_tensors(ba.without_caches(kwargs), keep))
+                               map_tensors(without_caches(kwargs), keep))
 
     def _end_call(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> None:
         call, self._call = self._call, None
@@ -289,10 +289,10 @@ class Probe:
                 if module is not self._first_block or fc.in_backward():
                     return  # outside a model forward: e.g. checkpoint recomputation in backward
                 # the model's forward was bypassed (TL3 generate() calls the blocks directly)
-                mask = ba.block_padding_mask(ba.block_arguments(module, args, kwargs),
-                                             causal=self.anatomy.causal)
+                mask = block_padding_mask(block_arguments(module, args, kwargs),
+                                          causal=self.anatomy.causal)
                 self._call = call = fc.ForwardCall(mask, implicit=True,
-                                                   continues=ba.cache_length(kwargs) > 0)
+                                                   continues=cache_length(kwargs) > 0)
                 if not self._implicit_end:
                     self._register(self._last_block, self._end_implicit_call)
                     self._implicit_end = True

@@ -10,8 +10,8 @@ import torch
 
 import spectral_hooks as sh
 from spectral_hooks.errors import OptionError, RecordingKeyError, UnsupportedModelError
+from spectral_hooks.hooks.taps import count_hook_points as count_hooks
 from spectral_hooks.recording.points import capture_points, hook_name, parse
-from spectral_hooks.taps import count_hook_points as count_hooks
 from tests.tiny_models import _config, make_model
 
 ALL = ("resid_pre", "resid_post", "attn_out", "attn_pattern")

@@ -1,5 +1,5 @@
 """Calls recorded by reference are committed when the recording is next read (probe.py
-``_defer_commit``, forward_call.py ``DeferredCommit``): what they record equals what a probe
+``_defer_commit``, hooks/forward_call.py ``DeferredCommit``): what they record equals what a probe
 that copies at once records, they hold no KV cache, and an in-place write to a recorded state
 drops the call with a warning instead of recording a wrong number."""
 
@@ -81,8 +81,8 @@ def test_closing_a_call_drops_its_caches_by_name_and_by_position():
     arguments stay, and the commit still drops a cache passed under any other name."""
     from transformers import DynamicCache
 
-    from spectral_hooks.block_arguments import kept_block_kwargs
-    from spectral_hooks.forward_call import ForwardCall
+    from spectral_hooks.hooks.forward_call import ForwardCall
+    from spectral_hooks.recording.block_call import kept_block_kwargs
 
     cache, mask = DynamicCache(), torch.ones(1, 4)
     call = ForwardCall(None, continues=False)

@@ -271,7 +271,7 @@ def test_face_names_on_an_api_page():
 
 
 #: top-level modules that are the probe's and the recording's internals, not API of their own
-NOT_ON_A_PAGE = frozenset({"checks", "forward_call", "block_arguments"})
+NOT_ON_A_PAGE = frozenset({"checks"})
 
 
 def test_every_public_subpackage_has_a_page():

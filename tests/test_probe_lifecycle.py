@@ -5,7 +5,7 @@ import torch
 from torch import nn
 
 import spectral_hooks as sh
-from spectral_hooks.taps import count_hook_points as count_hooks
+from spectral_hooks.hooks.taps import count_hook_points as count_hooks
 from tests.tiny_models import make_model
 
 

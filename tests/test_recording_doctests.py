@@ -1,4 +1,4 @@
-"""The examples in the docstrings of the recording side (recording/, probe, forward_call,
+"""The examples in the docstrings of the recording side (recording/, probe, hooks/,
 encoder_decoder, the training integrations) run: doctest on tiny models built from configs, offline."""
 
 import doctest
@@ -10,7 +10,8 @@ MODULES = ["spectral_hooks.recording", "spectral_hooks.recording.core",
            "spectral_hooks.recording.points", "spectral_hooks.recording.block_call",
            "spectral_hooks.recording.cache_view", "spectral_hooks.recording.patterns",
            "spectral_hooks.recording.running_stats", "spectral_hooks.recording.suspend",
-           "spectral_hooks.probe", "spectral_hooks.forward_call", "spectral_hooks.block_arguments",
+           "spectral_hooks.probe", "spectral_hooks.hooks", "spectral_hooks.hooks.forward_call",
+           "spectral_hooks.hooks.taps",
            "spectral_hooks.encoder_decoder", "spectral_hooks.integrations.tracker",
            "spectral_hooks.integrations.hf_trainer", "spectral_hooks.integrations.lightning"]
 

@@ -1,4 +1,4 @@
-"""Taps (spectral_hooks/taps.py): the probe's per-layer points keep Module.__call__'s fast path,
+"""Taps (spectral_hooks/hooks/taps.py): the probe's per-layer points keep Module.__call__'s fast path,
 and behave as the hooks they replace where it matters: what they see beside other libraries'
 hooks and forwards, removal in any order, copies and pickles of an instrumented model."""
 
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import spectral_hooks as sh
-from spectral_hooks.taps import ForwardTap, count_taps, is_tap_hook, taps_on
-from spectral_hooks.taps import count_hook_points as count_hooks
+from spectral_hooks.hooks.taps import ForwardTap, count_taps, is_tap_hook, taps_on
+from spectral_hooks.hooks.taps import count_hook_points as count_hooks
 from tests.tiny_models import make_model
 
 IDS = torch.randint(1, 100, (2, 5), generator=torch.Generator().manual_seed(0))

@@ -7,10 +7,12 @@
 A block is called with its residual input as the first positional argument or as the keyword
 ``hidden_kwarg``; it accepts an HF-style KV cache (an object with ``update(key, value, ...)``
 returning the keys/values to attend to) under one of ``cache_kwargs`` (empty: it takes none
-that a replay can use); where ``pluggable_attention`` is True its attention core is looked up
-at call time in HF's ``AttentionInterface`` (see :func:`~spectral_hooks.anatomy.hf.
-attention_implementation`) and called as ``core(module, query, key, value, attention_mask,
-scaling=, dropout=, softcap=, **kwargs)``, returning ``(output [b, q, h, d_head], weights)``;
+that a replay can use; the names themselves live with the block call,
+:mod:`spectral_hooks.recording.block_call`); where ``pluggable_attention`` is True its
+attention core is looked up at call time in HF's ``AttentionInterface`` (see
+:func:`~spectral_hooks.anatomy.hf.attention_implementation`) and called as
+``core(module, query, key, value, attention_mask, scaling=, dropout=, softcap=, **kwargs)``,
+returning ``(output [b, q, h, d_head], weights)``;
 ``score_modifier_kwargs`` name the keyword inputs of that core that change the scores beyond
 mask, scaling and softcap (a replacement core must refuse them). ``replay_context(block)``,
 where set, is entered around every replay of ``block`` (``linearize``): it switches the block,
@@ -28,25 +30,9 @@ from typing import Any, Callable, ContextManager, Optional
 
 from torch import nn
 
-__all__ = ["BlockCallConvention", "HF_CALLS", "HF_CROSS_CALLS", "TL3_CALLS", "TL_BRIDGE_CALLS",
-           "CACHE_KWARGS",
-           "HF_BLOCK_CACHE_KWARGS", "MODEL_INPUT_KWARGS", "MASK_KWARG"]
+from ..recording.block_call import HF_BLOCK_CACHE_KWARGS
 
-#: Keyword names under which models and blocks receive a KV cache: HF (``cache`` since
-#: transformers 5, ``past_key_values``/``past_key_value``/``layer_past`` before and in some
-#: families), TransformerLens 3 (``past_kv_cache`` for the model, ``past_kv_cache_entry`` per
-#: block). The first four are the HF block-level names, in order of preference.
-CACHE_KWARGS = ("cache", "past_key_values", "past_key_value", "layer_past",
-                "past_kv_cache_entry", "past_kv_cache")
-HF_BLOCK_CACHE_KWARGS = CACHE_KWARGS[:4]
-#: Keyword names under which a model receives its tokens, in order of preference: HF
-#: (``input_ids``, ``inputs_embeds``; vision towers ``pixel_values`` [batch, channels, h, w],
-#: whose patches are the tokens, all real; Whisper's encoder ``input_features``),
-#: TransformerLens (``input``, ``tokens``).
-MODEL_INPUT_KWARGS = ("input_ids", "inputs_embeds", "pixel_values", "input_features", "input",
-                      "tokens")
-#: The keyword of the [batch, pos] padding mask (HF and TransformerLens alike).
-MASK_KWARG = "attention_mask"
+__all__ = ["BlockCallConvention", "HF_CALLS", "HF_CROSS_CALLS", "TL3_CALLS", "TL_BRIDGE_CALLS"]
 
 
 @dataclass(frozen=True)

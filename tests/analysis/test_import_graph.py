@@ -14,11 +14,11 @@ ROOT = Path(__file__).resolve().parents[2] / "spectral_hooks"
 
 # rank of each module group: a module may import only groups of lower or equal rank
 RANKS = {
-    "errors": 0, "checks": 0, "_version": 0, "linalg": 0, "taps": 0,
+    "errors": 0, "checks": 0, "_version": 0, "linalg": 0,
     "metrics": 1, "recording": 1, "anatomy": 1, "report": 1,
     "linearize": 3, "steering": 3,
     "analysis": 4,
-    "forward_call": 5, "block_arguments": 5, "probe": 5, "encoder_decoder": 5,
+    "hooks": 5, "probe": 5, "encoder_decoder": 5,  # hooks/: the probe's machinery
     "": 6,  # the package face, spectral_hooks/__init__.py
     "cli": 7, "integrations": 7,
 }

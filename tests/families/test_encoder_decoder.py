@@ -35,9 +35,9 @@ from spectral_hooks.errors import (
     UnsupportedModelError,
     collecting_fallbacks,
 )
+from spectral_hooks.hooks.taps import count_hook_points as count_hooks
 from spectral_hooks.linearize import block_function, block_jacobian
 from spectral_hooks.linearize.function import linearize
-from spectral_hooks.taps import count_hook_points as count_hooks
 from tests.families.harness import check_F, check_jacobian, check_recording
 from tests.oracles import token_jacobian
 

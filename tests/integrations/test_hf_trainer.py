@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
+from spectral_hooks.hooks.taps import count_hook_points as count_hooks
 from spectral_hooks.integrations import JSONLLogger, SpectralCallback, TensorBoardLogger
-from spectral_hooks.taps import count_hook_points as count_hooks
 
 from .test_loggers import read_tensorboard
 

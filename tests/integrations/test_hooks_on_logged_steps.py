@@ -9,8 +9,8 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
+from spectral_hooks.hooks.taps import count_taps
 from spectral_hooks.integrations import SpectralCallback, SpectralTracker
-from spectral_hooks.taps import count_taps
 
 
 def tiny():
@@ -21,7 +21,7 @@ def tiny():
 
 def ours(model):
     """Forward and forward-pre hooks of a spectral_hooks probe on any module of ``model``, and
-    its taps (``spectral_hooks/taps.py``)."""
+    its taps (``spectral_hooks/hooks/taps.py``)."""
     probe_hooks = sum(getattr(hook, "__qualname__", "").startswith("Probe.")
                       for m in model.modules()
                       for hook in [*m._forward_hooks.values(), *m._forward_pre_hooks.values()])

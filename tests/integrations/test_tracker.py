@@ -6,8 +6,8 @@ import json
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from spectral_hooks.hooks.taps import count_hook_points as count_hooks
 from spectral_hooks.integrations import JSONLLogger, SpectralTracker
-from spectral_hooks.taps import count_hook_points as count_hooks
 
 
 def loop(tmp_path, track: bool):

@@ -27,9 +27,9 @@ from spectral_hooks.errors import (
     UnknownNameError,
     UnknownOptionError,
 )
+from spectral_hooks.hooks.taps import count_hook_points as count_hooks
 from spectral_hooks.integrations.hf_trainer import SpectralCallback
 from spectral_hooks.integrations.loggers import CSVLogger, JSONLLogger
-from spectral_hooks.taps import count_hook_points as count_hooks
 from tests.tiny_models import make_model
 
 PACKAGE = str(Path(sh.__file__).parent)

@@ -12,7 +12,7 @@ import torch
 from pandas.testing import assert_frame_equal
 
 import spectral_hooks as sh
-from spectral_hooks.taps import count_hook_points as count_hooks
+from spectral_hooks.hooks.taps import count_hook_points as count_hooks
 from tests.reliability.fuzz_models import Case, build, hidden, inputs, state_hash
 from tests.tiny_models import make_model
 

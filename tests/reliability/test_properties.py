@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, assume, given, settings
 
 import spectral_hooks as sh
 from spectral_hooks.errors import ConvergenceWarning, NonFiniteError
-from spectral_hooks.taps import count_hook_points as count_hooks
+from spectral_hooks.hooks.taps import count_hook_points as count_hooks
 from tests.reliability.fuzz_models import (
     FULL,
     NORMS,

@@ -19,7 +19,7 @@ import torch
 import spectral_hooks as sh
 from spectral_hooks.analysis import TOKEN_COLUMNS, TokenColumnsWarning
 from spectral_hooks.errors import RecordingError
-from spectral_hooks.taps import count_hook_points as count_hooks
+from spectral_hooks.hooks.taps import count_hook_points as count_hooks
 from tests.tiny_models import make_model
 
 

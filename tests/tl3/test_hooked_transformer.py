@@ -13,7 +13,7 @@ except ImportError as exc:  # TL 4 raises ImportError for HookedTransformer
     pytest.skip(f"transformer_lens.HookedTransformer unavailable: {exc}", allow_module_level=True)
 
 import spectral_hooks as sh
-from spectral_hooks.taps import count_hook_points as count_hooks
+from spectral_hooks.hooks.taps import count_hook_points as count_hooks
 
 pytestmark = pytest.mark.tl3
 

@@ -5,9 +5,9 @@
     (0, 1)
 
 A :class:`ForwardCall` lives while the model runs: which application of each (possibly shared)
-module this is, what was captured, each block's replayable call (a block call's arguments:
-``block_arguments.py``). The keyword names it reads (inputs, mask, KV caches) are anatomy facts
-(``anatomy.calls``).
+module this is, what was captured, each block's replayable call. A call's arguments (the
+keyword names of inputs, mask and KV caches, and reading them) are read in
+:mod:`spectral_hooks.recording.block_call`.
 """
 
 from __future__ import annotations
@@ -21,20 +21,20 @@ from typing import Any, Callable, Iterable, NamedTuple, Optional, cast
 import torch
 from torch import Tensor
 
-from .anatomy import Anatomy
-from .anatomy.calls import MODEL_INPUT_KWARGS
-from .anatomy.patterns import pattern_capture
-from .block_arguments import (
+from ..anatomy import Anatomy
+from ..anatomy.patterns import pattern_capture
+from ..errors import OptionError, OptionTypeError, RecordingError, UnsupportedModelError
+from ..recording import CAPTURES, POINTS, suspended
+from ..recording.block_call import (
     CACHE_NAMES,
+    MODEL_INPUT_KWARGS,
     cache_length,
     kept_block_kwargs,
     padding_mask,
     replayable_call,
     without_cache_args,
 )
-from .errors import OptionError, OptionTypeError, RecordingError, UnsupportedModelError
-from .recording import CAPTURES, POINTS, suspended
-from .recording.points import capture_points, layer_list
+from ..recording.points import capture_points, layer_list
 
 log: logging.Logger = logging.getLogger(__name__)
 
