@@ -251,43 +251,55 @@ def shapes(rounds: int, names: list[str]) -> None:
 
 
 def spinners(n: int) -> list[subprocess.Popen]:
-    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    spin = "import os\nparent = os.getppid()\nwhile os.getppid() == parent: pass"  # dies with us
+    return [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(n)]
 
 
-def busy(rounds: int, n_layers: int) -> None:
+def busy(rounds: int, n_layers: int, with_before: bool) -> None:
     default_threads = torch.get_num_threads()
     probe = build("GPT-2-medium", n_layers)
     lines = [f"## GPT-2-medium ({n_layers} layers) default analyze(): busy cores at torch's default threads "
              f"({default_threads}) vs quiet one thread ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC)",
              f"load before: {load()}", ""]
     times: dict[str, list[float]] = {k: [] for k in ("quiet 1 thread", "busy default threads",
+                                                      "busy 1 thread",
                                                       "before: quiet 1 thread",
                                                       "before: busy default threads")}
     analyze_once(probe)  # warm-up
     for _ in range(rounds):
-        for before in (False, True):
+        for before in (False, True) if with_before else (False,):
             tag = "before: " if before else ""
             torch.set_num_threads(1)
             t0 = time.perf_counter()
             analyze_once(probe, before)
             times[tag + "quiet 1 thread"].append(time.perf_counter() - t0)
-            torch.set_num_threads(default_threads)
+            print(tag + "quiet 1 thread", times[tag + "quiet 1 thread"][-1], flush=True)
             procs = spinners(2)
             time.sleep(0.5)
             try:
-                t0 = time.perf_counter()
-                analyze_once(probe, before)
-                times[tag + "busy default threads"].append(time.perf_counter() - t0)
+                for threads, name in ((default_threads, "busy default threads"),
+                                      (1, "busy 1 thread")):
+                    if before and threads == 1:
+                        continue
+                    torch.set_num_threads(threads)
+                    t0 = time.perf_counter()
+                    analyze_once(probe, before)
+                    times[tag + name].append(time.perf_counter() - t0)
+                    print(tag + name, times[tag + name][-1], flush=True)
                 lines.append(f"(load with spinners: {load()})")
             finally:
                 for p in procs:
                     p.kill()
                     p.wait()
     for name, ts in times.items():
-        lines.append(f"- {name}: {summary(ts)}")
+        if ts:
+            lines.append(f"- {name}: {summary(ts)}")
     lines.append(f"- now: busy / quiet = {ratio(times['busy default threads'], times['quiet 1 thread'])}")
-    before = ratio(times["before: busy default threads"], times["before: quiet 1 thread"])
-    lines.append(f"- before: busy / quiet = {before}")
+    lines.append(f"- now: busy default threads / busy 1 thread = "
+                 f"{ratio(times['busy default threads'], times['busy 1 thread'])}")
+    if with_before:
+        before = ratio(times["before: busy default threads"], times["before: quiet 1 thread"])
+        lines.append(f"- before: busy / quiet = {before}")
     lines.append(f"\nload after: {load()}")
     write(lines)
     probe.remove()
@@ -302,6 +314,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--widths", nargs="*", type=int, help="--calibrate only these d")
     parser.add_argument("--busy-layers", type=int, default=8, help="--busy: GPT-2-medium layers")
+    parser.add_argument("--busy-before", action="store_true",
+                        help="--busy: also the route before issue 57 (its busy rounds take minutes)")
     args = parser.parse_args()
     os.environ.setdefault("TQDM_DISABLE", "1")
     if args.calibrate:
@@ -309,7 +323,7 @@ def main() -> None:
     if args.shapes:
         shapes(args.rounds, args.only)
     if args.busy:
-        busy(args.rounds, args.busy_layers)
+        busy(args.rounds, args.busy_layers, args.busy_before)
 
 
 if __name__ == "__main__":

@@ -140,6 +140,7 @@ class PowerLayers:
         return layer_power_input(self.operators.factors(t), full=self.full, k=self.k)
 
 
+@power_threads()  # layer_operators, the widths (torch.equal of heads), a dense stack formed
 def power_matrices_of(subject: Subject, options: AnalyzeOptions) -> Union[Tensor, PowerLayers]:
     """What the power view's spectra are computed from: the dense F_t stack (float64, on the
     model's device where it has batched eig) where every layer has an OV map and takes the
@@ -229,10 +230,11 @@ def power_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFrame:
         if reference is None and subject.anatomy.ov_layers[-1] != L - 1:
             reference = subject.anatomy.ov_layers[-1]  # the last layer with an OV map
         spectra_by_layer(subject, options, F, list(layers))
-        table = power_table(F, subject.tokens("resid_pre"), subject.tokens("resid_post"),
-                            iterate=options.iterate, layers=list(layers),
-                            reference_layer=reference, direction=direction,
-                            real_tol=REAL_TOL, **spectrum_options(subject, options))
+        with power_threads():  # the tokens' copies too
+            table = power_table(F, subject.tokens("resid_pre"), subject.tokens("resid_post"),
+                                iterate=options.iterate, layers=list(layers),
+                                reference_layer=reference, direction=direction,
+                                real_tol=REAL_TOL, **spectrum_options(subject, options))
         return with_adjusted(table, PVALUES)
     return subject.memo(("power", options.iterate, options.fold_norm,
                          options.power_options), compute)
