@@ -171,10 +171,12 @@ class PowerOptions:
     Attributes:
         full: None (automatic, per layer: every eigenvalue exactly from the r x r W_V W_O
             where F = W_O W_V has r (key/value heads x d_head) < d, r <= ``metrics.spectrum.
-            FACTORED_EXACT_MAX``; else the dense eig of F where d_model < ``metrics.spectrum.
-            MATRIX_FREE_D``, else the top ``k`` by ``linalg.eigs`` on x -> W_O (W_V x): the
+            FACTORED_EXACT_MAX``; else every eigenvalue of F where d_model < ``metrics.
+            spectrum.MATRIX_FREE_D`` (1024), else the top ``k`` by ``linalg.eigs`` (on F
+            formed where its factors are as wide as d / 2, else on x -> W_O (W_V x)): the
             rule ``metrics.spectrum.power_route``, which the training events follow too), True
-            (all, dense) or False (top-k by ``linalg.eigs``); rows say which (``truncated``).
+            (every eigenvalue) or False (top-k by ``linalg.eigs``); rows say which
+            (``truncated``).
         k: eigenpairs of F computed matrix-free (at least 3 are always used).
         reference_layer: the one fixed layer r whose B_r every row's ``gamma_ref`` and
             ``subspace_cos_ref`` compare with (None: the model's last layer; negative ok).

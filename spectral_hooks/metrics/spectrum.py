@@ -9,19 +9,25 @@ run in float64 (complex128 for eigenpairs) whatever the input dtype.
 >>> s.lambda1, s.gap_ratio
 ((3+0j), 0.3333333333333333)
 
-Large d (``d > dense_limit``, default SPECTRUM_DENSE_MAX_D = 4096): only the ``top_k`` leading eigenpairs are computed,
+Large d (``d > dense_limit``, default SPECTRUM_DENSE_MAX_D = 4096; ``analyze()`` routes by
+:func:`power_route`, from MATRIX_FREE_D = 1024): only the ``top_k`` leading eigenpairs are computed,
 with the project's Krylov solver (:func:`spectral_hooks.linalg.eigs`, which="LM", float64) on F
 (``iterate="F"``) or on the shifted operator I + F (``iterate="I+F"``; eigenvalues of F are
 mu - 1). That is enough for lambda1, lambda2, the gap ratio, B and B2; the spectrum is then
 marked ``truncated`` (LayerSpectrum.truncated / n_computed, a ``truncated`` column in both tables)
 and a solver that did not converge is logged as a warning and reported as ``converged=False``
-instead of raising. For d <= dense_limit nothing changes (full dense float64 eigen-decomposition,
-``truncated=False``, ``converged=True``).
+instead of raising. For d <= dense_limit every eigenvalue is computed (``truncated=False``,
+``converged=True``): the full dense float64 eigen-decomposition where every eigenvector is
+asked for (:func:`spectrum`), else LAPACK's eigenvalues without eigenvectors and only the
+leading eigenvectors (B, B2) by inverse iteration, each kept when its residual is below
+VECTOR_RESIDUAL_TOL and its eigenvalue stands apart from the others (SEPARATION_TOL), the full
+eig otherwise. The power view's LAPACK work runs on POWER_THREADS (1) CPU threads.
 
 A factored F = A B (a :class:`~spectral_hooks.linalg.LowRankOperator` with inner width r < d, as
 ``anatomy.weights.layer_operators`` builds for grouped-query models) with r <= min(FACTORED_EXACT_MAX,
 dense_limit) gets every eigenvalue exactly instead: the r of the r x r matrix B A, then d - r
-zeros (:func:`spectral_hooks.linalg.lowrank_eig`; ``truncated=False``).
+zeros (values-first as above, the leading vectors A y from B A's; or
+:func:`spectral_hooks.linalg.lowrank_eig`; ``truncated=False``).
 
 Spectra are computed once per layer matrix: :func:`power_table` and :func:`spectra_table` share a
 small in-process cache keyed on the identity of the F tensor passed in (checked through a weak
