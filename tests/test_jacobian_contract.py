@@ -55,8 +55,8 @@ def assert_contract(free: sh.Report, exact: sh.Report) -> list[str]:
 
 
 def both(probe, **jacobian):
-    free = probe.analyze(power=False, jacobian={**jacobian, "dense": False, "progress": False})
-    exact = probe.analyze(power=False, jacobian={**jacobian, "dense": True, "progress": False})
+    free = probe.analyze(power=False, progress=False, jacobian={**jacobian, "dense": False})
+    exact = probe.analyze(power=False, progress=False, jacobian={**jacobian, "dense": True})
     return free, exact
 
 
@@ -86,7 +86,7 @@ def test_minilm_matrix_free_equals_exact(minilm):
             model(**tokenizer(SENTENCES[:1], return_tensors="pt"))
         free, exact = both(probe, k=16, n_samples=256)
         assert len(assert_contract(free, exact)) >= 5
-        auto = probe.analyze(power=False, jacobian={"k": 16, "progress": False}).jacobian
+        auto = probe.analyze(power=False, progress=False, jacobian={"k": 16}).jacobian
         assert auto.dense.all()  # d = 384: the automatic choice is exact
     finally:
         model.float()

@@ -33,7 +33,7 @@ def recorded(request):
 
 
 def test_dense_mode_is_exact(recorded):
-    report = recorded.analyze(jacobian={"k": K, "dense": True, "progress": False})
+    report = recorded.analyze(jacobian={"k": K, "dense": True}, progress=False)
     table = report.jacobian
     for layer in range(recorded.anatomy.n_layers):
         J, p = _token_jacobian(recorded, layer)
@@ -53,8 +53,8 @@ def test_dense_mode_is_exact(recorded):
 
 
 def test_matrix_free_matches_dense_within_tolerance(recorded):
-    report = recorded.analyze(jacobian={"k": K, "n_samples": 256, "dense": False,
-                                        "progress": False})
+    report = recorded.analyze(jacobian={"k": K, "n_samples": 256, "dense": False},
+                              progress=False)
     table = report.jacobian
     assert "departure" not in table and "frac_complex" not in table  # exact-only columns
     assert "departure" in report.metadata["jacobian"]["absent_columns"]
@@ -84,7 +84,7 @@ def gpt2_recorded():
 
 def test_bottleneck_and_reinit_match_dense_products(gpt2_recorded):
     recorded = gpt2_recorded
-    report = recorded.analyze(jacobian={"k": K, "bottleneck_k": 8, "progress": False},
+    report = recorded.analyze(jacobian={"k": K, "bottleneck_k": 8}, progress=False,
                               bottleneck=True, reinit=True)
     table = report.bottleneck
     assert set(table.variant) == {"trained", "symmetric", "schur", "init"}
@@ -117,8 +117,8 @@ def test_positions_all_skips_generate_decode_steps():
     with sh.instrument(model) as probe, torch.no_grad():
         model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=3,
                        do_sample=False, pad_token_id=0)
-    table = probe.analyze(jacobian={"k": 4, "positions": "all", "dense": True,
-                                    "progress": False}).jacobian
+    table = probe.analyze(jacobian={"k": 4, "positions": "all", "dense": True},
+                          progress=False).jacobian
     assert sorted(set(table.position)) == [0, 1, 2, 3]
 
 

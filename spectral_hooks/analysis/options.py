@@ -16,6 +16,8 @@ metadata stores as its resolved options.
 from __future__ import annotations
 
 import dataclasses
+import sys
+import warnings
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Union
 
@@ -32,6 +34,17 @@ from .option_values import (
 
 IDEALISED_ATTENTIONS = ("uniform", "recorded")
 ABLATIONS = ("symmetric", "schur")
+
+
+def _callers_level() -> int:
+    """The ``stacklevel`` that names the first caller outside this package (a warning raised
+    while options are made then points at the user's line, where Python shows it)."""
+    package = __name__.split(".")[0]
+    level, frame = 1, sys._getframe(1)
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").partition(".")[0] \
+            == package:
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,7 +90,8 @@ class JacobianOptions:
             2L layer-depths of columns (32 layers: 6 depths, 63 of 528). The single-layer
             ablations run at full depth regardless.
         ablations: bottleneck ablations, any of "symmetric", "schur".
-        progress: kept for compatibility; ``analyze(progress=...)`` is the switch.
+        progress: deprecated (a DeprecationWarning; forwarded for this release):
+            ``analyze(progress=...)``, :attr:`AnalyzeOptions.progress`, is the one switch.
         group_layers: compute the layers' Jacobians together (True: layers of one block
             structure as one batched operator, ``linearize.group``; the same values as one by
             one, to solver tolerance), one layer at a time (False), or by the cost rule (None,
@@ -115,6 +129,10 @@ class JacobianOptions:
             check_int(f"jacobian.{name}", getattr(self, name))
         for name in ("dense", "bottleneck_dense", "progress", "group_layers"):
             check_bool(f"jacobian.{name}", getattr(self, name), allow_none=True)
+        if self.progress is not None:
+            warnings.warn("jacobian.progress is deprecated: pass analyze(progress=...) (the one "
+                          "progress switch, AnalyzeOptions.progress)", DeprecationWarning,
+                          stacklevel=_callers_level())
         check_float("jacobian.tol", self.tol, above=0, below=1, allow_none=True)
         object.__setattr__(self, "positions", checked_positions(self.positions))
         object.__setattr__(self, "samples", checked_samples(self.samples))
@@ -149,6 +167,7 @@ class JacobianOptions:
         True
         """
         out = dataclasses.asdict(self)
+        del out["progress"]  # the display, not a result: AnalyzeOptions.progress
         out["positions"] = list(self.positions) if isinstance(self.positions, tuple) \
             else self.positions
         out["ablations"] = list(self.ablations)
@@ -306,7 +325,8 @@ class AnalyzeOptions:
             ``decode``); None uses the tokenizer the model carries (TransformerLens), if any.
         progress: one display over the whole analysis (``analysis/progress.py``): None or True
             shows it (a bar on a terminal, a line per layer elsewhere), False hides it, as
-            does ``TQDM_DISABLE=1``; ``jacobian.progress`` is read when this is None.
+            does ``TQDM_DISABLE=1``. The deprecated ``jacobian.progress`` is moved here
+            (where this is None) when the options are made.
     """
 
     power: Union[bool, PowerOptions] = True
@@ -335,7 +355,12 @@ class AnalyzeOptions:
                                   "None or a tokenizer with a decode(ids) method")
         check_bool("progress", self.progress, allow_none=True)
         check_choice("iterate", self.iterate, ITERATES)
-        object.__setattr__(self, "jacobian", JacobianOptions.resolve(self.jacobian))
+        jacobian = JacobianOptions.resolve(self.jacobian)
+        if jacobian is not None and jacobian.progress is not None:  # deprecated: moved here
+            if self.progress is None:
+                object.__setattr__(self, "progress", jacobian.progress)
+            jacobian = dataclasses.replace(jacobian, progress=None)
+        object.__setattr__(self, "jacobian", jacobian)
 
     @classmethod
     def resolve(cls, options: Optional["AnalyzeOptions"] = None, **values: Any
@@ -382,8 +407,9 @@ class AnalyzeOptions:
 
     @property
     def show_progress(self) -> Optional[bool]:
-        """The progress switch in force (``progress``, else ``jacobian.progress``)."""
-        return self.progress if self.progress is not None else self.jacobian_options.progress
+        """The progress switch in force: ``progress`` (the deprecated ``jacobian.progress``
+        is moved there when the options are made)."""
+        return self.progress
 
     def to_dict(self) -> dict[str, Any]:
         """The options that shape results (not the progress display) as JSON-able values: a

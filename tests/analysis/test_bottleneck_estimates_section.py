@@ -43,7 +43,7 @@ def test_matrix_free_bottleneck_estimates_cover_the_dense_oracle(family):
         model(torch.randint(1, 100, (1, 6), generator=torch.Generator().manual_seed(0)))
     d = probe.anatomy.d_model
     options = {"k": 4, "bottleneck_k": K, "bottleneck_dense": False, "bottleneck_probes": PROBES,
-               "bottleneck_steps": d, "ablations": (), "progress": False}
+               "bottleneck_steps": d, "ablations": ()}
     table = probe.analyze(power=False, jacobian=options, bottleneck=True).bottleneck
     exact = _exact_spectra(probe, family)
     assert len(table) == len(exact) and table["truncated"].all()
@@ -75,7 +75,7 @@ def test_a_coarse_quadrature_is_warned_about():
         model(torch.randint(1, 100, (1, 6), generator=torch.Generator().manual_seed(0)))
     d = probe.anatomy.d_model
     options = {"k": 4, "bottleneck_k": K, "bottleneck_dense": False, "bottleneck_probes": 32,
-               "ablations": (), "progress": False}
+               "ablations": ()}
     with pytest.warns(ConvergenceWarning, match="bottleneck_steps \\(now 2\\)"):
         coarse = probe.analyze(power=False, bottleneck=True,
                                jacobian={**options, "bottleneck_steps": 2}).bottleneck
@@ -95,7 +95,7 @@ def test_bottleneck_depths_option():
     with sh.instrument(model) as probe, torch.no_grad():
         model(torch.randint(1, 100, (1, 6), generator=torch.Generator().manual_seed(0)))
     options = {"k": 4, "bottleneck_k": K, "bottleneck_dense": False, "bottleneck_probes": 4,
-               "bottleneck_steps": 8, "ablations": ("symmetric",), "progress": False}
+               "bottleneck_steps": 8, "ablations": ("symmetric",)}
     full = probe.analyze(power=False, bottleneck=True, jacobian=options).bottleneck
     some = probe.analyze(power=False, bottleneck=True,
                          jacobian={**options, "bottleneck_depths": [2]}).bottleneck

@@ -43,6 +43,22 @@ def test_every_bad_jacobian_option_is_named(bad, option):
     assert isinstance(info.value, ValueError) and isinstance(info.value, SpectralHooksError)
 
 
+def test_progress_is_one_switch_and_jacobian_progress_forwards_with_a_warning():
+    """``analyze(progress=...)`` is the switch; ``jacobian.progress`` (deprecated) warns at the
+    caller's line and is moved there for this release (an explicit ``progress`` wins)."""
+    with pytest.warns(DeprecationWarning, match=r"analyze\(progress=\.\.\.\)") as caught:
+        options = AnalyzeOptions.resolve(jacobian={"k": 4, "progress": False})
+    assert caught[0].filename == __file__
+    assert options.progress is False and options.show_progress is False
+    assert options.jacobian is not None and options.jacobian.progress is None
+    assert options == AnalyzeOptions.resolve(jacobian={"k": 4}, progress=False)
+    assert "progress" not in options.jacobian.to_dict()
+    with pytest.warns(DeprecationWarning):
+        assert AnalyzeOptions.resolve(jacobian={"progress": False}, progress=True).progress
+    with pytest.warns(DeprecationWarning):
+        JacobianOptions(progress=True)
+
+
 @pytest.mark.parametrize("bad, option", [
     (dict(iterate="F+I"), "iterate"), (dict(power=1), "power"), (dict(reinit="yes"), "reinit"),
     (dict(jacobian=5), "jacobian"),

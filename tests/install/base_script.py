@@ -23,7 +23,7 @@ def main(model_dir: str) -> None:
                                  num_attention_heads=4, intermediate_size=64)).eval()
     with sh.instrument(model) as probe, torch.no_grad():
         model(torch.tensor([[1, 5, 7, 9, 2]]))
-    report = probe.analyze(jacobian={"k": 4, "progress": False})
+    report = probe.analyze(jacobian={"k": 4}, progress=False)
     assert len(report.power) == 2 and len(report.jacobian) == 2
     out = Path(tempfile.mkdtemp())
     report.save(out / "rep")

@@ -33,7 +33,7 @@ def expect_extra(call, extra: str) -> None:
 model = GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=100)).eval()
 with sh.instrument(model) as probe, torch.no_grad():
     model(torch.tensor([[1, 2, 3, 4]]))
-report = probe.analyze(jacobian={"k": 4, "progress": False})
+report = probe.analyze(jacobian={"k": 4}, progress=False)
 out = Path(tempfile.mkdtemp())
 report.save(out / "rep")  # CSV without pyarrow
 assert (out / "rep" / "power.csv").is_file()
