@@ -127,7 +127,9 @@ class JacobianView:
             out["routing"] = (
                 f"layers {routed} route tokens to experts: the replay recomputes the router at "
                 "the recorded input (in the replay dtype) and differentiates the mixing weights "
-                "with the top-k choice held fixed, the recorded forward's except at a near-tie")
+                "with the top-k choice held fixed; that choice is checked against the block in "
+                "the model's own dtype (the recorded forward) and a flip at a near-tie is "
+                "reported in fallbacks (linearize.routing_flip)")
         replays = [p.index for p in self.subject.anatomy.layers if not p.kv_cache_only]
         if replays:
             out["full_sequence_layers"] = (
@@ -344,7 +346,8 @@ class JacobianView:
         if layers != list(range(layers[0], layers[-1] + 1)):
             raise RecordingError(f"the bottleneck needs consecutive recorded layers, got "
                                  f"{layers}: instrument with layers=None")
-        return [self.operator(layer, self.anchor) for layer in layers]
+        return [self.operator(layer, self.anchor) for layer in progress.layers(
+            layers, f"Jacobian operators ({self.label})", work=f"operators:{self.label}")]
 
     @property
     def dense_products(self) -> bool:

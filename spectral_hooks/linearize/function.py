@@ -16,6 +16,7 @@ from ..checks import check_float_dtype, check_int
 from ..errors import NonFiniteError, OptionError, RecordingError
 from ..recording import BlockCall, map_tensors, suspended
 from ..recording.points import BLOCK_INPUT, describe
+from .routing import check_routing
 
 if TYPE_CHECKING:
     from ..anatomy import Anatomy
@@ -303,4 +304,8 @@ def block_function(anatomy: Anatomy, recording: Recording, layer: int, *, sample
     fn = BlockFunction(block, call, hidden, positions, params, layer, sample,
                        replay_convention(anatomy.call_convention, block), rows=rows)
     fn.replay_kind = anatomy.replay_kind(layer)
+    if (anatomy.layers[layer].mlp or "").startswith("routed"):
+        mask = recording.mask[sample]
+        L = hidden.shape[1]
+        check_routing(fn, mask[-L:] != 0 if mask.shape[0] >= L else torch.ones(L, dtype=torch.bool))
     return fn

@@ -202,3 +202,75 @@ def test_a_block_no_replay_can_run_ends_in_one_library_error():
             pytest.raises(UnsupportedModelError, match=r"layer 0 \(GptOssDecoderLayer\) cannot "
                           r"be linearised: .*float64.*register_anatomy"):
         block_jacobian(anatomy, probe.recording, 0).matvec(torch.randn(32, dtype=torch.float64))
+
+
+class _Experts(torch.nn.Module):
+    """Two linear experts; ``forward(x, index)`` applies each token's chosen one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(3, 8, 8, generator=torch.Generator().manual_seed(1)))
+
+    def forward(self, x, index):
+        return torch.einsum("tij,tj->ti", self.w[index[:, 0]], x)
+
+
+class _RoutedMlp(torch.nn.Module):
+    """Top-1 routing on x[0] + x[1] * (0, 0, 1): experts 1 and 2 tie in float32 whenever
+    x[1] is below float32's resolution at x[0], and expert 2 wins in float64."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = torch.nn.Parameter(torch.tensor([[-9.0, 0.0], [1.0, 0.0], [1.0, 1.0]]))
+        self.experts = _Experts()
+
+    def forward(self, x):
+        flat = x.reshape(-1, 8)
+        _, index = torch.topk(flat[:, :2] @ self.gate.T, 1, dim=-1)
+        return self.experts(flat, index).reshape(x.shape)
+
+
+class _RoutedBlock(torch.nn.Module):
+    """Attention (tests/families/test_generic.py's, d = 8), then the routed MLP."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from tests.families.test_generic import Attention
+
+        self.attn, self.mlp = Attention(causal=True), _RoutedMlp()
+
+    def forward(self, x):
+        x = x + self.attn(x)
+        return x + self.mlp(x)
+
+
+class _RoutedStack(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        from types import SimpleNamespace
+
+        self.config = SimpleNamespace(hidden_size=8, num_attention_heads=2)
+        self.blocks = torch.nn.ModuleList([_RoutedBlock()])
+
+    def forward(self, inputs_embeds):
+        return self.blocks[0](inputs_embeds)
+
+
+def test_a_routing_flip_between_the_model_dtype_and_the_replay_is_reported():
+    """The float64 replay picks expert 2 where the float32 forward tied (and picked expert 1)
+    at the last token: the Jacobian would be of the other piece, and the library says so."""
+    torch.manual_seed(0)
+    model = _RoutedStack().eval()
+    for p in model.blocks[0].attn.parameters():
+        torch.nn.init.zeros_(p)  # attention adds nothing: the block input reaches the router
+    x = torch.zeros(1, 3, 8)
+    x[0, :, 0] = 1.0
+    x[0, :, 1] = 1e-9  # below float32's resolution at 1.0
+    assert model.blocks[0].mlp.gate.dtype == torch.float32
+    with pytest.warns(sh.errors.GenericAnatomyWarning), sh.instrument(model) as probe, \
+            torch.no_grad():
+        model(inputs_embeds=x)
+    assert probe.anatomy.layers[0].mlp == "routed"
+    with pytest.warns(sh.errors.FallbackWarning, match=r"routes positions \[0, 1, 2\] to other "
+                                                        "experts than the recorded forward"):
+        block_jacobian(probe.anatomy, probe.recording, 0)
