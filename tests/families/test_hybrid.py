@@ -4,8 +4,8 @@ with grouped kernels (gpt-oss, GLM-4.5, dots1, Phi-MoE), sliding/full and RoPE/N
 (EXAONE 4, Cohere2, SmolLM3); Gemma 3n refused up front.
 
 The quick profile runs one architecture of each mixer kind end to end and three oracle cases;
-``make test-all`` runs every one. Oracles that do not use the library's code path: the model's own ``output_hidden_states``;
-``torch.func.jacfwd`` of the real block (tests/oracles.py) and ``numpy``'s eig for the
+``make test-all`` runs every one. Oracles that do not use the library's code path: the model's
+own ``output_hidden_states``; ``torch.func.jacfwd`` of the real block (tests/oracles.py) and ``numpy``'s eig for the
 matrix-free Jacobian spectra; a least-squares fit of the raw attention modules for MLA's F.
 """
 
