@@ -146,12 +146,15 @@ def power_rows(probe: Any, *, columns: Optional[Iterable[str]] = None, iterate: 
                                     k=options.k) if compute else None
 
     r, s_r, reference = None, None, None  # every rank reads layer r once, as every other
-    if wanted is None or wanted & set(REFERENCE_COLUMNS):
-        r = (L - 1) if reference_layer is None else reference_layer % L
+    ov = set(anatomy.ov_layers)  # a hybrid's Mamba / linear-attention layers have no F
+    if ov and (wanted is None or wanted & set(REFERENCE_COLUMNS)):
+        r = max(ov) if reference_layer is None else reference_layer % L
         s_r = spectrum_of(r)
         reference = (r, s_r.B) if s_r is not None else None
     rows = []
     for i, layer in enumerate(rec.layers):
+        if layer not in ov:
+            continue
         s = s_r if layer == r else spectrum_of(layer)
         tokens = _layer_tokens(probe, i, layer, counts, across_ranks)
         if compute:

@@ -274,3 +274,18 @@ def test_a_routing_flip_between_the_model_dtype_and_the_replay_is_reported():
     with pytest.warns(sh.errors.FallbackWarning, match=r"routes positions \[0, 1, 2\] to other "
                                                         "experts than the recorded forward"):
         block_jacobian(probe.anatomy, probe.recording, 0)
+
+
+def test_training_logs_the_power_rows_of_a_hybrid_as_analyze_does():
+    """integrations.power_log (the callbacks' one routine) skips the layers without an OV map and
+    takes the last layer with one as the reference, as analyze() does: the same numbers."""
+    from spectral_hooks.integrations.power_log import power_metrics
+
+    model = make("jamba", dtype=torch.float32)
+    with sh.instrument(model) as probe, torch.no_grad():
+        model(**_batch())
+    logged = power_metrics(probe, columns=["gap_ratio", "gamma", "gamma_ref"])
+    row = probe.analyze(power=True, progress=False).power.iloc[0]
+    assert sorted(logged) == [f"spectral/layer_01/{c}" for c in ("gamma", "gamma_ref", "gap_ratio")]
+    for column in ("gap_ratio", "gamma", "gamma_ref"):
+        assert logged[f"spectral/layer_01/{column}"] == pytest.approx(row[column], rel=1e-12)
