@@ -309,8 +309,7 @@ def _check(sq: SingleQueryFunction, fn: BlockFunction) -> float:
     return max(values[0] if sq.split else 0.0, values[-1])
 
 
-def single_query_function(fn: BlockFunction, *, allow_split: bool = True
-                  ) -> Optional[SingleQueryFunction]:
+def single_query_function(fn: BlockFunction) -> Optional[SingleQueryFunction]:
     """The verified single-query function (split mode where it works, else concat), or None
     where it does not apply or disagrees with the full sequence.
 
@@ -321,7 +320,7 @@ def single_query_function(fn: BlockFunction, *, allow_split: bool = True
     if not fn.convention.cache_kwargs:
         return None
     tol = agreement_tol(fn.x0.dtype)
-    split_ok = allow_split and _split_registered() and fn.convention.pluggable_attention
+    split_ok = _split_registered() and fn.convention.pluggable_attention
     modes = (True, False) if split_ok else (False,)
     for split in modes:
         try:
