@@ -127,9 +127,9 @@ class JacobianView:
             out["routing"] = (
                 f"layers {routed} route tokens to experts: the replay recomputes the router at "
                 "the recorded input (in the replay dtype) and differentiates the mixing weights "
-                "with the top-k choice held fixed; that choice is checked against the block in "
-                "the model's own dtype (the recorded forward) and a flip at a near-tie is "
-                "reported in fallbacks (linearize.routing_flip)")
+                "with the top-k choice held fixed: the recorded forward's (the block rerun in "
+                "the model's own dtype); where the replay's own choice would differ (a near-tie) "
+                "the recorded one is held and fallbacks say so (linearize.routing_held)")
         replays = [p.index for p in self.subject.anatomy.layers if not p.kv_cache_only]
         if replays:
             out["full_sequence_layers"] = (

@@ -119,7 +119,8 @@ def block_jacobian(anatomy: Anatomy, recording: Recording, layer: int, *, sample
     where = f"p={fn.rows[0]}" if kind == "token" else f"n={len(fn.rows)}"
     # a recurrent or convolutional mixer carries the earlier tokens in a state, not a KV
     # cache: its blocks replay the full sequence by design (no fallback)
-    replayable = anatomy.causal and anatomy.layers[fn.layer].kv_cache_only
+    replayable = (anatomy.causal and anatomy.layers[fn.layer].kv_cache_only
+                  and fn.held_routing is None)  # a held routing is the whole sequence's
     sq = single_query_function(fn) if single_query and kind == "token" and replayable else None
     mode = None if sq is None else ("split" if sq.split else "concat")
     return make_operator(Engine(fn if sq is None else sq, method),

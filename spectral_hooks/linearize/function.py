@@ -16,7 +16,7 @@ from ..checks import check_float_dtype, check_int
 from ..errors import NonFiniteError, OptionError, RecordingError
 from ..recording import BlockCall, map_tensors, suspended
 from ..recording.points import BLOCK_INPUT, describe
-from .routing import check_routing
+from .routing import HeldTopk, check_routing
 
 if TYPE_CHECKING:
     from ..anatomy import Anatomy
@@ -181,6 +181,9 @@ class BlockFunction:
     #: ``replay_kind``: mixer, MLP, attention type, RoPE): blocks of different replay kinds
     #: share no traced graph and no layer group
     replay_kind: tuple[Any, ...] = ()
+    #: routed experts: the recorded forward's top-k choices, held in :meth:`full` where the
+    #: replay's own would differ (linearize.routing); None otherwise
+    held_routing: Optional[list[Tensor]] = None
 
     def __init__(self, block: torch.nn.Module, call: BlockCall, hidden: Tensor,
                  positions: Tensor, params: dict[str, Tensor], layer: int, sample: int,
@@ -203,7 +206,8 @@ class BlockFunction:
     def full(self, H: Tensor) -> Tensor:
         """The block on a full [L, d] input (no batch dimension); returns [L, d]."""
         args, kwargs = self.call.with_hidden(H[None])
-        with math_sdpa(), self.convention.replaying(self.block):
+        held = HeldTopk(self.held_routing) if self.held_routing else contextlib.nullcontext()
+        with math_sdpa(), self.convention.replaying(self.block), held:
             out = torch.func.functional_call(self.block, self.params, args, kwargs)
         return first_output(out)[0]
 
@@ -307,5 +311,6 @@ def block_function(anatomy: Anatomy, recording: Recording, layer: int, *, sample
     if (anatomy.layers[layer].mlp or "").startswith("routed"):
         mask = recording.mask[sample]
         L = hidden.shape[1]
-        check_routing(fn, mask[-L:] != 0 if mask.shape[0] >= L else torch.ones(L, dtype=torch.bool))
+        real = mask[-L:] != 0 if mask.shape[0] >= L else torch.ones(L, dtype=torch.bool)
+        fn.held_routing = check_routing(fn, real)
     return fn

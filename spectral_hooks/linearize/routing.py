@@ -6,9 +6,10 @@ recomputes the router in its own dtype (float64) at the recorded input; where tw
 scores nearly tie, rounding in the model's dtype may have chosen the other one, and the
 Jacobian would then be that of a neighbouring piece. :func:`check_routing` runs the block once
 in the model's own dtype (which reproduces the recorded forward) and once as the replay does,
-logs every ``topk`` the block calls, and compares the choices on the real tokens of the row; a
-difference is reported (a :class:`~spectral_hooks.errors.FallbackWarning`, cause
-``linearize.routing_flip``), never silently differentiated.
+logs every ``topk`` the block calls, and compares the choices on the real tokens of the row.
+Where they differ, the recorded choice is held: the replay runs the whole sequence with every
+``topk`` of the block answering the recorded indices (:class:`HeldTopk`), and a
+:class:`~spectral_hooks.errors.FallbackWarning` (cause ``linearize.routing_held``) says so.
 
     >>> import torch
     >>> log = TopkLog()
@@ -29,7 +30,7 @@ from torch.overrides import TorchFunctionMode
 from ..errors import fallback
 from ..recording import map_tensors
 
-__all__ = ["TopkLog", "check_routing"]
+__all__ = ["HeldTopk", "TopkLog", "check_routing"]
 
 
 class TopkLog(TorchFunctionMode):
@@ -48,6 +49,36 @@ class TopkLog(TorchFunctionMode):
         return out
 
 
+class HeldTopk(TorchFunctionMode):
+    """Within a replay of the whole sequence: the i-th ``torch.topk`` the block calls returns
+    the i-th recorded choice (``held[i]``, the model-dtype forward's indices) and the input's
+    values gathered there, so the router's mixing weights are differentiated at the recorded
+    forward's experts."""
+
+    def __init__(self, held: list[Tensor]) -> None:
+        super().__init__()
+        self.held, self.calls = held, 0
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (),
+                           kwargs: Optional[dict] = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if func in (torch.topk, Tensor.topk) and self.calls < len(self.held):
+            index = self.held[self.calls].to(out[1].device)
+            self.calls += 1
+            if index.shape == out[1].shape:
+                values = torch.gather(args[0], _dim(args, kwargs), index)
+                return torch.return_types.topk((values, index))
+        return out
+
+
+def _dim(args: tuple, kwargs: Optional[dict]) -> int:
+    """The ``dim`` of a topk call (default -1)."""
+    kwargs = kwargs or {}
+    if "dim" in kwargs:
+        return int(kwargs["dim"])
+    return int(args[2]) if len(args) > 2 else -1
+
+
 def _choices(run: Callable[[], Any]) -> list[Tensor]:
     log = TopkLog()
     with torch.no_grad(), log:
@@ -55,14 +86,15 @@ def _choices(run: Callable[[], Any]) -> list[Tensor]:
     return log.indices
 
 
-def check_routing(fn: Any, real: Tensor) -> None:
+def check_routing(fn: Any, real: Tensor) -> Optional[list[Tensor]]:
     """Compare the top-k choices of the block of ``fn`` (a BlockFunction) in its model's own
     dtype (the recorded forward) and in the replay (``fn.full``) at the recorded input, on the
-    real tokens ``real`` (bool [L]); warn where they differ."""
+    real tokens ``real`` (bool [L]). Returns None where they agree (or cannot be compared), else
+    the recorded choices to hold (:class:`HeldTopk`), with a FallbackWarning."""
     block, call = fn.block, fn.call
     param = next(block.parameters(), None)
     if param is None:
-        return
+        return None
     own_dtype = param.dtype
 
     def model_dtype() -> Any:
@@ -74,7 +106,7 @@ def check_routing(fn: Any, real: Tensor) -> None:
     try:
         recorded, replayed = _choices(model_dtype), _choices(lambda: fn.full(fn.hidden[0]))
     except (RuntimeError, TypeError, ValueError):  # the replay itself fails: the engine
-        return  # says so, with the layer and what to do (engine.Engine._unreplayable)
+        return None  # says so, with the layer and what to do (engine.Engine._unreplayable)
     L = int(real.shape[0])
     flipped: set[int] = set()
     for a, b in zip(recorded, replayed):
@@ -87,8 +119,12 @@ def check_routing(fn: Any, real: Tensor) -> None:
         fallback("linearize.routing_flip",
                  f"layer {fn.layer}: the replay's router calls topk {len(replayed)} times, the "
                  f"model's own dtype {len(recorded)}: the routing could not be compared")
-    elif flipped:
-        fallback("linearize.routing_flip",
-                 f"layer {fn.layer}, sample {fn.sample}: the {str(fn.x0.dtype)[6:]} replay routes "
-                 f"positions {sorted(flipped)} to other experts than the recorded forward (a "
-                 "near-tie of router scores): the Jacobian there is that of the replay's choice")
+        return None
+    if not flipped:
+        return None
+    fallback("linearize.routing_held",
+             f"layer {fn.layer}, sample {fn.sample}: the {str(fn.x0.dtype)[6:]} replay would "
+             f"route positions {sorted(flipped)} to other experts than the recorded forward (a "
+             "near-tie of router scores): the recorded choice is held, and the whole sequence "
+             "is replayed (no single-query replay)")
+    return recorded

@@ -256,9 +256,11 @@ class _RoutedStack(torch.nn.Module):
         return self.blocks[0](inputs_embeds)
 
 
-def test_a_routing_flip_between_the_model_dtype_and_the_replay_is_reported():
-    """The float64 replay picks expert 2 where the float32 forward tied (and picked expert 1)
-    at the last token: the Jacobian would be of the other piece, and the library says so."""
+def test_a_routing_flip_between_the_model_dtype_and_the_replay_is_held_at_the_recorded_choice():
+    """The float32 forward ties experts 1 and 2 (and picks one); the float64 replay would pick
+    expert 2. The recorded choice is held: with the attention adding nothing, the block is
+    x + W_e x at each token, so its token Jacobian is I + W_e of the recorded expert e (the
+    oracle: the expert weights, and the expert the float32 forward itself picked)."""
     torch.manual_seed(0)
     model = _RoutedStack().eval()
     for p in model.blocks[0].attn.parameters():
@@ -266,26 +268,18 @@ def test_a_routing_flip_between_the_model_dtype_and_the_replay_is_reported():
     x = torch.zeros(1, 3, 8)
     x[0, :, 0] = 1.0
     x[0, :, 1] = 1e-9  # below float32's resolution at 1.0
-    assert model.blocks[0].mlp.gate.dtype == torch.float32
+    mlp = model.blocks[0].mlp
+    with torch.no_grad():
+        recorded = int(torch.topk(x[0, -1:, :2] @ mlp.gate.T, 1).indices)
+        replayed = int(torch.topk(x[0, -1:, :2].double() @ mlp.gate.T.double(), 1).indices)
+    assert (recorded, replayed) == (1, 2)  # the tie and its float64 break
     with pytest.warns(sh.errors.GenericAnatomyWarning), sh.instrument(model) as probe, \
             torch.no_grad():
         model(inputs_embeds=x)
     assert probe.anatomy.layers[0].mlp == "routed"
-    with pytest.warns(sh.errors.FallbackWarning, match=r"routes positions \[0, 1, 2\] to other "
-                                                        "experts than the recorded forward"):
-        block_jacobian(probe.anatomy, probe.recording, 0)
-
-
-def test_training_logs_the_power_rows_of_a_hybrid_as_analyze_does():
-    """integrations.power_log (the callbacks' one routine) skips the layers without an OV map and
-    takes the last layer with one as the reference, as analyze() does: the same numbers."""
-    from spectral_hooks.integrations.power_log import power_metrics
-
-    model = make("jamba", dtype=torch.float32)
-    with sh.instrument(model) as probe, torch.no_grad():
-        model(**_batch())
-    logged = power_metrics(probe, columns=["gap_ratio", "gamma", "gamma_ref"])
-    row = probe.analyze(power=True, progress=False).power.iloc[0]
-    assert sorted(logged) == [f"spectral/layer_01/{c}" for c in ("gamma", "gamma_ref", "gap_ratio")]
-    for column in ("gap_ratio", "gamma", "gamma_ref"):
-        assert logged[f"spectral/layer_01/{column}"] == pytest.approx(row[column], rel=1e-12)
+    with pytest.warns(sh.errors.FallbackWarning, match=r"would route positions \[0, 1, 2\] to "
+                                                        r"other experts.*recorded choice is held"):
+        op = block_jacobian(probe.anatomy, probe.recording, 0)
+    want = torch.eye(8, dtype=torch.float64) + mlp.experts.w[recorded].detach().double()
+    torch.testing.assert_close(op.to_dense(), want, rtol=0, atol=1e-12)
+    assert op.single_query_mode is None  # the whole sequence, the choice held
