@@ -122,7 +122,9 @@ MATRIX_FREE_D = 1024
 #: The CPU threads the power view's own LAPACK / BLAS calls run on, at most (torch's count is
 #: lowered for one layer's spectrum and restored after; while it is lowered, other Python threads
 #: of the process see it too). Issue 57 measured the power view of 4 GPT-2-medium layers at 4.8 s
-#: on one thread and 4.0 s on two with the machine quiet, 6.9 s and 22.4 s with both cores busy.
+#: on one thread and 4.0 s on two with the machine quiet, 6.9 s and 22.4 s with both cores busy
+#: (LAPACK's OpenMP threads spin at barriers). With this cap, 8 GPT-2-medium layers, both cores
+#: busy: torch's default 2 threads / 1 thread = 1.01x (0.95-1.18; benchmarks/power_shapes.py --busy).
 POWER_THREADS = 1
 
 # The values-first eig (every eigenvalue from LAPACK without eigenvectors; the few eigenvectors
