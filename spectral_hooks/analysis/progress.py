@@ -108,6 +108,7 @@ class Progress:
         self._start = 0.0
         self._worked = 0.0  # cost of the steps taken in the running section
         self._first: Optional[tuple[float, float]] = None  # (time, cost) at its first step
+        self._muted = False
         self._bar: Any = None
 
     # ------------------------------------------------------------------ counting
@@ -125,7 +126,7 @@ class Progress:
         """One step of ``pool`` (default the running section's first) finished; ``what``
         names it ("F spectra layer 3"). Steps past a pool's count (a cached repeat) show
         nothing; steps outside any section are not counted."""
-        if self._section is None:
+        if self._section is None or self._muted:
             return
         pool = pool if pool is not None else self.sections[self._section][0]
         if pool not in self.pools:
@@ -260,6 +261,22 @@ def each(items: Iterable[Any], name: Callable[[Any], str], work: Optional[str] =
     """``Progress.each`` of the section being computed (plain iteration outside one)."""
     progress = _CURRENT.get()
     return iter(items) if progress is None else progress.each(items, name, work)
+
+
+@contextlib.contextmanager
+def muted() -> Iterator[None]:
+    """No step counts inside: around work that a caller counts in its own steps, done on a
+    subject whose pools are not the plan's (a transient re-initialised model whose label,
+    "init", is that of the report's own init model)."""
+    progress = _CURRENT.get()
+    if progress is None or progress._muted:
+        yield
+        return
+    progress._muted = True
+    try:
+        yield
+    finally:
+        progress._muted = False
 
 
 def step(work: Optional[str] = None, what: str = "") -> None:

@@ -10,21 +10,24 @@ section computes and what a step is expected to cost (``progress.Work``), from t
     >>> sections, pools = progress_plan(probe.subject, AnalyzeOptions(), ["power", "spectra"])
     >>> sections["spectra"], pools["F"].units              # spectra shares power's eigs
     (['spectra', 'F'], 2)
-    >>> pools["F"].cost > 100 * pools["spectra"].cost       # ... and costs next to nothing
+    >>> pools["spectra"].cost < pools["F"].cost             # ... and its own table costs less
     True
 
-Costs are relative (multiply-adds, roughly): a dense eigen-decomposition of a d x d matrix
-costs ``EIG`` d^3; one application of a block's Jacobian at one position (a JVP) costs
-``APPLY`` d^2 plus the attention over the T recorded positions; a matrix-free Jacobian takes
-about ``MATVECS_PER_K`` applications per eigenvalue asked for (k) plus its Hutchinson probes.
-They only set how far each finished layer moves the display: the time left printed is measured
-(each section's own rate), not taken from them.
+Costs are rough seconds on one CPU core: a dense eigen-decomposition of a d x d matrix
+``EIG`` d^3 flops at ``EIG_RATE``; one application of a block's Jacobian (a JVP of c columns
+at one position) ``APPLY`` d^2 c flops plus the attention over the T recorded positions at
+``FLOP_RATE``, plus ``DISPATCH`` seconds of Python and kernel launches; building a block's
+operator (tracing it) ``BUILD`` seconds; a matrix-free Jacobian takes about ``MATVECS_PER_K``
+applications per eigenvalue asked for (k) plus its Hutchinson probes. They only set how far
+each finished step moves the display (the share of the analysis done): the time left printed
+is measured (each section's own rate), not taken from them.
 
 Pools: ``F`` (the spectra of every F_t: power, spectra, trends share them), ``power`` (token
 alignment of each layer), ``jacobian:<label>`` (the Jacobian metrics of the trained model, and
 of the re-initialised one: one step per layer and position), ``anchor:<label>`` (the dense
 Jacobians at the default position: the bottleneck's chain, the topology's gains), ``gain:<label>``
-(matrix-free unit gains), ``sublayers``, ``bottleneck``, ``reinit_test`` and each section's own.
+(matrix-free unit gains), ``operators:<label>`` (the block operators of the chain: matrix-free
+bottleneck, propagation), ``sublayers``, ``bottleneck``, ``reinit_test`` and each section's own.
 """
 
 from __future__ import annotations
@@ -37,10 +40,14 @@ from .progress import Work
 from .subject import Subject
 
 EIG = 20.0
+EIG_RATE = 5e9
 APPLY = 24.0
+FLOP_RATE = 2e10
+DISPATCH = 3e-3
+BUILD = 0.2
 MATVECS_PER_K = 100
-#: a section whose own work is a table built from others' (cost of one d-vector op per layer)
-TRIVIAL = 1.0
+#: a section whose own work is a table built from others'
+TRIVIAL = 1e-3
 
 
 def progress_plan(subject: Subject, options: AnalyzeOptions, sections: Sequence[str]
@@ -54,11 +61,15 @@ def progress_plan(subject: Subject, options: AnalyzeOptions, sections: Sequence[
         N = int(rec.mask.sum())
     except Exception:  # noqa: BLE001 -- stats-only or unusual recordings: a nominal size
         T, N = 64, 128
-    eig = EIG * d ** 3
-    apply = APPLY * d * d + 4.0 * T * d
+    eig = EIG * d ** 3 / EIG_RATE + DISPATCH
+
+    def apply(columns: int) -> float:
+        """One application of a block Jacobian to ``columns`` vectors (64 at a time)."""
+        return ((APPLY * d * d + 4.0 * T * d) * columns / FLOP_RATE
+                + DISPATCH * -(-columns // 64))
     pools: dict[str, Work] = {
         "F": Work(L, eig),
-        "power": Work(L, 4.0 * N * d * min(N, d) / L + d * d),
+        "power": Work(L, 4.0 * N * d * min(N, d) / L / FLOP_RATE + DISPATCH),
     }
     plan: dict[str, list[str]] = {}
     labels = ["trained"] + (["init"] if options.reinit else [])
@@ -70,23 +81,23 @@ def progress_plan(subject: Subject, options: AnalyzeOptions, sections: Sequence[
             n_rows = len(sample_rows(subject, o))
         except Exception:  # noqa: BLE001 -- refused later, where the section says why
             n_pos = n_rows = 1
-        solve = (d * apply + eig) if view.exact else \
-            (MATVECS_PER_K * o.k + 2 * o.n_samples) * apply
-        anchor = d * apply
+        dense_j = BUILD + apply(d)
+        solve = (dense_j + eig) if view.exact else \
+            BUILD + (MATVECS_PER_K * o.k + 2 * o.n_samples) * apply(1)
+        dense = view.dense_products
         for label in labels:
             pools[f"jacobian:{label}"] = Work(L * n_pos * n_rows, solve)
-            pools[f"anchor:{label}"] = Work(L, anchor)
-            pools[f"gain:{label}"] = Work(2 * L, 2 * o.n_samples * apply)
-        dense = view.dense_products
+            pools[f"anchor:{label}"] = Work(L, dense_j)
+            pools[f"gain:{label}"] = Work(2 * L, BUILD + apply(2 * o.n_samples))
+            pools[f"operators:{label}"] = Work(L, BUILD)
         variants = 1 + len(o.ablations) + (1 if options.reinit else 0)
-        per_variant = (12 * d ** 3 * L + (2 * L * L * d ** 3 if subject.anatomy.causal else 0)
-                       if dense else L / 2 * L * (4 * o.bottleneck_k + o.bottleneck_probes
-                                                  * o.bottleneck_steps) * apply)
+        per_variant = (L * 12 * d ** 3 / EIG_RATE + (2 * L * L * d ** 3 / FLOP_RATE
+                                                     if subject.anatomy.causal else 0)
+                       if dense else 300 * L * apply(o.bottleneck_k))
         pools["bottleneck"] = Work(variants, per_variant)
-        pools["sublayers"] = Work(2 * L * len(labels), (d if view.exact or dense
-                                                       else 2 * o.n_samples) * apply)
-        pools["reinit_test"] = Work(L * (1 + options.reinit_seeds),
-                                    d * apply + eig + 12 * d ** 3)
+        pools["sublayers"] = Work(2 * L * len(labels), BUILD + (
+            apply(d) if view.exact or dense else apply(2 * o.n_samples)))
+        pools["reinit_test"] = Work(L * (1 + options.reinit_seeds), dense_j + eig)
         gains = [f"anchor:{label}" if view.exact or dense else f"gain:{label}"
                  for label in labels]
         jacobians = [f"jacobian:{label}" for label in labels]
@@ -95,17 +106,17 @@ def progress_plan(subject: Subject, options: AnalyzeOptions, sections: Sequence[
             "jacobian": ["jacobian", *jacobians],
             "jacobian_summary": ["jacobian_summary", *jacobians],
             "trends": ["trends", "jacobian:trained", "F", "power"],
-            "bottleneck": ["bottleneck", *(f"anchor:{label}" for label in labels
-                                           if dense)],
-            "propagation": ["propagation"],
+            "bottleneck": ["bottleneck", *(f"anchor:{label}" if dense
+                                           else f"operators:{label}" for label in labels)],
+            "propagation": ["propagation", "operators:trained"],
             "topology": ["topology", *topology],
             "units": ["units", *topology],
             "communities": ["communities", *topology],
             "reinit_test": ["reinit_test"],
         })
-        pools["propagation"] = Work(L, apply)
-        pools["communities"] = Work(1, 1000.0 * L * d)
-        pools["topology"] = Work(L, 50.0 * d * d)
+        pools["propagation"] = Work(L, apply(1))
+        pools["communities"] = Work(1, 1000.0 * L * d / 1e8)
+        pools["topology"] = Work(L, 50.0 * d * d / FLOP_RATE + DISPATCH)
     plan.update({
         "power": ["power", "F"],
         "spectra": ["spectra", "F", *(["jacobian:trained"] if options.jacobian_view else [])],
@@ -115,10 +126,10 @@ def progress_plan(subject: Subject, options: AnalyzeOptions, sections: Sequence[
     })
     pools.setdefault("cross_power", Work(L, eig))
     pools.setdefault("idealised", Work(L, eig / 4))
-    pools.setdefault("shared_weights", Work(1, TRIVIAL * d * d))
+    pools.setdefault("shared_weights", Work(1, TRIVIAL))
     sections_plan = {name: plan.get(name, [name]) for name in sections}
     for names in sections_plan.values():
         for name in names:
-            pools.setdefault(name, Work(1, TRIVIAL * L * d))
+            pools.setdefault(name, Work(1, TRIVIAL))
     used = {name for names in sections_plan.values() for name in names}
     return sections_plan, {name: work for name, work in pools.items() if name in used}

@@ -46,7 +46,8 @@ def metric_values(view: JacobianView, label: str) -> pd.DataFrame:
         m = view.metrics(layer, view.anchor)
         rows += [dict(metric=name, layer=layer, value=_nan_if_none(getattr(m, name)))
                  for name in METRICS[:3]]
-    bottleneck = variant_table(view, "trained")
+    with progress.muted():  # this subject's steps are the layers above (one per layer)
+        bottleneck = variant_table(view, "trained")
     for depth, erank in zip(bottleneck["depth"], bottleneck["erank"]):
         rows.append(dict(metric="erank_end_to_end", layer=view.layers[int(depth) - 1],
                          value=float(erank)))

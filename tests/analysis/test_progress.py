@@ -10,7 +10,7 @@ import sys
 import time
 import types
 import warnings
-from typing import Any
+from typing import Any, cast
 
 import pandas as pd
 import pytest
@@ -19,7 +19,9 @@ import torch
 import spectral_hooks as sh
 from spectral_hooks.analysis import jacobian as jacobian_module
 from spectral_hooks.analysis import progress as progress_module
+from spectral_hooks.analysis.options import AnalyzeOptions, JacobianOptions
 from spectral_hooks.analysis.progress import Progress, Work
+from spectral_hooks.analysis.progress_plan import progress_plan
 from tests.tiny_models import make_model
 
 SLEEP = 0.3  # seconds each layer of the slow section takes
@@ -160,7 +162,7 @@ def test_shared_work_counted_once_whichever_table_is_read_first(stderr):
     # layer; the other then has nothing to show and the analysis is complete
     for first, second in (("spectra", "power"), ("power", "spectra")):
         stderr.stamped.clear()
-        report = _analyze(_probe(n_layer=3))
+        report = _analyze(_probe(n_layer=3, d=256))
         report[first]
         first_lines = _layer_lines(stderr, first)
         assert [m["what"] for _, m in first_lines] == [f"F spectra layer {i}" for i in range(3)]
@@ -192,6 +194,21 @@ def test_units_weighted_by_cost():
     with p.section("spectra"):
         pass
     assert p.fraction == 1.0 and p.done == pytest.approx(p.total)
+
+
+def test_plan_weights_work_by_its_cost():
+    # default analyze(): F's eigs are nearly all the work; spectra's own table next to nothing
+    subject = cast(Any, _probe(n_layer=3, d=256)).subject
+    sections, pools = progress_plan(subject, AnalyzeOptions(), ["power", "spectra"])
+    total = sum(w.units * w.cost for w in pools.values())
+    assert pools["F"].units * pools["F"].cost > 0.9 * total
+    assert pools["spectra"].units * pools["spectra"].cost < 0.01 * total
+    # with the Jacobian view, a Jacobian costs more than F's eig at the same width
+    sections, pools = progress_plan(subject, AnalyzeOptions(jacobian=JacobianOptions(k=4), reinit=True),
+                                    ["power", "spectra", "jacobian", "trends"])
+    assert pools["jacobian:trained"].cost > pools["F"].cost
+    assert sections["jacobian"] == ["jacobian", "jacobian:trained", "jacobian:init"]
+    assert sections["trends"] == ["trends", "jacobian:trained", "F", "power"]
 
 
 def test_cached_repeats_show_nothing(stderr):
