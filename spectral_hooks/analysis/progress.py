@@ -211,7 +211,7 @@ class Progress:
             return
         elapsed, estimate = duration(self._elapsed()), self._estimate()
         if self._bar is not None:
-            self._bar.set_postfix_str(f"{what}, {elapsed}, {estimate}", refresh=False)
+            self._bar.status = f"{what}: {elapsed}, {estimate}"
             self._bar.update(100 * self.fraction - self._bar.n)
             self._bar.refresh()  # once a finished layer, whatever tqdm's mininterval
         self._emit(f"{self._section}: {what}: {elapsed}, {estimate} "
@@ -226,17 +226,29 @@ class Progress:
 
     def _open(self) -> None:
         if self.enabled and _is_terminal():
-            from tqdm.auto import tqdm
-
-            self._bar = tqdm(total=100.0, initial=100 * self.fraction, leave=False,
-                             desc=f"spectral analysis: {self._section}",
-                             bar_format="{desc}: {percentage:3.0f}%|{bar}| {postfix}")
+            self._bar = _bar_class()(total=100.0, initial=100 * self.fraction, leave=False,
+                                     desc=f"spectral analysis: {self._section}",
+                                     bar_format="{desc}: {percentage:3.0f}%|{bar}| {status}")
             self._bar.refresh()
 
     def _close(self) -> None:
         if self._bar is not None:
             self._bar.close()
             self._bar = None
+
+
+def _bar_class() -> Any:
+    """tqdm with a ``status`` field for the bar's format (what was done, the section's time,
+    the estimate), set as an attribute (tqdm's postfix would start with a comma)."""
+    from tqdm.auto import tqdm
+
+    class Bar(tqdm):  # type: ignore[misc, valid-type]
+        status = ""
+
+        @property
+        def format_dict(self):  # noqa: D102
+            return {**super().format_dict, "status": self.status}
+    return Bar
 
 
 def _is_terminal() -> bool:
