@@ -19,7 +19,7 @@ def _gen(seed: int) -> torch.Generator:
 def _sorted(values: torch.Tensor) -> np.ndarray:
     """Conjugate-invariant order: (|z|, Re z, |Im z|), imaginary parts folded to >= 0."""
     v = values.numpy()
-    v = v.real + 1j * np.abs(v.imag)
+    v = np.real(v) + 1j * np.abs(np.imag(v))
     return v[np.lexsort((v.imag, v.real, -np.abs(v)))]
 
 
