@@ -239,17 +239,17 @@ def encode(tokenizer, texts: Sequence[str], *, max_length: int):
     """The batch the model is recorded on: ``texts`` tokenised (special tokens added, truncated
     to ``max_length``), padded to one length with an attention mask marking the padding.
 
-    A tokenizer with a pad token pads as it is configured to. One without (base GPT-2, Llama,
-    Mistral, Qwen and Gemma checkpoints) is left as it is -- no pad token is set on it -- and
-    each text is padded on the right with the EOS id (0 without one), masked out: in a causal
-    model the real tokens then see exactly what they would see run alone. A text with no
-    token is refused (UsageError)."""
+    Padding is on the right whatever the tokenizer's ``padding_side`` (in a causal model the
+    real tokens then see exactly what they would see run alone, at the same positions), with
+    the tokenizer's pad token, or where it has none (base GPT-2, Llama, Mistral, Qwen and Gemma
+    checkpoints) with the EOS id (0 without one), masked out; the tokenizer is left as it is
+    (no pad token set on it). A text with no token is refused (UsageError)."""
     import torch
     from transformers import BatchEncoding
 
     if tokenizer.pad_token_id is not None:
         batch = tokenizer(list(texts), padding=True, truncation=True, max_length=max_length,
-                          return_tensors="pt")
+                          padding_side="right", return_tensors="pt")
         ids: list = batch["input_ids"].tolist()
     else:
         ids = [tokenizer(text, truncation=True, max_length=max_length)["input_ids"]

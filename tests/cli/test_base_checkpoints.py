@@ -66,6 +66,17 @@ def test_padding_without_pad_token_leaves_real_tokens_as_run_alone(family, check
                                        atol=1e-5, rtol=1e-5)
 
 
+def test_a_left_padding_tokenizer_is_padded_on_the_right(checkpoints):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(checkpoints["llama"], local_files_only=True)
+    tokenizer.pad_token, tokenizer.padding_side = tokenizer.eos_token, "left"
+    batch = encode(tokenizer, ["hello world", "Paris is the capital of France."],
+                   max_length=64)
+    assert batch["attention_mask"][0, 0] == 1 and batch["attention_mask"][0, -1] == 0
+    assert tokenizer.padding_side == "left"  # left as it was
+
+
 def test_max_length_truncates_without_pad_token(checkpoints):
     from transformers import AutoTokenizer
 
