@@ -183,6 +183,24 @@ def test_values_do_not_depend_on_the_display():
         pd.testing.assert_frame_equal(on["spectra"], off["spectra"])
 
 
+def test_spectra_by_layer_computes_each_spectrum_once(monkeypatch):
+    # the layer-by-layer spectra go into the cache power_table and spectra_table read: with
+    # the display on, each layer's spectrum is still computed once for both tables
+    from spectral_hooks.metrics import spectrum as spectrum_module
+
+    calls = []
+    real = spectrum_module.layer_spectrum
+
+    def counted(F, *args, **kwargs):
+        calls.append(kwargs.get("layer"))
+        return real(F, *args, **kwargs)
+    monkeypatch.setattr(spectrum_module, "layer_spectrum", counted)
+    report = _analyze(_probe(n_layer=3, d=64), progress=True)
+    report.power
+    report.spectra
+    assert sorted(calls) == [0, 1, 2]
+
+
 def test_units_weighted_by_cost():
     p = Progress({"power": ["power", "F"], "spectra": ["spectra", "F"]},
                  {"F": Work(4, 100.0), "power": Work(4, 1.0), "spectra": Work(1, 0.1)},
