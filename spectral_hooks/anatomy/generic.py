@@ -58,7 +58,7 @@ from ..errors import GenericAnatomyWarning, UnsupportedModelError
 from ..recording.block_call import map_tensors
 from .base import Anatomy, FamilyInfo, LayerParts, config_int, config_layer_kinds
 from .heads import output_heads, value_heads
-from .mixers import POWER_MIXERS, mixer_kind, mlp_kind
+from .mixers import POWER_MIXERS, child, mixer_kind, mlp_kind
 
 _ATTN_NAMES = ("self_attn", "attn", "attention", "self_attention", "mixer")
 _QUERY_NAMES = ("q_proj", "query", "q", "q_lin", "query_proj")
@@ -87,19 +87,11 @@ def _block_list(model: nn.Module) -> Optional[nn.ModuleList]:
     best = None
     for module in model.modules():
         if isinstance(module, nn.ModuleList) and len(module) >= 1 and all(
-                any(True for _ in child.parameters()) for child in module) and any(
-                mixer_kind(child, n_heads=2, n_kv_heads=2) is not None for child in module):
+                any(True for _ in sub.parameters()) for sub in module) and any(
+                mixer_kind(sub, n_heads=2, n_kv_heads=2) is not None for sub in module):
             if best is None or len(module) > len(best):
                 best = module
     return best
-
-
-def _child(module: Optional[nn.Module], names: tuple[str, ...]) -> Optional[nn.Module]:
-    for name in names:
-        child = getattr(module, name, None)
-        if isinstance(child, nn.Module):
-            return child
-    return None
 
 
 def _has_weight(module: Optional[nn.Module]) -> bool:
@@ -109,8 +101,8 @@ def _has_weight(module: Optional[nn.Module]) -> bool:
 def _layer(index: int, block: nn.Module, n_heads: int, n_kv: int, d_head: int,
            layer_type: Optional[str]) -> LayerParts:
     mixer = mixer_kind(block, n_heads=n_heads, n_kv_heads=n_kv, layer_type=layer_type)
-    attn = _child(block, _ATTN_NAMES) if mixer in POWER_MIXERS else None
-    v_mod, o_mod = _child(attn, _VALUE_NAMES), _child(attn, _OUTPUT_NAMES)
+    attn = child(block, _ATTN_NAMES) if mixer in POWER_MIXERS else None
+    v_mod, o_mod = child(attn, _VALUE_NAMES), child(attn, _OUTPUT_NAMES)
     ok = _has_weight(v_mod) and _has_weight(o_mod)
     return LayerParts(
         index=index, block=block, attention=attn, attn_out_module=attn,
@@ -128,11 +120,11 @@ def _check_structure(model: nn.Module, blocks: Optional[nn.ModuleList]) -> None:
                 if found is not None else "it does not look like a transformer: no list of "
                 "repeated blocks was found")
         raise refuse(model, what)
-    attention = _child(blocks[0], _ATTN_NAMES)
+    attention = child(blocks[0], _ATTN_NAMES)
     if attention is not None and mixer_kind(blocks[0], n_heads=2, n_kv_heads=2) in POWER_MIXERS:
-        separate = _child(attention, _QUERY_NAMES) is not None and \
-            _child(attention, _VALUE_NAMES) is not None
-        if not separate and _child(attention, _FUSED_NAMES) is None \
+        separate = child(attention, _QUERY_NAMES) is not None and \
+            child(attention, _VALUE_NAMES) is not None
+        if not separate and child(attention, _FUSED_NAMES) is None \
                 and not hasattr(attention, "kv_b_proj"):
             raise refuse(model, f"layer 0's attention ({type(attention).__name__}) has no "
                          "query and value projections it recognises")
@@ -141,7 +133,7 @@ def _check_structure(model: nn.Module, blocks: Optional[nn.ModuleList]) -> None:
 def _block_list_any(model: nn.Module) -> Optional[nn.ModuleList]:
     """The longest list of modules holding parameters (for the refusal's diagnosis)."""
     lists = [m for m in model.modules() if isinstance(m, nn.ModuleList) and len(m) >= 1
-             and all(any(True for _ in child.parameters()) for child in m)]
+             and all(any(True for _ in sub.parameters()) for sub in m)]
     return max(lists, key=len) if lists else None
 
 

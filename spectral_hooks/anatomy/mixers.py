@@ -44,7 +44,7 @@ from typing import Any, Optional
 
 from torch import nn
 
-__all__ = ["ATTENTION_MIXERS", "MIXERS", "MLPS", "POWER_MIXERS", "attention_child",
+__all__ = ["ATTENTION_MIXERS", "MIXERS", "MLPS", "POWER_MIXERS", "attention_child", "child",
            "mixer_kind", "mixer_module", "mlp_kind", "ssm_child"]
 
 #: softmax-attention mixers (those with an OV map F = W_O W_V)
@@ -63,11 +63,12 @@ _SHARED_NAMES = ("shared_expert", "shared_experts", "shared_mlp")
 _LINEAR_WORDS = ("Linear", "Lightning", "DeltaNet")
 
 
-def _child(module: nn.Module, names: tuple[str, ...]) -> Optional[nn.Module]:
+def child(module: Optional[nn.Module], names: tuple[str, ...]) -> Optional[nn.Module]:
+    """The first attribute of ``module`` named in ``names`` that is a Module, or None."""
     for name in names:
-        child = getattr(module, name, None)
-        if isinstance(child, nn.Module):
-            return child
+        found = getattr(module, name, None)
+        if isinstance(found, nn.Module):
+            return found
     return None
 
 
@@ -78,18 +79,18 @@ def _is_ssm(module: Optional[nn.Module]) -> bool:
 
 def ssm_child(block: nn.Module) -> Optional[nn.Module]:
     """The block's state-space mixer (``mamba`` / ``mixer`` holding ``A_log``), or None."""
-    child = _child(block, _SSM_NAMES)
-    return child if _is_ssm(child) else None
+    found = child(block, _SSM_NAMES)
+    return found if _is_ssm(found) else None
 
 
 def attention_child(block: nn.Module) -> Optional[nn.Module]:
     """The block's (softmax or lightning) attention module, by its usual names, or None."""
-    return _child(block, _ATTENTION_NAMES)
+    return child(block, _ATTENTION_NAMES)
 
 
 def _linear_attention(block: nn.Module, attention: Optional[nn.Module],
                       layer_type: Optional[str]) -> Optional[nn.Module]:
-    named = _child(block, _LINEAR_ATTENTION_NAMES)
+    named = child(block, _LINEAR_ATTENTION_NAMES)
     if named is not None:
         return named
     if attention is not None and (layer_type == "linear_attention" or any(
@@ -125,7 +126,7 @@ def mixer_kind(block: nn.Module, *, n_heads: int, n_kv_heads: int,
         return "linear_attention"
     if attention is not None:
         return _softmax_kind(attention, n_heads, n_kv_heads)
-    if _child(block, _CONV_NAMES) is not None:
+    if child(block, _CONV_NAMES) is not None:
         return "short_conv"
     return None
 
@@ -138,7 +139,7 @@ def mixer_module(block: nn.Module, mixer: Optional[str]) -> Optional[nn.Module]:
     if mixer == "linear_attention":
         return _linear_attention(block, attention_child(block), "linear_attention")
     if mixer == "short_conv":
-        return _child(block, _CONV_NAMES)
+        return child(block, _CONV_NAMES)
     return attention_child(block)
 
 
@@ -157,14 +158,14 @@ def mlp_kind(block: nn.Module, mixer: Optional[str] = None) -> str:
     """
     mixers = {id(m) for m in (mixer_module(block, mixer), attention_child(block),
                               ssm_child(block)) if m is not None}
-    rest = [child for child in block.children() if id(child) not in mixers
-            and "Norm" not in type(child).__name__ and any(True for _ in child.parameters())]
+    rest = [sub for sub in block.children() if id(sub) not in mixers
+            and "Norm" not in type(sub).__name__ and any(True for _ in sub.parameters())]
     if not rest:
         return "none"
-    if not any(_has_experts(child) for child in rest):
+    if not any(_has_experts(sub) for sub in rest):
         return "dense"
-    shared = any(_child(child, _SHARED_NAMES) is not None for child in rest) or \
-        _child(block, _SHARED_NAMES) is not None
+    shared = any(child(sub, _SHARED_NAMES) is not None for sub in rest) or \
+        child(block, _SHARED_NAMES) is not None
     return "routed+shared" if shared else "routed"
 
 
