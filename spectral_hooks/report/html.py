@@ -36,7 +36,7 @@ from .tables import MAX_ROWS, shows_whole, summary_frame, table_views
 __all__ = ["render_html", "write_html", "notebook_html", "SECTION_INFO", "glossary"]
 
 _TEMPLATES = Path(__file__).with_name("templates")
-_KEY_FACTS = ("model", "config_hash", "spectral_hooks_version", "compare")
+_KEY_FACTS = ("model", "config_hash", "spectral_hooks_version", "compare", "power_coverage")
 
 
 def _wbr(name: object) -> Markup:

@@ -146,6 +146,7 @@ def test_layers_without_an_OV_map_say_so():
     report = probe.analyze(power=True, progress=False)
     assert report.power["layer"].tolist() == [1]
     assert "layer 0: a state_space mixer (JambaMambaMixer)" in report.metadata["power_coverage"]
+    assert "no power rows for layer 0: a state_space mixer" in report.to_html(figures=False)
     with pytest.raises(sh.errors.RecordingError, match="no attn_out at layer 0"):
         probe.recording.attn_out[0]
     assert probe.recording.attn_out.keys() == (1,)
