@@ -40,6 +40,7 @@ import time
 
 import psutil
 import torch
+from ab_rounds import record_round, timed_steps
 
 
 def rss() -> int:
@@ -182,19 +183,12 @@ def overhead(args) -> dict:
     tracker = SpectralTracker(model, every=every)
     tracker.probe.remove()
 
+    def one_step(i: int) -> None:
+        ids = torch.randint(100, 30000, (batch, seq), generator=data)
+        model(input_ids=ids).last_hidden_state.pow(2).mean().backward()
+
     def block(n: int, tracker=None, first: int = 1):
-        events = []
-        start, cpu = time.perf_counter(), time.process_time()
-        for i in range(n):
-            ids = torch.randint(100, 30000, (batch, seq), generator=data)
-            model(input_ids=ids).last_hidden_state.pow(2).mean().backward()
-            if tracker is not None:
-                metrics = tracker.step(first + i)
-                if metrics:
-                    events.append(metrics["spectral/seconds"])
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        return time.perf_counter() - start, time.process_time() - cpu, events
+        return timed_steps(one_step, optimizer, n, tracker, first)
 
     load = os.getloadavg()
     block(2)
@@ -210,12 +204,7 @@ def overhead(args) -> dict:
                 tracker.probe.remove()
                 tracker.probe.clear()
                 events += ev
-        ratios.append(walls["B"] / walls["A"])
-        cpu_ratios.append(cpus["B"] / cpus["A"])
-        plain.append(walls["A"] / every)
-        print(f"  round {r + 1}/{rounds}: A {walls['A']:.1f} s, B {walls['B']:.1f} s, ratio "
-              f"{ratios[-1]:.3f} (CPU time {cpu_ratios[-1]:.3f}), load "
-              f"{os.getloadavg()[0]:.1f}", flush=True)
+        record_round(f"round {r + 1}/{rounds}", walls, cpus, every, ratios, cpu_ratios, plain)
     failures = list(tracker.event.failures)
     tracker.close()
     return {"model": "MiniLM-L6 nf4 + LoRA r8 (query, value)", "every": every,

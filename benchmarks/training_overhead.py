@@ -34,9 +34,9 @@ import argparse
 import json
 import os
 import statistics
-import time
 
 import torch
+from ab_rounds import record_round, timed_steps
 
 
 def build(name: str):
@@ -79,19 +79,13 @@ def run(name: str, *, batch: int, seq: int, rounds: dict, threads: int,
     for tracker in trackers.values():
         tracker.probe.remove()  # attached only during the B blocks
 
+    def one_step(i: int) -> None:
+        ids = torch.randint(100, vocab - 100, (batch, seq), generator=data)
+        loss_fn(model, ids).backward()
+
     def block(n: int, tracker=None, first_step: int = 1) -> tuple[tuple, list]:
-        events = []
-        start, cpu = time.perf_counter(), time.process_time()
-        for i in range(n):
-            ids = torch.randint(100, vocab - 100, (batch, seq), generator=data)
-            loss_fn(model, ids).backward()
-            if tracker is not None:
-                metrics = tracker.step(first_step + i)
-                if metrics:
-                    events.append(metrics["spectral/seconds"])
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-        return (time.perf_counter() - start, time.process_time() - cpu), events
+        wall, cpu, events = timed_steps(one_step, optimizer, n, tracker, first_step)
+        return (wall, cpu), events
 
     load_before = os.getloadavg()
     block(2)  # warm-up
@@ -114,12 +108,8 @@ def run(name: str, *, batch: int, seq: int, rounds: dict, threads: int,
                     tracker.probe.clear()
                     events += ev
                 steps += every
-            ratios.append(walls["B"] / walls["A"])
-            cpu_ratios.append(cpus["B"] / cpus["A"])
-            plain.append(walls["A"] / every)
-            print(f"  {name} every {every} round {r + 1}/{n_rounds}: A {walls['A']:.1f} s, "
-                  f"B {walls['B']:.1f} s, ratio {ratios[-1]:.3f} (CPU time {cpu_ratios[-1]:.3f}), load "
-                  f"{os.getloadavg()[0]:.1f}", flush=True)
+            record_round(f"{name} every {every} round {r + 1}/{n_rounds}", walls, cpus, every,
+                         ratios, cpu_ratios, plain)
         out["results"][every] = {
             "rounds": n_rounds, "steps_timed": steps, "ratio_median": statistics.median(ratios),
             "ratio_min": min(ratios), "ratio_max": max(ratios), "ratios": ratios,

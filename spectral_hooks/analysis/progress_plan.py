@@ -1,17 +1,19 @@
 """The work an analysis will do, for its progress display: which pools of per-layer steps each
 section computes and what a step is expected to cost (``progress.Work``), from the shapes alone.
 
+    >>> import spectral_hooks as sh
     >>> import torch
     >>> from transformers import GPT2Config, GPT2Model
-    >>> import spectral_hooks as sh
     >>> model = GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)).eval()
-    >>> with sh.instrument(model) as probe, torch.no_grad():
+    >>> probe = sh.instrument(model)
+    >>> with torch.no_grad():
     ...     _ = model(input_ids=torch.arange(16).reshape(2, 8))
     >>> sections, pools = progress_plan(probe.subject, AnalyzeOptions(), ["power", "spectra"])
     >>> sections["spectra"], pools["F"].units              # spectra shares power's eigs
     (['spectra', 'F'], 2)
     >>> pools["spectra"].cost < pools["F"].cost             # ... and its own table costs less
     True
+    >>> probe.remove()
 
 Costs are rough seconds on one CPU core: a dense eigen-decomposition of a d x d matrix
 ``EIG`` d^3 flops at ``EIG_RATE``; one application of a block's Jacobian (a JVP of c columns

@@ -4,11 +4,13 @@
     >>> from transformers import GPT2Config, GPT2Model
     >>> import spectral_hooks as sh
     >>> model = GPT2Model(GPT2Config(n_layer=2, n_embd=32, n_head=4)).eval()
-    >>> with sh.instrument(model) as probe, torch.no_grad():
+    >>> probe = sh.instrument(model)
+    >>> with torch.no_grad():
     ...     _ = model(input_ids=torch.arange(16).reshape(2, 8))
     >>> table = probe.analyze(reinit_seeds=2).reinit_test   # use >= 20 seeds for p < 0.05
     >>> table.groupby("metric", sort=False)["n_init"].first().to_dict()
     {'sym_energy': 2, 'commutator': 2, 'departure_rel': 2, 'erank_end_to_end': 2}
+    >>> probe.remove()
 
 Per layer, at the default position (the row of the bottleneck and the topology), the block
 Jacobian's ``sym_energy``, its non-normality (``commutator`` and ``departure_rel``) and the
