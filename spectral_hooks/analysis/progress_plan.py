@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from ..errors import SpectralHooksError
 from .jacobian import JacobianView, sample_rows
 from .options import AnalyzeOptions
 from .progress import Work
@@ -61,7 +62,7 @@ def progress_plan(subject: Subject, options: AnalyzeOptions, sections: Sequence[
     try:
         T = int(rec.mask.shape[-1])
         N = int(rec.mask.sum())
-    except Exception:  # noqa: BLE001 -- stats-only or unusual recordings: a nominal size
+    except SpectralHooksError:  # nothing recorded yet (analyze refuses it): a nominal size
         T, N = 64, 128
     eig = EIG * d ** 3 / EIG_RATE + DISPATCH
 
@@ -81,7 +82,7 @@ def progress_plan(subject: Subject, options: AnalyzeOptions, sections: Sequence[
         try:
             n_pos = len(view.positions())
             n_rows = len(sample_rows(subject, o))
-        except Exception:  # noqa: BLE001 -- refused later, where the section says why
+        except SpectralHooksError:  # a bad position or sample: refused by its section, later
             n_pos = n_rows = 1
         dense_j = BUILD + apply(d)
         solve = (dense_j + eig) if view.exact else \
