@@ -38,6 +38,7 @@ from .cache import AnalysisCache
 from .columns import SCHEMAS
 from .idealised import check_idealised_request, idealised_section, idealised_unavailable
 from .jacobian import JacobianView, jacobian_section, jacobian_summary, sample_rows
+from .layer_kinds import with_layer_kinds
 from .metadata import metadata
 from .options import (
     AnalyzeOptions,
@@ -133,6 +134,15 @@ def _instrumented(name: str, compute: Section, meta: ReportMetadata, progress: P
     return run
 
 
+def _with_kinds(name: str, compute: Section, subject: Subject) -> Section:
+    """The one place a section's rows get their block's kinds (``mixer``, ``mlp``: see
+    layer_kinds.py), where its schema declares them."""
+    schema = SCHEMAS.get(name)
+    if schema is None:
+        return compute
+    return lambda: with_layer_kinds(compute(), subject.anatomy, schema)
+
+
 def analyze(subject: Subject, options: AnalyzeOptions) -> Report:
     """A :class:`Report` whose sections are computed when first read."""
     if not subject.recording.steps:
@@ -165,6 +175,6 @@ def analyze(subject: Subject, options: AnalyzeOptions) -> Report:
         meta = meta.replace(sections_skipped=skipped)
     progress = Progress(*progress_plan(subject, options, list(sections)),
                         enabled=options.show_progress)
-    return Report({name: _instrumented(name, fn, meta, progress)
+    return Report({name: _instrumented(name, _with_kinds(name, fn, subject), meta, progress)
                    for name, fn in sections.items()}, meta,
                   schemas={name: SCHEMAS[name] for name in sections if name in SCHEMAS})

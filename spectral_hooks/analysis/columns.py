@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from functools import partial
 
+from ..anatomy.mixers import MIXERS, MLPS
 from ..metrics.bottleneck import VARIANTS
 from ..report.schema import Column, SectionSchema, register_schemas
 
-__all__ = ["SCHEMAS", "VARIANTS", "JACOBIAN_VARIANTS"]
+__all__ = ["SCHEMAS", "VARIANTS", "JACOBIAN_VARIANTS", "LAYER_KINDS"]
 
 #: ``jacobian``'s labels of its ``variant`` column: the first two of ``bottleneck``'s
 #: (``metrics.bottleneck.VARIANTS``).
@@ -37,8 +38,21 @@ _communities = partial(Column, anchor="communities")
 _reinit_test = partial(Column, anchor="reinit_test")
 _ADJ = "Benjamini-Hochberg adjusted "
 
+#: The kind of the block a row's ``layer`` names, read off ``anatomy.layers[layer]`` (each
+#: column is named after its ``LayerParts`` field), right after ``layer`` in every section whose
+#: ``layer`` is one block. Optional: the reports saved before them have neither.
+LAYER_KINDS = (
+    Column("mixer", "category", f"what mixes tokens in block `layer`: one of {', '.join(MIXERS)}"
+           " (anatomy.mixers); missing where a registered anatomy does not say", "layer_kinds",
+           optional=True, nullable=True, categories=MIXERS),
+    Column("mlp", "category", f"block `layer`'s MLP: one of {', '.join(MLPS)} (anatomy.mixers); "
+           "missing where a registered anatomy does not say", "layer_kinds", optional=True,
+           nullable=True, categories=MLPS),
+)
+
 POWER = SectionSchema("power", (
     _power("layer", "int", "layer index t (0 = first block)"),
+    *LAYER_KINDS,
     _power("iterate", "category", "the matrix iterated: F, or I+F (mu = 1 + lambda orders the "
            "spectrum and defines gap and subspace)", categories=("F", "I+F")),
     _power("lambda1_real", "float", "real part of lambda_1, the eigenvalue of F_t of largest modulus"),
@@ -82,7 +96,8 @@ POWER = SectionSchema("power", (
 SPECTRA = SectionSchema("spectra", (
     _spectra("source", "category", "F (layer matrix F_t) or jacobian (token Jacobian J_l)",
              categories=("F", "jacobian")),
-    _spectra("layer", "int", "layer index"),
+    _spectra("layer", "int", "layer index (the block of F_t or of J_l)"),
+    *LAYER_KINDS,
     _spectra("position", "int", "token position of the Jacobian; -1 for F (not a position)"),
     _spectra("index", "int", "rank of the eigenvalue by modulus, 0 = largest"),
     _spectra("real", "float", "real part of the eigenvalue"),
@@ -95,7 +110,9 @@ SPECTRA = SectionSchema("spectra", (
 ), key_columns=("source", "layer", "position", "index"))
 
 SHARED_WEIGHTS = SectionSchema("shared_weights", (
-    _shared("layer", "int", "application t of the shared layer (0 = first)"),
+    _shared("layer", "int", "application t of the shared layer (0 = first); no mixer/mlp "
+            "columns: every row is the one shared block applied again, whose kind the "
+            "report's metadata (layer_mixers, layer_mlps) gives"),
     _shared("angle_pred_obs_deg", "float", "angle (degrees) between the predicted and the observed "
             "mean token direction"),
     _shared("predicted_rate", "float", "|mu_2 / mu_1| of I + F, the predicted convergence rate"),
@@ -112,6 +129,7 @@ SHARED_WEIGHTS = SectionSchema("shared_weights", (
 
 IDEALISED = SectionSchema("idealised", (
     _ideal("layer", "int", "layer index t (0 = first block)"),
+    *LAYER_KINDS,
     _ideal("attention", "category", "the attention pattern of the prediction: uniform (the "
            "paper's idealisation) or recorded (each head's recorded attention probabilities, "
            "capture point attn_pattern)", categories=("uniform", "recorded")),
@@ -153,6 +171,7 @@ JACOBIAN = SectionSchema("jacobian", (
     _jacobian("variant", "category", "trained, or init (a fresh initialisation of the same config)",
               categories=JACOBIAN_VARIANTS),
     _jacobian("layer", "int", "block index l"),
+    *LAYER_KINDS,
     _jacobian("position", "int", "token position p of the Jacobian (a row of the recording)"),
     _jacobian("sample", "int", "the batch row (sequence) the position belongs to (option sample)"),
     _jacobian("token_id", "int", "the token id at (sample, position); -1 where the model was "
@@ -259,6 +278,7 @@ BOTTLENECK = SectionSchema("bottleneck", (
 
 PROPAGATION = SectionSchema("propagation", (
     _propagation("layer", "int", "layer l the perturbation goes through (x_{l+1} = J_l x_l)"),
+    *LAYER_KINDS,
     _propagation("norm", "float", "||x_{l+1}||"),
     _propagation("growth", "float", "||x_{l+1}|| / ||x_l||"),
     _propagation("alignment_top", "float", "||U_k^T x_{l+1}|| / ||x_{l+1}||, U_k the top-k left "
@@ -270,6 +290,7 @@ PROPAGATION = SectionSchema("propagation", (
 
 TOPOLOGY = SectionSchema("topology", (
     _topology("layer", "int", "layer l whose input h_l is the unit graph"),
+    *LAYER_KINDS,
     _topology("n_communities", "int", "number of communities"),
     _topology("modularity", "float", "modularity Q of the partition"),
     _topology("method", "category", "leiden (signed) or louvain (on |weight|)",
@@ -308,6 +329,7 @@ TOPOLOGY = SectionSchema("topology", (
 
 UNITS = SectionSchema("units", (
     _units("layer", "int", "layer l"),
+    *LAYER_KINDS,
     _units("unit", "int", "index of the residual-stream coordinate"),
     _units("community", "int", "its community label"),
     _units("bridge_score", "float", "participation coefficient over |weights|"),
@@ -343,6 +365,7 @@ UNITS = SectionSchema("units", (
 
 COMMUNITIES = SectionSchema("communities", (
     _communities("layer", "int", "layer l"),
+    *LAYER_KINDS,
     _communities("community", "int", "community label (as in units)"),
     _communities("layer_type", "category", "block: the gain of the whole block Jacobian; "
                  "attention / ffn: of that sublayer (topology={'sublayers': True})",
@@ -377,7 +400,9 @@ REINIT_TEST = SectionSchema("reinit_test", (
     _reinit_test("metric", "category", "sym_energy, commutator, departure_rel or "
                  "erank_end_to_end", categories=("sym_energy", "commutator", "departure_rel",
                                                  "erank_end_to_end")),
-    _reinit_test("layer", "int", "layer l (erank_end_to_end: the end-to-end Jacobian through l)"),
+    _reinit_test("layer", "int", "layer l (erank_end_to_end: the end-to-end Jacobian through "
+                 "l); no mixer/mlp columns: an erank_end_to_end row is the product of blocks "
+                 "0..l, not block l"),
     _reinit_test("trained", "float", "the trained model's value"),
     _reinit_test("init_mean", "float", "mean over the re-initialised models"),
     _reinit_test("init_std", "float", "their standard deviation (ddof 1)"),
@@ -400,6 +425,7 @@ _jsum = partial(Column, anchor="jacobian_summary")
 JACOBIAN_SUMMARY = SectionSchema("jacobian_summary", (
     _jsum("variant", "category", "trained, or init (reinit=True)", categories=("trained", "init")),
     _jsum("layer", "int", "layer l"),
+    *LAYER_KINDS,
     _jsum("metric", "str", "a float column of the jacobian table (standard errors left out)"),
     _jsum("mean", "float", "mean of the metric over every row of the layer: samples x positions"),
     _jsum("sd_samples", "float", "standard deviation (ddof 1) across samples of each sample's "

@@ -12,6 +12,7 @@ from torch import Tensor, nn
 from .base import Anatomy, FamilyInfo, LayerParts, config_layer_kinds, get_path
 from .calls import TL3_CALLS, TL_BRIDGE_CALLS
 from .heads import HeadWeights, expand_kv, output_heads
+from .mixers import mixer_kind, mlp_kind
 from .registry import anatomy_of, register_anatomy
 from .stacks import stack_of
 
@@ -39,6 +40,13 @@ def _tl3_output(attn: Any) -> HeadWeights:
                        to_param=lambda w: w.transpose(-1, -2), bias=bias)
 
 
+def _tl3_kinds(block: nn.Module, cfg: Any, n_kv: int) -> dict[str, Optional[str]]:
+    """A TL 3 block's mixer and MLP kinds (its MoE, ``cfg.num_experts``, names no "Experts")."""
+    mixer = mixer_kind(block, n_heads=cfg.n_heads, n_kv_heads=n_kv)
+    routed = bool(getattr(cfg, "num_experts", None))
+    return {"mixer": mixer, "mlp": "routed" if routed else mlp_kind(block, mixer)}
+
+
 def _hooked_transformer(model: nn.Module) -> Optional[Anatomy]:
     if type(model).__name__ != "HookedTransformer" or not hasattr(model, "cfg"):
         return None
@@ -50,7 +58,8 @@ def _hooked_transformer(model: nn.Module) -> Optional[Anatomy]:
                    value=_tl_value(block.attn, cfg.n_heads), output=_tl3_output(block.attn),
                    attn_norm=getattr(block, "ln1", None),
                    resid_pre_hook=block.hook_resid_pre, resid_post_hook=block.hook_resid_post,
-                   pattern_hook=getattr(block.attn, "hook_pattern", None))
+                   pattern_hook=getattr(block.attn, "hook_pattern", None),
+                   **_tl3_kinds(block, cfg, n_kv))
         for i, block in enumerate(cast(Any, model).blocks))
     return Anatomy(
         family="tlens3", model=model, layers=layers, d_model=cfg.d_model, n_heads=cfg.n_heads,
@@ -86,6 +95,8 @@ def _transformer_bridge(model: nn.Module) -> Optional[Anatomy]:
             norm_weight_offset=inner.layers[i].norm_weight_offset if i < inner.n_layers else 0.0,
             resid_pre_hook=block.hook_in, resid_post_hook=block.hook_out,
             pattern_hook=getattr(attn, "hook_pattern", None),
+            mixer=inner.layers[i].mixer if i < inner.n_layers else None,
+            mlp=inner.layers[i].mlp if i < inner.n_layers else None,
         ))
     return inner.replace(family=f"tlens_bridge/{inner.family}", model=model, layers=tuple(layers),
                          call_root=model, shared_groups=(), call_convention=TL_BRIDGE_CALLS)

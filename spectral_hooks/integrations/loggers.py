@@ -75,6 +75,7 @@ def flatten_power(report: Any, *, columns: Iterable[str] = POWER_COLUMNS,
     missing = [c for c in columns if c not in table.columns]
     if missing:
         raise KeyError(f"power table has no column(s) {missing}; available: {list(table.columns)}")
+    refuse_text_columns(table, columns)
     duplicated = bool(table["layer"].duplicated().any())
     if duplicated and "iterate" not in table.columns:
         raise ValueError("power table has several rows per layer and no 'iterate' column")
@@ -88,6 +89,31 @@ def flatten_power(report: Any, *, columns: Iterable[str] = POWER_COLUMNS,
             if not math.isnan(value):
                 out[f"{prefix}/{name}/{column}" if prefix else f"{name}/{column}"] = value
     return out
+
+
+def is_scalar_column(values: Any) -> bool:
+    """Whether a table column holds numbers a scalar logger can take (bool, int, float), not
+    text or categories (a layer's ``mixer``, a ``token``).
+
+        >>> import pandas as pd
+        >>> is_scalar_column(pd.Series([0.5])), is_scalar_column(pd.Series(["mha"]))
+        (True, False)
+    """
+    if len(values) == 0 and str(values.dtype) == "object":
+        return True  # an empty table (a rank that only joins the collectives) holds no text
+    return getattr(values.dtype, "kind", "O") in "biuf"
+
+
+def refuse_text_columns(table: Any, columns: Iterable[str], what: str = "columns") -> None:
+    """An :class:`~spectral_hooks.errors.OptionError` for the first of ``columns`` in
+    ``table`` that holds no numbers: a training logger logs scalars only."""
+    text = [c for c in columns if c in table.columns and not is_scalar_column(table[c])]
+    if text:
+        from ..errors import OptionError  # stdlib-only at import, see _refuse
+
+        raise OptionError(what, text[0], "columns that hold numbers: a logger logs scalars",
+                          hint=f"{text[0]!r} holds text; the layer kinds (mixer, mlp) are in "
+                               "the report's tables and its metadata['layer_mixers']")
 
 
 class _Base:

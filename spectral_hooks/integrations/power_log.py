@@ -36,6 +36,8 @@ import pandas as pd
 import torch
 from torch import Tensor
 
+from ..analysis.columns import SCHEMAS
+from ..analysis.layer_kinds import with_layer_kinds
 from ..analysis.options import PowerOptions
 from ..analysis.power import PVALUES, layer_power_spectrum
 from ..anatomy.weights import layer_operators
@@ -44,6 +46,7 @@ from ..metrics.power import REFERENCE_COLUMNS, power_columns, power_row
 from ..metrics.spectrum import TOP_K
 from ..metrics.stats import with_adjusted
 from .distributed import gather_rows, token_counts
+from .loggers import is_scalar_column, refuse_text_columns
 
 JACOBIAN_COLUMNS = ("top_eig_abs",)
 #: The power-table columns computed from the recorded tokens (the others are weight-only):
@@ -160,7 +163,8 @@ def power_rows(probe: Any, *, columns: Optional[Iterable[str]] = None, iterate: 
         if compute:
             assert s is not None
             rows.append(power_row(s, *tokens, layer=layer, reference=reference))
-    return with_adjusted(pd.DataFrame(rows, columns=list(power_columns())), PVALUES)
+    table = with_adjusted(pd.DataFrame(rows, columns=list(power_columns())), PVALUES)
+    return with_layer_kinds(table, anatomy, SCHEMAS["power"])
 
 
 def power_metrics(probe: Any, *, columns: Iterable[str], prefix: str = "spectral",
@@ -197,6 +201,7 @@ def power_metrics(probe: Any, *, columns: Iterable[str], prefix: str = "spectral
     if missing:
         raise KeyError(f"power table has no column {missing[0]!r}; available: "
                        f"{list(rows.columns)}")
+    refuse_text_columns(rows, columns)
     out: dict[str, float] = {}
     for row in rows.to_dict("records"):
         for column in columns:
@@ -232,11 +237,13 @@ def jacobian_metrics(probe: Any, *, options: Optional[dict[str, Any]] = None,
             continue
         matches = [c for c in table.columns
                    if "*" in column and c.startswith(column.split("*")[0])
-                   and c.endswith(column.split("*")[1]) and not c.endswith("_se")]
+                   and c.endswith(column.split("*")[1]) and not c.endswith("_se")
+                   and is_scalar_column(table[c])]  # a pattern skips text (mixer, token)
         if not matches:
             raise KeyError(f"jacobian table has no column {column!r}; available: "
                            f"{list(table.columns)}")
         wanted += matches
+    refuse_text_columns(table, wanted)
     out: dict[str, float] = {}
     for _, row in table.iterrows():
         where = f"jacobian/pos_{int(row['position'])}" if several else "jacobian"
