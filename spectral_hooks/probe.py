@@ -221,7 +221,7 @@ class Probe:
         call.build_block_calls(hidden_kwarg)  # the anatomy's check replays them
         self.anatomy = fc.verified(self.anatomy, call, output, on_refusal=self.remove)
         self._commit_settings = None  # the anatomy or the merge rule may change here
-        call.commit_to(self.recording, hidden_kwarg)
+        call.commit_to(self.recording, hidden_kwarg, self.anatomy.call_convention.streams)
         self._copies = written  # references from the first call that sees no in-place write
         if self._merge == "check":
             if torch.compiler.is_compiling():  # Dynamo cannot remove handles: keep both hooks
@@ -238,7 +238,8 @@ class Probe:
             if settings is None:  # worked out once: fixed while the probe defers
                 self._commit_settings = settings = fc.CommitSettings(
                     self._mode, self._merge == "on", self._expected, self.recording.capture,
-                    self.layers, self.anatomy.call_convention.hidden_kwarg)
+                    self.layers, self.anatomy.call_convention.hidden_kwarg,
+                    self.anatomy.call_convention.streams)
             self.recording.defer(fc.DeferredCommit(call, settings))
 
     def _end_implicit_call(self, module: nn.Module, args: tuple, kwargs: dict,

@@ -97,6 +97,8 @@ def _rms_norm_float64(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     :func:`_gain_offset`)."""
     eps = getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6))
     y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    if getattr(module, "weight", None) is None:  # no gain (Gemma 3n's value norm)
+        return y
     return (module._oracle_gain_offset + module.weight) * y
 
 
@@ -117,7 +119,8 @@ def float64_norms(block: torch.nn.Module) -> torch.nn.Module:
     in place, by :func:`_rms_norm_float64`."""
     for module in block.modules():
         if type(module).__name__.endswith("RMSNorm") or type(module).__name__ == "T5LayerNorm":
-            module._oracle_gain_offset = _gain_offset(module)  # read before the forward goes
+            if getattr(module, "weight", None) is not None:  # read before the forward goes
+                module._oracle_gain_offset = _gain_offset(module)
             module.forward = types.MethodType(_rms_norm_float64, module)
     return block
 

@@ -46,7 +46,7 @@ def variant_table(view: JacobianView, variant: str) -> pd.DataFrame:
     ``computation`` column says which. Matrix-free rows (``truncated``) rank the top
     ``bottleneck_k`` singular values and carry the SLQ estimates of the full-spectrum erank and
     surviving (``erank_est``, ``surviving_est``, with ``_se``) unless ``bottleneck_probes`` is 0."""
-    o, d = view.options, view.subject.anatomy.d_model
+    o, d = view.options, view.subject.anatomy.residual_width
     if variant == "schur" and d > SCHUR_MAX_D:
         raise OptionError("jacobian.ablations", o.ablations,
                           f"no 'schur' above d_model={SCHUR_MAX_D} (this model: {d})",
@@ -88,9 +88,9 @@ def bottleneck_section(subject: Subject, options: AnalyzeOptions) -> pd.DataFram
     o = options.jacobian_options
     view = JacobianView(subject, o)
     variants = ["trained"] + list(o.ablations)
-    if "schur" in variants and subject.anatomy.d_model > SCHUR_MAX_D:
+    if "schur" in variants and subject.anatomy.residual_width > SCHUR_MAX_D:
         fallback("bottleneck:schur_skipped", f"the schur ablation is skipped: d_model="
-                 f"{subject.anatomy.d_model} > SCHUR_MAX_D={SCHUR_MAX_D} (it needs the complete "
+                 f"{subject.anatomy.residual_width} > SCHUR_MAX_D={SCHUR_MAX_D} (it needs the complete "
                  "Schur form of every dense J_l; replacing only a top-k Schur block would be a "
                  "different ablation, so no matrix-free version is offered)")
         variants.remove("schur")

@@ -71,7 +71,7 @@ def _real(mask_row):
 def start_tokens(subject: Subject, layer: int) -> list[Tensor]:
     """Per recorded sequence, its real tokens entering ``layer`` (in recording order)."""
     rec = subject.recording
-    X, mask = rec.tensor("resid_pre", layer), rec.mask.to("cpu")
+    X, mask = subject.anatomy.ov_tokens(rec.tensor("resid_pre", layer)), rec.mask.to("cpu")
     X = X.detach().to("cpu")
     return [X[b][mask[b] != 0] for b in range(X.shape[0]) if bool((mask[b] != 0).any())]
 

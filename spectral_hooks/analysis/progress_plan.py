@@ -57,7 +57,7 @@ def progress_plan(subject: Subject, options: AnalyzeOptions, sections: Sequence[
                   ) -> tuple[dict[str, list[str]], dict[str, Work]]:
     """(section -> pools it computes, pool -> Work) for the report's ``sections``."""
     L = max(1, len(subject.layers))
-    d = subject.anatomy.d_model
+    d = subject.anatomy.residual_width
     rec = subject.recording
     try:
         T = int(rec.mask.shape[-1])

@@ -82,13 +82,14 @@ class Subject:
         return rec.store != "stats" and bool(rec.steps)
 
     def tokens(self, capture: str) -> list[Optional[Tensor]]:
-        """Per layer (all of the model's), the real tokens [n, d] of ``capture``, or None
-        where the layer or capture was not recorded or only statistics were kept."""
-        rec = self.recording
+        """Per layer (all of the model's), the real tokens [n, d] of ``capture`` that the
+        layers' F acts on (``anatomy.ov_tokens``: a multi-stream model's active stream), or
+        None where the layer or capture was not recorded or only statistics were kept."""
+        rec, anatomy = self.recording, self.anatomy
         if not self.keeps_tokens or capture not in rec.capture:
-            return [None] * self.anatomy.n_layers
-        return [rec.tokens(capture, layer) if rec.has(capture, layer) else None
-                for layer in range(self.anatomy.n_layers)]
+            return [None] * anatomy.n_layers
+        return [anatomy.ov_tokens(rec.tokens(capture, layer)) if rec.has(capture, layer)
+                else None for layer in range(anatomy.n_layers)]
 
     def shared_groups(self) -> list[tuple[int, ...]]:
         """Shared-weight groups the recording supports: resid_pre of the first application

@@ -71,6 +71,9 @@ class LayerParts:
     cross_output: Optional[HeadWeights] = None
     mixer: Optional[str] = None
     mlp: Optional[str] = None
+    #: the attention reuses an earlier layer's keys and values (KV sharing, Gemma 3n): it has
+    #: no value projection of its own, so no OV map
+    reuses_kv: bool = False
 
     @property
     def has_ov_map(self) -> bool:
@@ -95,6 +98,11 @@ class LayerParts:
             raise MissingWeightsError(
                 f"{self.describe()}: it has no softmax attention, so no attention {what} "
                 "projection and no OV map (the power view and steering need one)")
+        if part is None and self.reuses_kv:
+            raise MissingWeightsError(
+                f"layer {self.index}: its attention reuses an earlier layer's keys and values "
+                "(KV sharing), so it has no value projection and no OV map of its own (the "
+                "power view and steering need one): pick a layer of anatomy.ov_layers")
         if part is None:
             raise MissingWeightsError(
                 f"layer {self.index}: no attention {what} projection found in "
@@ -213,6 +221,19 @@ class Anatomy:
         return len(self.layers)
 
     @property
+    def residual_width(self) -> int:
+        """The width of a recorded residual token vector: ``d_model``, or ``streams *
+        d_model`` for blocks of parallel residual streams (Gemma 3n; :mod:`.streams`)."""
+        streams = self.call_convention.streams
+        return self.d_model * (1 if streams is None else streams.count)
+
+    def ov_tokens(self, tokens: Tensor) -> Tensor:
+        """The part of recorded residual token vectors [..., residual_width] that the layers'
+        F = W_O W_V acts on: all of it, or the active stream of parallel residual streams."""
+        streams = self.call_convention.streams
+        return tokens if streams is None else streams.active_part(tokens)
+
+    @property
     def ov_layers(self) -> tuple[int, ...]:
         """The layers with an OV map (softmax attention: the power view's layers)."""
         return tuple(part.index for part in self.layers if part.has_ov_map)
@@ -222,9 +243,11 @@ class Anatomy:
         or covers in part, and why; None where it covers every one in full."""
         chosen = range(self.n_layers) if layers is None else layers
         missing: dict[str, list[int]] = {}
-        parallel = []
+        parallel, borrowed = [], []
         for part in (self.layers[t] for t in chosen):
-            if not part.has_ov_map:
+            if part.reuses_kv:
+                borrowed.append(part.index)
+            elif not part.has_ov_map:
                 missing.setdefault(describe_mixer(part.block, part.mixer), []).append(part.index)
             elif part.mixer == "attention+ssm":
                 parallel.append(part.index)
@@ -234,6 +257,17 @@ class Anatomy:
                              f"{', '.join(map(str, ix))}: {kind}" for kind, ix in missing.items())
             notes.append(f"no power rows for {what}: no softmax attention, so no OV map "
                          "F = W_O W_V (the power view's theory assumes row-stochastic mixing)")
+        if borrowed:
+            notes.append(f"no power rows for layers {', '.join(map(str, borrowed))}: their "
+                         "attention has no value projection of its own (it reuses an earlier "
+                         "layer's keys and values: KV sharing), so no F = W_O W_V")
+        if any(part.has_ov_map and isinstance(getattr(part.attention, "v_norm", None),
+                                                 nn.Module) for part in self.layers):
+            notes.append("the values' RMS norm (v_norm) between W_V and the attention is "
+                         "outside F")
+        if self.call_convention.streams is not None:
+            notes.append("F acts on one of the parallel residual streams (AltUp): the power "
+                         "rows read the tokens of the active stream")
         if parallel:
             notes.append(f"layers {', '.join(map(str, parallel))} add a state-space mixer in "
                          "parallel with attention: F = W_O W_V covers the attention only, the "
@@ -251,7 +285,7 @@ class Anatomy:
         no_rope = getattr(text, "no_rope_layers", None)
         rope = no_rope[layer] if isinstance(no_rope, (list, tuple)) and layer < len(no_rope) \
             else None
-        return (part.mixer, part.mlp, kind, rope)
+        return (part.mixer, part.mlp, kind, rope, part.has_ov_map)
 
     @property
     def tokenizer(self) -> Any:

@@ -19,6 +19,9 @@ where set, is entered around every replay of ``block`` (``linearize``): it switc
 for the duration, to implementations a float64 forward-AD replay can trace (grouped-matmul
 mixture-of-experts kernels take neither float64 nor forward AD; BLOOM's GeLU is an
 ``autograd.Function`` without a forward-AD rule) and restores the user's settings on exit.
+``streams``, where set, says that the residual input and output are a stack of parallel
+streams [streams, batch, pos, d] (Gemma 3n's AltUp; :mod:`.streams`): recorded and replayed
+as [batch, pos, streams * d].
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from typing import Any, Callable, ContextManager, Optional
 from torch import nn
 
 from ..recording.block_call import HF_BLOCK_CACHE_KWARGS
+from .streams import ResidualStreams
 
 __all__ = ["BlockCallConvention", "HF_CALLS", "HF_CROSS_CALLS", "TL3_CALLS", "TL_BRIDGE_CALLS"]
 
@@ -45,6 +49,7 @@ class BlockCallConvention:
     score_modifier_kwargs: tuple[str, ...] = ("softmax_scale_bias", "position_bias", "s_aux",
                                               "sinks")
     replay_context: Optional[Callable[[nn.Module], ContextManager[Any]]] = None
+    streams: Optional[ResidualStreams] = None
 
     def replaying(self, block: nn.Module) -> ContextManager[Any]:
         """The context every replay of ``block`` runs in (``replay_context``; else nothing)."""

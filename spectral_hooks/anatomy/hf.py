@@ -202,14 +202,17 @@ def build(model: nn.Module, family: HFFamily) -> Anatomy:
                            layer_type=layer_kinds[index] if layer_kinds else None)
         value, output = _projections(family, block, n_heads, n_kv, d_head, d_model)
         cross_value, cross_output = _cross_projections(family, block, n_heads, d_head)
+        attention = get_path(block, family.attention)
         layers.append(LayerParts(
-            index=index, block=block, attention=get_path(block, family.attention),
+            index=index, block=block, attention=attention,
             attn_out_module=get_path(block, family.attn_out),
             value=value, output=output,
             attn_norm=get_path(block, family.attn_norm),
             norm_weight_offset=family.norm_weight_offset,
             cross_value=cross_value, cross_output=cross_output,
             mixer=mixer, mlp=mlp_kind(block, mixer),
+            # HF's flag on attention that reads an earlier layer's keys and values (Gemma 3n)
+            reuses_kv=bool(getattr(attention, "is_kv_shared_layer", False)),
         ))
         seen.setdefault(id(block), []).append(index)
     shared = tuple(tuple(ix) for ix in seen.values() if len(ix) > 1)

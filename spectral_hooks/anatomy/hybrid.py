@@ -1,5 +1,5 @@
 """Hybrid stacks and latent attention: Qwen3-Next, Jamba, Granite-4 hybrid, LFM2, Falcon-H1,
-MiniMax, Mamba and Mamba-2, DeepSeek-V3; and Gemma 3n, refused up front.
+MiniMax, Mamba and Mamba-2, DeepSeek-V3, and Gemma 3n.
 
 Each block is described by its own kind (:mod:`.mixers`): the attention paths below exist in
 the attention layers only; a Mamba, Gated DeltaNet, lightning-attention or short-convolution
@@ -19,8 +19,12 @@ Family facts:
 - DeepSeek-V3: multi-head latent attention; W_V^h reads ``kv_b_proj``'s value rows through the
   latent (:func:`.heads.latent_value_heads`).
 - Gemma 3n: its blocks carry AltUp's parallel residual streams, a [streams, batch, pos, d]
-  tensor, with per-layer inputs and key/value sharing; no residual stream [batch, pos, d]
-  exists to record, so ``instrument`` refuses it in one line.
+  tensor (:mod:`.streams`), recorded and replayed as [batch, pos, streams * d]; each block also
+  takes a per-layer input (held fixed, as recorded). F is the attention's W_O W_V on the active
+  stream, without the values' RMS norm (``v_norm``, no gain) between them; the layers that reuse
+  an earlier layer's keys and values (KV sharing) have no W_V of their own, so no power rows.
+  Replays run the whole sequence (no KV-cache replay), the shared keys and values held as the
+  recorded forward computed them.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import Any, Optional
 from .calls import BlockCallConvention
 from .hf import HFFamily, HFPathsAndFinalNorm, register
 from .moe import traceable_experts
+from .streams import ResidualStreams
 
 _TESTS = "tests/families/test_hybrid.py"
 _EXPERTS = BlockCallConvention(replay_context=traceable_experts)
@@ -85,13 +90,28 @@ DEEPSEEK_V3 = register(HFFamily(
     attention_type="multi-head latent (MLA); dense, then routed+shared experts"))
 
 
-def _altup(config: Any) -> Optional[str]:
-    return ("Gemma 3n's blocks carry AltUp's parallel residual streams (a [streams, batch, "
-            "pos, d] tensor) with per-layer inputs: there is no single residual stream "
-            "[batch, pos, d] to record exactly, so it is not supported")
+def _altup_streams(config: Any) -> dict[str, Any]:
+    """Gemma 3n's call convention: its AltUp streams, whole-sequence replays (a reused KV
+    layer reads the keys and values of an earlier one, which a single-query cache cannot
+    hold fixed)."""
+    text = getattr(config, "text_config", None) or config
+    streams = ResidualStreams(count=int(getattr(text, "altup_num_inputs", 1)),
+                              active=int(getattr(text, "altup_active_idx", 0)))
+    return {"call_convention": BlockCallConvention(cache_kwargs=(), streams=streams)}
+
+
+def _multimodal(config: Any) -> Optional[str]:
+    if getattr(config, "text_config", None) is None:
+        return None
+    return ("the multimodal Gemma 3n wrapper (vision and audio towers) is not described: load "
+            "its language model alone, e.g. Gemma3nForCausalLM.from_pretrained(path), or "
+            "instrument model.model.language_model")
 
 
 GEMMA3N = register(HFFamily(
-    name="gemma3n", model_types=("gemma3n", "gemma3n_text"), **_LLAMA_PATHS,
-    unsupported=_altup, tested_by=_TESTS, attention_type="AltUp streams (refused)",
-    power_view="no (refused)", jacobian_view="no (refused)"))
+    name="gemma3n", model_types=("gemma3n", "gemma3n_text"),
+    **{**_LLAMA_PATHS, "attn_out": "post_attention_layernorm"}, norm_upcasts=True,
+    variant=_altup_streams, unsupported=_multimodal, tested_by=_TESTS,
+    attention_type="AltUp residual streams; sliding + full (GQA); KV sharing",
+    power_view="attention layers with their own W_V, on the active stream (v_norm outside F)",
+    jacobian_view="yes (every stream: width streams x d)"))

@@ -12,6 +12,7 @@ keyword names of inputs, mask and KV caches, and reading them) are read in
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 from itertools import repeat
@@ -23,6 +24,7 @@ from torch import Tensor
 
 from ..anatomy import Anatomy
 from ..anatomy.patterns import pattern_capture
+from ..anatomy.streams import ResidualStreams
 from ..errors import OptionError, OptionTypeError, RecordingError, UnsupportedModelError
 from ..recording import CAPTURES, POINTS, suspended
 from ..recording.block_call import (
@@ -300,14 +302,37 @@ class ForwardCall:
                     "must all run in every call)", missing)
         return False
 
-    def commit_to(self, recording: Any, hidden_kwarg: str) -> None:
+    def commit_to(self, recording: Any, hidden_kwarg: str,
+                  streams: Optional[ResidualStreams] = None) -> None:
         """Add this call to ``recording`` (a :class:`~spectral_hooks.recording.Recording`),
-        its replayable block calls built if they are not yet."""
+        its replayable block calls built if they are not yet. ``streams``: the blocks' residual
+        state is parallel streams (the anatomy's ``call_convention.streams``), recorded as
+        token vectors [batch, pos, streams * d]."""
         self.build_block_calls(hidden_kwarg)
+        if streams is not None:
+            self.streams_to_tokens(streams)
         recording.commit(self.captured, self.captured_mask(), self.shape(),
                          continues=self.continues, block_calls=self.block_calls,
                          inputs=self.inputs, input_versions=self.input_versions,
                          token_ids=self.new_token_ids(), owned=self.inputs_owned)
+
+    def streams_to_tokens(self, streams: ResidualStreams) -> None:
+        """The residual states of a multi-stream model ([streams, batch, pos, d]) as token
+        vectors [batch, pos, streams * d], in what was captured and in the block calls (one
+        copy of each state: a block's input is also its resid_pre and the resid_post before)."""
+        done: dict[int, Tensor] = {}
+
+        def tokens(state: Tensor) -> Tensor:
+            if id(state) not in done:
+                done[id(state)] = streams.to_tokens(state)
+            return done[id(state)]
+
+        for key, value in self.captured.items():
+            if key[0] in ("resid_pre", "resid_post"):
+                self.captured[key] = tokens(value)
+        for layer, call in self.block_calls.items():
+            args, kwargs = call.with_hidden(tokens(call.hidden))
+            self.block_calls[layer] = dataclasses.replace(call, args=args, kwargs=kwargs)
 
     def resolve(self) -> None:
         """Give what the hooks' steady path noted its layer, through the same per-module
@@ -422,6 +447,7 @@ class CommitSettings(NamedTuple):
     capture: tuple[str, ...]
     layers: tuple[int, ...]
     hidden_kwarg: str
+    streams: Optional[ResidualStreams] = None  # the anatomy's call_convention.streams
 
 
 class DeferredCommit:
@@ -455,4 +481,4 @@ class DeferredCommit:
             call.captured[(name, layer)] = keep(value)
         call.deferred, call.deferred_outputs = [], []
         if call.complete(settings.expected, settings.capture, settings.layers):
-            call.commit_to(recording, settings.hidden_kwarg)
+            call.commit_to(recording, settings.hidden_kwarg, settings.streams)

@@ -204,12 +204,16 @@ class BlockFunction:
         self.x0 = hidden[0, positions].clone()  # [m, d]
 
     def full(self, H: Tensor) -> Tensor:
-        """The block on a full [L, d] input (no batch dimension); returns [L, d]."""
-        args, kwargs = self.call.with_hidden(H[None])
+        """The block on a full [L, d] input (no batch dimension); returns [L, d]. A block of
+        parallel residual streams (``convention.streams``) is called with [streams, 1, L, d /
+        streams] and its output read back as [L, d]."""
+        streams = self.convention.streams
+        hidden = H[None] if streams is None else streams.from_tokens(H[None])
+        args, kwargs = self.call.with_hidden(hidden)
         held = HeldTopk(self.held_routing) if self.held_routing else contextlib.nullcontext()
         with math_sdpa(), self.convention.replaying(self.block), held:
-            out = torch.func.functional_call(self.block, self.params, args, kwargs)
-        return first_output(out)[0]
+            out = first_output(torch.func.functional_call(self.block, self.params, args, kwargs))
+        return (out if streams is None else streams.to_tokens(out))[0]
 
     def sequence(self, X: Tensor) -> Tensor:
         """The block's full [L, d] input: the recorded one with rows ``positions`` replaced by

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+from collections import UserDict
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -63,10 +64,11 @@ _DATACLASS: dict[type, bool] = {}  # type -> is a dataclass (checked once per ty
 
 
 def map_tensors(obj: Any, fn: Callable[[Tensor], Any]) -> Any:
-    """``obj`` with ``fn`` applied to every tensor inside nested tuples, lists, dicts and
-    dataclass instances (tuples and dicts come back as plain tuples and dicts, dataclasses as
-    copies by ``dataclasses.replace``); anything else is returned as it is. Hooks call it on
-    every block call, so the common types are tested first."""
+    """``obj`` with ``fn`` applied to every tensor inside nested tuples, lists, dicts,
+    ``UserDict`` s and dataclass instances (tuples come back as plain tuples, both kinds of
+    dict as plain dicts, dataclasses as copies by ``dataclasses.replace``); anything else is
+    returned as it is. Hooks call it on every block call, so the common types are tested
+    first."""
     kind = type(obj)
     if kind is Tensor or isinstance(obj, Tensor):
         return fn(obj)
@@ -78,6 +80,8 @@ def map_tensors(obj: Any, fn: Callable[[Tensor], Any]) -> Any:
         return [map_tensors(o, fn) for o in obj]
     if isinstance(obj, dict):
         return {k: map_tensors(v, fn) for k, v in obj.items()}
+    if isinstance(obj, UserDict):  # transformers' KVSharingDict (Gemma 3n's shared keys/values)
+        return {k: map_tensors(v, fn) for k, v in obj.data.items()}
     is_dataclass = _DATACLASS.get(kind)
     if is_dataclass is None:
         is_dataclass = _DATACLASS[kind] = dataclasses.is_dataclass(kind)
@@ -107,10 +111,14 @@ class BlockCall:
         return self.args[0] if self.hidden_in_args else self.kwargs[self.hidden_kwarg]
 
     def with_hidden(self, hidden: Tensor) -> tuple[tuple[Any, ...], dict[str, Any]]:
-        """The call's (args, kwargs) with the residual input replaced by ``hidden``."""
+        """The call's (args, kwargs) with the residual input replaced by ``hidden``; dict
+        arguments are fresh copies, so that a block writing into one (Gemma 3n stores its
+        shared keys and values in ``shared_kv_states``) never changes the recorded call."""
+        kwargs = {k: dict(v) if isinstance(v, (dict, UserDict)) else v
+                  for k, v in self.kwargs.items()}
         if self.hidden_in_args:
-            return (hidden,) + tuple(self.args[1:]), dict(self.kwargs)
-        return tuple(self.args), {**self.kwargs, self.hidden_kwarg: hidden}
+            return (hidden,) + tuple(self.args[1:]), kwargs
+        return tuple(self.args), {**kwargs, self.hidden_kwarg: hidden}
 
     def select(self, row: int) -> "BlockCall":
         """The same call for one batch row (tensors with a batch dimension are sliced)."""

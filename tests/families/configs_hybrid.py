@@ -4,7 +4,8 @@ attention, routed experts with grouped kernels, sliding/full and RoPE/NoPE stack
     >>> from tests.families.configs_hybrid import make
     >>> model = make("jamba")            # JambaModel: a Mamba layer, then an attention layer
 
-Every model: d_model 32, 2 layers whose kinds differ where the architecture mixes kinds,
+Every model: d_model 32, 2 layers whose kinds differ where the architecture mixes kinds (Gemma
+3n: 4, for its key/value sharing),
 4 experts (2 per token), vocab 100, random init from ``seed``, eval mode, cast to ``dtype``;
 nothing is downloaded. In float64 the experts run HF's "eager" loop (the default grouped-matmul
 kernels have no float64 kernel): the user's own float64 model must, too.
@@ -79,15 +80,18 @@ def _configs():
             num_key_value_heads=2, mamba_d_ssm=32, mamba_n_heads=4, mamba_d_head=8,
             mamba_d_state=8, mamba_n_groups=1, mamba_chunk_size=8, mamba_expand=1,
             mamba_d_conv=4)),
-        "gemma3n_text": lambda: tf.Gemma3nTextConfig(**_base(
+        # AltUp: 3 residual streams; layers 2-3 reuse the keys/values of layers 0-1 (KV
+        # sharing); layer 0's MLP keeps its top 5% activations (Gaussian top-k sparsity)
+        "gemma3n_text": lambda: tf.Gemma3nTextConfig(**{**_base(
             num_key_value_heads=2, head_dim=8, vocab_size_per_layer_input=VOCAB,
-            hidden_size_per_layer_input=8, num_kv_shared_layers=0, laurel_rank=4,
-            activation_sparsity_pattern=[0.0, 0.0], altup_num_inputs=2, sliding_window=4,
-            layer_types=["sliding_attention", "full_attention"])),
+            hidden_size_per_layer_input=8, num_kv_shared_layers=2, laurel_rank=4,
+            activation_sparsity_pattern=[0.95, 0.0, 0.0, 0.0], altup_num_inputs=3,
+            sliding_window=4, layer_types=["sliding_attention", "full_attention"] * 2),
+            "num_hidden_layers": 4}),
     }
 
 
-#: the architectures the probe records and analyses (Gemma 3n is refused up front)
+#: the architectures with one residual stream (Gemma 3n's AltUp streams: its own tests)
 SUPPORTED = ("deepseek_v3", "qwen3_next", "lfm2", "granitemoehybrid", "jamba", "mamba2",
              "gpt_oss", "glm4_moe", "dots1", "phimoe", "minimax", "exaone4", "smollm3",
              "cohere2", "falcon_h1")

@@ -1,7 +1,7 @@
 """Every model people load in 2026 (issue 54): hybrid stacks (Qwen3-Next, Jamba, Granite-4
 hybrid, LFM2, Falcon-H1, MiniMax), pure Mamba-2, latent attention (DeepSeek-V3), routed experts
 with grouped kernels (gpt-oss, GLM-4.5, dots1, Phi-MoE), sliding/full and RoPE/NoPE stacks
-(EXAONE 4, Cohere2, SmolLM3); Gemma 3n refused up front.
+(EXAONE 4, Cohere2, SmolLM3); Gemma 3n's AltUp residual streams with KV sharing.
 
 The quick profile runs one architecture of each mixer kind end to end and three oracle cases;
 ``make test-all`` runs every one. Oracles that do not use the library's code path: the model's
@@ -12,6 +12,7 @@ matrix-free Jacobian spectra; a least-squares fit of the raw attention modules f
 import numpy as np
 import pytest
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import spectral_hooks as sh
 from spectral_hooks.errors import MissingWeightsError, UnsupportedModelError
@@ -19,7 +20,7 @@ from spectral_hooks.linalg import eigs
 from spectral_hooks.linearize import block_jacobian
 from tests.families.configs_hybrid import SUPPORTED, make
 from tests.families.harness import oracle_F
-from tests.oracles import assert_same_spectrum, eigvals_by_modulus, token_jacobian
+from tests.oracles import assert_same_spectrum, block_output, eigvals_by_modulus, token_jacobian
 from tests.profiles import quick_subset
 
 GROUPED_FALLBACKS = {"linearize.group_member_alone", "linearize.own_trace"}
@@ -171,13 +172,133 @@ def test_falcon_h1_power_view_says_the_parallel_mixer_is_outside_F():
     assert "outside F" in report.metadata["power_coverage"]
 
 
-def test_gemma3n_is_refused_up_front_in_one_line():
+def _streams_as_tokens(state):
+    """Gemma 3n's block state [streams, batch, pos, d] as the probe records it: each position's
+    streams side by side, [batch, pos, streams * d] (the layout docs/guide.md states)."""
+    return state.permute(1, 2, 0, 3).reshape(state.shape[1], state.shape[2], -1)
+
+
+def test_gemma3n_altup_streams_are_recorded_exactly_and_analysed():
+    """AltUp (3 streams), per-layer inputs, Gaussian top-k MLP sparsity, KV sharing (layers
+    2-3 reuse layers 0-1's keys and values): the forward is bit-identical, the recording is the
+    model's own hidden states (every stream), the power view covers layers 0-1 on the active
+    stream and says why 2-3 have no rows, the Jacobian view covers all four blocks."""
     model = make("gemma3n_text", dtype=torch.float32)
-    with pytest.raises(UnsupportedModelError, match="AltUp") as caught:
-        sh.instrument(model)
+    anatomy = sh.anatomy_of(model)
+    assert [(p.mixer, p.mlp, p.has_ov_map) for p in anatomy.layers] == \
+        [("gqa", "dense", True)] * 2 + [("gqa", "dense", False)] * 2
+    assert anatomy.residual_width == 3 * 32
+    batch = _batch()
+    with torch.no_grad():
+        expected = model(**batch, output_hidden_states=True)
+        with sh.instrument(model) as probe:
+            out = model(**batch, output_hidden_states=True)
+    assert torch.equal(out.last_hidden_state, expected.last_hidden_state)
+    assert probe.n_handles == 0
+    real, rec = batch["attention_mask"].bool(), probe.recording
+    for layer in range(4):
+        assert torch.equal(rec.resid_pre[layer][real],
+                           _streams_as_tokens(out.hidden_states[layer])[real])
+        assert torch.equal(rec.resid_post[layer][real],
+                           _streams_as_tokens(out.hidden_states[layer + 1])[real])
+    report = probe.analyze(jacobian=True, progress=False)
+    assert report.power["layer"].tolist() == [0, 1]
+    note = report.metadata["power_coverage"]
+    assert "layers 2, 3" in note and "KV sharing" in note and "active stream" in note
+    assert sorted(set(report.jacobian["layer"])) == [0, 1, 2, 3]
+    assert np.isfinite(report.jacobian["top_eig_abs"]).all()
+    assert not GROUPED_FALLBACKS & set(report.metadata["fallbacks"])
+
+
+def test_gemma3n_power_rows_read_the_active_stream():
+    """The power rows equal power_table of F on the active stream's tokens, taken from the
+    model's own hidden states (stream 0 of [streams, batch, pos, d])."""
+    from spectral_hooks.metrics.power import power_table
+
+    model = make("gemma3n_text", dtype=torch.float32)
+    batch = _batch()
+    with sh.instrument(model) as probe, torch.no_grad():
+        out = model(**batch, output_hidden_states=True)
+    report = probe.analyze(power=True, progress=False)
+    real = batch["attention_mask"].bool()
+    F = sh.layer_matrices(model).to(torch.float64)
+    states = [h[0][real].to(torch.float64) for h in out.hidden_states]  # the active stream
+    want = power_table(F[:2], states[:2], states[1:3], layers=[0, 1])
+    for column in ("gap_ratio", "gamma_in", "gamma", "mean_cos", "n_tokens"):
+        np.testing.assert_allclose(report.power[column].to_numpy(float),
+                                   want[column].to_numpy(float), rtol=1e-9, atol=1e-12)
+
+
+def test_gemma3n_F_equals_a_fit_of_the_raw_modules():
+    """F = W_O W_V of a layer with its own values, fitted through v_proj and o_proj with the
+    values' RMS norm (no gain) taken out; the KV-sharing layers have none (NaN)."""
+    model = make("gemma3n_text")
+    anatomy = sh.anatomy_of(model)
+    F_lib = sh.layer_matrices(model)
+    for part in anatomy.layers[:2]:
+        norm = part.block.self_attn.v_norm
+        norm.forward = lambda x: x
+        try:
+            want = oracle_F(model, part.block, "self_attn.v_proj", "self_attn.o_proj", 32)
+        finally:
+            del norm.forward
+        torch.testing.assert_close(F_lib[part.index], want, rtol=1e-6, atol=1e-6)
+    assert torch.isnan(F_lib[2:]).all()
+
+
+@pytest.mark.filterwarnings("ignore::spectral_hooks.errors.FallbackWarning")  # plain jvp
+@pytest.mark.parametrize("layer", quick_subset([0, 1, 3], keep={0, 3}))
+def test_gemma3n_matrix_free_equals_dense(layer):
+    """Every stream: the library's dense Jacobian [96, 96] of a block (0: sliding attention
+    and top-k sparsity; 3: keys and values reused from layer 1) = jacfwd of the real block on
+    the state [streams, 1, pos, d] rebuilt by hand; the matrix-free top-k = numpy's eig."""
+    from tests.oracles import recorded_block
+
+    probe = _float64_probe("gemma3n_text")
+    block, call, H0 = recorded_block(probe, layer, 0)
+    p = H0.shape[0] - 1
+
+    def f(x):
+        H = torch.cat([H0[:p], x[None], H0[p + 1:]], 0)
+        state = H.reshape(1, len(H), 3, 32).permute(2, 0, 1, 3).contiguous()
+        return _streams_as_tokens(block_output(block, call, state))[0, p]
+
+    with sdpa_kernel(SDPBackend.MATH), torch.no_grad():
+        want = torch.func.jacfwd(f)(H0[p])
+    op = block_jacobian(probe.anatomy, probe.recording, layer)
+    got = op.to_dense()
+    assert got.shape == (96, 96)
+    assert float((got - want).abs().max()) <= 1e-10 * float(want.abs().max())
+    result = eigs(op, 4, tol=1e-10, seed=0, return_vectors=False)
+    assert bool(result.converged)
+    exact = eigvals_by_modulus(np.asarray(want))[:len(result.values)]
+    assert_same_spectrum(np.asarray(result.values), exact, 1e-8)
+
+
+def test_gemma3n_steering_needs_a_layer_with_its_own_values():
+    model = make("gemma3n_text", dtype=torch.float32)
+    u = torch.randn(32, generator=torch.Generator().manual_seed(0))
+    with pytest.raises(MissingWeightsError, match=r"layer 3: its attention reuses an earlier "
+                                                  r"layer's keys and values \(KV sharing\)"):
+        with sh.steer(model, u, gap=0.1):
+            pass
+    before = model.layers[1].self_attn.o_proj.weight.clone()
+    with sh.steer(model, u, layer=1, gap=0.1):
+        assert not torch.equal(model.layers[1].self_attn.o_proj.weight, before)
+    assert torch.equal(model.layers[1].self_attn.o_proj.weight, before)
+
+
+def test_gemma3n_multimodal_wrapper_is_refused_in_one_line():
+    import transformers as tf
+
+    from spectral_hooks.anatomy.hf import build
+    from spectral_hooks.anatomy.hybrid import GEMMA3N
+
+    model = make("gemma3n_text", dtype=torch.float32)
+    model.config = tf.Gemma3nConfig(text_config=model.config.to_dict())  # the wrapper's config
+    with pytest.raises(UnsupportedModelError, match="language model alone") as caught:
+        build(model, GEMMA3N)
     assert "\n" not in str(caught.value)
-    with torch.no_grad():  # and the model still runs: nothing was attached
-        model(**_batch())
 
 
 def test_steering_a_hybrid_whose_last_layer_has_no_attention_is_refused_clearly():
