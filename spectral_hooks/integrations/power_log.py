@@ -88,16 +88,16 @@ def _layer_tokens(probe: Any, i: int, layer: int, counts: Optional[list],
                   across_ranks: bool) -> list[Optional[Tensor]]:
     """[resid_pre, resid_post] of ``layer`` (float64 CPU, or None): this rank's, or with
     ``across_ranks`` every rank's, gathered to rank 0 (a collective)."""
-    rec = probe.recording
+    rec, ov_tokens = probe.recording, probe.anatomy.ov_tokens  # the stream F acts on
     points = [c for c in POWER_CAPTURES if c in rec.capture]
     if not across_ranks:
         keeps = rec.store != "stats" and bool(rec.steps)
-        return [rec.tokens(c, layer).to("cpu", torch.float64) if keeps and c in points else None
-                for c in POWER_CAPTURES]
+        return [ov_tokens(rec.tokens(c, layer)).to("cpu", torch.float64)
+                if keeps and c in points else None for c in POWER_CAPTURES]
     if counts is None:
         return [None, None]
-    local = (torch.cat([rec.tokens(c, layer).to("cpu", torch.float64) for c in points], dim=1)
-             if counts[i][_rank()] else None)
+    local = (torch.cat([ov_tokens(rec.tokens(c, layer)).to("cpu", torch.float64)
+                        for c in points], dim=1) if counts[i][_rank()] else None)
     rows = gather_rows(local, counts[i], probe.anatomy.d_model * len(points))  # collective
     if rows is None:
         return [None, None]

@@ -229,6 +229,21 @@ def test_gemma3n_power_rows_read_the_active_stream():
                                    want[column].to_numpy(float), rtol=1e-9, atol=1e-12)
 
 
+def test_gemma3n_training_power_rows_equal_analyze():
+    """The training callbacks' per-layer power rows read the same active stream."""
+    from spectral_hooks.integrations.power_log import power_rows
+
+    model = make("gemma3n_text", dtype=torch.float32)
+    with sh.instrument(model) as probe, torch.no_grad():
+        model(**_batch())
+        rows = power_rows(probe)
+    want = probe.analyze(power=True, progress=False).power
+    assert rows["layer"].tolist() == want["layer"].tolist() == [0, 1]
+    for column in ("gap_ratio", "gamma", "gamma_in", "gamma_ref", "mean_cos"):
+        np.testing.assert_allclose(rows[column].to_numpy(float), want[column].to_numpy(float),
+                                   rtol=1e-12)
+
+
 def test_gemma3n_F_equals_a_fit_of_the_raw_modules():
     """F = W_O W_V of a layer with its own values, fitted through v_proj and o_proj with the
     values' RMS norm (no gain) taken out; the KV-sharing layers have none (NaN)."""
