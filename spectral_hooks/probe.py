@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from .analysis import AnalysisCache, AnalyzeOptions, Subject, analyze
 from .analysis.distributed import analyze_distributed
 from .anatomy import Anatomy, EncoderDecoderAnatomy, anatomy_of, stack_of
+from .anatomy.effective import name_layers
 from .anatomy.wrappers import unwrap_model
 from .checks import check_float_dtype
 from .encoder_decoder import EncoderDecoderProbe
@@ -76,12 +77,13 @@ class Probe:
         self._handles: list = []
         self._call: Optional[fc.ForwardCall] = None
         # stores copies until a call shows that nothing writes a recorded state in place;
-        # shared with the calls deferred to the recording, which may turn copies back on
-        self._mode = fc.StoreMode()
+        # shared with the calls deferred to the recording, which may turn copies back on, and
+        # with the probes made later on this model (what a first call learned, it keeps)
+        self._mode = fc.model_facts(self.anatomy.call_root, capture, self.layers)
         self._merge = self._merge_rule()
         # the store keeps tensors as they are (detached where they need grad): no walk needed
         self._references = store == "device" and dtype is None
-        self._cache = AnalysisCache(model, self.recording)
+        self._analysis_cache: Optional[AnalysisCache] = None  # made when first needed
         self._attach()
 
     # ---------------------------------------------------------------- attaching
@@ -138,7 +140,7 @@ class Probe:
         if ("resid_post" not in self.recording.capture or len(parts) < 2
                 or len(blocks) != len(parts) or any(p.resid_post_hook is not None for p in parts)):
             return "off"
-        return "check"
+        return self._mode.merge or "check"  # settled by an earlier probe's first call
 
     def _settle_merge(self, call: fc.ForwardCall) -> None:
         """After the first recorded call: merge the hooks where every block's input was the
@@ -151,6 +153,7 @@ class Probe:
         else:
             self._merge = "off"
         self._merge_handles = []
+        self._mode.merge = self._merge
 
     def attach(self) -> "Probe":
         """Register the hooks again after :meth:`remove` (the recording is kept); nothing
@@ -387,7 +390,16 @@ class Probe:
     def invalidate(self) -> None:
         """Forget every cached analysis result. Needed only after an in-place edit of a few
         weight elements that bypasses autograd (see ``analysis/cache.py``)."""
-        self._cache.invalidate()
+        if self._analysis_cache is not None:
+            self._analysis_cache.invalidate()
+
+    @property
+    def _cache(self) -> AnalysisCache:
+        """The analysis cache, made when first needed (its walk of the model's weights is not
+        paid by a probe that only records)."""
+        if self._analysis_cache is None:
+            self._analysis_cache = AnalysisCache(self.model, self.recording)
+        return self._analysis_cache
 
     # ---------------------------------------------------------------- block Jacobians
     def jacobian(self, layer: int, *, position: int = -1, sample: int = 0,
@@ -398,6 +410,7 @@ class Probe:
         ``options``: ``method``, ``single_query`` (see linearize.block_jacobian)."""
         from .linearize import block_jacobian
 
+        name_layers(self.model)  # a refusal names the quantized layer (as analyze's)
         return block_jacobian(self.anatomy, self.recording, layer, sample=sample,
                               position=position, kind=kind, dtype=dtype, **options)
 
@@ -406,6 +419,7 @@ class Probe:
         """P = J_last ... J_first at one token position (exact for causal models)."""
         from .linearize import jacobian_product
 
+        name_layers(self.model)  # a refusal names the quantized layer (as analyze's)
         return jacobian_product(self.anatomy, self.recording, first, last, sample=sample,
                                 position=position, dtype=dtype, **options)
 
@@ -414,6 +428,7 @@ class Probe:
         """The dense Jacobian by forward-mode AD (small models; a float64 Tensor)."""
         from .linearize import dense_block_jacobian
 
+        name_layers(self.model)  # a refusal names the quantized layer (as analyze's)
         return dense_block_jacobian(self.anatomy, self.recording, layer, sample=sample,
                                     position=position, kind=kind, dtype=dtype)
 

@@ -290,3 +290,46 @@ def test_forwards_after_the_first_take_the_steady_path(family):
                 assert torch.equal(states[4:], states[:2])
     assert "hook" in names and "_end_call" in names
     assert "noted" not in names and "is_suspended" not in names, names
+
+
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_a_fresh_probe_starts_where_the_last_one_on_the_model_left(family):
+    """``with instrument(model)`` around each batch: what the first probe's first call learned
+    (no in-place write, each block's input is the block output before it) is kept for the next
+    probe on the same model and points, whose first call then takes the steady path (deferred,
+    the merged hooks only) and records the model's own hidden states. A probe of other points
+    learns for itself: its first call copies."""
+    model = make_model(family, dtype=torch.float32)
+    ids = torch.randint(1, 100, (2, 6), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        hidden = model(ids, output_hidden_states=True).hidden_states
+        with sh.instrument(model) as first:
+            model(ids)
+            steady_handles = first.n_handles
+        with sh.instrument(model) as fresh:
+            assert fresh.n_handles == steady_handles  # merged from the start
+            model(ids)
+            assert len(fresh.recording._pending) == 1
+        with sh.instrument(model, capture=["resid_pre"]) as other:
+            model(ids)
+            assert not other.recording._pending
+    rec = fresh.recording
+    assert rec.n_calls == 1
+    for layer in rec.layers:
+        assert torch.equal(rec.resid_pre[layer], hidden[layer])
+        if layer + 1 < len(rec.layers):
+            assert torch.equal(rec.resid_post[layer], hidden[layer + 1])
+    assert torch.equal(other.recording.resid_pre[1], hidden[1])
+
+
+def test_what_probes_learn_about_a_model_keeps_nothing_alive():
+    from spectral_hooks.hooks import forward_call
+
+    model = make_model("gpt2", dtype=torch.float32)
+    with sh.instrument(model) as probe, torch.no_grad():
+        model(torch.randint(1, 100, (1, 4)))
+    assert model in forward_call._FACTS
+    gone = weakref.ref(model)
+    del model, probe
+    gc.collect()
+    assert gone() is None

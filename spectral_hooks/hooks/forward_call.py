@@ -15,12 +15,13 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+import weakref
 from itertools import repeat
 from operator import is_
 from typing import Any, Callable, Iterable, NamedTuple, Optional, cast
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from ..anatomy import Anatomy
 from ..anatomy.patterns import pattern_capture
@@ -122,14 +123,36 @@ WRITTEN_WARNING = ("forward call not recorded: a recorded state was written in p
 
 
 class StoreMode:
-    """Whether a probe stores copies of what it records (True until a call shows that nothing
-    writes a recorded state in place) or references. Shared by the probe and the calls it
-    defers (:class:`DeferredCommit`), which turn copies back on when they find such a write."""
+    """What the probes on one model learned from its calls (see :func:`model_facts`): whether
+    they store copies of what they record (True until a call shows that nothing writes a
+    recorded state in place) or references, and the merge rule a first call settled
+    (``Probe._merge_rule``: "on" or "off"; None until one did). Shared by the probes and the
+    calls they defer (:class:`DeferredCommit`), which turn copies back on when they find such
+    a write."""
 
-    __slots__ = ("copies",)
+    __slots__ = ("copies", "merge")
 
     def __init__(self) -> None:
         self.copies: bool = True
+        self.merge: Optional[str] = None
+
+
+# call root -> (capture points, layers) -> what its probes learned; weak: an entry goes with
+# its module, and holds nothing of the model
+_FACTS: "weakref.WeakKeyDictionary[nn.Module, dict[Any, StoreMode]]" = \
+    weakref.WeakKeyDictionary()
+
+
+def model_facts(root: nn.Module, capture: tuple[str, ...], layers: tuple[int, ...]) -> StoreMode:
+    """What probes recording ``capture`` at ``layers`` of the model called through ``root``
+    learned from its calls, shared: a fresh probe (``with instrument(model)`` around each
+    batch) starts where the last one left, its first call on the steady path (references,
+    deferred; the merge settled) rather than copied and checked again. An in-place write found
+    later still drops that call with a warning and turns copies on, for every such probe."""
+    facts = _FACTS.get(root)
+    if facts is None:
+        facts = _FACTS[root] = {}
+    return facts.setdefault((capture, layers), StoreMode())
 
 
 def in_backward() -> bool:
