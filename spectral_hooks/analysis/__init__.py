@@ -140,7 +140,11 @@ def _with_kinds(name: str, compute: Section, subject: Subject) -> Section:
     schema = SCHEMAS.get(name)
     if schema is None:
         return compute
-    return lambda: with_layer_kinds(compute(), subject.anatomy, schema)
+
+    def run() -> pd.DataFrame:
+        table = compute()
+        return table if table is None else with_layer_kinds(table, subject.anatomy, schema)
+    return run
 
 
 def analyze(subject: Subject, options: AnalyzeOptions) -> Report:

@@ -20,8 +20,6 @@ categories.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import pandas as pd
 
 from ..anatomy import Anatomy
@@ -31,13 +29,13 @@ from .columns import LAYER_KINDS
 __all__ = ["with_layer_kinds"]
 
 
-def with_layer_kinds(table: Optional[pd.DataFrame], anatomy: Anatomy, schema: SectionSchema
-                     ) -> Optional[pd.DataFrame]:
+def with_layer_kinds(table: pd.DataFrame, anatomy: Anatomy, schema: SectionSchema
+                     ) -> pd.DataFrame:
     """``table`` with the :data:`~.columns.LAYER_KINDS` its ``schema`` declares inserted right
     after ``layer`` (a new frame; ``table`` is left as it is). Unchanged when the schema declares
-    none, the table has no ``layer`` column or already has them, or it is None."""
+    none, or the table has no ``layer`` column or already has them."""
     kinds = [column for column in LAYER_KINDS if column in schema.columns]
-    if table is None or not kinds or "layer" not in table.columns or \
+    if not kinds or "layer" not in table.columns or \
             any(column.name in table.columns for column in kinds):
         return table
     parts = [anatomy.layers[int(layer)] for layer in table["layer"].tolist()]

@@ -40,11 +40,16 @@ def _tl3_output(attn: Any) -> HeadWeights:
                        to_param=lambda w: w.transpose(-1, -2), bias=bias)
 
 
-def _tl3_kinds(block: nn.Module, cfg: Any, n_kv: int) -> dict[str, Optional[str]]:
-    """A TL 3 block's mixer and MLP kinds (its MoE, ``cfg.num_experts``, names no "Experts")."""
+def _tl3_layer(i: int, block: Any, cfg: Any, n_kv: int) -> LayerParts:
     mixer = mixer_kind(block, n_heads=cfg.n_heads, n_kv_heads=n_kv)
-    routed = bool(getattr(cfg, "num_experts", None))
-    return {"mixer": mixer, "mlp": "routed" if routed else mlp_kind(block, mixer)}
+    routed = bool(getattr(cfg, "num_experts", None))  # TL's MoE class names no "Experts"
+    return LayerParts(index=i, block=block, attention=block.attn,
+                      attn_out_module=block.hook_attn_out,
+                      value=_tl_value(block.attn, cfg.n_heads), output=_tl3_output(block.attn),
+                      attn_norm=getattr(block, "ln1", None),
+                      resid_pre_hook=block.hook_resid_pre, resid_post_hook=block.hook_resid_post,
+                      pattern_hook=getattr(block.attn, "hook_pattern", None),
+                      mixer=mixer, mlp="routed" if routed else mlp_kind(block, mixer))
 
 
 def _hooked_transformer(model: nn.Module) -> Optional[Anatomy]:
@@ -52,15 +57,8 @@ def _hooked_transformer(model: nn.Module) -> Optional[Anatomy]:
         return None
     cfg = cast(Any, model).cfg
     n_kv = getattr(cfg, "n_key_value_heads", None) or cfg.n_heads
-    layers = tuple(
-        LayerParts(index=i, block=block, attention=block.attn,
-                   attn_out_module=block.hook_attn_out,
-                   value=_tl_value(block.attn, cfg.n_heads), output=_tl3_output(block.attn),
-                   attn_norm=getattr(block, "ln1", None),
-                   resid_pre_hook=block.hook_resid_pre, resid_post_hook=block.hook_resid_post,
-                   pattern_hook=getattr(block.attn, "hook_pattern", None),
-                   **_tl3_kinds(block, cfg, n_kv))
-        for i, block in enumerate(cast(Any, model).blocks))
+    layers = tuple(_tl3_layer(i, block, cfg, n_kv)
+                   for i, block in enumerate(cast(Any, model).blocks))
     return Anatomy(
         family="tlens3", model=model, layers=layers, d_model=cfg.d_model, n_heads=cfg.n_heads,
         n_kv_heads=n_kv, d_head=cfg.d_head, causal=cfg.attention_dir == "causal",

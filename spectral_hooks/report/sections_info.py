@@ -12,7 +12,7 @@ named here (one added by a later analysis) is shown generically from its column 
 
 from __future__ import annotations
 
-__all__ = ["SECTION_INFO", "HEADLINES", "DERIVED_COLUMNS", "QUALIFIERS"]
+__all__ = ["SECTION_INFO", "HEADLINES", "DERIVED_COLUMNS", "QUALIFIERS", "LABEL_COLUMNS"]
 
 #: title, one-paragraph explanation, and anchor in docs/metrics.md for each known section.
 SECTION_INFO: dict[str, tuple[str, str]] = {
@@ -84,6 +84,11 @@ HEADLINES: dict[str, tuple[str, ...]] = {
     "topology": ("layer", "n_communities", "modularity", "coupling_rho"),
     "units": ("layer", "bridge_score", "amplification"),
 }
+
+#: Columns that describe a row's layer rather than measure it (the kind of its block,
+#: ``analysis.columns.LAYER_KINDS``): shown next to the key columns in every table part and
+#: summary, never averaged.
+LABEL_COLUMNS: tuple[str, ...] = ("mixer", "mlp")
 
 #: Words that make a column a qualifier of another (``gamma_null`` qualifies ``gamma``,
 #: ``rho_pvalue_adj`` qualifies ``rho``, ``coupling_rho_init`` qualifies ``coupling_rho``).

@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from .compare import KEY_COLUMNS
-from .sections_info import HEADLINES, QUALIFIERS
+from .sections_info import HEADLINES, LABEL_COLUMNS, QUALIFIERS
 
 __all__ = ["Cell", "TableView", "ordered_columns", "qualified_by", "format_cell", "is_pvalue",
            "summary_frame", "table_views", "MAX_ROWS", "WIDTH_PX"]
@@ -141,6 +141,8 @@ def _headline_columns(name: str, df: pd.DataFrame) -> list[str]:
         metrics = [c for c in columns if c not in KEY_COLUMNS and parent[c] is None]
         heads = keys + metrics[:6]
     heads = [k for k in keys if k not in heads] + heads
+    heads += [c for c in LABEL_COLUMNS if c in columns and c not in heads]
+
     def root(c: str) -> str:
         for _ in range(len(columns)):
             if parent.get(c) is None:
@@ -164,7 +166,7 @@ def _variant_sort(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 
 def _spectra_summary(df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
-    keys = [k for k in ("source", "variant", "layer") if k in df.columns]
+    keys = [k for k in ("source", "variant", "layer", *LABEL_COLUMNS) if k in df.columns]
     re_, im = (cast(pd.Series, pd.to_numeric(df[c], errors="coerce")) for c in ("real", "imag"))
     mod = np.hypot(re_, im)
     work = df[keys].assign(max_abs=mod, frac_complex=(im.abs() > 1e-6 * mod).astype(float),
@@ -195,7 +197,8 @@ def summary_frame(name: str, df: pd.DataFrame) -> tuple[pd.DataFrame, str]:
     if keys and out.duplicated(keys).any():
         numeric = [c for c in cols if c not in keys and (pd.api.types.is_numeric_dtype(out[c])
                                                          or pd.api.types.is_bool_dtype(out[c]))]
-        grouped = out.groupby(keys, sort=False, observed=True, dropna=False)
+        labels = [c for c in LABEL_COLUMNS if c in cols]  # one value per key: kept
+        grouped = out.groupby(keys + labels, sort=False, observed=True, dropna=False)
         agg = cast(pd.DataFrame, grouped[numeric].mean(numeric_only=False) if numeric
                    else grouped.size().to_frame("_"))
         agg["n_rows"] = grouped.size()
@@ -231,7 +234,7 @@ def table_views(df: pd.DataFrame, *, max_rows: int | None = MAX_ROWS, caption: s
     shown = df if max_rows is None or len(df) <= max_rows else df.head(max_rows)
     columns = ordered_columns([str(c) for c in shown.columns])
     cells = {c: [format_cell(c, v) for v in shown[c].tolist()] for c in columns}
-    keys = [c for c in columns if c in KEY_COLUMNS]
+    keys = [c for c in columns if c in KEY_COLUMNS or c in LABEL_COLUMNS]
     key_w = sum(_col_width(k, cells[k]) for k in keys)
     chunks: list[list[str]] = []
     current: list[str] = []

@@ -75,6 +75,29 @@ def test_anatomy(model):
         assert layer.attn_norm is model.blocks[layer.index].ln1
 
 
+KINDS = {"ln": "mha", "gqa": "gqa", "rms_rotary": "mha"}  # (n_key_value_heads=2 of 4: gqa)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_layer_kinds_reach_the_tables(variant):
+    """Issue 54: each layer's mixer and MLP kind, in the anatomy and the tables' columns."""
+    model = make_model(variant)
+    assert [(p.mixer, p.mlp) for p in sh.anatomy_of(model).layers] == \
+        [(KINDS[variant], "dense")] * N_LAYERS
+    with sh.instrument(model) as probe, torch.no_grad():
+        model(tokens())
+    power = probe.analyze(progress=False).power
+    assert power["mixer"].astype(str).tolist() == [KINDS[variant]] * N_LAYERS
+    assert power["mlp"].astype(str).tolist() == ["dense"] * N_LAYERS
+
+
+def test_moe_layers_are_routed():
+    cfg = HookedTransformerConfig(**{**BASE, "num_experts": 4, "experts_per_token": 2,
+                                     "gated_mlp": True, "act_fn": "silu"})
+    anatomy = sh.anatomy_of(HookedTransformer(cfg))
+    assert [p.mlp for p in anatomy.layers] == ["routed"] * N_LAYERS
+
+
 def _raw_heads(attn, n_heads):
     """W_V [H, d_model, d_head], b_V [H, d_head] from TL's stored parameters, GQA groups expanded
     here (head h reads key/value group h // (H / n_kv), as TL's repeat_interleave does)."""
