@@ -189,25 +189,43 @@ def build(shape: str, n_layers: int | None = None):
 
 
 @contextlib.contextmanager
-def before_issue_57():
-    """The route before issue 57: dense full eig below d = 2048 with every eigenvector, at
-    torch's thread count (the factored route as it was: its full eig of B A)."""
-    from spectral_hooks.metrics import spectrum as S
-    saved = S.MATRIX_FREE_D, S.POWER_THREADS, S._eig_leading, S._factored_leading
-    S.MATRIX_FREE_D, S.POWER_THREADS = 2048, 1 << 20
-    S._eig_leading = S._eig_sorted  # type: ignore[assignment]
-    S._factored_leading = lambda *a: None  # type: ignore[assignment]
+def patched(module, **values):
+    """``module``'s attributes set to ``values`` inside, restored after."""
+    saved = {name: getattr(module, name) for name in values}
+    for name, value in values.items():
+        setattr(module, name, value)
     try:
         yield
     finally:
-        S.MATRIX_FREE_D, S.POWER_THREADS, S._eig_leading, S._factored_leading = saved
+        for name, value in saved.items():
+            setattr(module, name, value)
 
 
-def analyze_once(probe, before: bool = False):
+@contextlib.contextmanager
+def before_issue_57():
+    """The route before issue 57: dense full eig below d = 2048 with every eigenvector, at
+    torch's thread count (the factored route as it was: its full eig of B A, up to r = 2048)."""
+    from spectral_hooks.linalg import sorted_eig as SE
+    from spectral_hooks.metrics import spectrum as S
+    with patched(S, MATRIX_FREE_D=2048, FACTORED_EXACT_MAX=2048, POWER_THREADS=1 << 20,
+                 eig_leading=SE.sorted_eig), patched(SE, _factored_leading=lambda *a: None):
+        yield
+
+
+@contextlib.contextmanager
+def exact_factored():
+    """Today's default but every eigenvalue of a grouped-query F exactly from its r x r B A up
+    to r = 2048 (``FACTORED_EXACT_MAX`` as it was), not the top k by Krylov on B A."""
+    from spectral_hooks.metrics import spectrum as S
+    with patched(S, FACTORED_EXACT_MAX=2048):
+        yield
+
+
+def analyze_once(probe, before: bool = False, route: Callable[[], Any] | None = None):
     from spectral_hooks.metrics.spectrum import clear_spectrum_cache
     clear_spectrum_cache()
     probe.invalidate()
-    with before_issue_57() if before else contextlib.nullcontext():
+    with before_issue_57() if before else route() if route else contextlib.nullcontext():
         report = probe.analyze(progress=False)
         return report.power, report.spectra
 
@@ -228,22 +246,38 @@ def check(probe, power) -> str:
     return f"max |default - full eig| over {cols}: {np.nanmax(np.abs(a - b)):.1e}"
 
 
-def shapes(rounds: int, names: list[str]) -> None:
+def routes_of(power) -> str:
+    return (f"truncated {int(power['truncated'].sum())}/{len(power)}, "
+            f"n_computed {sorted(set(power['n_computed']))}")
+
+
+def shapes(rounds: int, names: list[str], with_before: bool) -> None:
+    """Default analyze() per shape, one thread, against the route before issue 57 and, for a
+    grouped-query shape, every eigenvalue exactly from B A (``exact_factored``), interleaved."""
     torch.set_num_threads(1)
     lines = [f"## default analyze() per shape, one thread ({datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC)",
              f"load before: {load()}", "",
-             "| shape | default now | before (full eig, d < 2048 dense) | before / now | routes now | check |",
-             "|---|---|---|---|---|---|"]
+             "| shape | default now | exact from B A (r <= 2048) | before (full eig, d < 2048 dense) "
+             "| before / now | routes now | check |",
+             "|---|---|---|---|---|---|---|"]
     for name in names:
         probe = build(name)
-        out = {}
-        times = interleaved({"now": lambda: out.__setitem__("now", analyze_once(probe)),
-                             "before": lambda: analyze_once(probe, before=True)}, rounds)
+        out: dict[str, Any] = {}
+        variants: dict[str, Callable[[], object]] = {
+            "now": lambda: out.__setitem__("now", analyze_once(probe))}
+        if SHAPES[name][0] != "gpt2":  # grouped-query: the factored routes differ
+            variants["exact"] = lambda: out.__setitem__("exact", analyze_once(probe, route=exact_factored))
+        if with_before:
+            variants["before"] = lambda: analyze_once(probe, before=True)
+        times = interleaved(variants, rounds)
         power = out["now"][0]
-        routes = (f"truncated {int(power['truncated'].sum())}/{len(power)}, "
-                  f"n_computed {sorted(set(power['n_computed']))}")
-        lines.append(f"| {name} | {summary(times['now'])} | {summary(times['before'])} | "
-                     f"{ratio(times['before'], times['now'])} | {routes} | {check(probe, power)} |")
+        exact = "-"
+        if "exact" in times:
+            exact = f"{summary(times['exact'])}, {routes_of(out['exact'][0])}"
+        before = (f"{summary(times['before'])} | {ratio(times['before'], times['now'])}"
+                  if with_before else "- | -")
+        lines.append(f"| {name} | {summary(times['now'])} | {exact} | {before} | "
+                     f"{routes_of(power)} | {check(probe, power)} |")
         print(lines[-1], flush=True)
         probe.remove()
     lines.append(f"\nload after: {load()}")
@@ -314,6 +348,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--widths", nargs="*", type=int, help="--calibrate only these d")
     parser.add_argument("--busy-layers", type=int, default=8, help="--busy: GPT-2-medium layers")
+    parser.add_argument("--skip-before", action="store_true",
+                        help="--shapes: not the route before issue 57 (its rounds take ~30 s a shape)")
     parser.add_argument("--busy-before", action="store_true",
                         help="--busy: also the route before issue 57 (its busy rounds take minutes)")
     args = parser.parse_args()
@@ -321,7 +357,7 @@ def main() -> None:
     if args.calibrate:
         calibrate(args.rounds, args.widths)
     if args.shapes:
-        shapes(args.rounds, args.only)
+        shapes(args.rounds, args.only, not args.skip_before)
     if args.busy:
         busy(args.rounds, args.busy_layers, args.busy_before)
 

@@ -28,15 +28,23 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from ..anatomy.weights import LayerFactors, LayerOperators, layer_matrices, layer_operators
+from ..anatomy.weights import (
+    LayerFactors,
+    LayerOperators,
+    krylov_dtype,
+    layer_matrices,
+    layer_operators,
+)
 from ..errors import OptionError
 from ..linalg import LinearOperator
 from ..linalg.operators import DenseOperator
-from ..metrics.power import power_columns, power_table, spectra_table
+from ..metrics.power import power_columns, power_table
 from ..metrics.spectrum import (
     BATCHED_EIG_DEVICES,
     TOP_K,
     LayerSpectrum,
+    checked_matrices,
+    layer_spectra,
     layer_spectrum,
     power_route,
     power_spectrum_options,
@@ -73,11 +81,12 @@ def layer_matrices_of(subject: Subject, *, fold_norm: bool, on_device: bool = Fa
 
 def layer_power_input(factors: LayerFactors, *, full: Optional[bool], k: int
                       ) -> Union[Tensor, LinearOperator]:
-    """Layer F_t in the form its route (``metrics.spectrum.power_route``) computes from: the
-    formed d x d matrix (float64, CPU) for "dense", else its thin factors (a LowRankOperator:
-    exact from the r x r matrix for "factored", top-k by Krylov for "krylov"), except where
-    Krylov's products cost less by the formed F (2 r >= d: 2 d^2 flops against 4 d r, and one
-    matrix read instead of two): that matrix as a DenseOperator, on the factors' device.
+    """Layer F_t in the form its route (``metrics.spectrum.power_route``) computes from (from
+    ``factors`` in any dtype: only what is built is converted, to float64 where the device has
+    it): the formed d x d matrix (float64, CPU) for "dense", else its thin factors (a LowRankOperator:
+    exact from the r x r matrix B A for "factored", top-k by Krylov on B A for "krylov"),
+    except where the factors are as wide as F (r = d: Krylov's products by the formed F cost
+    2 d^2 flops against 4 d^2): that matrix as a DenseOperator, on the factors' device.
 
         >>> from spectral_hooks.anatomy.weights import LayerFactors
         >>> W_O, W_V = torch.randn(4, 16, 2, dtype=torch.float64), torch.randn(1, 2, 16, dtype=torch.float64)
@@ -89,10 +98,11 @@ def layer_power_input(factors: LayerFactors, *, full: Optional[bool], k: int
     """
     r = factors.inner_width()
     route = power_route(factors.d_model, r if full is None else factors.d_model, full=full, top_k=k)
+    dtype = krylov_dtype(factors.W_O.device)  # float64 where the device has it
     if route == "dense":
-        return factors.matrix().to("cpu", torch.float64)
-    op = factors.operator()
-    if route == "krylov" and 2 * r >= factors.d_model:  # a product by F costs less than by A, B
+        return factors.matrix(dtype).to("cpu", torch.float64)
+    op = factors.operator(dtype)
+    if route == "krylov" and r >= factors.d_model:  # no thinner matrix than F: form it
         return DenseOperator(op.left @ op.right, name=f"F[{factors.layer}]")  # r, not H d_head
     return op
 
@@ -137,7 +147,7 @@ class PowerLayers:
         return self.shape[0]
 
     def __getitem__(self, t: int) -> Union[Tensor, LinearOperator]:
-        return layer_power_input(self.operators.factors(t), full=self.full, k=self.k)
+        return layer_power_input(self.operators.factors(t, convert=False), full=self.full, k=self.k)
 
 
 @power_threads()  # layer_operators, the widths (torch.equal of heads), a dense stack formed
@@ -173,9 +183,10 @@ def spectrum_options(subject: Subject, options: AnalyzeOptions) -> dict[str, Any
 
 def spectra_by_layer(subject: Subject, options: AnalyzeOptions, F: Tensor,
                      layers: Sequence[int]) -> None:
-    """With a progress display on: F's spectra computed one layer at a time, each a step of
-    the display's ``F`` pool, into the spectrum cache that the power and spectra tables then
-    read them from (``metrics.power.spectra_table``: same F object, same options). Nothing
+    """With a progress display on: F's spectra computed (``metrics.spectrum.layer_spectra``,
+    several layers at once where torch has several threads), each layer a step of the
+    display's ``F`` pool as it is done, into the spectrum cache that the power and spectra
+    tables then read them from (``metrics.power.spectra_table``: same F object, same options). Nothing
     where that cache does not hold them (an inference tensor) or where the layers run in one
     batched eig on the device (BATCHED_EIG_DEVICES): the table computes them as before."""
     display = progress.current()
@@ -184,8 +195,10 @@ def spectra_by_layer(subject: Subject, options: AnalyzeOptions, F: Tensor,
     if isinstance(F, Tensor) and (F.is_inference() or F.device.type in BATCHED_EIG_DEVICES):
         return
     kw = spectrum_options(subject, options)
-    for t in progress.layers(layers, "F spectra", work="F"):
-        spectra_table(F, iterate=options.iterate, real_tol=REAL_TOL, layers=[t], **kw)
+    steps = progress.layers(layers, "F spectra", work="F")  # a step as each layer is done
+    next(steps, None)
+    layer_spectra(F, checked_matrices(F), list(layers), options.iterate, REAL_TOL,
+                  kw["dense_limit"], kw["top_k"], done=lambda t: next(steps, None))
 
 
 def has_cross_attention(subject: Subject) -> bool:

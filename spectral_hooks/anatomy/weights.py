@@ -16,6 +16,7 @@ W_V^h diag(gain) (:meth:`LayerFactors.matrix`) or applies it as two thin product
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Optional, Union, cast
 
@@ -86,21 +87,29 @@ class LayerFactors:
         return LayerFactors(self.layer, self.W_O.to(device, dtype), self.W_V.to(device, dtype),
                             None if self.gain is None else self.gain.to(device, dtype))
 
-    def matrix(self) -> Tensor:
-        """F = sum_h W_O^h W_V^h diag(gain), [d, d], in the factors' dtype and device."""
-        F = torch.einsum("hdk,hkm->dm", self.W_O, self.W_V)
-        return F * self.gain[None, :] if self.gain is not None else F
+    def matrix(self, dtype: Optional[torch.dtype] = None) -> Tensor:
+        """F = sum_h W_O^h W_V^h diag(gain), [d, d], on the factors' device, in ``dtype`` (None:
+        the factors')."""
+        f = self if dtype is None else self.to(self.W_O.device, dtype)
+        F = torch.einsum("hdk,hkm->dm", f.W_O, f.W_V)
+        return F * f.gain[None, :] if f.gain is not None else F
+
+    @functools.cached_property
+    def value_groups(self) -> tuple[list[int], list[int]]:
+        """``linalg.lowrank.shared_value_groups(W_V)``: heads sharing a W_V, found once."""
+        return shared_value_groups(self.W_V)
 
     def inner_width(self) -> int:
         """r of :meth:`operator`'s factors: (distinct W_V heads) x d_head, nothing copied."""
-        return len(shared_value_groups(self.W_V)[1]) * int(self.W_V.shape[1])
+        return len(self.value_groups[1]) * int(self.W_V.shape[1])
 
-    def operator(self) -> LowRankOperator:
+    def operator(self, dtype: Optional[torch.dtype] = None) -> LowRankOperator:
         """F as x -> A (B x) with A [d, r], B [r, d] (heads sharing a W_V merged, the gain
-        folded into B), never formed; NonFiniteComputationError when a factor is not finite."""
-        A, B = merge_shared_factors(self.W_O, self.W_V)
+        folded into B), never formed, in ``dtype`` (None: the factors'; only A and B are
+        converted); NonFiniteComputationError when a factor is not finite."""
+        A, B = merge_shared_factors(self.W_O, self.W_V, groups=self.value_groups, dtype=dtype)
         if self.gain is not None:
-            B = B * self.gain[None, :]
+            B = B * self.gain.to(B.dtype)[None, :]
         if not bool(torch.isfinite(A).all() & torch.isfinite(B).all()):  # once per layer
             raise NonFiniteComputationError(
                 f"W_O or W_V of layer {self.layer} is not finite: restore finite attention "
@@ -266,16 +275,19 @@ class LayerOperators:
         """r of layer t's factors (``ops[t].rank_bound``) from its weights, nothing copied."""
         return layer_factors(self.anatomy.layers[t], attention=self.attention).inner_width()
 
-    def factors(self, t: int) -> LayerFactors:
+    def factors(self, t: int, *, convert: bool = True) -> LayerFactors:
         """Layer t's :class:`LayerFactors` where its weights are used (offloaded: brought in),
-        in float64 where that device has it (:func:`krylov_dtype`)."""
+        in float64 where that device has it (:func:`krylov_dtype`); ``convert=False``: in the
+        weights' own dtype (for :meth:`LayerFactors.operator` / ``matrix`` with a ``dtype``,
+        which convert only what they build)."""
         factors = layer_factors(self.anatomy.layers[t], fold_norm=self.fold_norm,
                                 attention=self.attention)
         device = factors.W_O.device
-        return factors.to(device, krylov_dtype(device))
+        return factors.to(device, krylov_dtype(device)) if convert else factors
 
     def __getitem__(self, t: int) -> LinearOperator:
-        return self.factors(t).operator()
+        factors = self.factors(t, convert=False)
+        return factors.operator(krylov_dtype(factors.W_O.device))
 
 
 def layer_operators(model: Union[nn.Module, Anatomy], *, fold_norm: bool = False,

@@ -64,11 +64,18 @@ class LowRankOperator(LinearOperator):
                              f"{left.dtype} on {left.device} and {right.dtype} on {right.device}")
         self.left: Tensor = left
         self.right: Tensor = right
-        Lh, Rh = left.mH.contiguous(), right.mH.contiguous()
+        self._adjoints: Optional[tuple[Tensor, Tensor]] = None  # contiguous L^H, R^H: on first use
         super().__init__((left.shape[0], right.shape[1]),
                          matvec=lambda x: left @ (right @ x), matmat=lambda X: left @ (right @ X),
-                         rmatvec=lambda y: Rh @ (Lh @ y), rmatmat=lambda Y: Rh @ (Lh @ Y),
+                         rmatvec=self._adjoint_times, rmatmat=self._adjoint_times,
                          dtype=left.dtype, device=left.device, name=name or "LowRankOperator")
+
+    def _adjoint_times(self, Y: Tensor) -> Tensor:
+        """R^H (L^H Y), the adjoint factors made contiguous once, when first asked for."""
+        if self._adjoints is None:
+            self._adjoints = (self.left.mH.contiguous(), self.right.mH.contiguous())
+        Lh, Rh = self._adjoints
+        return Rh @ (Lh @ Y)
 
     @property
     def rank_bound(self) -> int:
@@ -89,9 +96,13 @@ def shared_value_groups(W_V: Tensor) -> tuple[list[int], list[int]]:
         ([0, 0, 0], [0])
     """
     firsts: list[int] = []
-    owner = []
+    owner: list[int] = []
     for h in range(W_V.shape[0]):
-        same = next((g for g, f in enumerate(firsts) if torch.equal(W_V[f], W_V[h])), None)
+        # the previous head's group first (grouped-query copies are adjacent): one comparison
+        # a head there, every group only for a head that starts a new one
+        tries = ([owner[-1]] if owner else []) + [g for g in range(len(firsts))
+                                                  if not owner or g != owner[-1]]
+        same = next((g for g in tries if torch.equal(W_V[firsts[g]], W_V[h])), None)
         if same is None:
             firsts.append(h)
             same = len(firsts) - 1
@@ -100,13 +111,14 @@ def shared_value_groups(W_V: Tensor) -> tuple[list[int], list[int]]:
 
 
 def merge_shared_factors(W_O: Tensor, W_V: Tensor, *,
-                         groups: Optional[tuple[list[int], list[int]]] = None
-                         ) -> tuple[Tensor, Tensor]:
+                         groups: Optional[tuple[list[int], list[int]]] = None,
+                         dtype: Optional[torch.dtype] = None) -> tuple[Tensor, Tensor]:
     """sum_h W_O[h] @ W_V[h] as one thin product (A [d, r], B [r, d]): heads whose W_V[h] are
     identical (the copies of grouped-query attention) share one block of B, their W_O[h] summed
     into A, so r = (distinct W_V) x d_head. ``W_O`` [H, d, dk], ``W_V`` [H, dk, d_in] (d_in:
     the width the values read, d but for cross-attention). ``groups``: ``shared_value_groups(W_V)``
-    where the caller has it already.
+    where the caller has it already. ``dtype``: A and B in that dtype (None: the factors'),
+    each W_O[h] summed in it: only A and B are converted, never the H heads.
 
         >>> W_V = torch.randn(2, 3, 6).repeat_interleave(2, dim=0)   # 4 heads, 2 distinct
         >>> A, B = merge_shared_factors(torch.randn(4, 6, 3), W_V)
@@ -118,12 +130,15 @@ def merge_shared_factors(W_O: Tensor, W_V: Tensor, *,
         raise ValueError("need W_O [H, d, dk] and W_V [H, dk, d_in]; got "
                          f"{tuple(W_O.shape)} and {tuple(W_V.shape)}")
     owner, firsts = groups if groups is not None else shared_value_groups(W_V)
-    index = torch.tensor(owner, device=W_O.device)
-    summed = torch.zeros(len(firsts), *W_O.shape[1:], dtype=W_O.dtype, device=W_O.device)
-    summed.index_add_(0, index, W_O)
-    d, dk = W_O.shape[1], W_O.shape[2]
-    A = summed.permute(1, 0, 2).reshape(d, len(firsts) * dk)
-    B = W_V[firsts].reshape(len(firsts) * dk, W_V.shape[2])
+    dtype = dtype or W_O.dtype
+    blocks = []
+    for g in range(len(firsts)):
+        members = [h for h, o in enumerate(owner) if o == g]
+        heads = W_O[members[0]:members[-1] + 1] if members == list(range(members[0], members[-1] + 1)) \
+            else W_O[members]  # adjacent copies: a view
+        blocks.append(heads.sum(0, dtype=dtype))
+    A = torch.cat(blocks, dim=1)  # [d, groups * dk], group g's columns g * dk ...
+    B = W_V[firsts].to(dtype).reshape(len(firsts) * W_V.shape[1], W_V.shape[2])
     return A, B
 
 

@@ -1,7 +1,10 @@
-"""Spectrum of a layer matrix F for the power-method view (METRICS.md section 1).
+"""Spectrum of a layer matrix F for the power-method view (METRICS.md section 1): what it
+holds, which route computes it, and the cache the power and spectra tables share.
 
 The power view's table builders (:mod:`spectral_hooks.metrics.power`) and the training events
-compute every spectrum here, on the route :func:`power_route` picks.
+compute every spectrum here, on the route :func:`power_route` picks; the numerics of each route
+(sorting, values-first eig, inverse iteration and its residual checks, the factored and Krylov
+paths) live in :mod:`spectral_hooks.linalg.sorted_eig`.
 ``F`` is a layer matrix [d, d] or a stack [L, d, d] (column convention, x -> F x); all numerics
 run in float64 (complex128 for eigenpairs) whatever the input dtype.
 
@@ -13,21 +16,25 @@ Large d (``d > dense_limit``, default SPECTRUM_DENSE_MAX_D = 4096; ``analyze()``
 :func:`power_route`, from MATRIX_FREE_D = 1024): only the ``top_k`` leading eigenpairs are computed,
 with the project's Krylov solver (:func:`spectral_hooks.linalg.eigs`, which="LM", float64) on F
 (``iterate="F"``) or on the shifted operator I + F (``iterate="I+F"``; eigenvalues of F are
-mu - 1). That is enough for lambda1, lambda2, the gap ratio, B and B2; the spectrum is then
+mu - 1); for a thin F = A B (r < d) on the r x r matrix B A (same nonzero eigenvalues, the
+vectors A y), where F's d - r zeros cannot rank among the top k. That is enough for lambda1,
+lambda2, the gap ratio, B and B2; the spectrum is then
 marked ``truncated`` (LayerSpectrum.truncated / n_computed, a ``truncated`` column in both tables)
 and a solver that did not converge is logged as a warning and reported as ``converged=False``
 instead of raising. For d <= dense_limit every eigenvalue is computed (``truncated=False``,
 ``converged=True``): the full dense float64 eigen-decomposition where every eigenvector is
 asked for (:func:`spectrum`), else LAPACK's eigenvalues without eigenvectors and only the
 leading eigenvectors (B, B2) by inverse iteration, each kept when its residual is below
-VECTOR_RESIDUAL_TOL and its eigenvalue stands apart from the others (SEPARATION_TOL), the full
-eig otherwise. The power view's LAPACK work runs on POWER_THREADS (1) CPU threads.
+``linalg.sorted_eig.VECTOR_RESIDUAL_TOL`` and its eigenvalue stands apart from the others
+(``SEPARATION_TOL``), the full eig otherwise. The power view's LAPACK work runs on
+POWER_THREADS (1) CPU threads of the calling thread (:func:`power_threads`).
 
 A factored F = A B (a :class:`~spectral_hooks.linalg.LowRankOperator` with inner width r < d, as
-``anatomy.weights.layer_operators`` builds for grouped-query models) with r <= min(FACTORED_EXACT_MAX,
-dense_limit) gets every eigenvalue exactly instead: the r of the r x r matrix B A, then d - r
-zeros (values-first as above, the leading vectors A y from B A's; or
-:func:`spectral_hooks.linalg.lowrank_eig`; ``truncated=False``).
+``anatomy.weights.layer_operators`` builds for grouped-query models) with r <= dense_limit and
+:func:`exact_from_factors` (r <= FACTORED_EXACT_MAX, or d < MATRIX_FREE_D) gets every
+eigenvalue exactly instead: the r of the r x r matrix B A, then d - r zeros (values-first as
+above, the leading vectors A y from B A's; or :func:`spectral_hooks.linalg.lowrank_eig`;
+``truncated=False``).
 
 Spectra are computed once per layer matrix: :func:`power_table` and :func:`spectra_table` share a
 small in-process cache keyed on the identity of the F tensor passed in (checked through a weak
@@ -40,22 +47,23 @@ bump ``_version``). :func:`spectrum` itself never caches (it returns all eigenve
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import weakref
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
 
-import numpy as np
 import torch
 from torch import Tensor
 
-from spectral_hooks.linalg.krylov import eigs
-from spectral_hooks.linalg.lowrank import LowRankOperator, lowrank_eig
-from spectral_hooks.linalg.operators import IdentityOperator, LinearOperator
+from spectral_hooks.linalg.lowrank import LowRankOperator
+from spectral_hooks.linalg.operators import LinearOperator
+from spectral_hooks.linalg.sorted_eig import eig_leading, eig_topk, factored_eig, sorted_eig, tidy
+from spectral_hooks.linalg.threads import cpu_threads
 
 from ..checks import check_choice, check_int, check_type
 
@@ -78,6 +86,7 @@ __all__ = [
     "POWER_THREADS",
     "power_threads",
     "FACTORED_EXACT_MAX",
+    "exact_from_factors",
     "MATRIX_FREE_D",
     "ROUTES",
     "clear_spectrum_cache",
@@ -104,47 +113,55 @@ ROUTES = ("dense", "factored", "krylov")
 _EIGS_KW: dict = {"tol": 1e-10, "max_restarts": 1000, "seed": 0}
 
 # The route thresholds, set by F's own eig on random-init layers of real shapes, one thread
-# (benchmarks/power_shapes.py, benchmarks/RESULTS.md "Power view at real shapes"):
+# (benchmarks/power_shapes.py --calibrate, benchmarks/RESULTS.md "Power view at real shapes"):
 #: Largest inner width r at which a factored F = A B (a ``LowRankOperator``, r < d: grouped-query
-#: layers) gets its full spectrum exactly from the r x r matrix B A (values-first) instead of its
-#: top-k by Krylov. Per layer, one thread, random init (2026-12-07, machine load 6-11): exact /
-#: Krylov's top 8 on the factors = 0.41 / 0.37 s at d = 2048, r = 512; 1.42 / 1.63 s at
-#: d = 2048, r = 1024; 1.70 / 2.77 s at d = 4096, r = 1024; 17.9 / 34.3 s at d = 3584, r = 2048:
-#: every eigenvalue for at most ~1.1x the top 8 up to here.
-FACTORED_EXACT_MAX = 2048
+#: layers) of width d >= MATRIX_FREE_D gets its full spectrum exactly from the r x r matrix B A
+#: (values-first) instead of its top-k by Krylov on B A (below MATRIX_FREE_D it always does:
+#: :func:`exact_from_factors`). Per layer, d = 2048, one thread, random init (2026-12-07, machine
+#: load 5-6): exact / Krylov's top 8 on B A = 0.28x at r = 128, 0.49x at 256, 0.58x at 384,
+#: 1.8x at 512, 2.4x at 1024: every eigenvalue up to here for less than the top 8.
+FACTORED_EXACT_MAX = 384
 #: d_model from which the power view computes F's top-k eigenpairs by Krylov (on the formed F
-#: where r >= d / 2, else on its factors) instead of every eigenvalue by the dense eig (when F is
+#: where r = d, else on the r x r B A of its factors) instead of every eigenvalue by the dense eig (when F is
 #: not thin enough to be exact from its factors). Per layer, one thread, random init (2026-12-07,
 #: machine load 6): dense values-first 0.56 / 0.73 / 2.09 s at d = 512 / 768 / 1024 against
 #: Krylov's top 8 0.24 / 0.27 / 0.43 s (2.3x, 2.7x, 4.6x). Below 1024 the full spectrum is kept
 #: at under a second a layer and under 3x Krylov; from 1024 the top k is 4-5x cheaper.
 MATRIX_FREE_D = 1024
-#: The CPU threads the power view's own LAPACK / BLAS calls run on, at most (torch's count is
-#: lowered for one layer's spectrum and restored after; while it is lowered, other Python threads
-#: of the process see it too). Issue 57 measured the power view of 4 GPT-2-medium layers at 4.8 s
+#: The CPU threads the power view's own LAPACK / BLAS calls run on, at most: the calling
+#: thread's OpenMP and MKL counts are lowered for the spectrum and restored after
+#: (:func:`spectral_hooks.linalg.threads.cpu_threads`; torch's process-wide count and other
+#: threads are not touched). Issue 57 measured the power view of 4 GPT-2-medium layers at 4.8 s
 #: on one thread and 4.0 s on two with the machine quiet, 6.9 s and 22.4 s with both cores busy
-#: (LAPACK's OpenMP threads spin at barriers). With this cap, 8 GPT-2-medium layers, both cores
-#: busy: torch's default 2 threads / 1 thread = 1.01x (0.95-1.18; benchmarks/power_shapes.py --busy).
+#: (LAPACK's OpenMP threads spin at barriers; benchmarks/RESULTS.md, "Power view at real shapes").
 POWER_THREADS = 1
 
-# The values-first eig (every eigenvalue from LAPACK without eigenvectors; the few eigenvectors
-# B and B2 read by inverse iteration), which the full eig backs up:
-#: an inverse-iteration vector x (||x|| = 1) is kept when ||M x - lambda x|| <= this * ||M||_F
-#: (LAPACK's own vectors reach ~1e-15 relative here)
-VECTOR_RESIDUAL_TOL = 1e-10
-#: ... and its eigenvalue lies farther than this * ||M||_F from every other eigenvalue (closer:
-#: repeated to rounding, its eigenvector is whatever LAPACK returns, so the full eig is taken)
-SEPARATION_TOL = 1e-8
-#: the shift of the inverse iteration sits this * ||M||_F off the eigenvalue (the LU is not
-#: singular; each step shrinks the other directions by this / SEPARATION_TOL at least)
-INVERSE_SHIFT = 2.0 ** -44
-#: inverse-iteration steps, then the residual is checked
-INVERSE_STEPS = 3
+
+#: the calling thread's CPU thread count where power_threads was entered first (its layers'
+#: spectra then run on that many threads of POWER_THREADS each: :func:`spectrum_workers`)
+_OUTER_THREADS: ContextVar[int | None] = ContextVar("spectral_hooks_outer_threads", default=None)
+
+
+def spectrum_workers() -> int:
+    """How many layers' spectra run at once: the CPU threads torch would use in the calling
+    thread (``torch.get_num_threads()``, the count the user set or torch's default) outside
+    any :func:`power_threads`, divided by POWER_THREADS. Layers run in separate Python threads,
+    each its own single-threaded LAPACK: no OpenMP team, so nothing waits at a barrier for a
+    thread the OS has descheduled when other processes share the cores.
+
+        >>> outside = spectrum_workers()
+        >>> with power_threads():   # inside, torch's count is 1; the workers stay the caller's
+        ...     spectrum_workers() == outside
+        True
+    """
+    outer = _OUTER_THREADS.get()
+    return max(1, (torch.get_num_threads() if outer is None else outer) // max(POWER_THREADS, 1))
 
 
 @contextmanager
 def power_threads() -> Iterator[None]:
-    """At most :data:`POWER_THREADS` torch CPU threads inside; the caller's count restored after.
+    """At most :data:`POWER_THREADS` CPU threads for torch's kernels called from this thread
+    inside; its counts restored after, other threads untouched (``linalg.threads.cpu_threads``).
 
         >>> before = torch.get_num_threads()
         >>> with power_threads():
@@ -153,32 +170,41 @@ def power_threads() -> Iterator[None]:
         >>> torch.get_num_threads() == before
         True
     """
-    before = torch.get_num_threads()
-    if before <= POWER_THREADS:
-        yield
-        return
-    torch.set_num_threads(POWER_THREADS)
+    token = _OUTER_THREADS.set(torch.get_num_threads()) if _OUTER_THREADS.get() is None else None
     try:
-        yield
+        with cpu_threads(POWER_THREADS):
+            yield
     finally:
-        torch.set_num_threads(before)
+        if token is not None:
+            _OUTER_THREADS.reset(token)
+
+
+def exact_from_factors(d: int, r: int) -> bool:
+    """Whether a factored F = A B (width d, inner width r) gets every eigenvalue exactly from
+    its r x r matrix B A by default: r < d, and r <= :data:`FACTORED_EXACT_MAX` or d below
+    :data:`MATRIX_FREE_D` (where the alternative is the dense eig of the d x d F).
+
+        >>> exact_from_factors(4096, 256), exact_from_factors(2048, 512), exact_from_factors(896, 640)
+        (True, False, True)
+    """
+    return r < d and (r <= FACTORED_EXACT_MAX or d < MATRIX_FREE_D)
 
 
 def power_route(d: int, r: int, *, full: bool | None = None, top_k: int = TOP_K) -> str:
     """The power view's one routing rule: how layer F = W_O W_V (width d, factors of inner
     width r) gets its spectrum, one of :data:`ROUTES`.
 
-        >>> power_route(768, 768), power_route(4096, 1024), power_route(4096, 4096)
+        >>> power_route(768, 768), power_route(4096, 256), power_route(4096, 1024)
         ('dense', 'factored', 'krylov')
-        >>> power_route(4096, 1024, full=True), power_route(768, 768, full=False)
+        >>> power_route(4096, 256, full=True), power_route(768, 768, full=False)
         ('dense', 'krylov')
 
-    ``full=None`` (the default): "factored" where r < d and r <= :data:`FACTORED_EXACT_MAX`
-    (grouped-query layers), else "dense" below :data:`MATRIX_FREE_D`, else "krylov";
+    ``full=None`` (the default): "factored" where :func:`exact_from_factors` (grouped-query
+    layers), else "dense" below :data:`MATRIX_FREE_D`, else "krylov" (on B A where r < d);
     ``full=True``: always "dense"; ``full=False``: "krylov". A d too small for Krylov (the
     top max(top_k, 3) need d >= max(top_k, 3) + 2) is "dense" whatever ``full`` says.
     """
-    if full is None and r < d and r <= FACTORED_EXACT_MAX:
+    if full is None and exact_from_factors(d, r):
         return "factored"
     if full or (full is None and d < MATRIX_FREE_D) or max(int(top_k), 3) > d - 2:
         return "dense"
@@ -269,204 +295,10 @@ def check_iterate(iterate: str) -> None:
     check_choice("iterate", iterate, ITERATES)
 
 
-def _realify(vecs: Tensor) -> Tensor:
-    """Rotate each complex column by a phase so it is real (for real eigenvalues), unit norm."""
-    if vecs.shape[1] == 0:
-        return vecs
-    idx = vecs.abs().argmax(dim=0)
-    pivot = vecs.gather(0, idx[None])
-    real = (vecs * (pivot.conj() / pivot.abs())).real
-    return (real / real.norm(dim=0, keepdim=True)).to(torch.complex128)
-
-
 def check_spectrum_options(dense_limit: int, top_k: int) -> None:
     """OptionTypeError / OptionError unless ``dense_limit`` is an int >= 0 and ``top_k`` an int >= 1."""
     check_int("dense_limit", dense_limit, minimum=0)
     check_int("top_k", top_k, minimum=1)
-
-
-def _eig_sorted(F: Tensor, iterate: str, real_tol: float) -> tuple[Tensor, Tensor, Tensor]:
-    """Eigenpairs with near-real values snapped to real, exact conjugate pairs, sorted (see LayerSpectrum)."""
-    vals, vecs = torch.linalg.eig(F)
-    return _tidy(vals, vecs, iterate, real_tol)
-
-
-def _tidy(vals: Tensor, vecs: Tensor, iterate: str, real_tol: float) -> tuple[Tensor, Tensor, Tensor]:
-    """Snap near-real eigenvalues (and their vectors) to real, make conjugate pairs exact, sort."""
-    vals, tidy_vecs, is_real = _tidy_parts(vals, vecs, iterate, real_tol)
-    assert tidy_vecs is not None
-    return vals, tidy_vecs, is_real
-
-
-def _tidy_values(vals: Tensor, iterate: str, real_tol: float) -> tuple[Tensor, Tensor]:
-    """:func:`_tidy` of eigenvalues alone: (values, is_real), in the same order."""
-    vals, _, is_real = _tidy_parts(vals, None, iterate, real_tol)
-    return vals, is_real
-
-
-def _tidy_parts(vals: Tensor, vecs: Tensor | None, iterate: str, real_tol: float
-                ) -> tuple[Tensor, Tensor | None, Tensor]:
-    is_real = vals.imag.abs() <= real_tol * vals.abs()
-    vals = torch.where(is_real, vals.real.to(torch.complex128), vals)
-    if vecs is not None:
-        vecs = vecs.clone()
-        vecs[:, is_real] = _realify(vecs[:, is_real])
-    pos, neg = (~is_real) & (vals.imag > 0), (~is_real) & (vals.imag < 0)
-    if int(pos.sum()) == int(neg.sum()):  # always so for a real matrix; make the pairs exact
-        vals = torch.cat([vals[is_real], vals[pos], vals[pos].conj()])
-        if vecs is not None:
-            vecs = torch.cat([vecs[:, is_real], vecs[:, pos], vecs[:, pos].conj()], dim=1)
-        n_real, n_pairs = int(is_real.sum()), int(pos.sum())
-        is_real = torch.arange(n_real + 2 * n_pairs) < n_real
-    order = _order(vals, iterate)
-    return vals[order], (vecs[:, order] if vecs is not None else None), is_real[order]
-
-
-def _order(vals: Tensor, iterate: str) -> Tensor:
-    """Positions of ``vals`` by descending |q| (q = lambda, or 1 + lambda for "I+F"), ties by
-    descending real then imaginary part."""
-    q = vals + 1 if iterate == "I+F" else vals
-    return torch.from_numpy(np.lexsort((-vals.imag.numpy(), -vals.real.numpy(), -q.abs().numpy())))
-
-
-def _leading_count(is_real: Tensor) -> int:
-    """How many leading positions get eigenvectors on the values-first path: the first three (B
-    and B2 read positions 0 and 1 or 2) and the conjugate partner of a pair among them."""
-    n, j = is_real.numel(), 0
-    while j < min(n, 3):
-        j += 1 if bool(is_real[j]) else 2
-    return min(j, n)
-
-
-def _inverse_vector(M: Tensor, lam: complex, real: bool, scale: float,
-                    gen: torch.Generator) -> Tensor | None:
-    """Unit eigenvector of M [n, n] for its eigenvalue ``lam`` by inverse iteration (float64 for
-    a real ``lam``, complex128 otherwise), or None when ||M x - lam x|| stays above
-    VECTOR_RESIDUAL_TOL * scale (scale: ||M||_F)."""
-    dtype = torch.float64 if real else torch.complex128
-    target = complex(lam.real, 0.0) if real else lam
-    Mx = M.to(dtype)
-    shift = (target.real if real else target) + INVERSE_SHIFT * scale  # off lam: LU not singular
-    LU, pivots, _ = torch.linalg.lu_factor_ex(Mx - shift * torch.eye(M.shape[0], dtype=dtype))
-    x = torch.randn(M.shape[0], dtype=dtype, generator=gen)
-    lam_x = target.real if real else target
-    for _ in range(INVERSE_STEPS):  # every step: a step costs O(n^2) beside the LU's O(n^3)
-        x = torch.linalg.lu_solve(LU, pivots, x[:, None])[:, 0]
-        norm = float(torch.linalg.vector_norm(x))
-        if not math.isfinite(norm) or norm == 0.0:
-            return None
-        x = x / norm
-    residual = float(torch.linalg.vector_norm(Mx @ x - lam_x * x))
-    return x if residual <= VECTOR_RESIDUAL_TOL * scale else None
-
-
-def _leading_vectors(M: Tensor, vals: Tensor, is_real: Tensor,
-                     lift: Callable[[Tensor, complex], Tensor | None] | None = None
-                     ) -> Tensor | None:
-    """Unit eigenvectors (complex128 [., c], c = :func:`_leading_count`) of the leading sorted
-    eigenvalues ``vals`` of M, by inverse iteration, a conjugate pair's second vector the
-    conjugate of its first; ``lift`` maps each to a vector of F (None: refused). None where an
-    eigenvalue lies within SEPARATION_TOL ||M||_F of another (repeated or clustered to rounding:
-    its eigenvector is then whatever LAPACK returns, so the caller takes the full eig) or a
-    residual fails."""
-    scale = float(torch.linalg.matrix_norm(M))
-    gen = torch.Generator().manual_seed(0)
-    count, cols, j = _leading_count(is_real), [], 0
-    while j < count:
-        lam, real = complex(vals[j]), bool(is_real[j])
-        gaps = (vals - vals[j]).abs()
-        gaps[j] = float("inf")
-        if gaps.numel() > 1 and float(gaps.min()) <= SEPARATION_TOL * scale:
-            return None
-        y = _inverse_vector(M, lam, real, scale, gen)
-        x = y if y is None or lift is None else lift(y, lam)
-        if x is None:
-            return None
-        cols.append(x.to(torch.complex128))
-        if not real:
-            cols.append(cols[-1].conj())
-        j += 1 if real else 2
-    return torch.stack(cols, dim=1)
-
-
-def _eig_leading(F: Tensor, iterate: str, real_tol: float) -> tuple[Tensor, Tensor, Tensor]:
-    """Every eigenvalue of F from LAPACK without eigenvectors, tidied and sorted as by
-    :func:`_tidy`, and the eigenvectors of the leading positions only (:func:`_leading_vectors`,
-    [d, c]); the full eig (:func:`_eig_sorted`) where a vector is refused."""
-    vals, is_real = _tidy_values(torch.linalg.eigvals(F), iterate, real_tol)
-    vecs = _leading_vectors(F, vals, is_real)
-    if vecs is None:
-        logger.debug("values-first eig refused a leading vector (d=%d): full eig", F.shape[0])
-        return _eig_sorted(F, iterate, real_tol)
-    return vals, vecs, is_real
-
-
-def _real_times(M: Tensor, v: Tensor) -> Tensor:
-    """M @ v for a real M and a real or complex v, without a complex copy of M."""
-    return torch.complex(M @ v.real, M @ v.imag) if v.is_complex() else M @ v
-
-
-def _factored_leading(F: LowRankOperator, iterate: str, real_tol: float
-                      ) -> tuple[Tensor, Tensor, Tensor] | None:
-    """:func:`_eig_leading` for a real factored F = A B (r < d): the r eigenvalues of B A from
-    LAPACK without eigenvectors, then d - r zeros, and the leading eigenvectors A y from B A's
-    (each residual checked on F). None where that does not apply (complex factors, r >= d, a
-    zero eigenvalue among the leading three) or a vector is refused."""
-    d, r = F.shape[0], F.rank_bound
-    if F.dtype.is_complex or r >= d:
-        return None
-    A = F.left.detach().to("cpu", torch.float64)
-    B = F.right.detach().to("cpu", torch.float64)
-    BA = B @ A
-    vals_r, real_r = _tidy_values(torch.linalg.eigvals(BA), iterate, real_tol)
-    q_zero = 1.0 if iterate == "I+F" else 0.0  # where the d - r zeros sort
-    if int(((vals_r + q_zero).abs() > q_zero).sum()) < 3:
-        return None
-    scale_F = float(torch.linalg.matrix_norm(A)) * float(torch.linalg.matrix_norm(B))  # >= ||F||_F
-
-    def lift(y: Tensor, lam: complex) -> Tensor | None:
-        x = _real_times(A, y)
-        norm = float(torch.linalg.vector_norm(x))
-        if not norm > 0.0:
-            return None
-        x = x / norm
-        target = lam if y.is_complex() else lam.real
-        residual = float(torch.linalg.vector_norm(_real_times(A, _real_times(B, x)) - target * x))
-        return x if residual <= VECTOR_RESIDUAL_TOL * scale_F else None
-
-    vecs = _leading_vectors(BA, vals_r, real_r, lift)
-    if vecs is None:
-        return None
-    all_vals = torch.cat([vals_r, torch.zeros(d - r, dtype=vals_r.dtype)])
-    order = _order(all_vals, iterate)
-    is_real = torch.cat([real_r, torch.ones(d - r, dtype=torch.bool)])
-    return all_vals[order], vecs, is_real[order]
-
-
-def _factored_eig(F: LowRankOperator, iterate: str, real_tol: float, vectors: bool
-                  ) -> tuple[Tensor, Tensor, Tensor]:
-    """Every eigenpair of a factored F = A B from B A (linalg.lowrank_eig), tidied. Without
-    ``vectors`` the null-space basis of B (the zero eigenvalues' vectors, d^2 r to build) is
-    skipped unless a zero is among the three leading positions: the vectors returned are
-    then the r others', sorted, of which only the leading ones are used (B, B2); where the
-    factors are real, the values come from LAPACK without eigenvectors and only the leading
-    vectors are computed (:func:`_factored_leading`)."""
-    if not vectors:
-        leading = _factored_leading(F, iterate, real_tol)
-        if leading is not None:
-            return leading
-    vals, vecs = lowrank_eig(F, null_space=vectors)
-    if vecs.shape[1] == vals.numel():
-        return _tidy(vals, vecs, iterate, real_tol)
-    r = vecs.shape[1]
-    vals_r, vecs_r, real_r = _tidy(vals[:r], vecs, iterate, real_tol)
-    q_zero = 1.0 if iterate == "I+F" else 0.0  # where the d - r zeros sort
-    if int(((vals_r + q_zero).abs() > q_zero).sum()) < 3:
-        return _tidy(*lowrank_eig(F, null_space=True), iterate, real_tol)
-    all_vals = torch.cat([vals_r, vals[r:]])
-    order = _order(all_vals, iterate)
-    is_real = torch.cat([real_r, torch.ones(vals.numel() - r, dtype=torch.bool)])
-    return all_vals[order], vecs_r, is_real[order]
 
 
 def _plane(v: Tensor, is_complex: bool) -> Tensor:
@@ -478,24 +310,6 @@ def _plane(v: Tensor, is_complex: bool) -> Tensor:
     return q
 
 
-def _eig_topk(F: Tensor | LinearOperator, iterate: str, real_tol: float, k: int) -> tuple[Tensor, Tensor, Tensor, bool]:
-    """Top-k eigenpairs of F (of I + F for "I+F") by linalg.eigs, tidied like :func:`_eig_sorted`."""
-    if isinstance(F, Tensor):
-        A = F + torch.eye(F.shape[0], dtype=F.dtype) if iterate == "I+F" else F
-    else:  # a LinearOperator (matrix-free F, on the model's device)
-        A = F + IdentityOperator(F.shape[0], dtype=F.dtype, device=F.device) \
-            if iterate == "I+F" else F
-    res = eigs(A, k, which="LM", return_vectors=True, **_EIGS_KW)
-    vals = res.values.to("cpu", torch.complex128)
-    assert res.vectors is not None  # return_vectors=True
-    vecs = res.vectors.to("cpu", torch.complex128)
-    keep = torch.isfinite(vals) & torch.isfinite(vecs).all(dim=0)
-    vals, vecs = vals[keep], vecs[:, keep]
-    if iterate == "I+F":
-        vals = vals - 1
-    return (*_tidy(vals, vecs, iterate, real_tol), bool(res.converged))
-
-
 def layer_spectrum(
     F: Tensor | LinearOperator, iterate: str, real_tol: float, dense_limit: int = SPECTRUM_DENSE_MAX_D,
     top_k: int = TOP_K,
@@ -503,19 +317,21 @@ def layer_spectrum(
     vectors: bool = True, factored_max: int | None = None,
 ) -> LayerSpectrum:
     """One layer's :class:`LayerSpectrum`, on the path its arguments say: a factored F (a
-    ``LowRankOperator`` with r < d, r <= min(``factored_max``, dense_limit)) exactly from its
-    r x r matrix; else, where d > dense_limit (an operator: always) and d leaves room for Krylov,
-    the top max(top_k, 3) by ``linalg.eigs``; else the dense eig (``dense_eig``: computed
-    already). ``vectors=False``: the caller keeps only B and B2, so the result's
+    ``LowRankOperator`` with r < d, r <= dense_limit and :func:`exact_from_factors`, or
+    r <= ``factored_max`` where given) exactly from its r x r matrix; else, where
+    d > dense_limit (an operator: always) and d leaves room for Krylov, the top max(top_k, 3)
+    by ``linalg.eigs`` (a thin F's on its r x r B A); else the dense eig (``dense_eig``:
+    computed already). ``vectors=False``: the caller keeps only B and B2, so the result's
     ``eigenvectors`` may be partial (a factored F's zero eigenvalues' vectors are skipped).
-    ``factored_max``: the widest factored F done through its r x r matrix (FACTORED_EXACT_MAX).
+    ``factored_max``: the widest factored F done exactly through its r x r matrix (None: the
+    default rule, :func:`exact_from_factors`).
 
         >>> layer_spectrum(torch.diag(torch.tensor([3.0, 1.0], dtype=torch.float64)), "F", 1e-9).gap_ratio
         0.3333333333333333
 
     The dense route without ``vectors`` computes every eigenvalue from LAPACK without
     eigenvectors and only the leading eigenvectors by inverse iteration (the full eig where one
-    is refused: module constants VECTOR_RESIDUAL_TOL, SEPARATION_TOL); everything runs on at
+    is refused: ``linalg.sorted_eig.VECTOR_RESIDUAL_TOL``, ``SEPARATION_TOL``); everything runs on at
     most POWER_THREADS CPU threads (:func:`power_threads`).
     """
     with power_threads():
@@ -531,28 +347,29 @@ def _layer_spectrum(
     d = F.shape[-1]
     k = max(int(top_k), 3)  # 3 values always hold lambda1 (maybe a pair) and lambda2
     truncated = d > dense_limit and k <= d - 2  # eigs needs k <= d - 2; tiny d stays dense
-    factored = isinstance(F, LowRankOperator) and F.rank_bound < d \
-        and F.rank_bound <= min(factored_max or FACTORED_EXACT_MAX, dense_limit)
+    factored = isinstance(F, LowRankOperator) and F.rank_bound <= dense_limit and (
+        exact_from_factors(d, F.rank_bound) if factored_max is None
+        else F.rank_bound < d and F.rank_bound <= factored_max)
     if not isinstance(F, Tensor):  # an operator: top-k, or formed when d is too small
         truncated = k <= d - 2 and not factored
         if not truncated and not factored:
             F = F.to_dense().to("cpu", torch.float64)
     converged = True
     if factored:  # exact, every eigenvalue: from the r x r matrix B A
-        vals, vecs, is_real = _factored_eig(cast(LowRankOperator, F), iterate, real_tol, vectors)
+        vals, vecs, is_real = factored_eig(cast(LowRankOperator, F), iterate, real_tol, vectors)
     elif truncated:
-        vals, vecs, is_real, converged = _eig_topk(F, iterate, real_tol, k)
+        vals, vecs, is_real, converged = eig_topk(F, iterate, real_tol, k, _EIGS_KW)
         if not converged:
             where = f"layer {layer}" if layer is not None else "F"
             logger.warning(
                 "top-%d eigenpairs of %s (d=%d, iterate=%s) did not converge; reporting the last "
                 "Ritz estimates with converged=False", k, where, d, iterate)
     elif dense_eig is not None:  # computed already, batched over layers on the device
-        vals, vecs, is_real = _tidy(*dense_eig, iterate, real_tol)
+        vals, vecs, is_real = tidy(*dense_eig, iterate, real_tol)
     elif vectors:
-        vals, vecs, is_real = _eig_sorted(cast(Tensor, F), iterate, real_tol)  # formed above
+        vals, vecs, is_real = sorted_eig(cast(Tensor, F), iterate, real_tol)  # formed above
     else:  # every eigenvalue, and only the leading eigenvectors
-        vals, vecs, is_real = _eig_leading(cast(Tensor, F), iterate, real_tol)
+        vals, vecs, is_real = eig_leading(cast(Tensor, F), iterate, real_tol)
     shift = 1.0 if iterate == "I+F" else 0.0
     c1 = not bool(is_real[0])
     i2 = 2 if c1 else 1
@@ -613,7 +430,7 @@ def _batched_eigs(F_in, layers: Sequence[int], dense_limit: int, top_k: int) -> 
 
 def layer_spectra(
     F_in: Tensor, F: Tensor, layers: Sequence[int], iterate: str, real_tol: float, dense_limit: int,
-    top_k: int,
+    top_k: int, *, done: Callable[[int], None] | None = None,
 ) -> list[LayerSpectrum]:
     """Spectra (without eigenvectors) of F[t] for t in layers, through the shared cache.
 
@@ -622,7 +439,9 @@ def layer_spectra(
         (2+0j)
 
     F_in is the tensor the caller passed (the cache key), F its float64 CPU [L, d, d] copy (or
-    a stack of layer operators, ``F[t]`` a LinearOperator: F_in itself).
+    a stack of layer operators, ``F[t]`` a LinearOperator: F_in itself). Layers not cached run
+    :func:`spectrum_workers` at a time; ``done(t)`` is called as each layer's spectrum is
+    ready (a cached one's first).
     """
     fp = _fingerprint(F_in)
     opts = (iterate, float(real_tol), int(dense_limit), int(top_k), tuple(sorted(_EIGS_KW.items())))
@@ -639,18 +458,48 @@ def layer_spectra(
                 _cache[id(F_in)] = (weakref.ref(F_in), fp, table)
                 while len(_cache) > _CACHE_SIZE:
                     _cache.popitem(last=False)
-    batched = _batched_eigs(F_in, [t for t in layers if (t, *opts) not in table], dense_limit, top_k)
-    out = []
-    for t in layers:
-        s = table.get((t, *opts))
-        if s is None:
-            with power_threads():  # F[t] may be formed here (a stack of layer operators)
-                s = replace(layer_spectrum(F[t], iterate, real_tol, dense_limit, top_k, layer=t,
+    missing = list(dict.fromkeys(t for t in layers if (t, *opts) not in table))
+    batched = _batched_eigs(F_in, missing, dense_limit, top_k)
+
+    def compute(F_t: Tensor | LinearOperator, t: int) -> LayerSpectrum:
+        with power_threads():
+            return replace(layer_spectrum(F_t, iterate, real_tol, dense_limit, top_k, layer=t,
                                           dense_eig=batched.get(t), vectors=False),
-                            eigenvectors=None)
-            table[(t, *opts)] = s
-        out.append(s)
-    return out
+                           eigenvectors=None)
+    for t in dict.fromkeys(layers):
+        if t not in missing and done is not None:
+            done(t)
+    for t, s in _each_layer(F, missing, compute):
+        table[(t, *opts)] = s
+        if done is not None:
+            done(t)
+    return [table[(t, *opts)] for t in layers]
+
+
+def _each_layer(F, layers: list[int], compute: Callable[[Any, int], LayerSpectrum]
+                ) -> Iterator[tuple[int, LayerSpectrum]]:
+    """(t, compute(F[t], t)) for t in ``layers``, in order: F[t] read in this thread (a stack of
+    layer operators builds it from the weights here), the spectra on up to
+    :func:`spectrum_workers` threads of one CPU thread each, at most that many layers held."""
+    workers = min(spectrum_workers(), len(layers))
+    if workers <= 1:
+        for t in layers:
+            with power_threads():  # F[t] may be formed here
+                F_t = F[t]
+            yield t, compute(F_t, t)
+        return
+    with ThreadPoolExecutor(workers, thread_name_prefix="spectral_hooks-spectra") as pool:
+        pending: deque = deque()
+        for t in layers:
+            with power_threads():
+                F_t = F[t]
+            pending.append((t, pool.submit(compute, F_t, t)))
+            if len(pending) >= workers:
+                t0, done = pending.popleft()
+                yield t0, done.result()
+        while pending:
+            t0, done = pending.popleft()
+            yield t0, done.result()
 
 
 def spectrum(

@@ -110,8 +110,8 @@ def test_factored_power_view_is_the_dense_eig_exactly(probe, monkeypatch, iterat
                           progress=False)
     monkeypatch.setattr(spectrum_module, "MATRIX_FREE_D", threshold)
     calls, formed = [], []
-    real = spectrum_module._factored_eig
-    monkeypatch.setattr(spectrum_module, "_factored_eig",
+    real = spectrum_module.factored_eig
+    monkeypatch.setattr(spectrum_module, "factored_eig",
                         lambda op, *a: calls.append(op.rank_bound) or real(op, *a))
     real_matrices = power_module.layer_matrices
     monkeypatch.setattr(power_module, "layer_matrices",

@@ -4,10 +4,13 @@ is refused. Checked against the dense float64 oracle (torch.linalg.eig) on small
 clustered and complex leading eigenvalues, repeated and defective ones, a failing residual, and a
 factored F = A B."""
 
+import threading
+
 import numpy as np
 import pytest
 import torch
 
+from spectral_hooks.linalg import sorted_eig as SE
 from spectral_hooks.linalg.lowrank import LowRankOperator, lowrank_eig
 from spectral_hooks.metrics import spectrum as S
 
@@ -107,8 +110,9 @@ def test_real_and_complex_leaders_mixed():
 
 def _spy_full_eig(monkeypatch) -> list:
     calls: list = []
-    real = S._eig_sorted
-    monkeypatch.setattr(S, "_eig_sorted", lambda *a: calls.append(1) or real(*a))
+    real = SE.sorted_eig  # the full eig: the values-first path's fallback, and vectors=True
+    monkeypatch.setattr(SE, "sorted_eig", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(S, "sorted_eig", SE.sorted_eig)
     return calls
 
 
@@ -136,7 +140,7 @@ def test_a_failing_residual_falls_back_to_the_full_eig(monkeypatch):
     calls = _spy_full_eig(monkeypatch)
     S.layer_spectrum(F, "F", 1e-9, vectors=False)
     assert calls == []  # the values-first path kept every vector
-    monkeypatch.setattr(S, "VECTOR_RESIDUAL_TOL", 0.0)  # no residual can pass now
+    monkeypatch.setattr(SE, "VECTOR_RESIDUAL_TOL", 0.0)  # no residual can pass now
     fast = S.layer_spectrum(F, "F", 1e-9, vectors=False)
     assert calls == [1]
     full = S.layer_spectrum(F, "F", 1e-9, vectors=True)
@@ -157,8 +161,8 @@ def test_factored_values_first_matches_the_dense_eig(iterate):
     A = torch.randn(d, r, dtype=torch.float64, generator=_gen(9)) / r ** 0.5
     B = torch.randn(r, d, dtype=torch.float64, generator=_gen(10)) / d ** 0.5
     op = LowRankOperator(A, B)
-    vals, vecs, is_real = S._factored_eig(op, iterate, 1e-9, vectors=False)
-    ref_vals, _, ref_real = S._tidy(*lowrank_eig(op), iterate, 1e-9)
+    vals, vecs, is_real = SE.factored_eig(op, iterate, 1e-9, vectors=False)
+    ref_vals, _, ref_real = SE.tidy(*lowrank_eig(op), iterate, 1e-9)
     torch.testing.assert_close(vals, ref_vals, rtol=0, atol=1e-12)
     assert torch.equal(is_real, ref_real) and vecs.shape[1] <= 4
     F = (A @ B).to(torch.complex128)
@@ -182,3 +186,30 @@ def test_the_spectrum_runs_on_at_most_power_threads(monkeypatch):
         assert seen == [min(2, S.POWER_THREADS)] and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)
+
+
+def test_layers_run_on_the_callers_threads_with_the_same_values(monkeypatch):
+    """With torch at 2 threads, layers' spectra run 2 at a time in worker threads (each on one
+    CPU thread): the same spectra, bit for bit, as one layer at a time."""
+    F = torch.randn(4, 40, 40, dtype=torch.float64, generator=_gen(11))
+    names = []
+    real = S.layer_spectrum
+    monkeypatch.setattr(S, "layer_spectrum",
+                        lambda *a, **k: names.append(threading.current_thread().name) or real(*a, **k))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = S.layer_spectra(F, F, [0, 1, 2, 3], "F", 1e-9, 40, 8)
+        assert not any(n.startswith("spectral_hooks-spectra") for n in names)
+        S.clear_spectrum_cache()
+        names.clear()
+        torch.set_num_threads(2)
+        done = []
+        two = S.layer_spectra(F, F, [0, 1, 2, 3], "F", 1e-9, 40, 8, done=done.append)
+    finally:
+        torch.set_num_threads(before)
+        S.clear_spectrum_cache()
+    assert all(n.startswith("spectral_hooks-spectra") for n in names) and len(set(names)) == 2
+    assert done == [0, 1, 2, 3]
+    for a, b in zip(one, two):
+        assert torch.equal(a.eigenvalues, b.eigenvalues) and torch.equal(a.B2, b.B2)
