@@ -189,10 +189,10 @@ class PowerOptions:
 
     Attributes:
         full: None (automatic, per layer: every eigenvalue exactly from the r x r W_V W_O
-            where F = W_O W_V has r (key/value heads x d_head) < d, r <= ``metrics.spectrum.
-            FACTORED_EXACT_MAX``; else every eigenvalue of F where d_model < ``metrics.
-            spectrum.MATRIX_FREE_D`` (1024), else the top ``k`` by ``linalg.eigs`` (on F
-            formed where its factors are as wide as d / 2, else on x -> W_O (W_V x)): the
+            where F = W_O W_V has r (key/value heads x d_head) < d and r <= ``metrics.
+            spectrum.FACTORED_EXACT_MAX`` or d_model < ``metrics.spectrum.MATRIX_FREE_D``
+            (1024); else every eigenvalue of F where d_model < 1024, else the top ``k`` by
+            ``linalg.eigs`` (on the r x r W_V W_O where r < d, else on F formed): the
             rule ``metrics.spectrum.power_route``, which the training events follow too), True
             (every eigenvalue) or False (top-k by ``linalg.eigs``); rows say which
             (``truncated``).
