@@ -20,6 +20,7 @@ categories.
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 
 from ..anatomy import Anatomy
@@ -38,11 +39,11 @@ def with_layer_kinds(table: pd.DataFrame, anatomy: Anatomy, schema: SectionSchem
     if not kinds or "layer" not in table.columns or \
             any(column.name in table.columns for column in kinds):
         return table
-    parts = [anatomy.layers[int(layer)] for layer in table["layer"].tolist()]
+    rows = table["layer"].to_numpy(dtype=np.int64)
     out = table.copy(deep=False)
     at = list(table.columns).index("layer") + 1
     for offset, column in enumerate(kinds):
-        values = [getattr(part, column.name) for part in parts]
-        out.insert(at + offset, column.name,
-                   pd.Categorical(values, categories=list(column.categories or ())))
+        per_layer = pd.Categorical([getattr(part, column.name) for part in anatomy.layers],
+                                   categories=list(column.categories or ()))
+        out.insert(at + offset, column.name, per_layer.take(rows))
     return out

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from .encoding import to_jsonable
+from .sections_info import LABEL_COLUMNS
 
 #: Columns that identify a row; `Report.compare` matches rows on those present in both tables.
 KEY_COLUMNS: tuple[str, ...] = (
@@ -102,14 +103,11 @@ def _diff_tables(a: pd.DataFrame, b: pd.DataFrame) -> tuple[pd.DataFrame, dict[s
         c for c in a.columns
         if c not in keys and c in b.columns and _is_diffable(a[c]) and _is_diffable(b[c])
     ]
-    dropped = [c for c in a.columns if c not in keys and c not in values]
-    dropped += [c for c in b.columns if c not in a.columns and c not in keys]
-    if dropped:
-        notes["dropped_columns"] = dropped
+    labels = [c for c in LABEL_COLUMNS if keys and c in a.columns and c in b.columns]
     occ = "__occurrence__"
     if keys:
-        left = a[keys + values].copy()
-        right = b[keys + values].copy()
+        left = a[keys + labels + values].copy()
+        right = b[keys + labels + values].copy()
         left[occ] = left.groupby(keys, dropna=False, sort=False).cumcount()
         right[occ] = right.groupby(keys, dropna=False, sort=False).cumcount()
         on = keys + [occ]
@@ -128,7 +126,22 @@ def _diff_tables(a: pd.DataFrame, b: pd.DataFrame) -> tuple[pd.DataFrame, dict[s
     if only_other:
         notes["rows_only_in_other"] = int(only_other)
     out = pd.DataFrame({k: merged[k] for k in keys})
+    kept = _same_labels(merged, labels)
+    at = keys.index("layer") + 1 if "layer" in keys else len(keys)
+    for offset, c in enumerate(kept):
+        out.insert(at + offset, c, merged[f"{c}__self"])
+    dropped = [c for c in a.columns if c not in keys and c not in values and c not in kept]
+    dropped += [c for c in b.columns if c not in a.columns and c not in keys]
+    if dropped:
+        notes["dropped_columns"] = dropped
     for c in values:
         out[c] = _as_diff_values(merged[f"{c}__self"]) - _as_diff_values(merged[f"{c}__other"])
     out.index = pd.RangeIndex(len(out))
     return out, notes
+
+
+def _same_labels(merged: pd.DataFrame, labels: list[str]) -> list[str]:
+    """The label columns (a layer's kinds) equal on both sides of every matched row: the diff
+    keeps them; the others are dropped (listed in ``dropped_columns``)."""
+    return [c for c in labels
+            if merged[f"{c}__self"].astype(str).equals(merged[f"{c}__other"].astype(str))]

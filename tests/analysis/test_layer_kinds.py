@@ -23,6 +23,7 @@ from spectral_hooks.anatomy.mixers import MIXERS, MLPS
 from spectral_hooks.errors import OptionError
 from spectral_hooks.integrations.loggers import flatten_power
 from spectral_hooks.integrations.power_log import jacobian_metrics, power_metrics
+from spectral_hooks.report.compare import compare_sections
 from tests.families.configs_hybrid import make as make_hybrid
 from tests.tiny_models import make_bridge, make_model
 
@@ -141,6 +142,20 @@ def test_html_shows_the_kind_next_to_the_layer(tmp_path):
     html = report.to_html(figures=False)
     assert html.count(">short_conv<") >= 2  # the jacobian summary and its full table
     assert html.count(">gqa<") >= 3  # and power's
+
+
+def test_compare_keeps_the_kinds_where_both_reports_agree():
+    report = _analyze(_probe(make_hybrid("lfm2")), jacobian={"k": 4})
+    diff = report.compare(report)
+    assert list(diff["jacobian"].columns[:4]) == ["variant", "layer", "mixer", "mlp"]
+    assert _kinds(diff["jacobian"]) == {0: ("short_conv", "dense"), 1: ("gqa", "dense")}
+    assert "mixer" not in diff.metadata["compare"]["notes"].get("jacobian", {}).get(
+        "dropped_columns", [])
+    mine = {"power": pd.DataFrame({"layer": [0], "mixer": ["mha"], "gap_ratio": [0.5]})}
+    other = {"power": pd.DataFrame({"layer": [0], "mixer": ["gqa"], "gap_ratio": [0.25]})}
+    out, info = compare_sections(mine, other, mine_metadata={}, other_metadata={})
+    assert list(out["power"].columns) == ["layer", "gap_ratio"]  # kinds differ: not kept
+    assert info["notes"]["power"]["dropped_columns"] == ["mixer"]
 
 
 def test_distributed_merge_keeps_the_categories(tmp_path):
