@@ -17,7 +17,6 @@ blocks (ALBERT), appends generate() decode steps, ignores block calls outside a 
 
 from __future__ import annotations
 
-import inspect
 import logging
 from typing import TYPE_CHECKING, Any, Iterable, Optional, Sequence
 
@@ -105,7 +104,7 @@ class Probe:
         root, parts = self.anatomy.call_root, self.anatomy.layers
         capture = self.recording.capture
         points = fc.output_points(self.anatomy, capture)  # may refuse: before any hook
-        self._bind = fc.ModelCallBinder(inspect.signature(root.forward))
+        self._bind = fc.model_call_binder(root.forward)
         # captured (point, layer) pairs a call holds (attn_out: only where a layer has attention)
         self._expected = len(capture) * len(self.layers) - len(self.recording.absent)
         self._register(root, self._begin_call, pre=True)

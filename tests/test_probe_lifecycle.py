@@ -343,3 +343,20 @@ def test_a_forward_that_bypasses_the_models_hooks_is_recorded_and_its_end_hook_i
         assert probe.recording.n_calls == 1
         probe.remove()
     assert count_hooks(model) == 0
+
+
+def test_a_model_call_binder_is_read_once_per_forward_function():
+    """instrument() reads the model call's signature once per class forward (issue 57); a
+    forward that is not a method (a wrapper's instance attribute) is read anew, and every
+    binder names the same arguments as the signature."""
+    import functools
+    import inspect
+
+    from spectral_hooks.hooks.forward_call import model_call_binder
+
+    a, b = make_model("gpt2"), make_model("gpt2", seed=1)
+    assert model_call_binder(a.forward) is model_call_binder(b.forward)
+    wrapped = functools.partial(a.forward)
+    assert model_call_binder(wrapped) is not model_call_binder(wrapped)
+    names = [p for p in inspect.signature(a.forward).parameters if p != "kwargs"]
+    assert model_call_binder(a.forward).positional == tuple(names)
