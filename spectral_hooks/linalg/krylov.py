@@ -120,7 +120,7 @@ import torch
 from torch import Tensor
 
 from ..checks import check_int
-from ..errors import OptionTypeError
+from ..errors import OptionError, OptionTypeError
 from .arnoldi import extend
 from .batch import OpBatch
 from .dense import DENSE_MAX, DENSE_SHARE, dense_members, one_at_a_time
@@ -184,7 +184,7 @@ def eigs(op: LinearOperator | Sequence[LinearOperator] | Tensor, k: int, *,
          which: str = "LM", tol: float = 1e-10, max_restarts: int = 1000,
          ncv: Optional[int] = None, v0: Optional[Tensor] = None, seed: int = 0,
          return_vectors: bool = True, block_size: Optional[int] = None,
-         materialize: Union[bool, Literal["auto"]] = False,
+         materialize: Union[bool, Literal["auto"], Tensor] = False,
          device_path: bool = False) -> EigResult:
     """Top-k eigenpairs of a square operator (or a batch of them, in lockstep).
 
@@ -214,20 +214,28 @@ def eigs(op: LinearOperator | Sequence[LinearOperator] | Tensor, k: int, *,
     then checked with fresh products of the operator) or "auto" (True on the CPU for batched
     operators at the default block size where the n columns cost less than a Krylov run
     would: ``materialize.py``; a GPT-2-small block Jacobian, k=16: 0.45 s instead of 1.5 s,
-    for n instead of ~400 columns). Returns an :class:`EigResult` (module doc: guarantees).
+    for n instead of ~400 columns), or the operators' matrices, already formed by the caller
+    (``materialize.matrix_of``; shape [n, n], or [B, n, n] for a list of B): iterate on
+    them, every returned pair checked with fresh products of the operator, as with True.
+    Returns an :class:`EigResult` (module doc: guarantees).
     """
     batch = OpBatch(op, what="eigs")
     check_int("seed", seed, minimum=-2 ** 63, maximum=2 ** 64 - 1)  # torch.Generator's range
-    if not (isinstance(materialize, bool) or (isinstance(materialize, str)
-                                               and materialize == "auto")):
-        raise OptionTypeError("materialize", materialize, 'True, False or "auto" (by cost)')
+    given = materialize if isinstance(materialize, Tensor) else None
+    if given is None and not (isinstance(materialize, bool) or (
+            isinstance(materialize, str) and materialize == "auto")):
+        raise OptionTypeError("materialize", materialize,
+                              'True, False, "auto" (by cost) or the operators\' matrices')
+    if given is not None and batch.ops is None:
+        raise OptionError("materialize", "a matrix", "True, False or \"auto\": op is a dense "
+                          "tensor already", hint="pass the matrix as op")
     m, bs = validate(batch, k, which, tol, ncv, max_restarts,
                      block_size_for(batch, block_size, device_path))
     gen = torch.Generator().manual_seed(int(seed))
     start = start_vectors(batch, v0, gen)
-    if batch.ops is not None and (materialize is True or (
+    if batch.ops is not None and (given is not None or materialize is True or (
             materialize == "auto" and block_size is None and pays(batch, m=m))):
-        dense = materialised(batch)
+        dense = materialised(batch, given)
         m, bs = validate(dense, k, which, tol, ncv, max_restarts,
                          block_size_for(dense, block_size, device_path))
         out, unconverged = _run(dense, k, which, tol, max_restarts, m, bs, start, gen)

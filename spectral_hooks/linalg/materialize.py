@@ -41,13 +41,20 @@ available to measure the dense alternative).
 from __future__ import annotations
 
 import logging
-from typing import List
+from typing import TYPE_CHECKING, List, Optional
 
+import torch
+from torch import Tensor
+
+from ..errors import OptionError
 from .batch import OpBatch
 from .dense import DENSE_MAX, matrices
 from .eigs_parts import below_precision
-from .results import EigState
+from .results import EigState, SvdResult
 from .schur_restart import fresh_residuals
+
+if TYPE_CHECKING:
+    from .operators import LinearOperator
 
 logger: logging.Logger = logging.getLogger(__name__)
 
@@ -64,13 +71,57 @@ KRYLOV_CYCLES = 2
 KRYLOV_MIN = 150
 
 
-def materialised(batch: OpBatch) -> OpBatch:
-    """The operators' matrices, WIDTH identity columns an application, as a dense batch named
-    after them."""
-    A = matrices(batch, [True] * batch.B, WIDTH)
+def materialised(batch: OpBatch, given: Optional[Tensor] = None) -> OpBatch:
+    """The operators' matrices, WIDTH identity columns an application (or ``given``: formed by
+    the caller, shape [*batch_shape, m, n]), as a dense batch named after them."""
+    if given is None:
+        A = matrices(batch, [True] * batch.B, WIDTH)
+    else:
+        want = (*batch.batch_shape, *batch.shape)
+        if tuple(given.shape) != want or given.is_complex() and not batch.is_complex:
+            raise OptionError("materialize", f"a {given.dtype} tensor of shape "
+                              f"{tuple(given.shape)}", f"the operators' matrices, shape "
+                              f"{list(want)}" + ("" if batch.is_complex else ", real"))
+        A = given.to(batch.wdtype)
     dense = OpBatch(A.reshape(*batch.batch_shape, *batch.shape), what=batch.what)
     dense.names = [f"{name} (materialised)" for name in batch.names]
     return dense
+
+
+def matrix_of(op: "LinearOperator") -> Tensor:
+    """The matrix of a square ``op`` [n, n] in its working precision (float64 / complex128), formed by
+    applying it to the identity WIDTH columns at a time (n columns, counted in its
+    ``n_matvecs``).
+
+    >>> from spectral_hooks.linalg import DenseOperator
+    >>> A = torch.arange(9.0).reshape(3, 3)
+    >>> bool((matrix_of(DenseOperator(A)) == A).all())
+    True
+    """
+    return materialised(OpBatch(op, what="matrix_of")).dense[0]  # pyright: ignore[reportOptionalSubscript]
+
+
+def svd_residuals(op: "LinearOperator", res: SvdResult) -> Tensor:
+    """||A v_i - s_i u_i|| / s_1 for each triplet of ``res``, with fresh products of ``op``
+    itself (one application of the k right vectors; a batched operator's zero-padded to WIDTH,
+    the width its matrix was formed at, whose traced product exists already). For triplets
+    that svds found on op's matrix (``matrix_of``), where both of svds' residuals met its
+    tol: they meet tol here where the matrix is the operator on the triplets' vectors.
+
+    >>> from spectral_hooks.linalg import DenseOperator, svds
+    >>> A = torch.randn(30, 20, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    >>> bool((svd_residuals(DenseOperator(A), svds(A, 3, tol=1e-10)) <= 1e-10).all())
+    True
+    """
+    if res.U is None or res.Vh is None:
+        raise OptionError("res", "an SvdResult without vectors", "svds(..., return_vectors=True)")
+    U, S, V = res.U, res.S, res.Vh.mH
+    k, n = V.shape[1], op.shape[1]
+    width = max(k, min(WIDTH, n)) if (op.block_size or 1) > 1 else k
+    X = torch.zeros(n, width, dtype=op.dtype, device=V.device)
+    X[:, :k] = V.to(op.dtype)
+    AV = op.matmat(X)[:, :k].to(U.dtype)
+    return torch.linalg.vector_norm(AV - U * S.to(U.dtype), dim=0) / S[0].clamp(min=1e-300)
 
 
 def pays(batch: OpBatch, *, m: int) -> bool:

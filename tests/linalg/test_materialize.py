@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import spectral_hooks as sh
-from spectral_hooks.errors import ConvergenceWarning, OptionTypeError
-from spectral_hooks.linalg import LinearOperator, eigs, materialize
+from spectral_hooks.errors import ConvergenceWarning, OptionError, OptionTypeError
+from spectral_hooks.linalg import DenseOperator, LinearOperator, eigs, materialize, svds
 
 from ..oracles import assert_same_spectrum, eigvals_by_modulus, token_jacobian, top_k_by_modulus
 from ..tiny_models import make_model
@@ -162,3 +162,43 @@ def test_block_jacobian_materialised_or_not_equals_jacfwd(family):
         got = res.values.flatten().numpy()
         assert_same_spectrum(got, top_k_by_modulus(want, len(got)), 1e-8)
     probe.remove()
+
+
+def test_a_matrix_formed_by_the_caller_is_iterated_on_and_checked_with_the_operator():
+    A, vals = make_matrix(200, [2.0, 1.8 + 0.5j, 1.6, -1.55], bulk_radius=1.2,
+                          nonnormal=0.3, seed=2)
+    op = _Counting(A)
+    M = materialize.matrix_of(op)
+    assert torch.equal(M, A) and op.widths == [materialize.WIDTH, 200 - materialize.WIDTH]
+    res = eigs(op, 6, tol=1e-10, materialize=M)
+    assert bool(res.converged)
+    assert set_distance(res.values, top_by_modulus(vals, res.values.shape[-1])) < 1e-8
+    # a matrix that is not the operator's: the fresh products refute it
+    wrong = M.clone()
+    wrong[0, 0] += 1e-3
+    with pytest.warns(ConvergenceWarning, match="not linear"):
+        assert not bool(eigs(op, 6, tol=1e-10, materialize=wrong).converged)
+    with pytest.raises(OptionError, match="materialize"):
+        eigs(op, 6, materialize=M[:100, :100])
+    with pytest.raises(OptionError, match="materialize"):
+        eigs(A, 6, materialize=M)  # op is a matrix already
+
+
+def test_svd_residuals_check_the_triplets_with_fresh_products():
+    A = torch.randn(120, 120, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    res = svds(A, 5, tol=1e-10)
+    r = materialize.svd_residuals(DenseOperator(A), res)
+    assert r.shape == (5,) and float(r.max()) <= 1e-10
+    op = _Counting(A)  # a batched operator: the k columns padded to the width J was formed at
+    assert float(materialize.svd_residuals(op, res).max()) <= 1e-10
+    assert op.widths == [min(materialize.WIDTH, 120)]
+    # the oracle's triplets pass; another matrix's fail
+    U, S, Vh = torch.linalg.svd(A)
+    exact = type(res)(U=U[:, :5], S=S[:5], Vh=Vh[:5], n_matvecs=0, converged=res.converged)
+    assert float(materialize.svd_residuals(DenseOperator(A), exact).max()) < 1e-12
+    B = A.clone()
+    B[:, :] += 1e-4 * torch.randn(120, 120, dtype=torch.float64,
+                                   generator=torch.Generator().manual_seed(5))
+    assert float(materialize.svd_residuals(DenseOperator(B), res).max()) > 1e-6
+    with pytest.raises(OptionError, match="return_vectors"):
+        materialize.svd_residuals(DenseOperator(A), svds(A, 5, return_vectors=False))
