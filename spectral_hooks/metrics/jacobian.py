@@ -36,7 +36,7 @@ One definition, two computations (the contract of docs/metrics.md). ``J`` is the
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Optional, Sequence, Union
 
 import torch
@@ -54,6 +54,8 @@ from spectral_hooks.linalg import (
     eigs,
     svds,
 )
+from spectral_hooks.linalg.materialize import matrix_of, svd_residuals
+from spectral_hooks.linalg.results import SvdResult
 from spectral_hooks.metrics.departure import (
     departure_bounds,
     departure_bounds_from_probes,
@@ -98,7 +100,9 @@ class JacobianMetrics:
     a conjugate pair straddles k) and ||J v - lambda v|| / |lambda|; dense, all d.
     top: rotation statistics of the top-k' eigenvalues (both modes); full: of all d (dense
     only, else None). top_null / top_null_se: Monte Carlo null of top.frac_complex for the same
-    (d, k). singular_values / delta_singular_values: top-k of J and Delta J (dense: all d).
+    (d, k). singular_values / delta_singular_values: top-k of J and Delta J (dense: all d);
+    singular_values is None where not asked for (``singular_values=False``: no column of the
+    jacobian table reads it).
     ``*_se``: standard errors of the Hutchinson estimates (0 in dense mode). departure,
     departure_rel: Henrici's departure and its ratio to ||Delta J||_F (None matrix-free).
     departure_rel_upper / departure_rel_lower (+ ``_se``): bounds of departure_rel from the
@@ -111,7 +115,7 @@ class JacobianMetrics:
     eigenvalues: Tensor
     eig_residuals: Tensor
     converged: bool
-    singular_values: Tensor
+    singular_values: Optional[Tensor]
     delta_singular_values: Tensor
     top: RotationStats
     top_null: float
@@ -231,25 +235,56 @@ def _hutchinson(J: LinearOperator, n_samples: int, seed: int, top: Tensor) -> di
 
 
 def _matrix_free(op: LinearOperator, k: int, n_samples: int, seed: int, tol: float,
-                 start: int) -> JacobianMetrics:
+                 start: int, *, materialize: bool = False,
+                 singular_values: bool = True) -> JacobianMetrics:
     d = op.shape[0]
     op._need_adjoint()
     delta = op - IdentityOperator(d, dtype=op.dtype, device=op.device)
-    ej = eigs(op, k, tol=tol, seed=seed, return_vectors=False)
-    sj = svds(op, k, tol=tol, seed=seed + 2, return_vectors=False)
-    sd = svds(delta, k, tol=tol, seed=seed + 3)
-    conv = bool(ej.converged) and bool(sj.converged) and bool(sd.converged)
+    if materialize:
+        ej, sj, sd, hutch_op = _on_matrix(op, delta, k, tol, seed, singular_values)
+    else:
+        ej = eigs(op, k, tol=tol, seed=seed, return_vectors=False)
+        sj = svds(op, k, tol=tol, seed=seed + 2, return_vectors=False) if singular_values \
+            else None
+        sd = svds(delta, k, tol=tol, seed=seed + 3)
+        hutch_op = op
+    conv = bool(ej.converged) and (sj is None or bool(sj.converged)) and bool(sd.converged)
     lam = top_k_by_modulus(ej.values, k)
-    hutch = _hutchinson(op, n_samples, seed + 4, lam)
+    hutch = _hutchinson(hutch_op, n_samples, seed + 4, lam)
     null, null_se = frac_complex_top_null(d, k, seed=seed)
     assert sd.U is not None and sd.Vh is not None  # svds returns vectors by default
     return JacobianMetrics(
         d=d, k=k, dense=False, eigenvalues=ej.values, eig_residuals=ej.residuals,
-        converged=conv, singular_values=sj.S, delta_singular_values=sd.S,
+        converged=conv, singular_values=None if sj is None else sj.S,
+        delta_singular_values=sd.S,
         top=rotation_stats(lam), top_null=null, top_null_se=null_se, full=None,
         frac_complex_null=None, departure=None, departure_rel=None,
         self_alignment=_self_alignment(sd.U, sd.Vh, k), top_eig_abs=float(lam[0].abs()),
         n_matvecs=op.n_matvecs - start, **hutch)
+
+
+def _on_matrix(op: LinearOperator, delta: LinearOperator, k: int, tol: float, seed: int,
+               singular_values: bool):
+    """eigs, svds and the operator the Hutchinson probes use, from J's matrix (d columns in
+    WIDTH-column products, ``linalg.materialize``): the same iterations and the same probes as
+    on the operator, every eigenpair and singular triplet then checked with fresh products of
+    the operator itself (``converged`` needs the check)."""
+    J = matrix_of(op)
+    eye = torch.eye(J.shape[0], dtype=J.dtype, device=J.device)
+    ej = eigs(op, k, tol=tol, seed=seed, return_vectors=False, materialize=J)
+    sj = svds(J, k, tol=tol, seed=seed + 2) if singular_values else None
+    sd = svds(J - eye, k, tol=tol, seed=seed + 3)
+    sd = _checked(delta, sd, tol)
+    if sj is not None:
+        sj = replace(_checked(op, sj, tol), U=None, Vh=None)
+    return ej, sj, sd, DenseOperator(J, name=f"{op!r} (materialised)")
+
+
+def _checked(op: LinearOperator, res: SvdResult, tol: float) -> SvdResult:
+    """``res`` (found on op's matrix) with converged only where its triplets also meet tol
+    with fresh products of ``op`` (``linalg.materialize.svd_residuals``)."""
+    ok = bool((svd_residuals(op, res) <= tol).all())
+    return replace(res, converged=res.converged & ok)
 
 
 def _probe_sums(ops: Sequence[LinearOperator], n_samples: int, seed: int
@@ -405,7 +440,9 @@ def _as_operator(J: Union[LinearOperator, Tensor]) -> LinearOperator:
 
 
 def jacobian_metrics(J: Union[LinearOperator, Tensor], *, k: int = 16, dense: bool = False,
-                     n_samples: int = 64, seed: int = 0, tol: float = 1e-8) -> JacobianMetrics:
+                     n_samples: int = 64, seed: int = 0, tol: float = 1e-8,
+                     materialize: bool = False, singular_values: bool = True
+                     ) -> JacobianMetrics:
     """All section-2 metrics of one block Jacobian J (d x d, real).
 
     >>> m = jacobian_metrics(torch.eye(8, dtype=torch.float64) * 2, k=2, dense=True)
@@ -420,6 +457,26 @@ def jacobian_metrics(J: Union[LinearOperator, Tensor], *, k: int = 16, dense: bo
     ||Delta J||_F^2 - sum |lambda - 1|^2: accurate to ~sqrt(eps) ||Delta J||_F); the top-k
     statistics are taken from the exact top-k. ``tol``: eigs/svds tolerance; ``seed`` fixes
     every start vector, probe and the Monte Carlo null. ``converged`` is False when any eigs/svds run was not.
+
+    Matrix-free with ``materialize=True``: the same top-k values and the same estimates, from
+    J's matrix instead of the operator: J formed from d columns in 128-column products
+    (``linalg.materialize.matrix_of``; on a CPU a column in such a product costs ~0.12 of one
+    alone), eigs and svds iterating on it and every returned eigenpair and singular triplet
+    checked with fresh products of the operator (``converged`` needs that), the Hutchinson
+    probes (the same seeded draws) applied to it. Equal to the operator's run to ``tol``
+    (estimates: to rounding). ``singular_values=False`` skips the top-k singular values of J
+    in matrix-free mode (``singular_values`` None; no column of :func:`jacobian_row` reads
+    them).
+
+    >>> g = torch.Generator().manual_seed(1)
+    >>> A = torch.eye(40, dtype=torch.float64) + torch.randn(40, 40, generator=g,
+    ...                                                      dtype=torch.float64) / 8
+    >>> a = jacobian_metrics(DenseOperator(A), k=4)
+    >>> b = jacobian_metrics(DenseOperator(A), k=4, materialize=True, singular_values=False)
+    >>> bool(torch.allclose(a.eigenvalues[:4].abs(), b.eigenvalues[:4].abs(), rtol=1e-7))
+    True
+    >>> abs(a.sym_energy - b.sym_energy) < 1e-12, b.singular_values is None, b.converged
+    (True, True, True)
     """
     op = _as_operator(J)
     d = op.shape[0]
@@ -435,7 +492,8 @@ def jacobian_metrics(J: Union[LinearOperator, Tensor], *, k: int = 16, dense: bo
         raise OptionError("k", k, f"k <= d - 2 = {d - 2} in matrix-free mode",
                           hint=f"jacobian_metrics: d = {d}; use dense=True for the full spectrum")
     check_int("n_samples", n_samples, minimum=2, hint="jacobian_metrics")
-    return _matrix_free(op, k, n_samples, seed, tol, start)
+    return _matrix_free(op, k, n_samples, seed, tol, start, materialize=materialize,
+                        singular_values=singular_values)
 
 
 # --------------------------------------------------------------------------- rows

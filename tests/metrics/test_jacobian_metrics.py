@@ -123,8 +123,25 @@ def test_departure_is_shift_invariant_and_normalised_by_delta():
 # ----------------------------------------------------------------------------- matrix-free
 
 
+def test_materialised_estimates_are_the_operators_and_unread_singular_values_are_skipped():
+    # the same seeded probes on J's matrix: the operator's estimates to rounding, not new draws
+    _, op = _mlp_block(48, 4)
+    a = jacobian_metrics(op, k=6, n_samples=32, seed=3)
+    b = jacobian_metrics(_mlp_block(48, 4)[1], k=6, n_samples=32, seed=3, materialize=True,
+                         singular_values=False)
+    for name in ("sym_energy", "sym_energy_se", "commutator", "commutator_se",
+                 "departure_rel_lower", "departure_rel_lower_se", "frob_sq"):
+        assert getattr(b, name) == pytest.approx(getattr(a, name), rel=1e-10, abs=1e-14), name
+    assert b.departure_rel_upper == pytest.approx(a.departure_rel_upper, rel=1e-6)
+    assert b.singular_values is None and a.singular_values is not None
+    assert b.converged and float(b.eig_residuals.max()) < 1e-8
+
+
+@pytest.mark.parametrize("materialize", [False, True])
 @pytest.mark.parametrize("source", ["random", "mlp"])
-def test_matrix_free_vs_dense(source):
+def test_matrix_free_vs_dense(source, materialize):
+    # materialize=True: the same values from J's matrix (formed from d columns), every pair
+    # and triplet checked with fresh products of the operator
     if source == "random":
         J = _random_J(64, 3)
         op = _op(J)
@@ -132,7 +149,7 @@ def test_matrix_free_vs_dense(source):
         J, op = _mlp_block(48, 4)
     d, k = J.shape[0], 8
     D = J - np.eye(d)
-    m = jacobian_metrics(op, k=k, n_samples=256, seed=1)
+    m = jacobian_metrics(op, k=k, n_samples=256, seed=1, materialize=materialize)
     assert m.converged and not m.dense
     assert m.departure is None and m.full is None and m.frac_complex_null is None
     ref = top_k_by_modulus(np.linalg.eigvals(J), k)
@@ -153,7 +170,10 @@ def test_matrix_free_vs_dense(source):
     assert abs(m.frob_sq - fro) < 0.05 * fro
     assert m.self_alignment == pytest.approx(self_alignment(D, k), abs=1e-6)
     assert m.top_eig_abs == pytest.approx(np.abs(ref[0]), rel=1e-9)
-    assert m.n_matvecs == op.n_matvecs > 4 * 256
+    if materialize:  # d columns, then the checks of <= k + 1 eigenpairs and 2 x k triplets
+        assert d <= m.n_matvecs == op.n_matvecs <= d + (k + 1) + 2 * (2 * k)
+    else:
+        assert m.n_matvecs == op.n_matvecs > 4 * 256
     # dense mode computes the same top-k statistics from its exact top-k
     e = jacobian_metrics(torch.as_tensor(J), k=k, dense=True, seed=1)
     assert (e.top.frac_complex, e.top.frac_negative) == (frac, neg)
