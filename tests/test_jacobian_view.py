@@ -104,6 +104,59 @@ def test_bottleneck_and_reinit_match_dense_products(gpt2_recorded):
     assert report.propagation is not None and len(report.propagation) == len(Js)
 
 
+def test_materialised_rows_equal_the_oracle_and_the_operators(recorded):
+    # materialize=True: J formed from its columns, eigs / svds on the matrix (pairs checked
+    # with fresh products), the same probes: the operator route's values, to tol
+    common = {"k": K, "n_samples": 256, "dense": False}
+    formed = recorded.analyze(jacobian={**common, "materialize": True}, progress=False)
+    krylov = recorded.analyze(jacobian={**common, "materialize": False, "group_layers": False},
+                              progress=False)
+    a, b = formed.jacobian, krylov.jacobian
+    d = recorded.anatomy.d_model
+    assert a.converged.all() and (a.n_matvecs >= d).all()
+    for layer in range(recorded.anatomy.n_layers):
+        want = _oracle(_token_jacobian(recorded, layer)[0])
+        row = a[a.layer == layer].iloc[0]
+        assert row.top_eig_abs == pytest.approx(want["top_eig_abs"], rel=1e-8)
+        assert row[f"frac_complex_top{K}"] == want[f"frac_complex_top{K}"]
+        assert row[f"self_alignment_top{K}"] == pytest.approx(want[f"self_alignment_top{K}"],
+                                                              abs=1e-6)
+    for name in ("sym_energy", "sym_energy_se", "commutator", "commutator_se",
+                 "departure_rel_lower", "departure_rel_lower_se"):
+        np.testing.assert_allclose(a[name], b[name], rtol=1e-9, atol=1e-12, err_msg=name)
+    said = formed.metadata["jacobian"]
+    assert said["materialized"] is True and "jacobian.materialize=True" in said["materialized_why"]
+    assert krylov.metadata["jacobian"]["materialized"] is False
+
+
+def test_the_metadata_states_the_cost_rules_choice():
+    from transformers import GPT2Config, GPT2Model
+
+    from spectral_hooks.analysis.jacobian import SECTION_KRYLOV_MIN, resolve_materialize
+    from spectral_hooks.linalg.materialize import COLUMN_COST
+
+    # d = 512 on the CPU: an application costs FLOPs, 512 columns cost ~61 single ones
+    model = GPT2Model(GPT2Config(n_layer=1, n_embd=512, n_head=4)).eval()
+    with sh.instrument(model) as probe, torch.no_grad():
+        model(torch.randint(0, 100, (1, 5)))
+    report = probe.analyze(jacobian={"k": 2, "dense": False}, power=False, progress=False)
+    said = report.metadata["jacobian"]
+    assert said["computation"] == "matrix-free" and said["materialized"] is True
+    assert "Chosen by the cost rule" in said["materialized_why"]
+    assert bool(report.jacobian.converged.all()) and (report.jacobian.n_matvecs >= 512).all()
+    small = make_model("gpt2")  # d = 32: an application costs dispatch, Krylov
+    with sh.instrument(small) as probe, torch.no_grad():
+        small(torch.randint(0, 100, (1, 5)))
+    said = probe.analyze(jacobian={"k": 2, "dense": False}).metadata["jacobian"]
+    assert said["materialized"] is False and "dispatch" in said["materialized_why"]
+    edge = int(SECTION_KRYLOV_MIN / COLUMN_COST)  # where d columns cost the Krylov runs
+    assert resolve_materialize(None, edge - 8, "cpu") and not resolve_materialize(
+        None, edge + 8, "cpu")
+    assert not resolve_materialize(None, 2048, "cuda") and resolve_materialize(True, 64, "cuda")
+    with pytest.raises(OptionError, match="materialize"):
+        sh.JacobianOptions(materialize=True, group_layers=True)
+
+
 def test_jacobian_option_errors(recorded):
     with pytest.raises(ValueError, match="jacobian.k=40 .*below d_model=32"):
         recorded.analyze(jacobian={"k": 40}).jacobian

@@ -36,7 +36,8 @@ from torch import Tensor
 
 from ..errors import OptionError, RecordingError
 from ..linalg import IdentityOperator, LinearOperator
-from ..linalg.cost import flop_bound
+from ..linalg.cost import CPU_FLOP_BOUND_N, flop_bound
+from ..linalg.materialize import COLUMN_COST, WIDTH
 from ..linearize import BlockJacobian, block_jacobian
 from ..linearize.end_to_end import end_to_end_jacobians, end_to_end_operators
 from ..linearize.group import BlockGroup, group_capacity
@@ -73,6 +74,29 @@ DEFAULT_TOL = {torch.float64: 1e-8, torch.float32: 1e-4}
 OPERATORS_KEPT = 2
 
 
+#: the fewest single-column applications the matrix-free section's Krylov runs took for one
+#: block Jacobian (eigs of J and svds of J - I, k = 8-16) on the Llama-3.2-1B shape
+#: (benchmarks/jacobian_cpu.py: 462-805): forming J costs d_model columns at COLUMN_COST
+SECTION_KRYLOV_MIN = 450
+
+
+def resolve_materialize(choice: bool | None, d: int, device: Union[str, torch.device]) -> bool:
+    """Whether the matrix-free rows come from J's matrix (``JacobianOptions.materialize``):
+    ``choice``, or (None) where an application costs FLOPs (``linalg.cost.flop_bound``: the
+    CPU from d_model = CPU_FLOP_BOUND_N) and d columns in WIDTH-column products, at
+    COLUMN_COST of a column alone each, cost less than SECTION_KRYLOV_MIN single columns
+    (d_model < 3750). A fixed rule: the same call takes the same path on every run.
+
+    >>> resolve_materialize(None, 2048, "cpu"), resolve_materialize(None, 2048, "cuda")
+    (True, False)
+    >>> resolve_materialize(None, 4096, "cpu"), resolve_materialize(None, 256, "cpu")
+    (False, False)
+    """
+    if choice is not None:
+        return bool(choice)
+    return flop_bound(d, device) and d * COLUMN_COST < SECTION_KRYLOV_MIN
+
+
 def resolve_dense(dense: bool | None, d: int) -> bool:
     """The computation ``dense`` asks for at width d: None -> d <= DENSE_AUTO_MAX_D.
 
@@ -91,6 +115,7 @@ class JacobianView:
     method: str
     label: str
     tol: float
+    materialize: bool
 
     def __init__(self, subject: Subject, options: JacobianOptions, *,
                  method: str = "auto") -> None:
@@ -110,6 +135,9 @@ class JacobianView:
         self.method = method
         self.label = subject.label
         self.tol = options.tol if options.tol is not None else DEFAULT_TOL[torch.float64]
+        device = self._device()
+        self.materialize = not self.exact and resolve_materialize(
+            options.materialize, d, device if device is not None else "cpu")
 
     def describe(self) -> dict[str, Any]:
         """The ``jacobian`` entry of the report metadata: which computation, and why."""
@@ -119,6 +147,8 @@ class JacobianView:
                "tol": self.tol}
         if not self.exact:
             out["absent_columns"] = dict(MATRIX_FREE_ABSENT)
+            out["materialized"] = self.materialize
+            out["materialized_why"] = self._materialize_why()
         if d > NULL_MC_MAX_D:
             out["top_k_null"] = (f"frac_complex_top{o.k}_null is NaN: its Monte Carlo null is "
                                  f"computed on demand only for d <= {NULL_MC_MAX_D}")
@@ -136,6 +166,39 @@ class JacobianView:
                 f"layers {replays} carry earlier tokens in a recurrent state or convolution "
                 "window: each product replays their whole sequence (no single-query replay)")
         return out
+
+    def _materialize_why(self) -> str:
+        o, d = self.options, self.subject.anatomy.d_model
+        how = ("each block's J is formed from d_model columns in {w}-column products, eigs and "
+               "svds iterate on it (every eigenpair and singular triplet checked with fresh "
+               "products of the operator) and the Hutchinson probes are applied to it: the "
+               "same values as on the operator, to tol").format(w=WIDTH)
+        if o.materialize is not None:
+            return (how if self.materialize else "the operator itself (Krylov)") + \
+                f" (jacobian.materialize={o.materialize})"
+        if self.materialize:
+            return (f"{how}. Chosen by the cost rule: on the CPU from d_model = "
+                    f"{CPU_FLOP_BOUND_N} an application costs FLOPs, and a column in a "
+                    f"{WIDTH}-column product ~{COLUMN_COST} of one alone: d_model = {d} "
+                    f"columns cost ~{d * COLUMN_COST:.0f} single ones, less than the "
+                    f"{SECTION_KRYLOV_MIN} the Krylov runs take (jacobian.materialize=False "
+                    "iterates on the operator)")
+        return ("Krylov on the operator: " + ("an application costs dispatch here, not FLOPs"
+                if not flop_bound(d, self._device() or "cpu") else
+                f"d_model = {d} columns would cost ~{d * COLUMN_COST:.0f} single ones, more "
+                f"than the {SECTION_KRYLOV_MIN} the Krylov runs take") +
+                " (jacobian.materialize=True forms J)")
+
+    def _device(self) -> torch.device | None:
+        """Where the blocks are replayed (the recorded input's device), or None when no
+        replayable input was recorded (building the operators says why)."""
+        if not self.subject.layers:
+            return None
+        try:
+            return self.subject.recording.block_input(self.subject.layers[0],
+                                                      self.options.sample).hidden.device
+        except RecordingError:
+            return None
 
     @property
     def layers(self) -> tuple[int, ...]:
@@ -198,23 +261,21 @@ class JacobianView:
 
     def _metrics_key(self, layer: int, position: int) -> tuple:
         o = self.options
-        return ("metrics", layer, position, o.k, self.exact, o.n_samples, o.seed, self.tol)
+        return ("metrics", layer, position, o.k, self.exact, o.n_samples, o.seed, self.tol,
+                self.materialize)
 
     def layers_together(self) -> bool:
         """Whether :meth:`table` computes the layers in groups (:meth:`groups`):
         ``group_layers`` where given, else (None) unless an application of the operators costs
         FLOPs rather than dispatch (``linalg.cost.flop_bound`` of d_model on the device the
         blocks are replayed on: the CPU from ``CPU_FLOP_BOUND_N``, where a group's batched
-        products and the block svds' extra columns cost their FLOPs and save nothing)."""
+        products and the block svds' extra columns cost their FLOPs and save nothing), and
+        never where the layers' matrices are formed (:attr:`materialize`)."""
         choice = self.options.group_layers
-        if choice is not None or not self.layers:
+        if choice is not None or not self.layers or self.materialize:
             return bool(choice)
-        try:
-            device = self.subject.recording.block_input(self.layers[0],
-                                                        self.options.sample).hidden.device
-        except RecordingError:  # no replayable input: building the operators says why
-            return False
-        return not flop_bound(self.subject.anatomy.d_model, device)
+        device = self._device()
+        return device is not None and not flop_bound(self.subject.anatomy.d_model, device)
 
     def groups(self, position: int) -> list[list[BlockJacobian]]:
         """Every layer's operator at ``position``, in layer groups that run together
@@ -248,7 +309,8 @@ class JacobianView:
         """Every layer's metrics at ``position``, computed group by group (see
         :meth:`groups`) and memoised as :meth:`metrics` would be."""
         o = self.options
-        self._memo(("grouped", position, o.k, self.exact, o.n_samples, o.seed, self.tol),
+        self._memo(("grouped", position, o.k, self.exact, o.n_samples, o.seed, self.tol,
+                    self.materialize),
                    lambda: self._compute_grouped(position) or True)
 
     def _compute_grouped(self, position: int) -> None:
@@ -262,8 +324,7 @@ class JacobianView:
                 ms = jacobian_metrics_batch(ops, k=o.k, n_samples=o.n_samples, seed=o.seed,
                                             tol=self.tol)
             else:
-                ms = [jacobian_metrics(ops[0], k=o.k, dense=False, n_samples=o.n_samples,
-                                       seed=o.seed, tol=self.tol)]
+                ms = [self._matrix_free(ops[0])]
             for op, m in zip(ops, ms):
                 self._memo(self._metrics_key(op.layer, position), lambda m=m: m)
                 self._memo(("row_position", op.layer, position), lambda op=op: int(op.positions[0]))
@@ -289,12 +350,19 @@ class JacobianView:
 
         def compute() -> JacobianMetrics:
             if not self.exact:
-                return jacobian_metrics(self.operator(layer, position), k=o.k, dense=False,
-                                        n_samples=o.n_samples, seed=o.seed, tol=self.tol)
+                return self._matrix_free(self.operator(layer, position))
             J = self.dense(layer, position)  # formed once, shared with other sections
             return replace(jacobian_metrics(J, k=o.k, dense=True, seed=o.seed),
                            n_matvecs=J.shape[0])
         return self._memo(self._metrics_key(layer, position), compute)
+
+    def _matrix_free(self, op: BlockJacobian) -> JacobianMetrics:
+        """One operator's matrix-free metrics (from its matrix where :attr:`materialize`);
+        the top-k singular values of J, which no column reads, are skipped."""
+        o = self.options
+        return jacobian_metrics(op, k=o.k, dense=False, n_samples=o.n_samples, seed=o.seed,
+                                tol=self.tol, materialize=self.materialize,
+                                singular_values=False)
 
     def row_position(self, layer: int, position: int) -> int:
         """The recording row a position spec resolves to (-1: the last real token)."""
@@ -318,7 +386,7 @@ class JacobianView:
             return pd.DataFrame(rows)
         o = self.options
         return self._memo(("table", o.positions, o.k, self.exact, o.n_samples, o.seed,
-                           self.tol), compute)
+                           self.tol, self.materialize), compute)
 
     def eigen_table(self) -> pd.DataFrame:
         """The eigenvalues behind :meth:`table`: one row per (layer, position, eigenvalue)

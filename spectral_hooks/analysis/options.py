@@ -98,6 +98,15 @@ class JacobianOptions:
             the default: together unless an operator application costs FLOPs rather than
             dispatch, ``linalg.cost.flop_bound``: on the CPU from d_model =
             ``CPU_FLOP_BOUND_N``; on an accelerator always together).
+        materialize: matrix-free rows computed from each block's J formed in 128-column
+            products (True), from the operator (False), or by the cost rule (None, the
+            default: formed where an application costs FLOPs, the CPU from d_model =
+            ``CPU_FLOP_BOUND_N``, and d_model columns in 128-column products cost less than
+            the Krylov runs would, ``analysis.jacobian.resolve_materialize``). The same
+            values to solver tolerance (every eigenpair and singular triplet checked with
+            fresh products of the operator); the report's ``jacobian`` metadata says which
+            was used and why. Materialised layers run one at a time (``group_layers``
+            None then means False; True with True is refused).
     """
 
     k: int = 16
@@ -117,6 +126,7 @@ class JacobianOptions:
     ablations: tuple[str, ...] = ABLATIONS
     progress: Optional[bool] = None
     group_layers: Optional[bool] = None
+    materialize: Optional[bool] = None
 
     def __post_init__(self) -> None:
         for name, minimum in (("k", 1), ("sample", 0), ("n_samples", 1), ("bottleneck_k", 1),
@@ -127,12 +137,15 @@ class JacobianOptions:
                               hint="a standard error needs two probes")
         for name in ("seed", "init_seed"):
             check_int(f"jacobian.{name}", getattr(self, name))
-        for name in ("dense", "bottleneck_dense", "progress", "group_layers"):
+        for name in ("dense", "bottleneck_dense", "progress", "group_layers", "materialize"):
             check_bool(f"jacobian.{name}", getattr(self, name), allow_none=True)
         if self.progress is not None:
             warnings.warn("jacobian.progress is deprecated: pass analyze(progress=...) (the one "
                           "progress switch, AnalyzeOptions.progress)", DeprecationWarning,
                           stacklevel=_callers_level())
+        if self.materialize and self.group_layers:
+            raise OptionError("jacobian.materialize", True, "False or None with group_layers=True",
+                              hint="a layer group iterates on its batched operator: choose one")
         check_float("jacobian.tol", self.tol, above=0, below=1, allow_none=True)
         object.__setattr__(self, "positions", checked_positions(self.positions))
         object.__setattr__(self, "samples", checked_samples(self.samples))
