@@ -15,7 +15,8 @@ Everything runs on random-init weights built offline. ``--calibrate`` times, per
 * ``values-first``: every eigenvalue from LAPACK without eigenvectors, the leading eigenvectors
   by inverse iteration (``metrics.spectrum``, the dense route now);
 * ``krylov F``: the top 8 by ``linalg.eigs`` on the formed F (a DenseOperator);
-* ``krylov A,B``: the top 8 by ``linalg.eigs`` on the thin factors x -> A (B x);
+* ``krylov B A``: the top 8 by ``linalg.eigs`` on the r x r B A of the thin factors (vectors
+  A y; r = d: on the factors x -> A (B x));
 * for grouped-query factors (r < d) ``factored``: every eigenvalue from the r x r B A,
   values-first.
 
@@ -27,12 +28,17 @@ against the dense oracle (``torch.linalg.eigvals``, run last).
 width 256: the power view reads only W_O and W_V, and the forward is not timed), records one
 batch of 2 x 64 tokens, and times ``probe.analyze()`` with the defaults (its ``power`` and
 ``spectra`` tables) from cleared caches, against the route before issue 57 in the same run
-("before": ``MATRIX_FREE_D = 2048``, the full eig, torch's thread count), interleaved. The
-default's power columns are checked against the full eig's after the timed rounds.
+("before": ``MATRIX_FREE_D = 2048``, the full eig, torch's thread count; ``--skip-before``
+leaves it out) and, for a grouped-query shape, every eigenvalue exactly from B A ("exact":
+``FACTORED_EXACT_MAX = 2048``, as before this change), interleaved. The default's power
+columns are checked against the full eig's after the timed rounds. For the issue's budgets,
+quietly: ``python benchmarks/power_shapes.py --shapes --rounds 3 --skip-before``.
 
 ``--busy`` times GPT-2-medium's default ``analyze()`` at torch's default thread count while two
 other processes spin on the two cores, against the quiet one-thread time, interleaved (the
-spinners are started and stopped each round), and the "before" route the same way.
+spinners are started and stopped each round), and the "before" route the same way. At torch's
+default count the layers' spectra run that many at a time, each on one CPU thread
+(``metrics.spectrum.spectrum_workers``); "busy 1 thread" is one layer at a time.
 Results are appended to benchmarks/results/power_shapes.md with ``uptime``'s load.
 """
 
@@ -138,7 +144,7 @@ def calibrate(rounds: int, widths: list[int] | None) -> None:
             return go
         variants = {
             "krylov F": run("krylov F", lambda: S.layer_spectrum(dense_op, "F", 1e-9, 0, 8, vectors=False)),
-            "krylov A,B": run("krylov A,B", lambda: S.layer_spectrum(op, "F", 1e-9, 0, 8, vectors=False,
+            "krylov B A": run("krylov B A", lambda: S.layer_spectrum(op, "F", 1e-9, 0, 8, vectors=False,
                                                                      factored_max=0)),
         }
         if r < d:
@@ -246,6 +252,14 @@ def check(probe, power) -> str:
     return f"max |default - full eig| over {cols}: {np.nanmax(np.abs(a - b)):.1e}"
 
 
+def thin(name: str) -> bool:
+    """Whether the shape's F = W_O W_V has inner width r = kv heads x d_head below d."""
+    family, kw = SHAPES[name]
+    if family == "gpt2":
+        return False
+    return kw["num_key_value_heads"] * kw["head_dim"] < kw["hidden_size"]
+
+
 def routes_of(power) -> str:
     return (f"truncated {int(power['truncated'].sum())}/{len(power)}, "
             f"n_computed {sorted(set(power['n_computed']))}")
@@ -265,7 +279,7 @@ def shapes(rounds: int, names: list[str], with_before: bool) -> None:
         out: dict[str, Any] = {}
         variants: dict[str, Callable[[], object]] = {
             "now": lambda: out.__setitem__("now", analyze_once(probe))}
-        if SHAPES[name][0] != "gpt2":  # grouped-query: the factored routes differ
+        if thin(name):  # grouped-query with r < d: the factored routes differ
             variants["exact"] = lambda: out.__setitem__("exact", analyze_once(probe, route=exact_factored))
         if with_before:
             variants["before"] = lambda: analyze_once(probe, before=True)

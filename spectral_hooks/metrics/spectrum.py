@@ -85,6 +85,8 @@ __all__ = [
     "ITERATES",
     "POWER_THREADS",
     "power_threads",
+    "spectrum_workers",
+    "SPECTRUM_WORKERS_MAX",
     "FACTORED_EXACT_MAX",
     "exact_from_factors",
     "MATRIX_FREE_D",
@@ -137,6 +139,9 @@ MATRIX_FREE_D = 1024
 POWER_THREADS = 1
 
 
+#: Most layers whose spectra run at once (:func:`spectrum_workers`): each holds its F (128 MB
+#: at d = 4096 formed) while it runs, and the Krylov solver's Python steps share one GIL.
+SPECTRUM_WORKERS_MAX = 4
 #: the calling thread's CPU thread count where power_threads was entered first (its layers'
 #: spectra then run on that many threads of POWER_THREADS each: :func:`spectrum_workers`)
 _OUTER_THREADS: ContextVar[int | None] = ContextVar("spectral_hooks_outer_threads", default=None)
@@ -145,9 +150,10 @@ _OUTER_THREADS: ContextVar[int | None] = ContextVar("spectral_hooks_outer_thread
 def spectrum_workers() -> int:
     """How many layers' spectra run at once: the CPU threads torch would use in the calling
     thread (``torch.get_num_threads()``, the count the user set or torch's default) outside
-    any :func:`power_threads`, divided by POWER_THREADS. Layers run in separate Python threads,
-    each its own single-threaded LAPACK: no OpenMP team, so nothing waits at a barrier for a
-    thread the OS has descheduled when other processes share the cores.
+    any :func:`power_threads`, divided by POWER_THREADS, at most SPECTRUM_WORKERS_MAX. Layers
+    run in separate Python threads, each its own single-threaded LAPACK: no OpenMP team, so
+    nothing waits at a barrier for a thread the OS has descheduled when other processes share
+    the cores.
 
         >>> outside = spectrum_workers()
         >>> with power_threads():   # inside, torch's count is 1; the workers stay the caller's
@@ -155,7 +161,8 @@ def spectrum_workers() -> int:
         True
     """
     outer = _OUTER_THREADS.get()
-    return max(1, (torch.get_num_threads() if outer is None else outer) // max(POWER_THREADS, 1))
+    threads = torch.get_num_threads() if outer is None else outer
+    return max(1, min(SPECTRUM_WORKERS_MAX, threads // max(POWER_THREADS, 1)))
 
 
 @contextmanager
