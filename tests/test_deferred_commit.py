@@ -12,6 +12,7 @@ import torch
 
 import spectral_hooks as sh
 from spectral_hooks.errors import RecordingError
+from spectral_hooks.probe import Probe
 from tests.tiny_models import make_model
 
 CAPTURES = ("resid_pre", "resid_post", "attn_out")
@@ -292,6 +293,12 @@ def test_forwards_after_the_first_take_the_steady_path(family):
     assert "noted" not in names and "is_suspended" not in names, names
 
 
+def _probe(model, **options) -> Probe:
+    probe = sh.instrument(model, **options)
+    assert isinstance(probe, Probe)  # a decoder-only model: one stack
+    return probe
+
+
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_a_fresh_probe_starts_where_the_last_one_on_the_model_left(family):
     """``with instrument(model)`` around each batch: what the first probe's first call learned
@@ -303,14 +310,14 @@ def test_a_fresh_probe_starts_where_the_last_one_on_the_model_left(family):
     ids = torch.randint(1, 100, (2, 6), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         hidden = model(ids, output_hidden_states=True).hidden_states
-        with sh.instrument(model) as first:
+        with _probe(model) as first:
             model(ids)
             steady_handles = first.n_handles
-        with sh.instrument(model) as fresh:
+        with _probe(model) as fresh:
             assert fresh.n_handles == steady_handles  # merged from the start
             model(ids)
             assert len(fresh.recording._pending) == 1
-        with sh.instrument(model, capture=["resid_pre"]) as other:
+        with _probe(model, capture=["resid_pre"]) as other:
             model(ids)
             assert not other.recording._pending
     rec = fresh.recording
