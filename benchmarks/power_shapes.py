@@ -127,6 +127,7 @@ def calibrate(rounds: int, widths: list[int] | None) -> None:
              "| d | r | route | seconds / layer | vs krylov F | top-8 max error / abs(lambda1) |",
              "|---|---|---|---|---|---|"]
     cases = [(512, 8, 64, 8), (768, 12, 64, 12), (1024, 16, 64, 16), (1536, 12, 128, 12),
+             (2048, 16, 64, 2), (2048, 32, 64, 4), (2048, 24, 64, 6),  # r = 128, 256, 384
              (2048, 32, 64, 8), (2048, 16, 128, 8), (4096, 32, 128, 8), (3584, 16, 256, 8)]
     for d, heads, d_head, kv in cases:
         if widths and d not in widths:

@@ -120,8 +120,9 @@ _EIGS_KW: dict = {"tol": 1e-10, "max_restarts": 1000, "seed": 0}
 #: layers) of width d >= MATRIX_FREE_D gets its full spectrum exactly from the r x r matrix B A
 #: (values-first) instead of its top-k by Krylov on B A (below MATRIX_FREE_D it always does:
 #: :func:`exact_from_factors`). Per layer, d = 2048, one thread, random init (2026-12-07, machine
-#: load 5-6): exact / Krylov's top 8 on B A = 0.28x at r = 128, 0.49x at 256, 0.58x at 384,
-#: 1.8x at 512, 2.4x at 1024: every eigenvalue up to here for less than the top 8.
+#: load 7-8, power_shapes.py --calibrate): exact / Krylov's top 8 on B A = 0.27x at r = 128,
+#: 0.57x at 256, 0.67x at 384, 1.9x at 512, 2.1x at 1024: every eigenvalue up to here for less
+#: than the top 8.
 FACTORED_EXACT_MAX = 384
 #: d_model from which the power view computes F's top-k eigenpairs by Krylov (on the formed F
 #: where r = d, else on the r x r B A of its factors) instead of every eigenvalue by the dense eig (when F is
