@@ -198,11 +198,12 @@ def build(model: nn.Module, family: HFFamily) -> Anatomy:
     for index, block in enumerate(blocks):
         # a family's declared paths exist in the models it names (tests/families); in a
         # hybrid stack the attention paths exist in its attention layers only
+        attention = get_path(block, family.attention)
         mixer = mixer_kind(block, n_heads=n_heads, n_kv_heads=n_kv,
-                           layer_type=layer_kinds[index] if layer_kinds else None)
+                           layer_type=layer_kinds[index] if layer_kinds else None,
+                           attention=attention)
         value, output = _projections(family, block, n_heads, n_kv, d_head, d_model)
         cross_value, cross_output = _cross_projections(family, block, n_heads, d_head)
-        attention = get_path(block, family.attention)
         layers.append(LayerParts(
             index=index, block=block, attention=attention,
             attn_out_module=get_path(block, family.attn_out),

@@ -108,10 +108,13 @@ def _softmax_kind(attention: nn.Module, n_heads: int, n_kv_heads: int) -> str:
 
 
 def mixer_kind(block: nn.Module, *, n_heads: int, n_kv_heads: int,
-               layer_type: Optional[str] = None) -> Optional[str]:
+               layer_type: Optional[str] = None,
+               attention: Optional[nn.Module] = None) -> Optional[str]:
     """The kind of ``block``'s token mixer (one of :data:`MIXERS`), or None where the block
     holds none this module recognises. ``layer_type``: the config's ``layer_types`` entry of
-    the layer, where it states one.
+    the layer, where it states one; ``attention``: the block's attention where its family
+    names it by a path, for a block with no child of a usual name (T5's
+    ``layer.0.SelfAttention``).
 
         >>> from torch import nn
         >>> block = nn.Module(); block.self_attn = nn.Module()
@@ -119,7 +122,8 @@ def mixer_kind(block: nn.Module, *, n_heads: int, n_kv_heads: int,
         'gqa'
     """
     ssm = ssm_child(block)
-    attention = attention_child(block)
+    named = attention_child(block)
+    attention = named if named is not None else attention
     if ssm is not None:
         return "attention+ssm" if attention is not None else "state_space"
     if _linear_attention(block, attention, layer_type) is not None:

@@ -125,6 +125,21 @@ def test_transformerlens_bridge_says_mha():
                                                                 1: ("mha", "dense")}
 
 
+def test_t5_stacks_say_mha_cross_power_too():
+    from transformers import T5Config, T5Model
+
+    torch.manual_seed(0)
+    model = T5Model(T5Config(d_model=32, d_kv=8, d_ff=64, num_layers=2, num_heads=4,
+                             vocab_size=100)).eval()
+    with sh.instrument(model) as probe, torch.no_grad():
+        model(input_ids=_ids(), decoder_input_ids=_ids())
+    reports = cast(dict, probe.analyze(progress=False))
+    for stack in ("encoder", "decoder"):
+        assert _kinds(reports[stack]["power"]) == {0: ("mha", "dense"), 1: ("mha", "dense")}
+    assert _kinds(reports["decoder"]["cross_power"]) == {0: ("mha", "dense"),
+                                                         1: ("mha", "dense")}
+
+
 @pytest.mark.parametrize("fmt", ["parquet", "csv"])
 def test_save_load_keeps_the_columns_and_every_category(tmp_path, fmt):
     pytest.importorskip("pyarrow") if fmt == "parquet" else None
