@@ -20,11 +20,13 @@ categories.
 
 from __future__ import annotations
 
+import weakref
+
 import numpy as np
 import pandas as pd
 
 from ..anatomy import Anatomy
-from ..report.schema import SectionSchema
+from ..report.schema import Column, SectionSchema
 from .columns import LAYER_KINDS
 
 __all__ = ["with_layer_kinds"]
@@ -33,12 +35,27 @@ __all__ = ["with_layer_kinds"]
 def with_layer_kinds(table: pd.DataFrame, anatomy: Anatomy, schema: SectionSchema
                      ) -> pd.DataFrame:
     """``table`` with the :data:`~.columns.LAYER_KINDS` its ``schema`` declares inserted right
-    after ``layer`` (a new frame; ``table`` is left as it is). Unchanged when the schema declares
-    none, or the table has no ``layer`` column or already has them."""
+    after ``layer`` (a new frame; ``table`` is left as it is; the same frame again for the same
+    live table). Unchanged when the schema declares none, or the table has no ``layer`` column
+    or already has them."""
     kinds = [column for column in LAYER_KINDS if column in schema.columns]
     if not kinds or "layer" not in table.columns or \
             any(column.name in table.columns for column in kinds):
         return table
+    key = (id(table), schema.name)
+    done = _DONE.get(key)
+    if done is None:
+        done = _DONE[key] = _inserted(table, anatomy, kinds)
+        weakref.finalize(table, _DONE.pop, key, None)  # kept as long as the table lives
+    return done
+
+
+#: the labelled frame of each live table (by id and section): a section that the analysis
+#: cache returns again (``probe.analyze().power is probe.analyze().power``) keeps its identity
+_DONE: dict[tuple[int, str], pd.DataFrame] = {}
+
+
+def _inserted(table: pd.DataFrame, anatomy: Anatomy, kinds: list[Column]) -> pd.DataFrame:
     rows = table["layer"].to_numpy(dtype=np.int64)
     out = table.copy(deep=False)
     at = list(table.columns).index("layer") + 1

@@ -231,3 +231,19 @@ def test_the_guide_lists_every_kind_and_what_each_view_covers():
     assert all(len(row) == 4 and row[2] and row[3] for row in rows)  # each view says
     assert all(f"`{mlp}`" in guide for mlp in MLPS)
     assert "`mixer` and `mlp` columns" in guide
+
+
+def test_the_same_table_gets_the_same_labelled_frame_while_it_lives():
+    import gc
+
+    from spectral_hooks.analysis import layer_kinds
+
+    anatomy = cast(Anatomy, sh.anatomy_of(make_model("gpt2")))
+    table = pd.DataFrame({"layer": [0, 1], "gap_ratio": [0.5, 0.25]})
+    first = layer_kinds.with_layer_kinds(table, anatomy, SCHEMAS["power"])
+    assert layer_kinds.with_layer_kinds(table, anatomy, SCHEMAS["power"]) is first
+    key = (id(table), "power")
+    assert key in layer_kinds._DONE
+    del table
+    gc.collect()
+    assert key not in layer_kinds._DONE  # nothing kept once the table is gone
