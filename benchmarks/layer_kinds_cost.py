@@ -83,7 +83,7 @@ def ab_rounds(rounds: int, runs: int) -> dict[str, object]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     rounds, runs, repeats = (3, 3, 20) if args.quick else (7, 5, 100)
