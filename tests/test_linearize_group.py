@@ -225,7 +225,7 @@ def test_section_groups_by_the_cost_rule_unless_told(monkeypatch):
         assert row.top_eig_abs == pytest.approx(float(eigvals_by_modulus(J)[0].abs()), rel=1e-8)
         m = view.metrics(layer, position)  # memoised by the run above: its single-vector svds
         eye = torch.eye(J.shape[0], dtype=J.dtype)
-        assert m.singular_values == pytest.approx(torch.linalg.svdvals(J)[:k], rel=1e-8)
+        assert m.singular_values is None  # the section runs no svds(J): no column reads it
         assert m.delta_singular_values == pytest.approx(torch.linalg.svdvals(J - eye)[:k],
                                                         rel=1e-8)
     assert bool(alone.converged.all())
