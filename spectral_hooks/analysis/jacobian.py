@@ -119,7 +119,7 @@ class JacobianView:
 
     def __init__(self, subject: Subject, options: JacobianOptions, *,
                  method: str = "auto") -> None:
-        d = subject.anatomy.d_model
+        d = subject.anatomy.residual_width  # d_model, or streams x d_model (Gemma 3n)
         self.exact = resolve_dense(options.dense, d)
         if options.k >= d or (options.k > d - 2 and not self.exact):
             raise OptionError("jacobian.k", options.k, f"an int below d_model={d}" + (
@@ -141,7 +141,7 @@ class JacobianView:
 
     def describe(self) -> dict[str, Any]:
         """The ``jacobian`` entry of the report metadata: which computation, and why."""
-        o, d = self.options, self.subject.anatomy.d_model
+        o, d = self.options, self.subject.anatomy.residual_width
         out = {"computation": "exact" if self.exact else "matrix-free",
                "dense_option": o.dense, "dense_auto_max_d": DENSE_AUTO_MAX_D, "d_model": d,
                "tol": self.tol}
@@ -168,7 +168,7 @@ class JacobianView:
         return out
 
     def _materialize_why(self) -> str:
-        o, d = self.options, self.subject.anatomy.d_model
+        o, d = self.options, self.subject.anatomy.residual_width
         how = ("each block's J is formed from d_model columns in {w}-column products, eigs and "
                "svds iterate on it (every eigenpair and singular triplet checked with fresh "
                "products of the operator) and the Hutchinson probes are applied to it: the "
@@ -275,7 +275,7 @@ class JacobianView:
         if choice is not None or not self.layers or self.materialize:
             return bool(choice)
         device = self._device()
-        return device is not None and not flop_bound(self.subject.anatomy.d_model, device)
+        return device is not None and not flop_bound(self.subject.anatomy.residual_width, device)
 
     def groups(self, position: int) -> list[list[BlockJacobian]]:
         """Every layer's operator at ``position``, in layer groups that run together
@@ -422,7 +422,7 @@ class JacobianView:
         """Exact (all d singular values) bottleneck products: the default up to SCHUR_MAX_D,
         so that every variant, schur included, is ranked from the same full spectrum."""
         choice = self.options.bottleneck_dense
-        return self.subject.anatomy.d_model <= SCHUR_MAX_D if choice is None else choice
+        return self.subject.anatomy.residual_width <= SCHUR_MAX_D if choice is None else choice
 
     def end_to_end(self, dense: bool) -> list[Any]:
         """P_1..P_L at the default position through the whole stack (bidirectional models)."""
