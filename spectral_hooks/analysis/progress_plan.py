@@ -85,8 +85,13 @@ def progress_plan(subject: Subject, options: AnalyzeOptions, sections: Sequence[
         except SpectralHooksError:  # a bad position or sample: refused by its section, later
             n_pos = n_rows = 1
         dense_j = BUILD + apply(d)
-        solve = (dense_j + eig) if view.exact else \
-            BUILD + (MATVECS_PER_K * o.k + 2 * o.n_samples) * apply(1)
+        columns = MATVECS_PER_K * o.k + 2 * o.n_samples
+        if view.exact:
+            solve = dense_j + eig
+        elif view.materialize:  # J formed from d columns, then the solvers on the matrix
+            solve = dense_j + columns * 2.0 * d * d / FLOP_RATE
+        else:
+            solve = BUILD + columns * apply(1)
         dense = view.dense_products
         for label in labels:
             pools[f"jacobian:{label}"] = Work(L * n_pos * n_rows, solve)
