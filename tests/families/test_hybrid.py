@@ -50,13 +50,9 @@ def _batch() -> dict:
     return {"input_ids": ids, "attention_mask": mask}
 
 
-@pytest.mark.parametrize("name", quick_subset(SUPPORTED, keep={
-    "deepseek_v3", "lfm2", "jamba", "minimax", "gpt_oss", "exaone4"}))  # a mixer kind each
-def test_recorded_exactly_and_analysed(name):
-    model = make(name, dtype=torch.float32)  # the user's dtype: grouped experts, fused paths
-    anatomy = sh.anatomy_of(model)
-    assert anatomy.family in (name, "mamba", "deepseek_v3", "granitemoehybrid")
-    assert [(p.mixer, p.mlp) for p in anatomy.layers] == KINDS[name]
+def _recorded_bit_identically(model):
+    """(batch, outputs, probe) of one recorded forward on :func:`_batch`, whose outputs are
+    bit-identical to the model's own; the probe has left no handle."""
     batch = _batch()
     with torch.no_grad():
         expected = model(**batch, output_hidden_states=True)
@@ -64,6 +60,17 @@ def test_recorded_exactly_and_analysed(name):
             out = model(**batch, output_hidden_states=True)
     assert torch.equal(out.last_hidden_state, expected.last_hidden_state)
     assert probe.n_handles == 0
+    return batch, out, probe
+
+
+@pytest.mark.parametrize("name", quick_subset(SUPPORTED, keep={
+    "deepseek_v3", "lfm2", "jamba", "minimax", "gpt_oss", "exaone4"}))  # a mixer kind each
+def test_recorded_exactly_and_analysed(name):
+    model = make(name, dtype=torch.float32)  # the user's dtype: grouped experts, fused paths
+    anatomy = sh.anatomy_of(model)
+    assert anatomy.family in (name, "mamba", "deepseek_v3", "granitemoehybrid")
+    assert [(p.mixer, p.mlp) for p in anatomy.layers] == KINDS[name]
+    batch, out, probe = _recorded_bit_identically(model)
     real = batch["attention_mask"].bool()
     rec = probe.recording
     for layer in range(anatomy.n_layers):
@@ -188,13 +195,7 @@ def test_gemma3n_altup_streams_are_recorded_exactly_and_analysed():
     assert [(p.mixer, p.mlp, p.has_ov_map) for p in anatomy.layers] == \
         [("gqa", "dense", True)] * 2 + [("gqa", "dense", False)] * 2
     assert anatomy.residual_width == 3 * 32
-    batch = _batch()
-    with torch.no_grad():
-        expected = model(**batch, output_hidden_states=True)
-        with sh.instrument(model) as probe:
-            out = model(**batch, output_hidden_states=True)
-    assert torch.equal(out.last_hidden_state, expected.last_hidden_state)
-    assert probe.n_handles == 0
+    batch, out, probe = _recorded_bit_identically(model)
     real, rec = batch["attention_mask"].bool(), probe.recording
     for layer in range(4):
         assert torch.equal(rec.resid_pre[layer][real],
