@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Any, TypeAlias
 
 import numpy as np
 import torch
@@ -40,7 +41,7 @@ from .operators import IdentityOperator, LinearOperator
 __all__ = ["sorted_eig", "eig_leading", "factored_eig", "eig_topk", "tidy", "tidy_values",
            "VECTOR_RESIDUAL_TOL", "SEPARATION_TOL"]
 
-Triple = tuple[Tensor, Tensor, Tensor]  # (values, vectors, is_real), sorted
+Triple: TypeAlias = tuple[Tensor, Tensor, Tensor]  # (values, vectors, is_real), sorted
 
 #: an inverse-iteration vector x (||x|| = 1) is kept when ||M x - lambda x|| <= this * ||M||_F
 #: (LAPACK's own vectors reach ~1e-15 relative here)
@@ -283,7 +284,7 @@ def _plus_identity(F: Tensor | LinearOperator, iterate: str) -> Tensor | LinearO
     return F + IdentityOperator(F.shape[0], dtype=F.dtype, device=F.device)
 
 
-def _eigs_pairs(M: Tensor | LinearOperator, iterate: str, k: int, eigs_kw: dict
+def _eigs_pairs(M: Tensor | LinearOperator, iterate: str, k: int, eigs_kw: dict[str, Any]
                 ) -> tuple[Tensor, Tensor, bool]:
     """(values of F, vectors, converged): linalg.eigs's top k of M (F, or I + F for "I+F"), the
     non-finite pairs dropped, on the CPU."""
@@ -295,8 +296,8 @@ def _eigs_pairs(M: Tensor | LinearOperator, iterate: str, k: int, eigs_kw: dict
     return vals[keep] - _shift(iterate), vecs[:, keep], bool(res.converged)
 
 
-def _factored_topk(F: LowRankOperator, iterate: str, real_tol: float, k: int, eigs_kw: dict
-                   ) -> tuple[Tensor, Tensor, Tensor, bool] | None:
+def _factored_topk(F: LowRankOperator, iterate: str, real_tol: float, k: int,
+                   eigs_kw: dict[str, Any]) -> tuple[Tensor, Tensor, Tensor, bool] | None:
     """:func:`eig_topk` of a real thin F = A B from the r x r matrix B A (the same nonzero
     eigenvalues; vectors A y, each residual checked on F to ``eigs_kw["tol"]``-scale). None
     where F's d - r zeros could rank among the top k (their vectors are not A y) or a vector
@@ -316,8 +317,8 @@ def _factored_topk(F: LowRankOperator, iterate: str, real_tol: float, k: int, ei
     return (*tidy(vals, X, iterate, real_tol), converged)
 
 
-def eig_topk(F: Tensor | LinearOperator, iterate: str, real_tol: float, k: int, eigs_kw: dict
-             ) -> tuple[Tensor, Tensor, Tensor, bool]:
+def eig_topk(F: Tensor | LinearOperator, iterate: str, real_tol: float, k: int,
+             eigs_kw: dict[str, Any]) -> tuple[Tensor, Tensor, Tensor, bool]:
     """(values, vectors, is_real, converged): the top-k eigenpairs of F (of I + F for "I+F") by
     linalg.eigs (``eigs_kw``: its tol, max_restarts, seed), tidied like :func:`tidy`; a real
     thin F = A B from its r x r B A where that gives F's top k (:func:`_factored_topk`)."""
