@@ -200,7 +200,7 @@ def run_parts(probe, layer: int, k: int, n_samples: int, Counted) -> tuple[list[
 
 def compare(values: dict, k: int) -> dict[str, float]:
     """How far the matrix route's values are from the operator route's."""
-    from spectral_hooks.metrics.jacobian import _self_alignment
+    from spectral_hooks.metrics.jacobian import self_alignment_of
     from spectral_hooks.metrics.rotation import top_k_by_modulus
 
     a, b = values["operator"], values["matrix"]
@@ -209,8 +209,8 @@ def compare(values: dict, k: int) -> dict[str, float]:
     sa, sb = a["svds"], b["svds"]
     out = {"top-k |lambda| max rel diff": float(((la.abs() - lb.abs()).abs() / la.abs()).max()),
            "svds(J-I) values max rel diff": float(((sa.S - sb.S).abs() / sa.S).max()),
-           "self_alignment diff": abs(_self_alignment(sa.U, sa.Vh, k)
-                                      - _self_alignment(sb.U, sb.Vh, k)),
+           "self_alignment diff": abs(self_alignment_of(sa.U, sa.Vh, k)
+                                      - self_alignment_of(sb.U, sb.Vh, k)),
            "max eig residual (fresh, matrix route)": float(b["eigs"].residuals.max()),
            "max svd residual (fresh, matrix route)": b["svd_check"],
            "converged (matrix route)": float(bool(b["eigs"].converged)

@@ -62,8 +62,8 @@ def thread_controls() -> ThreadControls:
     for path in sorted((Path(torch.__file__).parent / "lib").glob("*torch_cpu.*")):
         try:  # loaded already: dlopen hands back the same library, whose lookups reach the
             libs.append(ctypes.CDLL(str(path)))  # OpenMP runtime it was linked with
-        except OSError:
-            pass
+        except OSError:  # not loadable by path: its setters are looked up in the process
+            continue     # below, or reported missing (ThreadControls' None: counts untouched)
     try:
         libs.append(ctypes.CDLL(None))  # the symbols loaded with RTLD_GLOBAL
     except (OSError, TypeError):  # no such handle on Windows

@@ -75,6 +75,7 @@ from spectral_hooks.metrics.rotation import (
 from spectral_hooks.metrics.schur import SCHUR_MAX_D, schur_diagonal, symmetric_part
 
 __all__ = ["JacobianMetrics", "jacobian_metrics", "jacobian_metrics_batch", "jacobian_row", "eigen_rows",
+           "self_alignment_of",
            "frac_complex_null", "frac_complex_top_null", "expected_real_eigenvalues",
            "symmetric_part", "schur_diagonal", "SCHUR_MAX_D", "COMPLEX_RTOL",
            "MATRIX_FREE_ABSENT"]
@@ -141,7 +142,14 @@ class JacobianMetrics:
 # --------------------------------------------------------------------------- dense
 
 
-def _self_alignment(U: Tensor, Vh: Tensor, k: int) -> float:
+def self_alignment_of(U: Tensor, Vh: Tensor, k: int) -> float:
+    """(1/k) ||U_k^T V_k||_F^2 of the top-k singular subspaces of Delta J = U S Vh (column
+    ``self_alignment_top{k}``: 1 when the left and right subspaces coincide).
+
+        >>> eye = torch.eye(3, dtype=torch.float64)
+        >>> round(self_alignment_of(eye, eye, 2), 12)
+        1.0
+    """
     return float(torch.linalg.matrix_norm(U[:, :k].T @ Vh[:k].T) ** 2) / k
 
 
@@ -180,7 +188,7 @@ def _dense(J: Tensor, k: int, seed: int, n_matvecs: int) -> JacobianMetrics:
         commutator_se=0.0, departure=dep, departure_rel=_ratio(dep, math.sqrt(fro_d)),
         departure_rel_upper=bounds["upper"], departure_rel_upper_se=0.0,
         departure_rel_lower=bounds["lower"], departure_rel_lower_se=0.0,
-        self_alignment=_self_alignment(U, Vh, kk), top_eig_abs=float(lam[0].abs()),
+        self_alignment=self_alignment_of(U, Vh, kk), top_eig_abs=float(lam[0].abs()),
         frob_sq=float(torch.linalg.matrix_norm(J) ** 2), n_matvecs=n_matvecs)
 
 
@@ -259,7 +267,7 @@ def _matrix_free(op: LinearOperator, k: int, n_samples: int, seed: int, tol: flo
         delta_singular_values=sd.S,
         top=rotation_stats(lam), top_null=null, top_null_se=null_se, full=None,
         frac_complex_null=None, departure=None, departure_rel=None,
-        self_alignment=_self_alignment(sd.U, sd.Vh, k), top_eig_abs=float(lam[0].abs()),
+        self_alignment=self_alignment_of(sd.U, sd.Vh, k), top_eig_abs=float(lam[0].abs()),
         n_matvecs=op.n_matvecs - start, **hutch)
 
 
