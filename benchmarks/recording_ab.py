@@ -198,22 +198,28 @@ def first_ever(model, inputs, instrument: Callable[[], Any]) -> None:
 Arm = Callable[[str], dict]
 
 
+def timed_forwards(model, inputs, calls, after_each=None) -> tuple[float, float]:
+    """(this thread's CPU seconds, minor page faults) of ``calls`` forwards, ``after_each()``
+    run after each one and timed with it."""
+    faults, start = minor_faults(), time.thread_time()
+    for _ in range(calls):
+        model(**inputs)
+        if after_each is not None:
+            after_each()
+    return time.thread_time() - start, minor_faults() - faults
+
+
 def cleared_arm(model, inputs, probes, packages, instrument, calls) -> Arm:
     """One probe attached for the arm's forwards, its recording cleared after each."""
     def arm(name: str) -> dict:
         probe = probes.get(name)
         if probe is not None:
             probe.attach()
-        faults, start = minor_faults(), time.thread_time()
-        for _ in range(calls):
-            model(**inputs)
-            if probe is not None:
-                probe.clear()
-        spent = (time.thread_time() - start) / calls
-        faults = (minor_faults() - faults) / calls
+        spent, faults = timed_forwards(model, inputs, calls,
+                                       probe.clear if probe is not None else None)
         if probe is not None:
             probe.remove()
-        return {name: (spent, faults)}
+        return {name: (spent / calls, faults / calls)}
     return arm
 
 
@@ -224,11 +230,7 @@ def kept_arm(model, inputs, probes, packages, instrument, calls) -> Arm:
         probe = probes.get(name)
         if probe is not None:
             probe.attach()
-        faults, start = minor_faults(), time.thread_time()
-        for _ in range(calls):
-            model(**inputs)
-        spent = time.thread_time() - start
-        faults = minor_faults() - faults
+        spent, faults = timed_forwards(model, inputs, calls)
         result = {}
         if probe is not None:
             probe.remove()
