@@ -32,7 +32,11 @@ Three patterns of use (``--pattern``; ``all`` runs them one after the other in o
   buffer) the pages stay and are reused. ``kept`` times the heap as the process left it
   (cold, in this script: ``all`` runs it first, since the other patterns' forwards can warm
   it), ``kept-warm`` the same after freeing a 16 MiB buffer first (run last by ``all``: the
-  allocator does not go back). The minor faults a forward say which state each arm met.
+  allocator does not go back). The minor faults a forward say which state each arm met, and
+  every arm that met new pages gets a second figure, ``without its page faults' cost``: its
+  time less its faults at what a fault cost in that round (``page_fault_seconds``: fresh pages
+  of an anonymous mapping, written once), which is what the same recording costs where pages
+  are cheap or already held (a GPU's caching allocator, a warm heap).
 
 Every run also times the **floor**: no-op hooks and taps of the same kinds (pre / post, with or
 without keyword arguments) on the same modules as this tree's probe attaches in its steady
@@ -61,6 +65,7 @@ from __future__ import annotations
 import argparse
 import gc
 import itertools
+import mmap
 import os
 import re
 import resource
@@ -198,6 +203,18 @@ def first_ever(model, inputs, instrument: Callable[[], Any]) -> None:
 Arm = Callable[[str], dict]
 
 
+def page_fault_seconds(pages: int = 256) -> float:
+    """This thread's CPU seconds a minor page fault costs now: ``pages`` fresh pages of an
+    anonymous mapping, each written once (what a kept tensor's new page costs the forward that
+    allocates it)."""
+    size = mmap.PAGESIZE
+    with mmap.mmap(-1, pages * size) as memory:
+        start = time.thread_time()
+        for offset in range(0, pages * size, size):
+            memory[offset] = 1
+        return (time.thread_time() - start) / pages
+
+
 def timed_forwards(model, inputs, calls, after_each=None) -> tuple[float, float]:
     """(this thread's CPU seconds, minor page faults) of ``calls`` forwards, ``after_each()``
     run after each one and timed with it."""
@@ -299,6 +316,7 @@ def run(arm: Arm, names: list, args, pattern: str) -> None:
     """``--rounds`` rounds of every arm in rotating order; one line per figure."""
     orders = list(itertools.permutations(names))
     times: dict = {}
+    fault_cost = []  # seconds a page fault, once a round
     with torch.no_grad():
         for name in names:
             arm(name)  # warm-up
@@ -306,11 +324,13 @@ def run(arm: Arm, names: list, args, pattern: str) -> None:
             for name in orders[r % len(orders)]:
                 for label, value in arm(name).items():
                     times.setdefault(label, []).append(value)
+            fault_cost.append(page_fault_seconds())
     plain = [t for t, _ in times["plain"]]
     print(f"{args.model}, capture {args.capture}, pattern {pattern}, {args.rounds} rounds of "
           f"{args.calls} calls, plain forward {1e3 * statistics.median(plain):.2f} ms (CPU, "
           f"1 thread), {statistics.median(f for _, f in times['plain']):.1f} minor faults a "
-          f"forward, load {[round(x, 2) for x in os.getloadavg()]}", flush=True)
+          f"forward, load {[round(x, 2) for x in os.getloadavg()]}; a minor page fault "
+          f"{1e6 * statistics.median(fault_cost):.2f} us", flush=True)
     for label, values in times.items():
         if label == "plain":
             continue
@@ -326,6 +346,10 @@ def run(arm: Arm, names: list, args, pattern: str) -> None:
         print(f"  {label}: recorded / plain {statistics.median(ratios):.4f} "
               f"(p25 {q1:.4f}, p75 {q3:.4f}), {added:.0f} us added a forward, "
               f"{faults:.1f} minor faults a forward", flush=True)
+        if faults >= 1:
+            # the same without what the new pages cost the OS (each round's own fault cost)
+            net = [(t - f * c) / p for (t, f), p, c in zip(values, plain, fault_cost)]
+            print(f"    without its page faults' cost: {statistics.median(net):.4f}", flush=True)
     if "base" in times:
         # the two probes of a round meet the same machine state: their difference is the
         # sharpest figure (standard error of a median ~ 1.25 sigma / sqrt(n), sigma ~ IQR / 1.35)
