@@ -231,14 +231,24 @@ class BlockGroup:
         """One :class:`StackedBlockJacobian` per slot, each applied through this group."""
         return [_member(self, i) for i in range(self.size)]
 
-    def _width(self, c: int) -> _Width:
+    def _width(self, c: int) -> Optional[_Width]:
+        """The group's graphs at the width for ``c`` columns (traced on first use); None where
+        the block structure cannot be traced (data-dependent control flow, e.g. routing that
+        reads its expert choices on the host): every member is then applied through its own
+        operator, which handles such blocks."""
         root = self.root
         if root.inputs[0].shape[0] != root.size:
             root.seal()
         W = next((w for w in GROUP_WIDTHS if w >= c), GROUP_WIDTHS[-1])
         got = root._widths.get(W)
-        if got is None:
-            got = root._widths[W] = _Width(root, W)
+        if got is None and len(root.solo) < root.size:
+            try:
+                got = root._widths[W] = _Width(root, W)
+            except REPLAY_ERRORS as why:
+                root.solo.update(range(root.size))
+                fallback("linearize.group_untraceable",
+                         f"layers {root.layers} cannot be traced as one group ({type(why).__name__}"
+                         f": {str(why).splitlines()[0]}): each is applied on its own (slower)")
         return got
 
     def columns_applied(self, i: int) -> int:
@@ -263,6 +273,12 @@ class BlockGroup:
         G, n, c = X.shape
         X = X.to(self.dtype)
         width = self._width(c)
+        if width is None:  # every member through its own operator
+            Y = torch.stack([op.rmatmat(x) if adjoint else op.matmat(x)
+                             for op, x in zip(self.ops, X)])
+            root._columns += (X != 0).any(dim=1).sum(dim=-1)
+            root._host_columns = None
+            return Y - self.shift * X if self.shift else Y
         W = width.W
         f = width.transpose() if adjoint else width.jvp
         T = X.permute(0, 2, 1).reshape(G, c, 1, n)
@@ -298,6 +314,8 @@ class BlockGroup:
         n, c = X.shape
         X = X.to(self.dtype)
         width = self._width(c)
+        if width is None:  # every member is applied on its own now
+            return self.apply_one(i, X, adjoint)
         W = width.W
         T = X.T.reshape(c, 1, n)
         outs = []

@@ -7,6 +7,7 @@ switch to a traceable implementation for its duration (anatomy
 ``call_convention.replay_context``) and restore the user's setting, which the float32 test
 checks against a float64 oracle."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -14,7 +15,7 @@ import spectral_hooks as sh
 from spectral_hooks.linearize import block_jacobian
 from tests.families.configs_decoders import MOE, make
 from tests.families.harness import check_family
-from tests.oracles import token_jacobian
+from tests.oracles import eigvals_by_modulus, token_jacobian
 
 
 def _ids(length: int = 5) -> dict:
@@ -68,3 +69,39 @@ def test_router_weights_are_differentiated():
     finally:
         del gate.forward
     assert float((J - J_frozen).abs().max()) > 1e-6 * float(J.abs().max())
+
+
+def _aria_text():
+    """A tiny Aria text model (generic fallback): its experts pick tokens with ``one_hot`` of
+    the router's choices, which checks them on the host, so ``make_fx`` cannot trace the
+    block for a layer group."""
+    import transformers as tf
+
+    config = tf.AriaTextConfig(vocab_size=100, hidden_size=32, intermediate_size=64,
+                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                               head_dim=8, moe_num_experts=4, moe_topk=2,
+                               moe_num_shared_experts=1, max_position_embeddings=64,
+                               bos_token_id=0, eos_token_id=0, pad_token_id=0)
+    config._experts_implementation = "eager"
+    torch.manual_seed(0)
+    return tf.AutoModel.from_config(config).to(torch.float64).eval()
+
+
+@pytest.mark.filterwarnings("ignore::spectral_hooks.errors.GenericAnatomyWarning")
+@pytest.mark.parametrize("dense", [True, False])
+def test_blocks_that_cannot_be_traced_as_a_group_run_one_by_one(dense):
+    """The layer group's trace fails on the experts' host check: each layer is applied
+    through its own operator (a fallback said once, by name), and the jacobian rows equal
+    the dense eig of jacfwd of the real block."""
+    model = _aria_text()
+    with sh.instrument(model) as probe, torch.no_grad():
+        model(**_ids(6))
+    report = probe.analyze(power=False, jacobian={"k": 3, "dense": dense, "group_layers": True,
+                                                  "materialize": False}, progress=False)
+    rows = report.jacobian
+    assert "linearize.group_untraceable" in report.metadata["fallbacks"]
+    assert list(rows["dense"]) == [dense, dense] and bool(rows["converged"].all())
+    for layer in (0, 1):
+        exact = eigvals_by_modulus(np.asarray(token_jacobian(probe, layer)))
+        got = float(rows.loc[rows["layer"] == layer, "top_eig_abs"].iloc[0])
+        assert abs(got - abs(exact[0])) <= 1e-9 * abs(exact[0]), (layer, got, exact[0])
