@@ -31,7 +31,8 @@ from .mixers import ATTENTION_MIXERS, POWER_MIXERS
 from .mixers import describe as describe_mixer
 
 __all__ = ["Anatomy", "LayerParts", "FamilyInfo", "NORM_PLACEMENTS", "config_int",
-           "config_layer_kinds", "fresh_model", "get_path"]
+           "config_layer_kinds", "fresh_model", "get_path", "layer_dims",
+           "per_layer_attributes"]
 
 NORM_PLACEMENTS = ("pre", "post", "sandwich", "sublayer_post", "unknown")
 
@@ -325,11 +326,52 @@ def config_int(config: Any, *names: str) -> Optional[int]:
     Returns:
         That int, or None when no attribute of ``names`` holds one.
     """
+    varying = per_layer_attributes(config)
     for name in names:
+        if name in varying:  # differs by layer: read from each layer's module instead
+            continue
         value = getattr(config, name, None)
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     return None
+
+
+def per_layer_attributes(config: Any) -> frozenset[str]:
+    """The config attributes that differ by layer (transformers' heterogeneous configs, e.g.
+    Gemma 4's ``head_dim`` and ``num_key_value_heads`` on its full-attention layers: reading
+    one from the config raises), read from each layer's own modules instead.
+
+        >>> from types import SimpleNamespace
+        >>> per_layer_attributes(SimpleNamespace(head_dim=8))
+        frozenset()
+    """
+    spec = vars(config).get("_heterogeneity_spec") if hasattr(config, "__dict__") else None
+    return frozenset(getattr(spec, "per_layer_attributes", ()) or ())
+
+
+def layer_dims(attention: Optional[nn.Module], varying: frozenset[str], n_heads: int,
+                n_kv: int, d_head: int) -> tuple[int, int]:
+    """(key/value heads, head size) of one layer: the config's, or, where the config says they
+    differ by layer (:func:`per_layer_attributes`: Gemma 4), the attention module's own
+    (HF's ``num_key_value_groups`` and ``head_dim``).
+
+        >>> layer_dims(None, frozenset({"head_dim"}), 4, 2, 8)
+        (2, 8)
+    """
+    if attention is None or not varying & {"head_dim", "num_key_value_heads"}:
+        return n_kv, d_head
+    groups, size = (getattr(attention, name, None) for name in ("num_key_value_groups", "head_dim"))
+    if "num_key_value_heads" in varying:
+        if not isinstance(groups, int) or groups < 1:
+            raise UnsupportedModelError(f"{type(attention).__name__}: the key/value heads differ "
+                                        "by layer and the module does not state its groups")
+        n_kv = n_heads // groups
+    if "head_dim" in varying:
+        if not isinstance(size, int):
+            raise UnsupportedModelError(f"{type(attention).__name__}: the head size differs by "
+                                        "layer and the module does not state its head_dim")
+        d_head = size
+    return n_kv, d_head
 
 
 def config_layer_kinds(config: Any, n_layers: int) -> Optional[tuple[str, ...]]:

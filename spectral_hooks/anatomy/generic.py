@@ -56,7 +56,15 @@ from torch import Tensor, nn
 
 from ..errors import GenericAnatomyWarning, UnsupportedModelError
 from ..recording.block_call import map_tensors
-from .base import Anatomy, FamilyInfo, LayerParts, config_int, config_layer_kinds
+from .base import (
+    Anatomy,
+    FamilyInfo,
+    LayerParts,
+    config_int,
+    config_layer_kinds,
+    layer_dims,
+    per_layer_attributes,
+)
 from .heads import output_heads, value_heads
 from .mixers import POWER_MIXERS, child, mixer_kind, mlp_kind
 
@@ -151,8 +159,12 @@ def generic_anatomy(model: nn.Module) -> Anatomy:
     n_kv = config_int(config, "num_key_value_heads") or n_heads
     d_head = config_int(config, "head_dim") or d_model // n_heads
     kinds = config_layer_kinds(config, len(blocks))
-    layers = tuple(_layer(i, block, n_heads, n_kv, d_head, kinds[i] if kinds else None)
+    varying = per_layer_attributes(config)
+    dims = [layer_dims(child(block, _ATTN_NAMES), varying, n_heads, n_kv, d_head)
+            for block in blocks]
+    layers = tuple(_layer(i, block, n_heads, *dims[i], kinds[i] if kinds else None)
                    for i, block in enumerate(blocks))
+    n_kv, d_head = dims[0]  # (where they differ by layer: the first layer's)
     warnings.warn(f"no family knows {type(model).__name__}: a generic anatomy is in use "
                   f"({len(layers)} blocks of {type(blocks[0]).__name__}); its causality and "
                   "residual stream are checked on the first recorded batch", GenericAnatomyWarning,

@@ -15,7 +15,16 @@ from typing import Any, Callable, Optional, TypedDict, Union, cast
 from torch import nn
 
 from ..errors import UnsupportedModelError
-from .base import Anatomy, FamilyInfo, LayerParts, config_int, config_layer_kinds, get_path
+from .base import (
+    Anatomy,
+    FamilyInfo,
+    LayerParts,
+    config_int,
+    config_layer_kinds,
+    get_path,
+    layer_dims,
+    per_layer_attributes,
+)
 from .calls import HF_CALLS, BlockCallConvention
 from .heads import latent_value_heads, output_heads, value_heads
 from .mixers import mixer_kind, mlp_kind
@@ -67,7 +76,9 @@ class HFFamily:
     config attribute holding the stack's number of heads (as many key/value heads: these
     families have no groups), ``cross_value``/``cross_output`` the paths from a block to its
     cross-attention projections. ``attention_free``: no layer has attention (Mamba), so the
-    config need not state a head count.
+    config need not state a head count. ``value_from_keys``: the path to the key projection,
+    read as the value projection in layers that have none because their values are their keys
+    (Gemma 4's full-attention layers, ``attention_k_eq_v``).
     """
 
     name: str
@@ -113,6 +124,7 @@ class HFFamily:
     cross_value: Optional[str] = None
     cross_output: Optional[str] = None
     attention_free: bool = False
+    value_from_keys: Optional[str] = None
 
 
 def base_model_of(model: nn.Module) -> nn.Module:
@@ -152,6 +164,8 @@ def _cross_projections(family: HFFamily, block: nn.Module, n_heads: int, d_head:
 def _projections(family: HFFamily, block: nn.Module, n_heads: int, n_kv: int, d_head: int,
                  d_model: int):
     v_mod, o_mod = get_path(block, family.value), get_path(block, family.output)
+    if v_mod is None and family.value_from_keys is not None:
+        v_mod = get_path(block, family.value_from_keys)
     if v_mod is None or o_mod is None:
         return None, None
     if family.qkv == "gpt2":
@@ -194,15 +208,18 @@ def build(model: nn.Module, family: HFFamily) -> Anatomy:
                                            attention_free=family.attention_free)
     n_kv = family.n_kv_heads or n_kv
     layer_kinds = config_layer_kinds(config, len(blocks))
-    layers, seen = [], {}
+    varying = per_layer_attributes(config)
+    layers, seen, dims = [], {}, []
     for index, block in enumerate(blocks):
         # a family's declared paths exist in the models it names (tests/families); in a
         # hybrid stack the attention paths exist in its attention layers only
         attention = get_path(block, family.attention)
-        mixer = mixer_kind(block, n_heads=n_heads, n_kv_heads=n_kv,
+        layer_kv, layer_head = layer_dims(attention, varying, n_heads, n_kv, d_head)
+        dims.append((layer_kv, layer_head))
+        mixer = mixer_kind(block, n_heads=n_heads, n_kv_heads=layer_kv,
                            layer_type=layer_kinds[index] if layer_kinds else None,
                            attention=attention)
-        value, output = _projections(family, block, n_heads, n_kv, d_head, d_model)
+        value, output = _projections(family, block, n_heads, layer_kv, layer_head, d_model)
         cross_value, cross_output = _cross_projections(family, block, n_heads, d_head)
         layers.append(LayerParts(
             index=index, block=block, attention=attention,
@@ -218,6 +235,7 @@ def build(model: nn.Module, family: HFFamily) -> Anatomy:
         seen.setdefault(id(block), []).append(index)
     shared = tuple(tuple(ix) for ix in seen.values() if len(ix) > 1)
     causal = family.causal or bool(getattr(config, "is_decoder", False))
+    n_kv, d_head = dims[0] if dims else (n_kv, d_head)  # (per-layer ones: the first layer's)
     return Anatomy(
         family=family.name, model=model, layers=tuple(layers), d_model=d_model,
         n_heads=n_heads, n_kv_heads=n_kv, d_head=d_head, causal=causal,

@@ -25,11 +25,16 @@ Family facts:
   an earlier layer's keys and values (KV sharing) have no W_V of their own, so no power rows.
   Replays run the whole sequence (no KV-cache replay), the shared keys and values held as the
   recorded forward computed them.
+- Gemma 4: Gemma 3n's KV sharing, per-layer inputs and unscaled ``v_norm``, on one residual
+  stream; its full-attention layers have their own head size and key/value heads (read from
+  each layer: the config raises on them) and no value projection: their values are their keys
+  (``attention_k_eq_v``), so W_V is the key projection. An optional routed-experts MLP runs
+  beside the dense one.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .calls import BlockCallConvention
 from .hf import HFFamily, HFPathsAndFinalNorm, register
@@ -100,18 +105,31 @@ def _altup_streams(config: Any) -> dict[str, Any]:
     return {"call_convention": BlockCallConvention(cache_kwargs=(), streams=streams)}
 
 
-def _multimodal(config: Any) -> Optional[str]:
-    if getattr(config, "text_config", None) is None:
-        return None
-    return ("the multimodal Gemma 3n wrapper (vision and audio towers) is not described: load "
-            "its language model alone, e.g. Gemma3nForCausalLM.from_pretrained(path), or "
-            "instrument model.model.language_model")
+def _multimodal(name: str, causal_lm: str) -> Callable[[Any], Optional[str]]:
+    def refusal(config: Any) -> Optional[str]:
+        if getattr(config, "text_config", None) is None:
+            return None
+        return (f"the multimodal {name} wrapper (vision and audio towers) is not described: "
+                f"load its language model alone, e.g. {causal_lm}.from_pretrained(path), or "
+                "instrument model.model.language_model")
+    return refusal
 
 
 GEMMA3N = register(HFFamily(
     name="gemma3n", model_types=("gemma3n", "gemma3n_text"),
     **{**_LLAMA_PATHS, "attn_out": "post_attention_layernorm"}, norm_upcasts=True,
-    variant=_altup_streams, unsupported=_multimodal, tested_by=_TESTS,
+    variant=_altup_streams, unsupported=_multimodal("Gemma 3n", "Gemma3nForCausalLM"),
+    tested_by=_TESTS,
     attention_type="AltUp residual streams; sliding + full (GQA); KV sharing",
     power_view="attention layers with their own W_V, on the active stream (v_norm outside F)",
     jacobian_view="yes (every stream: width streams x d)"))
+
+GEMMA4 = register(HFFamily(
+    name="gemma4", model_types=("gemma4", "gemma4_text"),
+    **{**_LLAMA_PATHS, "attn_out": "post_attention_layernorm"}, value_from_keys="self_attn.k_proj",
+    norm_upcasts=True, call_convention=BlockCallConvention(cache_kwargs=(),
+                                                          replay_context=traceable_experts),
+    unsupported=_multimodal("Gemma 4", "Gemma4ForCausalLM"), tested_by=_TESTS,
+    attention_type="sliding + full (GQA; full layers: own head size, keys = values); KV "
+                   "sharing; optional routed experts beside the dense MLP",
+    power_view="attention layers with their own keys/values (v_norm outside F)"))

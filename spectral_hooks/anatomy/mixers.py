@@ -60,6 +60,7 @@ _SSM_NAMES = ("mamba", "mixer")
 _LINEAR_ATTENTION_NAMES = ("linear_attn", "linear_attention")
 _CONV_NAMES = ("conv", "short_conv")
 _SHARED_NAMES = ("shared_expert", "shared_experts", "shared_mlp")
+_MLP_NAMES = ("mlp", "feed_forward")
 _LINEAR_WORDS = ("Linear", "Lightning", "DeltaNet")
 
 
@@ -168,8 +169,12 @@ def mlp_kind(block: nn.Module, mixer: Optional[str] = None) -> str:
         return "none"
     if not any(_has_experts(sub) for sub in rest):
         return "dense"
+    # shared experts by name, or a dense MLP beside the block's experts (Gemma 4): both run
+    # on every token
+    dense = child(block, _MLP_NAMES)
     shared = any(child(sub, _SHARED_NAMES) is not None for sub in rest) or \
-        child(block, _SHARED_NAMES) is not None
+        child(block, _SHARED_NAMES) is not None or \
+        (dense is not None and not _has_experts(dense))
     return "routed+shared" if shared else "routed"
 
 

@@ -5,7 +5,7 @@ attention, routed experts with grouped kernels, sliding/full and RoPE/NoPE stack
     >>> model = make("jamba")            # JambaModel: a Mamba layer, then an attention layer
 
 Every model: d_model 32, 2 layers whose kinds differ where the architecture mixes kinds (Gemma
-3n: 4, for its key/value sharing),
+3n and Gemma 4: 4, for their key/value sharing),
 4 experts (2 per token), vocab 100, random init from ``seed``, eval mode, cast to ``dtype``;
 nothing is downloaded. In float64 the experts run HF's "eager" loop (the default grouped-matmul
 kernels have no float64 kernel): the user's own float64 model must, too.
@@ -87,6 +87,16 @@ def _configs():
             hidden_size_per_layer_input=8, num_kv_shared_layers=2, laurel_rank=4,
             activation_sparsity_pattern=[0.95, 0.0, 0.0, 0.0], altup_num_inputs=3,
             sliding_window=4, layer_types=["sliding_attention", "full_attention"] * 2),
+            "num_hidden_layers": 4}),
+        # full-attention layers with their own head size (16) and one key/value head, whose
+        # values are their keys; layers 2-3 reuse 0-1's keys/values; routed experts beside
+        # the dense MLP; per-layer inputs
+        "gemma4_text": lambda: tf.Gemma4TextConfig(**{**_base(
+            num_key_value_heads=2, head_dim=8, global_head_dim=16, num_global_key_value_heads=1,
+            attention_k_eq_v=True, sliding_window=4, num_kv_shared_layers=2,
+            layer_types=["sliding_attention", "full_attention"] * 2,
+            vocab_size_per_layer_input=VOCAB, hidden_size_per_layer_input=8,
+            enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=16),
             "num_hidden_layers": 4}),
     }
 

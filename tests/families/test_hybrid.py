@@ -1,7 +1,8 @@
 """Every model people load in 2026 (issue 54): hybrid stacks (Qwen3-Next, Jamba, Granite-4
 hybrid, LFM2, Falcon-H1, MiniMax), pure Mamba-2, latent attention (DeepSeek-V3), routed experts
 with grouped kernels (gpt-oss, GLM-4.5, dots1, Phi-MoE), sliding/full and RoPE/NoPE stacks
-(EXAONE 4, Cohere2, SmolLM3); Gemma 3n's AltUp residual streams with KV sharing.
+(EXAONE 4, Cohere2, SmolLM3); Gemma 3n's AltUp residual streams with KV sharing; Gemma 4's
+per-layer head sizes, keys-as-values and experts beside the dense MLP.
 
 The quick profile runs one architecture of each mixer kind end to end and three oracle cases;
 ``make test-all`` runs every one. Oracles that do not use the library's code path: the model's
@@ -314,6 +315,102 @@ def test_gemma3n_multimodal_wrapper_is_refused_in_one_line():
     model.config = tf.Gemma3nConfig(text_config=model.config.to_dict())  # the wrapper's config
     with pytest.raises(UnsupportedModelError, match="language model alone") as caught:
         build(model, GEMMA3N)
+    assert "\n" not in str(caught.value)
+
+
+GEMMA4_KINDS = [("gqa", "routed+shared"), ("mqa", "routed+shared")] * 2
+
+
+def test_gemma4_is_recorded_exactly_and_analysed():
+    """Sliding layers (head size 8, 2 key/value heads) and full ones (head size 16 and one
+    key/value head, read from each layer: the config refuses to state them), keys = values on
+    the full layers, KV sharing (layers 2-3), routed experts beside the dense MLP, in the
+    user's float32 with HF's default experts kernels: the forward is bit-identical, the
+    recording is the model's own hidden states, the power view covers layers 0-1 and says why
+    2-3 have no rows, the Jacobian view covers all four blocks with no fallback."""
+    model = make("gemma4_text", dtype=torch.float32)
+    anatomy = sh.anatomy_of(model)
+    assert anatomy.family == "gemma4"
+    assert [(p.mixer, p.mlp) for p in anatomy.layers] == GEMMA4_KINDS
+    assert [p.has_ov_map for p in anatomy.layers] == [True, True, False, False]
+    assert [tuple(p.value_weights().shape) for p in anatomy.layers[:2]] == [(4, 8, 32),
+                                                                         (4, 16, 32)]
+    batch, out, probe = _recorded_bit_identically(model)
+    real, rec = batch["attention_mask"].bool(), probe.recording
+    for layer in range(4):
+        assert torch.equal(rec.resid_pre[layer][real], out.hidden_states[layer][real])
+        if layer < 3:  # the last hidden state is normalised
+            assert torch.equal(rec.resid_post[layer][real], out.hidden_states[layer + 1][real])
+    report = probe.analyze(jacobian=True, progress=False)
+    assert report.power["layer"].tolist() == [0, 1]
+    note = report.metadata["power_coverage"]
+    assert "layers 2, 3" in note and "KV sharing" in note and "v_norm" in note
+    assert sorted(set(report.jacobian["layer"])) == [0, 1, 2, 3]
+    assert np.isfinite(report.jacobian["top_eig_abs"]).all()
+    assert bool(report.jacobian["converged"].all())
+    assert not GROUPED_FALLBACKS & set(report.metadata["fallbacks"])
+    assert report.metadata["layer_mixers"] == [m for m, _ in GEMMA4_KINDS]
+
+
+def test_gemma4_F_equals_a_fit_of_the_raw_modules():
+    """F = W_O W_V with each layer's own head size: layer 0 through v_proj, layer 1 (keys are
+    values) through k_proj, both with the values' RMS norm (no gain) taken out; the
+    KV-sharing layers have none (NaN)."""
+    model = make("gemma4_text")
+    anatomy = sh.anatomy_of(model)
+    F_lib = sh.layer_matrices(model)
+    for part, value_in in zip(anatomy.layers[:2], ("self_attn.v_proj", "self_attn.k_proj")):
+        norm = part.block.self_attn.v_norm
+        norm.forward = lambda x: x
+        try:
+            want = oracle_F(model, part.block, value_in, "self_attn.o_proj", 32)
+        finally:
+            del norm.forward
+        torch.testing.assert_close(F_lib[part.index], want, rtol=1e-6, atol=1e-6)
+    assert torch.isnan(F_lib[2:]).all()
+
+
+@pytest.mark.parametrize("layer", quick_subset([0, 1, 3], keep={1, 3}))
+def test_gemma4_matrix_free_equals_dense(layer):
+    """The library's dense Jacobian of a block (0: sliding; 1: full, keys = values, its own
+    head size; 3: keys and values reused from layer 1, routed experts) = jacfwd of the real
+    block; the matrix-free top-k = numpy's eig."""
+    probe = _float64_probe("gemma4_text")
+    want = token_jacobian(probe, layer, sample=0)
+    op = block_jacobian(probe.anatomy, probe.recording, layer)
+    got = op.to_dense()
+    assert float((got - want).abs().max()) <= 1e-10 * float(want.abs().max())
+    result = eigs(op, 4, tol=1e-10, seed=0, return_vectors=False)
+    assert bool(result.converged)
+    exact = eigvals_by_modulus(np.asarray(want))[:len(result.values)]
+    assert_same_spectrum(np.asarray(result.values), exact, 1e-8)
+
+
+@pytest.mark.filterwarnings("ignore::spectral_hooks.errors.GenericAnatomyWarning")
+def test_a_config_whose_head_sizes_differ_by_layer_is_read_per_layer():
+    """transformers raises on ``config.head_dim`` of a heterogeneous config: the family and
+    the generic fallback read each layer's head size and key/value heads from its module."""
+    from spectral_hooks.anatomy.generic import generic_anatomy
+
+    model = make("gemma4_text")
+    with pytest.raises(RuntimeError, match="per-layer attribute"):
+        model.config.head_dim  # noqa: B018 - the read transformers refuses
+    for anatomy in (sh.anatomy_of(model), generic_anatomy(model)):
+        assert tuple(anatomy.layers[0].output_weights().shape) == (4, 32, 8)
+        assert (anatomy.n_kv_heads, anatomy.d_head) == (2, 8)  # the first layer's
+    assert tuple(sh.anatomy_of(model).layers[1].output_weights().shape) == (4, 32, 16)
+
+
+def test_gemma4_multimodal_wrapper_is_refused_in_one_line():
+    import transformers as tf
+
+    from spectral_hooks.anatomy.hf import build
+    from spectral_hooks.anatomy.hybrid import GEMMA4
+
+    model = make("gemma4_text", dtype=torch.float32)
+    model.config = tf.Gemma4Config(text_config=model.config.to_dict())  # the wrapper's config
+    with pytest.raises(UnsupportedModelError, match="Gemma4ForCausalLM") as caught:
+        build(model, GEMMA4)
     assert "\n" not in str(caught.value)
 
 
