@@ -204,6 +204,12 @@ def _self_check(anatomy: Anatomy, call: Any, output: Any) -> None:
     model_hidden = getattr(output, "hidden_states", None)
     for layer in layers:
         block_call = call.block_calls[layer]
+        shape = tuple(block_call.hidden.shape)
+        if len(shape) != 3 or shape[-1] != anatomy.d_model:
+            raise refuse(anatomy.model, f"block {layer}'s input has shape {list(shape)}, not "
+                         f"[batch, pos, {anatomy.d_model}]: its residual state is not one "
+                         "vector a token (parallel residual streams, e.g. hyper-connections, "
+                         "need a family that says how to read them)")
         out = _replay(anatomy.layers[layer].block, block_call, block_call.hidden)
         recorded = call.captured.get(("resid_post", layer))
         if recorded is not None and not _close(out, recorded):
@@ -247,6 +253,8 @@ def verify(anatomy: Anatomy, call: Any, output: Any) -> Anatomy:
     try:
         _self_check(anatomy, call, output)
         causal = _causal(anatomy, call)
+    except UnsupportedModelError:  # a refusal of the checks themselves, already worded
+        raise
     except (RuntimeError, TypeError, ValueError, IndexError) as err:  # a block the replay
         # cannot call as recorded (its input is not a [batch, pos, d] residual stream)
         raise refuse(anatomy.model, f"replaying its blocks on their recorded inputs failed: "

@@ -91,6 +91,45 @@ def test_custom_stack_failing_the_self_check_is_refused(kind, why):
     assert probe.n_handles == 0 and len(probe.recording) == 0
 
 
+class StreamBlock(nn.Module):
+    """A block over two parallel residual streams [batch, pos, 2, D] (hyper-connections)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attn = Attention(causal=True)
+
+    def forward(self, x):
+        return x + self.attn(x.mean(2))[:, :, None]
+
+
+class StreamStack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.config = SimpleNamespace(hidden_size=D, num_attention_heads=2)
+        self.blocks = nn.ModuleList([StreamBlock() for _ in range(2)])
+
+    def forward(self, inputs_embeds):
+        x = inputs_embeds[:, :, None].expand(-1, -1, 2, -1).contiguous()
+        for block in self.blocks:
+            x = block(x)
+        return x.mean(2)
+
+
+def test_parallel_residual_streams_are_refused_in_one_worded_error():
+    """Blocks whose input is [batch, pos, streams, d] (DeepSeek-V4 / HY-V4 hyper-connections
+    under no family) are refused on the first batch, the shape named, not left to fail deep in
+    an analysis."""
+    torch.manual_seed(0)
+    model = StreamStack().double()
+    with pytest.warns(GenericAnatomyWarning), sh.instrument(model) as probe:
+        with pytest.raises(UnsupportedModelError) as caught:
+            model(inputs_embeds=torch.randn(1, 5, D, dtype=torch.float64))
+    message = str(caught.value)
+    assert "block 0's input has shape [1, 5, 2, 8], not [batch, pos, 8]" in message
+    assert message.count("cannot be described") == 1 and "register_anatomy" in message
+    assert probe.n_handles == 0 and len(probe.recording) == 0
+
+
 def test_vit_through_the_generic_fallback_is_bidirectional():
     model = make("vit")
     model.config.model_type = "unknown_vit"
