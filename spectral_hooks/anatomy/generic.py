@@ -106,12 +106,35 @@ def _has_weight(module: Optional[nn.Module]) -> bool:
     return module is not None and isinstance(getattr(module, "weight", None), Tensor)
 
 
-def _layer(index: int, block: nn.Module, n_heads: int, n_kv: int, d_head: int,
-           layer_type: Optional[str]) -> LayerParts:
+def _heads_fitting(model: nn.Module, index: int, attn: nn.Module, v_mod: nn.Module,
+                   o_mod: nn.Module, n_heads: int, d_head: int) -> tuple[int, int]:
+    """(heads, head size) that fit layer ``index``'s value and output projections: the
+    config's, else the attention module's own ``head_dim`` (a stack whose layer types differ
+    in heads); refused, the shapes named, when neither fits (rather than a reshape failing
+    inside an analysis)."""
+    o_in, v_out = getattr(o_mod, "in_features", None), getattr(v_mod, "out_features", None)
+    if not isinstance(o_in, int) or not isinstance(v_out, int):
+        return n_heads, d_head  # not a plain Linear (Conv1D, quantized): read as stated
+    size = getattr(attn, "head_dim", None)
+    for h, s in [(n_heads, d_head)] + ([(o_in // size, size)] if isinstance(size, int)
+                                        and size > 0 else []):
+        if h * s == o_in and v_out % s == 0 and v_out // s > 0 and h % (v_out // s) == 0:
+            return h, s
+    raise refuse(model, f"layer {index}'s attention projections (values {v_out}, output "
+                 f"{o_in} wide) fit neither the config's {n_heads} heads of {d_head} nor the "
+                 "module's own head size")
+
+
+def _layer(model: nn.Module, index: int, block: nn.Module, n_heads: int, n_kv: int,
+           d_head: int, layer_type: Optional[str]) -> LayerParts:
     mixer = mixer_kind(block, n_heads=n_heads, n_kv_heads=n_kv, layer_type=layer_type)
     attn = child(block, _ATTN_NAMES) if mixer in POWER_MIXERS else None
     v_mod, o_mod = child(attn, _VALUE_NAMES), child(attn, _OUTPUT_NAMES)
     ok = _has_weight(v_mod) and _has_weight(o_mod)
+    if ok:
+        n_heads, d_head = _heads_fitting(model, index, cast(nn.Module, attn),
+                                         cast(nn.Module, v_mod), cast(nn.Module, o_mod),
+                                         n_heads, d_head)
     return LayerParts(
         index=index, block=block, attention=attn, attn_out_module=attn,
         value=value_heads(cast(nn.Module, v_mod), n_heads, d_head) if ok else None,
@@ -162,7 +185,7 @@ def generic_anatomy(model: nn.Module) -> Anatomy:
     varying = per_layer_attributes(config)
     dims = [layer_dims(child(block, _ATTN_NAMES), varying, n_heads, n_kv, d_head)
             for block in blocks]
-    layers = tuple(_layer(i, block, n_heads, *dims[i], kinds[i] if kinds else None)
+    layers = tuple(_layer(model, i, block, n_heads, *dims[i], kinds[i] if kinds else None)
                    for i, block in enumerate(blocks))
     n_kv, d_head = dims[0]  # (where they differ by layer: the first layer's)
     warnings.warn(f"no family knows {type(model).__name__}: a generic anatomy is in use "

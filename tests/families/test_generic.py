@@ -130,6 +130,28 @@ def test_parallel_residual_streams_are_refused_in_one_worded_error():
     assert probe.n_handles == 0 and len(probe.recording) == 0
 
 
+@pytest.mark.parametrize("head_dim", [4, None])
+def test_heads_are_fitted_to_the_projections_or_refused(head_dim):
+    """A config whose head count does not divide the projections (a stack whose layer types
+    differ in heads): the attention module's own head_dim is used where it fits, the shapes
+    are named where nothing fits, at instrument() rather than inside an analysis."""
+    torch.manual_seed(0)
+    model = Stack(causal=True).double()
+    model.config.num_attention_heads = 3  # 8 / 3: no whole head size
+    for block in model.blocks:
+        block.attn.head_dim = head_dim
+    if head_dim is None:
+        with pytest.raises(
+                UnsupportedModelError, match=r"layer 0's attention projections \(values 8, "
+                                             r"output 8 wide\) fit neither the config's 3 heads"):
+            sh.anatomy_of(model)
+        return
+    anatomy = _generic(model)
+    assert tuple(anatomy.layers[0].value_weights().shape) == (2, 4, 8)
+    probe = _run(model, inputs_embeds=torch.randn(1, 5, D, dtype=torch.float64))
+    assert len(probe.analyze(power=True, progress=False).power) == 2
+
+
 def test_vit_through_the_generic_fallback_is_bidirectional():
     model = make("vit")
     model.config.model_type = "unknown_vit"
