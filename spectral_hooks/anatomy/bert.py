@@ -7,12 +7,15 @@ from torch import nn
 from .hf import HFFamily, register
 
 BERT = register(HFFamily(
-    name="bert", model_types=("bert", "roberta", "xlm-roberta", "electra"),
+    name="bert", model_types=("bert", "roberta", "xlm-roberta", "electra", "camembert",
+                              "data2vec-text", "ernie", "bert-generation", "roc_bert",
+                              "rembert"),
     blocks="encoder.layer", attention="attention", value="attention.self.value",
     output="attention.output.dense", attn_out="attention.output.dropout", attn_norm=None,
     norm_placement="post", causal=False,
     tested_by="tests/test_probe_families.py (bert); tests/families/test_encoders.py (electra, "
-              "xlm-roberta)",
+              "xlm-roberta, camembert, data2vec-text, ernie, bert-generation, roc_bert, "
+              "rembert)",
 ))
 
 

@@ -22,6 +22,8 @@ _TEXT = dict(vocab_size=VOCAB, max_position_embeddings=64, **_COMMON)
 _IMAGE = dict(image_size=IMAGE, patch_size=PATCH, num_channels=3, **_COMMON)
 
 ENCODERS = ("distilbert", "modernbert", "deberta_v2", "mpnet", "electra", "xlm_roberta")
+# BERT's layers under other names and embeddings (the bert family)
+BERT_CLONES = ("camembert", "data2vec_text", "ernie", "bert_generation", "roc_bert", "rembert")
 VISION = ("vit", "deit", "clip_vision", "siglip_vision", "clip_text")
 
 RAW = {
@@ -31,6 +33,7 @@ RAW = {
     "mpnet": ("attention.attn.v", "attention.attn.o"),
     "electra": ("attention.self.value", "attention.output.dense"),
     "xlm_roberta": ("attention.self.value", "attention.output.dense"),
+    **{clone: ("attention.self.value", "attention.output.dense") for clone in BERT_CLONES},
     "vit": ("attention.v_proj", "attention.o_proj"),
     "deit": ("attention.v_proj", "attention.o_proj"),
     "clip_vision": ("self_attn.v_proj", "self_attn.out_proj"),
@@ -61,6 +64,17 @@ def _config(family: str):
     if family == "xlm_roberta":
         return tf.XLMRobertaConfig(**{**_TEXT, "max_position_embeddings": 70}), \
             tf.XLMRobertaModel
+    clones = {"camembert": (tf.CamembertConfig, tf.CamembertModel),
+              "data2vec_text": (tf.Data2VecTextConfig, tf.Data2VecTextModel),
+              "ernie": (tf.ErnieConfig, tf.ErnieModel),
+              "bert_generation": (tf.BertGenerationConfig, tf.BertGenerationEncoder),
+              "roc_bert": (tf.RoCBertConfig, tf.RoCBertModel),
+              "rembert": (tf.RemBertConfig, tf.RemBertModel)}
+    if family in clones:
+        config, cls = clones[family]
+        extra = {"input_embedding_size": 16, "output_embedding_size": 16,
+                 "bos_token_id": 1, "eos_token_id": 2} if family == "rembert" else {}
+        return config(**{**_TEXT, "max_position_embeddings": 70, **extra}), cls
     return _vision_config(family)
 
 

@@ -1,4 +1,5 @@
-"""Encoders (issue 15): DistilBERT, ModernBERT, DeBERTa-v2, MPNet, ELECTRA, XLM-RoBERTa.
+"""Encoders (issue 15): DistilBERT, ModernBERT, DeBERTa-v2, MPNet, ELECTRA, XLM-RoBERTa; BERT's
+layers under other names (CamemBERT, data2vec-text, ERNIE, BertGeneration, RoCBert, RemBERT).
 
 Each passes tests/families/harness.check_family: recording = output_hidden_states, F = the
 raw-weight least-squares fit (1e-6, float64), dense block Jacobian = jacfwd of the real block
@@ -12,15 +13,15 @@ import torch
 
 import spectral_hooks as sh
 from spectral_hooks.errors import UnsupportedModelError
-from tests.families.configs_encoders import ENCODERS, RAW, f_call, inputs_for, make
+from tests.families.configs_encoders import BERT_CLONES, ENCODERS, RAW, f_call, inputs_for, make
 from tests.families.harness import check_family
 
-FAMILY_NAME = {"electra": "bert", "xlm_roberta": "bert"}
+FAMILY_NAME = {"electra": "bert", "xlm_roberta": "bert", **dict.fromkeys(BERT_CLONES, "bert")}
 # Jacobians checked on the last layer (layers alike), on both for ModernBERT (global, local)
 JACOBIAN_LAYERS = {"modernbert": (0, 1)}
 
 
-@pytest.mark.parametrize("family", ENCODERS)
+@pytest.mark.parametrize("family", ENCODERS + BERT_CLONES)
 def test_encoder_passes_the_family_checks(family):
     model = make(family)
     value_in, output = RAW[family]
