@@ -128,6 +128,7 @@ class Probe:
         # every other hook of that block ran; models called as a whole never carry it
         self._last_block, self._implicit_end = last_block, False
         self._commit_settings: Optional[fc.CommitSettings] = None
+        self._recorded_a_call = self._said_no_block_ran = False
 
     def _merge_rule(self) -> str:
         """Whether ``resid_post`` of layer l is read from block l+1's input instead of a hook
@@ -211,8 +212,10 @@ class Probe:
         if call.defer:
             self._defer_commit(call)
             return
-        if not call.captured or not call.complete(self._expected, self.recording.capture,
-                                                  self.layers):
+        if not call.captured:
+            self._say_no_block_ran()
+            return
+        if not call.complete(self._expected, self.recording.capture, self.layers):
             return
         written = call.written()
         if written and not self._copies:
@@ -224,12 +227,26 @@ class Probe:
         self.anatomy = fc.verified(self.anatomy, call, output, on_refusal=self.remove)
         self._commit_settings = None  # the anatomy or the merge rule may change here
         call.commit_to(self.recording, hidden_kwarg, self.anatomy.call_convention.streams)
+        self._recorded_a_call = True
         self._copies = written  # references from the first call that sees no in-place write
         if self._merge == "check":
             if torch.compiler.is_compiling():  # Dynamo cannot remove handles: keep both hooks
                 self._merge, self._merge_handles = "off", []
             else:
                 self._settle_merge(call)
+
+    def _say_no_block_ran(self) -> None:
+        """Warn, once, that a model call ran none of the recorded blocks before any call was
+        recorded (a model with several stacks whose instrumented one did not run: a vision
+        tower beside the text stack): nothing else would say why the recording is empty."""
+        if self._recorded_a_call or self._said_no_block_ran:
+            return
+        self._said_no_block_ran = True
+        first = self.anatomy.layers[self.layers[0]]
+        log.warning("the model ran, but none of the recorded blocks (%s, layers %d-%d) ran in "
+                    "that call, so nothing was recorded: where a model has several stacks, "
+                    "instrument the one that runs (e.g. sh.instrument(model.<stack>))",
+                    type(first.block).__name__, self.layers[0], self.layers[-1])
 
     def _defer_commit(self, call: fc.ForwardCall) -> None:
         """End a call whose hooks only noted references: the recording commits it when next

@@ -152,6 +152,35 @@ def test_heads_are_fitted_to_the_projections_or_refused(head_dim):
     assert len(probe.analyze(power=True, progress=False).power) == 2
 
 
+class TwoStacks(nn.Module):
+    """A longer stack that does not run on text (a vision tower) beside the one that does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.config = SimpleNamespace(hidden_size=D, num_attention_heads=2)
+        self.vision = nn.ModuleList([Block(causal=False) for _ in range(3)])
+        self.text = nn.ModuleList([Block(causal=True) for _ in range(2)])
+
+    def forward(self, inputs_embeds):
+        x = inputs_embeds
+        for block in self.text:
+            x = block(x)
+        return x
+
+
+def test_a_call_that_runs_none_of_the_recorded_blocks_says_so_once(caplog):
+    torch.manual_seed(0)
+    model = TwoStacks().double()
+    with pytest.warns(GenericAnatomyWarning), sh.instrument(model) as probe, torch.no_grad():
+        assert probe.anatomy.layers[0].block is model.vision[0]  # the longest list
+        for _ in range(2):
+            model(inputs_embeds=torch.randn(1, 4, D, dtype=torch.float64))
+    said = [r.getMessage() for r in caplog.records if "none of the recorded blocks" in r.getMessage()]
+    assert len(said) == 1 and "(Block, layers 0-2)" in said[0] and "instrument the one" in said[0]
+    with pytest.raises(RecordingError, match="nothing recorded"):
+        probe.recording.resid_pre[0]
+
+
 def test_vit_through_the_generic_fallback_is_bidirectional():
     model = make("vit")
     model.config.model_type = "unknown_vit"
