@@ -16,8 +16,12 @@ Family facts:
 - MiniMax: the residual add is ``alpha residual + beta sublayer``; F is before beta.
 - Granite-4 hybrid: sublayers are scaled by ``residual_multiplier`` before the add (F before it).
 - LFM2: the final norm is ``embedding_norm``.
-- DeepSeek-V3: multi-head latent attention; W_V^h reads ``kv_b_proj``'s value rows through the
-  latent (:func:`.heads.latent_value_heads`).
+- DeepSeek-V3 (and V2, GLM-4.7-Flash): multi-head latent attention; W_V^h reads ``kv_b_proj``'s
+  value rows through the latent (:func:`.heads.latent_value_heads`).
+- DeepSeek-V3.2 and GLM-5 (DSA): the same MLA, and an indexer that keeps each query's top-k
+  keys; the selection masks scores only, so F is unchanged, and the Jacobian holds it fixed at
+  the recorded choice (locally constant, as expert routing is). Replays run the whole
+  sequence: the indexer keeps no cache a single-query replay could hold fixed.
 - Gemma 3n: its blocks carry AltUp's parallel residual streams, a [streams, batch, pos, d]
   tensor (:mod:`.streams`), recorded and replayed as [batch, pos, streams * d]; each block also
   takes a per-layer input (held fixed, as recorded). F is the attention's W_O W_V on the active
@@ -89,10 +93,20 @@ MAMBA2 = register(HFFamily(
     power_view="no (no attention)"))
 
 DEEPSEEK_V3 = register(HFFamily(
-    name="deepseek_v3", model_types=("deepseek_v3", "deepseek_v2"),
+    name="deepseek_v3", model_types=("deepseek_v3", "deepseek_v2", "glm4_moe_lite"),
     **{**_LLAMA_PATHS, "value": "self_attn"}, qkv="latent", norm_upcasts=True,
     call_convention=_EXPERTS, tested_by=_TESTS,
     attention_type="multi-head latent (MLA); dense, then routed+shared experts"))
+
+
+DEEPSEEK_SPARSE = register(HFFamily(
+    name="deepseek_v32", model_types=("deepseek_v32", "glm_moe_dsa"),
+    **{**_LLAMA_PATHS, "value": "self_attn"}, qkv="latent", norm_upcasts=True,
+    call_convention=BlockCallConvention(cache_kwargs=(), replay_context=traceable_experts),
+    tested_by=_TESTS,
+    attention_type="multi-head latent (MLA) with a top-k token indexer (DSA); dense, then "
+                   "routed+shared experts",
+    power_view="yes (F is the value path; the indexer's selection only masks scores)"))
 
 
 def _altup_streams(config: Any) -> dict[str, Any]:

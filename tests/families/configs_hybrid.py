@@ -25,6 +25,12 @@ def _base(**extra):
                 num_attention_heads=4, max_position_embeddings=64, **_IDS, **extra)
 
 
+# multi-head latent attention (and its experts: layer 0 dense, layer 1 routed + shared)
+_MLA = dict(num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=4,
+            qk_nope_head_dim=4, v_head_dim=8, n_routed_experts=4, num_experts_per_tok=2,
+            moe_intermediate_size=16, first_k_dense_replace=1, n_group=1, topk_group=1)
+
+
 def _experts(**extra):
     return _base(num_key_value_heads=2, num_experts_per_tok=2, **extra)
 
@@ -34,10 +40,13 @@ def _configs():
 
     return {
         # multi-head latent attention; layer 0 dense, layer 1 routed + shared experts
-        "deepseek_v3": lambda: tf.DeepseekV3Config(**_base(
-            num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=4,
-            qk_nope_head_dim=4, v_head_dim=8, n_routed_experts=4, num_experts_per_tok=2,
-            moe_intermediate_size=16, first_k_dense_replace=1, n_group=1, topk_group=1)),
+        "deepseek_v3": lambda: tf.DeepseekV3Config(**_base(**_MLA)),
+        # the same MLA, and a top-k token indexer (DSA) that keeps 4 of each query's keys
+        "deepseek_v32": lambda: tf.DeepseekV32Config(**_base(**_MLA, index_n_heads=2,
+                                                             index_head_dim=8, index_topk=4)),
+        "glm_moe_dsa": lambda: tf.GlmMoeDsaConfig(**_base(**_MLA, index_n_heads=2,
+                                                          index_head_dim=8, index_topk=4)),
+        "glm4_moe_lite": lambda: tf.Glm4MoeLiteConfig(**_base(**_MLA)),
         "qwen3_next": lambda: tf.Qwen3NextConfig(**_experts(
             head_dim=8, linear_num_value_heads=4, linear_num_key_heads=2,
             linear_key_head_dim=8, linear_value_head_dim=8, num_experts=4,
@@ -102,9 +111,9 @@ def _configs():
 
 
 #: the architectures with one residual stream (Gemma 3n's AltUp streams: its own tests)
-SUPPORTED = ("deepseek_v3", "qwen3_next", "lfm2", "granitemoehybrid", "jamba", "mamba2",
-             "gpt_oss", "glm4_moe", "dots1", "phimoe", "minimax", "exaone4", "smollm3",
-             "cohere2", "falcon_h1")
+SUPPORTED = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa", "glm4_moe_lite", "qwen3_next",
+             "lfm2", "granitemoehybrid", "jamba", "mamba2", "gpt_oss", "glm4_moe", "dots1",
+             "phimoe", "minimax", "exaone4", "smollm3", "cohere2", "falcon_h1")
 
 
 def make(name: str, *, seed: int = 0, dtype: torch.dtype = torch.float64) -> nn.Module:

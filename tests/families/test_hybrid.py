@@ -1,5 +1,6 @@
 """Every model people load in 2026 (issue 54): hybrid stacks (Qwen3-Next, Jamba, Granite-4
-hybrid, LFM2, Falcon-H1, MiniMax), pure Mamba-2, latent attention (DeepSeek-V3), routed experts
+hybrid, LFM2, Falcon-H1, MiniMax), pure Mamba-2, latent attention (DeepSeek-V3, V3.2 and GLM-5
+with a top-k indexer, GLM-4.7-Flash), routed experts
 with grouped kernels (gpt-oss, GLM-4.5, dots1, Phi-MoE), sliding/full and RoPE/NoPE stacks
 (EXAONE 4, Cohere2, SmolLM3); Gemma 3n's AltUp residual streams with KV sharing; Gemma 4's
 per-layer head sizes, keys-as-values and experts beside the dense MLP.
@@ -27,6 +28,9 @@ from tests.profiles import quick_subset
 GROUPED_FALLBACKS = {"linearize.group_member_alone", "linearize.own_trace"}
 KINDS = {  # (mixer, mlp) per layer, as each architecture stacks them
     "deepseek_v3": [("mla", "dense"), ("mla", "routed+shared")],
+    "deepseek_v32": [("mla", "dense"), ("mla", "routed+shared")],
+    "glm_moe_dsa": [("mla", "dense"), ("mla", "routed+shared")],
+    "glm4_moe_lite": [("mla", "dense"), ("mla", "routed+shared")],
     "qwen3_next": [("linear_attention", "routed+shared"), ("gqa", "routed+shared")],
     "lfm2": [("short_conv", "dense"), ("gqa", "dense")],
     "granitemoehybrid": [("state_space", "routed+shared"), ("gqa", "routed+shared")],
@@ -69,7 +73,7 @@ def _recorded_bit_identically(model):
 def test_recorded_exactly_and_analysed(name):
     model = make(name, dtype=torch.float32)  # the user's dtype: grouped experts, fused paths
     anatomy = sh.anatomy_of(model)
-    assert anatomy.family in (name, "mamba", "deepseek_v3", "granitemoehybrid")
+    assert anatomy.family in (name, "mamba", "deepseek_v3", "deepseek_v32", "granitemoehybrid")
     assert [(p.mixer, p.mlp) for p in anatomy.layers] == KINDS[name]
     batch, out, probe = _recorded_bit_identically(model)
     real = batch["attention_mask"].bool()
@@ -101,8 +105,9 @@ def _float64_probe(name):
 
 
 @pytest.mark.parametrize("name, layer", quick_subset(
-    [("deepseek_v3", 1), ("jamba", 0), ("mamba2", 1), ("qwen3_next", 0), ("minimax", 1),
-     ("gpt_oss", 0)], keep={("deepseek_v3", 1), ("jamba", 0), ("qwen3_next", 0)}))
+    [("deepseek_v3", 1), ("deepseek_v32", 1), ("glm_moe_dsa", 0), ("glm4_moe_lite", 1),
+     ("jamba", 0), ("mamba2", 1), ("qwen3_next", 0), ("minimax", 1), ("gpt_oss", 0)],
+    keep={("deepseek_v3", 1), ("deepseek_v32", 1), ("jamba", 0), ("qwen3_next", 0)}))
 def test_matrix_free_equals_dense_on_every_mixer(name, layer):
     """MLA + routed/shared experts, Mamba, Mamba-2, Gated DeltaNet, routed experts (gpt-oss:
     sinks and biases): the library's dense Jacobian = jacfwd of the real block, and the
@@ -119,11 +124,14 @@ def test_matrix_free_equals_dense_on_every_mixer(name, layer):
     assert_same_spectrum(got_values, exact, 1e-8)
 
 
-def test_latent_attention_F_equals_a_fit_of_the_raw_modules():
-    """MLA: F = sum_h W_O^h W_V^h with W_V read through the latent (kv_a_proj_with_mqa, the
-    latent norm's gain, kv_b_proj's value rows); the oracle fits the raw modules on one-token
-    inputs with the latent RMSNorm's per-token scale taken out (its gain kept)."""
-    model = make("deepseek_v3")
+@pytest.mark.parametrize("name", quick_subset(
+    ["deepseek_v3", "deepseek_v32", "glm_moe_dsa", "glm4_moe_lite"], keep={"deepseek_v32"}))
+def test_latent_attention_F_equals_a_fit_of_the_raw_modules(name):
+    """MLA (DeepSeek-V3; V3.2 and GLM-5 with their top-k indexer; GLM-4.7-Flash): F = sum_h
+    W_O^h W_V^h with W_V read through the latent (kv_a_proj_with_mqa, the latent norm's gain,
+    kv_b_proj's value rows); the oracle fits the raw modules on one-token inputs with the
+    latent RMSNorm's per-token scale taken out (its gain kept)."""
+    model = make(name)
     anatomy = sh.anatomy_of(model)
     for part in anatomy.layers:
         norm = part.block.self_attn.kv_a_layernorm
