@@ -27,7 +27,7 @@ from ..checks import checked_layer
 from ..errors import MissingWeightsError, UnsupportedModelError
 from .calls import HF_CALLS, BlockCallConvention
 from .heads import HeadWeights
-from .mixers import ATTENTION_MIXERS, POWER_MIXERS
+from .mixers import ATTENTION_MIXERS, POWER_MIXERS, ov_extras
 from .mixers import describe as describe_mixer
 
 __all__ = ["Anatomy", "LayerParts", "FamilyInfo", "NORM_PLACEMENTS", "config_int",
@@ -262,10 +262,10 @@ class Anatomy:
             notes.append(f"no power rows for layers {', '.join(map(str, borrowed))}: their "
                          "attention has no value projection of its own (it reuses an earlier "
                          "layer's keys and values: KV sharing), so no F = W_O W_V")
-        if any(part.has_ov_map and isinstance(getattr(part.attention, "v_norm", None),
-                                                 nn.Module) for part in self.layers):
-            notes.append("the values' RMS norm (v_norm) between W_V and the attention is "
-                         "outside F")
+        extras = list(dict.fromkeys(what for t in chosen if self.layers[t].has_ov_map
+                                    for what in ov_extras(self.layers[t].attention)))
+        if extras:
+            notes.append(f"outside F: {'; '.join(extras)}")
         if self.call_convention.streams is not None:
             notes.append("F acts on one of the parallel residual streams (AltUp): the power "
                          "rows read the tokens of the active stream")

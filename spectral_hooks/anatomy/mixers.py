@@ -178,6 +178,41 @@ def mlp_kind(block: nn.Module, mixer: Optional[str] = None) -> str:
     return "routed+shared" if shared else "routed"
 
 
+_GATE_NAMES = ("g_proj", "gate_proj", "o_gate", "output_gate")
+
+
+def ov_extras(attention: Optional[nn.Module]) -> list[str]:
+    """What an attention module puts on the path from W_V to W_O besides the attention
+    weights, which F = W_O W_V leaves out (the power view says so): a norm of the values
+    (Gemma 3n/4), an output gate computed from the layer's input (Qwen3-Next and Qwen3.5 from
+    a doubled query projection, LFM3 and Laguna from a gate projection), a scale of the values,
+    attention sinks (each row's weights sum to less than 1).
+
+        >>> from torch import nn
+        >>> attention = nn.Module(); attention.v_norm = nn.Identity()
+        >>> ov_extras(attention)
+        ["the values' RMS norm (v_norm) between W_V and the attention"]
+    """
+    if attention is None:
+        return []
+    found = []
+    if isinstance(getattr(attention, "v_norm", None), nn.Module):
+        found.append("the values' RMS norm (v_norm) between W_V and the attention")
+    query = child(attention, ("q_proj",))
+    heads = getattr(getattr(attention, "config", None), "num_attention_heads", None)
+    size = getattr(attention, "head_dim", None)
+    doubled = (isinstance(heads, int) and isinstance(size, int)
+               and getattr(query, "out_features", None) == 2 * heads * size)
+    if doubled or child(attention, _GATE_NAMES) is not None:
+        found.append("the attention output's gate (computed per token from the layer's input)")
+    scale = getattr(attention, "v_scale", None)
+    if isinstance(scale, (int, float)) and not isinstance(scale, bool) and scale != 1:
+        found.append(f"the values' scale ({scale:g})")
+    if isinstance(getattr(attention, "sinks", None), nn.Parameter):
+        found.append("attention sinks (each row's attention weights sum to less than 1)")
+    return found
+
+
 def describe(block: nn.Module, mixer: Optional[str]) -> str:
     """``"a state_space mixer (Mamba2Mixer)"``: a layer's kind and module, for messages."""
     module: Any = mixer_module(block, mixer)

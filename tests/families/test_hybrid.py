@@ -48,6 +48,9 @@ KINDS = {  # (mixer, mlp) per layer, as each architecture stacks them
 }
 
 
+OUTSIDE_F = {"gpt_oss", "qwen3_next"}  # attention sinks; an output gate (beside F's path)
+
+
 def _batch() -> dict:
     ids = torch.randint(1, 100, (2, 7), generator=torch.Generator().manual_seed(3))
     mask = torch.ones_like(ids)
@@ -94,7 +97,8 @@ def test_recorded_exactly_and_analysed(name):
     assert report.metadata["layer_mixers"] == [m for m, _ in KINDS[name]]
     note = report.metadata.get("power_coverage")
     without = [t for t in range(anatomy.n_layers) if not anatomy.layers[t].has_ov_map]
-    assert (note is None) == (not without and KINDS[name][0][0] != "attention+ssm")
+    noted = bool(without) or KINDS[name][0][0] == "attention+ssm" or name in OUTSIDE_F
+    assert (note is None) == (not noted)
 
 
 def _float64_probe(name):
@@ -167,6 +171,19 @@ def test_layers_without_an_OV_map_say_so():
     with pytest.raises(sh.errors.RecordingError, match="no attn_out at layer 0"):
         probe.recording.attn_out[0]
     assert probe.recording.attn_out.keys() == (1,)
+
+
+@pytest.mark.parametrize("name, said", [
+    ("qwen3_next", "outside F: the attention output's gate"),
+    ("gpt_oss", "outside F: attention sinks"),
+    ("gemma4_text", "outside F: the values' RMS norm (v_norm)"),
+    ("exaone4", None)])
+def test_what_F_leaves_out_between_the_values_and_the_output_is_said(name, said):
+    """F = W_O W_V is the ungated, unnormalised OV map: a report whose layers put a gate, a
+    norm, a scale or sinks on that path says so in ``power_coverage`` (a plain GQA layer: no
+    note)."""
+    coverage = sh.anatomy_of(make(name, dtype=torch.float32)).power_coverage()
+    assert coverage is None if said is None else said in coverage
 
 
 def test_a_pure_state_space_model_has_no_power_rows_but_a_full_jacobian_view():
