@@ -110,12 +110,15 @@ def _float64_probe(name):
 
 @pytest.mark.parametrize("name, layer", quick_subset(
     [("deepseek_v3", 1), ("deepseek_v32", 1), ("glm_moe_dsa", 0), ("glm4_moe_lite", 1),
-     ("jamba", 0), ("mamba2", 1), ("qwen3_next", 0), ("minimax", 1), ("gpt_oss", 0)],
-    keep={("deepseek_v3", 1), ("deepseek_v32", 1), ("jamba", 0), ("qwen3_next", 0)}))
+     ("jamba", 0), ("mamba2", 1), ("qwen3_next", 0), ("minimax", 1), ("gpt_oss", 0),
+     ("gemma4_text", 0), ("gemma4_text", 1), ("gemma4_text", 3)],
+    keep={("deepseek_v3", 1), ("deepseek_v32", 1), ("jamba", 0), ("qwen3_next", 0),
+          ("gemma4_text", 1), ("gemma4_text", 3)}))
 def test_matrix_free_equals_dense_on_every_mixer(name, layer):
-    """MLA + routed/shared experts, Mamba, Mamba-2, Gated DeltaNet, routed experts (gpt-oss:
-    sinks and biases): the library's dense Jacobian = jacfwd of the real block, and the
-    matrix-free top-k eigenvalues = numpy's eig of it."""
+    """MLA + routed/shared experts (V3.2, GLM-5: a top-k indexer), Mamba, Mamba-2, Gated
+    DeltaNet, routed experts (gpt-oss: sinks and biases), Gemma 4 (0: sliding; 1: full, keys
+    = values, its own head size; 3: keys and values reused from layer 1): the library's dense
+    Jacobian = jacfwd of the real block, and the matrix-free top-k eigenvalues = numpy's eig."""
     probe = _float64_probe(name)
     want = token_jacobian(probe, layer, sample=0)
     op = block_jacobian(probe.anatomy, probe.recording, layer)
@@ -211,6 +214,21 @@ def _streams_as_tokens(state):
     return state.permute(1, 2, 0, 3).reshape(state.shape[1], state.shape[2], -1)
 
 
+def _check_kv_sharing_analysis(probe, said: str):
+    """The analysis of a 4-layer model whose layers 2-3 reuse 0-1's keys and values: power
+    rows for 0-1 only, the coverage note says why (and ``said``), every block has converged
+    Jacobian rows, no grouped fallback. Returns the report."""
+    report = probe.analyze(jacobian=True, progress=False)
+    assert report.power["layer"].tolist() == [0, 1]
+    note = report.metadata["power_coverage"]
+    assert "layers 2, 3" in note and "KV sharing" in note and said in note
+    assert sorted(set(report.jacobian["layer"])) == [0, 1, 2, 3]
+    assert np.isfinite(report.jacobian["top_eig_abs"]).all()
+    assert bool(report.jacobian["converged"].all())
+    assert not GROUPED_FALLBACKS & set(report.metadata["fallbacks"])
+    return report
+
+
 def test_gemma3n_altup_streams_are_recorded_exactly_and_analysed():
     """AltUp (3 streams), per-layer inputs, Gaussian top-k MLP sparsity, KV sharing (layers
     2-3 reuse layers 0-1's keys and values): the forward is bit-identical, the recording is the
@@ -228,13 +246,7 @@ def test_gemma3n_altup_streams_are_recorded_exactly_and_analysed():
                            _streams_as_tokens(out.hidden_states[layer])[real])
         assert torch.equal(rec.resid_post[layer][real],
                            _streams_as_tokens(out.hidden_states[layer + 1])[real])
-    report = probe.analyze(jacobian=True, progress=False)
-    assert report.power["layer"].tolist() == [0, 1]
-    note = report.metadata["power_coverage"]
-    assert "layers 2, 3" in note and "KV sharing" in note and "active stream" in note
-    assert sorted(set(report.jacobian["layer"])) == [0, 1, 2, 3]
-    assert np.isfinite(report.jacobian["top_eig_abs"]).all()
-    assert not GROUPED_FALLBACKS & set(report.metadata["fallbacks"])
+    _check_kv_sharing_analysis(probe, "active stream")
 
 
 def test_gemma3n_power_rows_read_the_active_stream():
@@ -330,19 +342,6 @@ def test_gemma3n_steering_needs_a_layer_with_its_own_values():
     assert torch.equal(model.layers[1].self_attn.o_proj.weight, before)
 
 
-def test_gemma3n_multimodal_wrapper_is_refused_in_one_line():
-    import transformers as tf
-
-    from spectral_hooks.anatomy.hf import build
-    from spectral_hooks.anatomy.hybrid import GEMMA3N
-
-    model = make("gemma3n_text", dtype=torch.float32)
-    model.config = tf.Gemma3nConfig(text_config=model.config.to_dict())  # the wrapper's config
-    with pytest.raises(UnsupportedModelError, match="language model alone") as caught:
-        build(model, GEMMA3N)
-    assert "\n" not in str(caught.value)
-
-
 GEMMA4_KINDS = [("gqa", "routed+shared"), ("mqa", "routed+shared")] * 2
 
 
@@ -366,14 +365,7 @@ def test_gemma4_is_recorded_exactly_and_analysed():
         assert torch.equal(rec.resid_pre[layer][real], out.hidden_states[layer][real])
         if layer < 3:  # the last hidden state is normalised
             assert torch.equal(rec.resid_post[layer][real], out.hidden_states[layer + 1][real])
-    report = probe.analyze(jacobian=True, progress=False)
-    assert report.power["layer"].tolist() == [0, 1]
-    note = report.metadata["power_coverage"]
-    assert "layers 2, 3" in note and "KV sharing" in note and "v_norm" in note
-    assert sorted(set(report.jacobian["layer"])) == [0, 1, 2, 3]
-    assert np.isfinite(report.jacobian["top_eig_abs"]).all()
-    assert bool(report.jacobian["converged"].all())
-    assert not GROUPED_FALLBACKS & set(report.metadata["fallbacks"])
+    report = _check_kv_sharing_analysis(probe, "v_norm")
     assert report.metadata["layer_mixers"] == [m for m, _ in GEMMA4_KINDS]
 
 
@@ -395,22 +387,6 @@ def test_gemma4_F_equals_a_fit_of_the_raw_modules():
     assert torch.isnan(F_lib[2:]).all()
 
 
-@pytest.mark.parametrize("layer", quick_subset([0, 1, 3], keep={1, 3}))
-def test_gemma4_matrix_free_equals_dense(layer):
-    """The library's dense Jacobian of a block (0: sliding; 1: full, keys = values, its own
-    head size; 3: keys and values reused from layer 1, routed experts) = jacfwd of the real
-    block; the matrix-free top-k = numpy's eig."""
-    probe = _float64_probe("gemma4_text")
-    want = token_jacobian(probe, layer, sample=0)
-    op = block_jacobian(probe.anatomy, probe.recording, layer)
-    got = op.to_dense()
-    assert float((got - want).abs().max()) <= 1e-10 * float(want.abs().max())
-    result = eigs(op, 4, tol=1e-10, seed=0, return_vectors=False)
-    assert bool(result.converged)
-    exact = eigvals_by_modulus(np.asarray(want))[:len(result.values)]
-    assert_same_spectrum(np.asarray(result.values), exact, 1e-8)
-
-
 @pytest.mark.filterwarnings("ignore::spectral_hooks.errors.GenericAnatomyWarning")
 def test_a_config_whose_head_sizes_differ_by_layer_is_read_per_layer():
     """transformers raises on ``config.head_dim`` of a heterogeneous config: the family and
@@ -426,16 +402,20 @@ def test_a_config_whose_head_sizes_differ_by_layer_is_read_per_layer():
     assert tuple(sh.anatomy_of(model).layers[1].output_weights().shape) == (4, 32, 16)
 
 
-def test_gemma4_multimodal_wrapper_is_refused_in_one_line():
+@pytest.mark.parametrize("name, family, wrapper, causal_lm", [
+    ("gemma3n_text", "GEMMA3N", "Gemma3nConfig", "Gemma3nForCausalLM"),
+    ("gemma4_text", "GEMMA4", "Gemma4Config", "Gemma4ForCausalLM")])
+def test_a_multimodal_gemma_wrapper_is_refused_in_one_line(name, family, wrapper, causal_lm):
     import transformers as tf
 
+    from spectral_hooks.anatomy import hybrid
     from spectral_hooks.anatomy.hf import build
-    from spectral_hooks.anatomy.hybrid import GEMMA4
 
-    model = make("gemma4_text", dtype=torch.float32)
-    model.config = tf.Gemma4Config(text_config=model.config.to_dict())  # the wrapper's config
-    with pytest.raises(UnsupportedModelError, match="Gemma4ForCausalLM") as caught:
-        build(model, GEMMA4)
+    model = make(name, dtype=torch.float32)
+    model.config = getattr(tf, wrapper)(text_config=model.config.to_dict())  # the wrapper's
+    with pytest.raises(UnsupportedModelError, match=f"language model alone.*{causal_lm}") \
+            as caught:
+        build(model, getattr(hybrid, family))
     assert "\n" not in str(caught.value)
 
 
