@@ -244,10 +244,12 @@ class Anatomy:
         or covers in part, and why; None where it covers every one in full."""
         chosen = range(self.n_layers) if layers is None else layers
         missing: dict[str, list[int]] = {}
-        parallel, borrowed = [], []
+        parallel, borrowed, unread = [], [], []
         for part in (self.layers[t] for t in chosen):
             if part.reuses_kv:
                 borrowed.append(part.index)
+            elif not part.has_ov_map and part.mixer in POWER_MIXERS:
+                unread.append(part.index)
             elif not part.has_ov_map:
                 missing.setdefault(describe_mixer(part.block, part.mixer), []).append(part.index)
             elif part.mixer == "attention+ssm":
@@ -258,6 +260,10 @@ class Anatomy:
                              f"{', '.join(map(str, ix))}: {kind}" for kind, ix in missing.items())
             notes.append(f"no power rows for {what}: no softmax attention, so no OV map "
                          "F = W_O W_V (the power view's theory assumes row-stochastic mixing)")
+        if unread:
+            notes.append(f"no power rows for layers {', '.join(map(str, unread))}: their softmax "
+                         "attention's value and output projections were not found (a layout "
+                         "no family describes: spectral_hooks.register_anatomy)")
         if borrowed:
             notes.append(f"no power rows for layers {', '.join(map(str, borrowed))}: their "
                          "attention has no value projection of its own (it reuses an earlier "

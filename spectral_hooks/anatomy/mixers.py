@@ -179,12 +179,14 @@ def mlp_kind(block: nn.Module, mixer: Optional[str] = None) -> str:
 
 
 _GATE_NAMES = ("g_proj", "gate_proj", "o_gate", "output_gate")
+_QK_NORM_PREFIXES = ("q_", "k_", "query", "key")
 
 
 def ov_extras(attention: Optional[nn.Module]) -> list[str]:
     """What an attention module puts on the path from W_V to W_O besides the attention
     weights, which F = W_O W_V leaves out (the power view says so): a norm of the values
-    (Gemma 3n/4), an output gate computed from the layer's input (Qwen3-Next and Qwen3.5 from
+    (Gemma 3n/4) or of the attention output (BitNet, DiffLlama), the per-token scale of a latent
+    norm (MLA), an output gate computed from the layer's input (Qwen3-Next and Qwen3.5 from
     a doubled query projection, LFM3 and Laguna from a gate projection), a scale of the values,
     attention sinks (each row's weights sum to less than 1).
 
@@ -196,8 +198,15 @@ def ov_extras(attention: Optional[nn.Module]) -> list[str]:
     if attention is None:
         return []
     found = []
-    if isinstance(getattr(attention, "v_norm", None), nn.Module):
-        found.append("the values' RMS norm (v_norm) between W_V and the attention")
+    for name, sub in attention.named_children():
+        if "Norm" not in type(sub).__name__ or name.startswith(_QK_NORM_PREFIXES):
+            continue  # a norm of the queries or keys: scores only
+        if name == "v_norm":
+            found.append("the values' RMS norm (v_norm) between W_V and the attention")
+        elif name == "kv_a_layernorm":  # latent attention: its gain is in W_V, not its scale
+            found.append("the latent norm's per-token scale (kv_a_layernorm; its gain is in W_V)")
+        else:
+            found.append(f"a norm on the values or the attention output ({name})")
     query = child(attention, ("q_proj",))
     heads = getattr(getattr(attention, "config", None), "num_attention_heads", None)
     size = getattr(attention, "head_dim", None)

@@ -48,7 +48,9 @@ KINDS = {  # (mixer, mlp) per layer, as each architecture stacks them
 }
 
 
-OUTSIDE_F = {"gpt_oss", "qwen3_next"}  # attention sinks; an output gate (beside F's path)
+# beside F's path: attention sinks; an output gate; the latent norm's per-token scale (MLA)
+OUTSIDE_F = {"gpt_oss", "qwen3_next", "deepseek_v3", "deepseek_v32", "glm_moe_dsa",
+             "glm4_moe_lite"}
 
 
 def _batch() -> dict:
@@ -180,6 +182,7 @@ def test_layers_without_an_OV_map_say_so():
     ("qwen3_next", "outside F: the attention output's gate"),
     ("gpt_oss", "outside F: attention sinks"),
     ("gemma4_text", "outside F: the values' RMS norm (v_norm)"),
+    ("deepseek_v3", "outside F: the latent norm's per-token scale (kv_a_layernorm"),
     ("exaone4", None)])
 def test_what_F_leaves_out_between_the_values_and_the_output_is_said(name, said):
     """F = W_O W_V is the ungated, unnormalised OV map: a report whose layers put a gate, a
