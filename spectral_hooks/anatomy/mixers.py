@@ -192,17 +192,20 @@ def ov_extras(attention: Optional[nn.Module]) -> list[str]:
 
         >>> from torch import nn
         >>> attention = nn.Module(); attention.v_norm = nn.Identity()
-        >>> ov_extras(attention)
-        ["the values' RMS norm (v_norm) between W_V and the attention"]
+        >>> attention.k_norm, attention.o_norm = nn.RMSNorm(8), nn.RMSNorm(8)
+        >>> for what in ov_extras(attention):
+        ...     print(what)
+        the values' RMS norm (v_norm) between W_V and the attention
+        a norm on the values or the attention output (o_norm)
     """
     if attention is None:
         return []
     found = []
     for name, sub in attention.named_children():
-        if "Norm" not in type(sub).__name__ or name.startswith(_QK_NORM_PREFIXES):
-            continue  # a norm of the queries or keys: scores only
         if name == "v_norm":
             found.append("the values' RMS norm (v_norm) between W_V and the attention")
+        elif "Norm" not in type(sub).__name__ or name.startswith(_QK_NORM_PREFIXES):
+            continue  # not a norm, or one of the queries or keys: scores only
         elif name == "kv_a_layernorm":  # latent attention: its gain is in W_V, not its scale
             found.append("the latent norm's per-token scale (kv_a_layernorm; its gain is in W_V)")
         else:
