@@ -180,23 +180,28 @@ def mlp_kind(block: nn.Module, mixer: Optional[str] = None) -> str:
 
 _GATE_NAMES = ("g_proj", "gate_proj", "o_gate", "output_gate")
 _QK_NORM_PREFIXES = ("q_", "k_", "query", "key")
+# a post-norm of the residual sum held by the attention module (ALBERT): not on F's path
+_RESIDUAL_NORM_NAMES = ("LayerNorm", "layer_norm", "layernorm", "ln", "norm")
 
 
 def ov_extras(attention: Optional[nn.Module]) -> list[str]:
     """What an attention module puts on the path from W_V to W_O besides the attention
     weights, which F = W_O W_V leaves out (the power view says so): a norm of the values
-    (Gemma 3n/4) or of the attention output (BitNet, DiffLlama), the per-token scale of a latent
-    norm (MLA), an output gate computed from the layer's input (Qwen3-Next and Qwen3.5 from
-    a doubled query projection, LFM3 and Laguna from a gate projection), a scale of the values,
-    attention sinks (each row's weights sum to less than 1).
+    (Gemma 3n/4) or of the attention output (BitNet, DiffLlama), another module on the values
+    (Inkling's short convolution), the per-token scale of a latent norm (MLA), an output gate
+    computed from the layer's input (Qwen3-Next and Qwen3.5 from a doubled query projection,
+    LFM3 and Laguna from a gate projection), a scale of the values, attention sinks (each
+    row's weights sum to less than 1).
 
         >>> from torch import nn
         >>> attention = nn.Module(); attention.v_norm = nn.Identity()
         >>> attention.k_norm, attention.o_norm = nn.RMSNorm(8), nn.RMSNorm(8)
+        >>> attention.v_proj, attention.v_conv = nn.Linear(8, 8), nn.Conv1d(8, 8, 3)
         >>> for what in ov_extras(attention):
         ...     print(what)
         the values' RMS norm (v_norm) between W_V and the attention
         a norm on the values or the attention output (o_norm)
+        Conv1d on the values (v_conv)
     """
     if attention is None:
         return []
@@ -204,8 +209,12 @@ def ov_extras(attention: Optional[nn.Module]) -> list[str]:
     for name, sub in attention.named_children():
         if name == "v_norm":
             found.append("the values' RMS norm (v_norm) between W_V and the attention")
-        elif "Norm" not in type(sub).__name__ or name.startswith(_QK_NORM_PREFIXES):
-            continue  # not a norm, or one of the queries or keys: scores only
+        elif name.startswith("v_") and "Linear" not in type(sub).__name__:  # not W_V itself:
+            # Inkling's short convolution
+            found.append(f"{type(sub).__name__} on the values ({name})")
+        elif ("Norm" not in type(sub).__name__ or name.startswith(_QK_NORM_PREFIXES)
+              or name in _RESIDUAL_NORM_NAMES):
+            continue  # not a norm; one of the queries or keys (scores only); the residual's
         elif name == "kv_a_layernorm":  # latent attention: its gain is in W_V, not its scale
             found.append("the latent norm's per-token scale (kv_a_layernorm; its gain is in W_V)")
         else:

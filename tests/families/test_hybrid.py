@@ -192,6 +192,23 @@ def test_what_F_leaves_out_between_the_values_and_the_output_is_said(name, said)
     assert coverage is None if said is None else said in coverage
 
 
+@pytest.mark.filterwarnings("ignore::spectral_hooks.errors.GenericAnatomyWarning")
+def test_a_norm_on_the_attention_output_is_said_and_a_residual_post_norm_is_not():
+    """BitNet normalises the attention output before W_O (``attn_sub_norm``: outside F);
+    ALBERT's attention module holds the post-norm of the residual sum (``LayerNorm``: after
+    the attention's contribution is added, so not on F's path)."""
+    import transformers as tf
+
+    from tests.tiny_models import make_model
+
+    bitnet = tf.BitNetModel(tf.BitNetConfig(vocab_size=100, hidden_size=32, num_hidden_layers=2,
+                                            num_attention_heads=4, num_key_value_heads=2,
+                                            intermediate_size=64))
+    assert "outside F: a norm on the values or the attention output (attn_sub_norm)" in \
+        sh.anatomy_of(bitnet).power_coverage()
+    assert sh.anatomy_of(make_model("albert")).power_coverage() is None
+
+
 def test_a_pure_state_space_model_has_no_power_rows_but_a_full_jacobian_view():
     model = make("mamba2", dtype=torch.float32)
     with sh.instrument(model) as probe, torch.no_grad():
