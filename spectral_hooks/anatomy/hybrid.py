@@ -9,7 +9,8 @@ traceable experts (:func:`.moe.traceable_experts`).
 
 Family facts:
 
-- Qwen3-Next: zero-centred RMSNorm gains (the norm multiplies by 1 + weight).
+- Qwen3-Next and Qwen3.5 (dense and MoE): zero-centred RMSNorm gains (the norm multiplies by
+  1 + weight); the softmax layers gate their output per token (outside F, said).
 - Falcon-H1: attention and a Mamba-2 mixer read the same norm of the residual in parallel; F is
   the attention's W_O W_V before its muP multipliers (``attention_in_multiplier``,
   ``attention_out_multiplier``); the mixer's contribution is not in F.
@@ -52,9 +53,21 @@ _LLAMA_PATHS = HFPathsAndFinalNorm(
     attn_out="self_attn", attn_norm="input_layernorm", norm_placement="pre", final_norm="norm")
 _NO_SOFTMAX = "attention layers only (none for linear-attention/SSM/conv layers)"
 
+def _multimodal(name: str, causal_lm: str) -> Callable[[Any], Optional[str]]:
+    def refusal(config: Any) -> Optional[str]:
+        if getattr(config, "text_config", None) is None:
+            return None
+        return (f"the multimodal {name} wrapper (its vision or audio towers) is not described: "
+                f"load its language model alone, e.g. {causal_lm}.from_pretrained(path), or "
+                "instrument model.model.language_model")
+    return refusal
+
+
 QWEN3_NEXT = register(HFFamily(
-    name="qwen3_next", model_types=("qwen3_next",), **_LLAMA_PATHS, norm_weight_offset=1.0,
-    norm_upcasts=True, call_convention=_EXPERTS, tested_by=_TESTS,
+    name="qwen3_next", model_types=("qwen3_next", "qwen3_5", "qwen3_5_text", "qwen3_5_moe",
+                                    "qwen3_5_moe_text"),
+    **_LLAMA_PATHS, norm_weight_offset=1.0, norm_upcasts=True, call_convention=_EXPERTS,
+    unsupported=_multimodal("Qwen3.5", "Qwen3_5ForCausalLM"), tested_by=_TESTS,
     attention_type="Gated DeltaNet + full (GQA); routed+shared experts", power_view=_NO_SOFTMAX))
 
 JAMBA = register(HFFamily(
@@ -117,16 +130,6 @@ def _altup_streams(config: Any) -> dict[str, Any]:
     streams = ResidualStreams(count=int(getattr(text, "altup_num_inputs", 1)),
                               active=int(getattr(text, "altup_active_idx", 0)))
     return {"call_convention": BlockCallConvention(cache_kwargs=(), streams=streams)}
-
-
-def _multimodal(name: str, causal_lm: str) -> Callable[[Any], Optional[str]]:
-    def refusal(config: Any) -> Optional[str]:
-        if getattr(config, "text_config", None) is None:
-            return None
-        return (f"the multimodal {name} wrapper (vision and audio towers) is not described: "
-                f"load its language model alone, e.g. {causal_lm}.from_pretrained(path), or "
-                "instrument model.model.language_model")
-    return refusal
 
 
 GEMMA3N = register(HFFamily(

@@ -31,6 +31,12 @@ _MLA = dict(num_key_value_heads=4, q_lora_rank=16, kv_lora_rank=16, qk_rope_head
             moe_intermediate_size=16, first_k_dense_replace=1, n_group=1, topk_group=1)
 
 
+# Gated DeltaNet, then gated softmax attention
+_DELTANET = dict(head_dim=8, linear_num_value_heads=4, linear_num_key_heads=2,
+                 linear_key_head_dim=8, linear_value_head_dim=8,
+                 layer_types=["linear_attention", "full_attention"])
+
+
 def _experts(**extra):
     return _base(num_key_value_heads=2, num_experts_per_tok=2, **extra)
 
@@ -48,10 +54,13 @@ def _configs():
                                                           index_head_dim=8, index_topk=4)),
         "glm4_moe_lite": lambda: tf.Glm4MoeLiteConfig(**_base(**_MLA)),
         "qwen3_next": lambda: tf.Qwen3NextConfig(**_experts(
-            head_dim=8, linear_num_value_heads=4, linear_num_key_heads=2,
-            linear_key_head_dim=8, linear_value_head_dim=8, num_experts=4,
-            moe_intermediate_size=16, shared_expert_intermediate_size=16,
-            layer_types=["linear_attention", "full_attention"])),
+            **_DELTANET, num_experts=4, moe_intermediate_size=16,
+            shared_expert_intermediate_size=16)),
+        "qwen3_5_text": lambda: tf.Qwen3_5TextConfig(**_base(num_key_value_heads=2,
+                                                            **_DELTANET)),
+        "qwen3_5_moe_text": lambda: tf.Qwen3_5MoeTextConfig(**_experts(
+            **_DELTANET, num_experts=4, moe_intermediate_size=16,
+            shared_expert_intermediate_size=16)),
         "lfm2": lambda: tf.Lfm2Config(**_base(num_key_value_heads=2,
                                               layer_types=["conv", "full_attention"])),
         "granitemoehybrid": lambda: tf.GraniteMoeHybridConfig(**_experts(
@@ -112,6 +121,7 @@ def _configs():
 
 #: the architectures with one residual stream (Gemma 3n's AltUp streams: its own tests)
 SUPPORTED = ("deepseek_v3", "deepseek_v32", "glm_moe_dsa", "glm4_moe_lite", "qwen3_next",
+             "qwen3_5_text", "qwen3_5_moe_text",
              "lfm2", "granitemoehybrid", "jamba", "mamba2", "gpt_oss", "glm4_moe", "dots1",
              "phimoe", "minimax", "exaone4", "smollm3", "cohere2", "falcon_h1")
 

@@ -1,9 +1,9 @@
-"""Every model people load in 2026 (issue 54): hybrid stacks (Qwen3-Next, Jamba, Granite-4
-hybrid, LFM2, Falcon-H1, MiniMax), pure Mamba-2, latent attention (DeepSeek-V3, V3.2 and GLM-5
-with a top-k indexer, GLM-4.7-Flash), routed experts
-with grouped kernels (gpt-oss, GLM-4.5, dots1, Phi-MoE), sliding/full and RoPE/NoPE stacks
-(EXAONE 4, Cohere2, SmolLM3); Gemma 3n's AltUp residual streams with KV sharing; Gemma 4's
-per-layer head sizes, keys-as-values and experts beside the dense MLP.
+"""Every model people load in 2026 (issue 54): hybrid stacks (Qwen3-Next, Qwen3.5 dense and
+MoE, Jamba, Granite-4 hybrid, LFM2, Falcon-H1, MiniMax), pure Mamba-2, latent attention
+(DeepSeek-V3, V3.2 and GLM-5 with a top-k indexer, GLM-4.7-Flash), routed experts with grouped
+kernels (gpt-oss, GLM-4.5, dots1, Phi-MoE), sliding/full and RoPE/NoPE stacks (EXAONE 4,
+Cohere2, SmolLM3); Gemma 3n's AltUp residual streams with KV sharing; Gemma 4's per-layer
+head sizes, keys-as-values and experts beside the dense MLP.
 
 The quick profile runs one architecture of each mixer kind end to end and three oracle cases;
 ``make test-all`` runs every one. Oracles that do not use the library's code path: the model's
@@ -32,6 +32,8 @@ KINDS = {  # (mixer, mlp) per layer, as each architecture stacks them
     "glm_moe_dsa": [("mla", "dense"), ("mla", "routed+shared")],
     "glm4_moe_lite": [("mla", "dense"), ("mla", "routed+shared")],
     "qwen3_next": [("linear_attention", "routed+shared"), ("gqa", "routed+shared")],
+    "qwen3_5_text": [("linear_attention", "dense"), ("gqa", "dense")],
+    "qwen3_5_moe_text": [("linear_attention", "routed+shared"), ("gqa", "routed+shared")],
     "lfm2": [("short_conv", "dense"), ("gqa", "dense")],
     "granitemoehybrid": [("state_space", "routed+shared"), ("gqa", "routed+shared")],
     "jamba": [("state_space", "dense"), ("gqa", "routed")],
@@ -49,8 +51,8 @@ KINDS = {  # (mixer, mlp) per layer, as each architecture stacks them
 
 
 # beside F's path: attention sinks; an output gate; the latent norm's per-token scale (MLA)
-OUTSIDE_F = {"gpt_oss", "qwen3_next", "deepseek_v3", "deepseek_v32", "glm_moe_dsa",
-             "glm4_moe_lite"}
+OUTSIDE_F = {"gpt_oss", "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "deepseek_v3",
+             "deepseek_v32", "glm_moe_dsa", "glm4_moe_lite"}
 
 
 def _batch() -> dict:
@@ -78,7 +80,8 @@ def _recorded_bit_identically(model):
 def test_recorded_exactly_and_analysed(name):
     model = make(name, dtype=torch.float32)  # the user's dtype: grouped experts, fused paths
     anatomy = sh.anatomy_of(model)
-    assert anatomy.family in (name, "mamba", "deepseek_v3", "deepseek_v32", "granitemoehybrid")
+    assert anatomy.family in (name, "mamba", "deepseek_v3", "deepseek_v32", "granitemoehybrid",
+                              "qwen3_next")
     assert [(p.mixer, p.mlp) for p in anatomy.layers] == KINDS[name]
     batch, out, probe = _recorded_bit_identically(model)
     real = batch["attention_mask"].bool()
@@ -113,14 +116,16 @@ def _float64_probe(name):
 @pytest.mark.parametrize("name, layer", quick_subset(
     [("deepseek_v3", 1), ("deepseek_v32", 1), ("glm_moe_dsa", 0), ("glm4_moe_lite", 1),
      ("jamba", 0), ("mamba2", 1), ("qwen3_next", 0), ("minimax", 1), ("gpt_oss", 0),
-     ("gemma4_text", 0), ("gemma4_text", 1), ("gemma4_text", 3)],
+     ("gemma4_text", 0), ("gemma4_text", 1), ("gemma4_text", 3), ("qwen3_5_text", 0),
+     ("qwen3_5_text", 1), ("qwen3_5_moe_text", 1)],
     keep={("deepseek_v3", 1), ("deepseek_v32", 1), ("jamba", 0), ("qwen3_next", 0),
-          ("gemma4_text", 1), ("gemma4_text", 3)}))
+          ("gemma4_text", 1), ("gemma4_text", 3), ("qwen3_5_text", 1)}))
 def test_matrix_free_equals_dense_on_every_mixer(name, layer):
     """MLA + routed/shared experts (V3.2, GLM-5: a top-k indexer), Mamba, Mamba-2, Gated
-    DeltaNet, routed experts (gpt-oss: sinks and biases), Gemma 4 (0: sliding; 1: full, keys
-    = values, its own head size; 3: keys and values reused from layer 1): the library's dense
-    Jacobian = jacfwd of the real block, and the matrix-free top-k eigenvalues = numpy's eig."""
+    DeltaNet and gated attention (Qwen3-Next, Qwen3.5), routed experts (gpt-oss: sinks and
+    biases), Gemma 4 (0: sliding; 1: full, keys = values, its own head size; 3: keys and
+    values reused from layer 1): the library's dense Jacobian = jacfwd of the real block, and
+    the matrix-free top-k eigenvalues = numpy's eig."""
     probe = _float64_probe(name)
     want = token_jacobian(probe, layer, sample=0)
     op = block_jacobian(probe.anatomy, probe.recording, layer)
