@@ -429,8 +429,9 @@ def test_a_config_whose_head_sizes_differ_by_layer_is_read_per_layer():
 
 @pytest.mark.parametrize("name, family, wrapper, causal_lm", [
     ("gemma3n_text", "GEMMA3N", "Gemma3nConfig", "Gemma3nForCausalLM"),
-    ("gemma4_text", "GEMMA4", "Gemma4Config", "Gemma4ForCausalLM")])
-def test_a_multimodal_gemma_wrapper_is_refused_in_one_line(name, family, wrapper, causal_lm):
+    ("gemma4_text", "GEMMA4", "Gemma4Config", "Gemma4ForCausalLM"),
+    ("qwen3_5_text", "QWEN3_NEXT", "Qwen3_5Config", "Qwen3_5ForCausalLM")])
+def test_a_multimodal_wrapper_is_refused_in_one_line(name, family, wrapper, causal_lm):
     import transformers as tf
 
     from spectral_hooks.anatomy import hybrid
