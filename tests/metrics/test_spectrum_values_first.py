@@ -194,8 +194,15 @@ def test_layers_run_on_the_callers_threads_with_the_same_values(monkeypatch):
     F = torch.randn(4, 40, 40, dtype=torch.float64, generator=_gen(11))
     names = []
     real = S.layer_spectrum
-    monkeypatch.setattr(S, "layer_spectrum",
-                        lambda *a, **k: names.append(threading.current_thread().name) or real(*a, **k))
+    together = None  # from the 2-thread run on: each layer waits for a second one to run
+
+    def spectrum(*a, **k):
+        names.append(threading.current_thread().name)
+        if together is not None:
+            together.wait()  # two layers at once, or BrokenBarrierError after the timeout
+        return real(*a, **k)
+
+    monkeypatch.setattr(S, "layer_spectrum", spectrum)
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -204,6 +211,7 @@ def test_layers_run_on_the_callers_threads_with_the_same_values(monkeypatch):
         S.clear_spectrum_cache()
         names.clear()
         torch.set_num_threads(2)
+        together = threading.Barrier(2, timeout=30)
         done = []
         two = S.layer_spectra(F, F, [0, 1, 2, 3], "F", 1e-9, 40, 8, done=done.append)
     finally:
