@@ -209,13 +209,13 @@ def build(model: nn.Module, family: HFFamily) -> Anatomy:
     n_kv = family.n_kv_heads or n_kv
     layer_kinds = config_layer_kinds(config, len(blocks))
     varying = per_layer_attributes(config)
-    layers, seen, dims = [], {}, []
+    layers, seen, first = [], {}, None
     for index, block in enumerate(blocks):
         # a family's declared paths exist in the models it names (tests/families); in a
         # hybrid stack the attention paths exist in its attention layers only
         attention = get_path(block, family.attention)
         layer_kv, layer_head = layer_dims(attention, varying, n_heads, n_kv, d_head)
-        dims.append((layer_kv, layer_head))
+        first = first or (layer_kv, layer_head)
         mixer = mixer_kind(block, n_heads=n_heads, n_kv_heads=layer_kv,
                            layer_type=layer_kinds[index] if layer_kinds else None,
                            attention=attention)
@@ -235,7 +235,7 @@ def build(model: nn.Module, family: HFFamily) -> Anatomy:
         seen.setdefault(id(block), []).append(index)
     shared = tuple(tuple(ix) for ix in seen.values() if len(ix) > 1)
     causal = family.causal or bool(getattr(config, "is_decoder", False))
-    n_kv, d_head = dims[0] if dims else (n_kv, d_head)  # (per-layer ones: the first layer's)
+    n_kv, d_head = first or (n_kv, d_head)  # (where they differ by layer: the first layer's)
     return Anatomy(
         family=family.name, model=model, layers=tuple(layers), d_model=d_model,
         n_heads=n_heads, n_kv_heads=n_kv, d_head=d_head, causal=causal,

@@ -52,6 +52,9 @@ _LLAMA_PATHS = HFPathsAndFinalNorm(
     blocks="layers", attention="self_attn", value="self_attn.v_proj", output="self_attn.o_proj",
     attn_out="self_attn", attn_norm="input_layernorm", norm_placement="pre", final_norm="norm")
 _NO_SOFTMAX = "attention layers only (none for linear-attention/SSM/conv layers)"
+# whole-sequence replays (no KV cache a single-query replay could hold fixed), traceable experts
+_WHOLE_SEQUENCE = BlockCallConvention(cache_kwargs=(), replay_context=traceable_experts)
+
 
 def _multimodal(name: str, causal_lm: str) -> Callable[[Any], Optional[str]]:
     def refusal(config: Any) -> Optional[str]:
@@ -115,8 +118,7 @@ DEEPSEEK_V3 = register(HFFamily(
 DEEPSEEK_SPARSE = register(HFFamily(
     name="deepseek_v32", model_types=("deepseek_v32", "glm_moe_dsa"),
     **{**_LLAMA_PATHS, "value": "self_attn"}, qkv="latent", norm_upcasts=True,
-    call_convention=BlockCallConvention(cache_kwargs=(), replay_context=traceable_experts),
-    tested_by=_TESTS,
+    call_convention=_WHOLE_SEQUENCE, tested_by=_TESTS,
     attention_type="multi-head latent (MLA) with a top-k token indexer (DSA); dense, then "
                    "routed+shared experts",
     power_view="yes (F is the value path; the indexer's selection only masks scores)"))
@@ -144,8 +146,7 @@ GEMMA3N = register(HFFamily(
 GEMMA4 = register(HFFamily(
     name="gemma4", model_types=("gemma4", "gemma4_text"),
     **{**_LLAMA_PATHS, "attn_out": "post_attention_layernorm"}, value_from_keys="self_attn.k_proj",
-    norm_upcasts=True, call_convention=BlockCallConvention(cache_kwargs=(),
-                                                          replay_context=traceable_experts),
+    norm_upcasts=True, call_convention=_WHOLE_SEQUENCE,
     unsupported=_multimodal("Gemma 4", "Gemma4ForCausalLM"), tested_by=_TESTS,
     attention_type="sliding + full (GQA; full layers: own head size, keys = values); KV "
                    "sharing; optional routed experts beside the dense MLP",
